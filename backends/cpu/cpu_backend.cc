@@ -1,0 +1,101 @@
+// CPU backend: N virtual devices in host memory. Peer access does not apply (no pairs,
+// no warning), streams and events are no-ops because every copy completes before the
+// call returns, so every engine of core runs unchanged on a machine without a GPU.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "backends/device_backend.h"
+
+namespace qlink {
+namespace {
+
+uint64_t PhysicalBytes(int page_kind) {
+  return static_cast<uint64_t>(sysconf(page_kind)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+class CpuBackend final : public DeviceBackend {
+ public:
+  explicit CpuBackend(int devices) : devices_(devices) {}
+
+  const char* name() const override { return "cpu"; }
+  DLDeviceType device_type() const override { return kDLCPU; }
+  int device_count() const override { return devices_; }
+
+  Status GetProperties(int device, DeviceProperties* out) override {
+    out->name = "cpu:virtual:" + std::to_string(device);
+    out->total_bytes = PhysicalBytes(_SC_PHYS_PAGES);
+    out->free_bytes = PhysicalBytes(_SC_AVPHYS_PAGES);
+    return Status::Ok();
+  }
+
+  bool HasPeerAccess() const override { return false; }
+  Status CanAccessPeer(int, int, bool* out) override {
+    *out = false;
+    return Status::Ok();
+  }
+  Status EnablePeerAccess(int, int) override {
+    return Unavailable("the CPU backend has no peer access");
+  }
+
+  Status Allocate(int, size_t bytes, void** out) override {
+    *out = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (*out == nullptr && bytes > 0) return OutOfMemory("cpu: cannot allocate " + std::to_string(bytes) + " bytes");
+    return Status::Ok();
+  }
+  void Free(int, void* ptr) override { std::free(ptr); }
+  Status Memset(int, void* ptr, int value, size_t bytes, Stream) override {
+    std::memset(ptr, value, bytes);
+    return Status::Ok();
+  }
+
+  Status CopyToHost(int, void* host_dst, const void* device_src, size_t bytes) override {
+    std::memcpy(host_dst, device_src, bytes);
+    return Status::Ok();
+  }
+  Status CopyFromHost(int, void* device_dst, const void* host_src, size_t bytes) override {
+    std::memcpy(device_dst, host_src, bytes);
+    return Status::Ok();
+  }
+
+  Status CreateStream(int, Stream* out) override {
+    *out = nullptr;
+    return Status::Ok();
+  }
+  void DestroyStream(int, Stream) override {}
+  Status CreateEvent(int, Event* out) override {
+    *out = nullptr;
+    return Status::Ok();
+  }
+  void DestroyEvent(int, Event) override {}
+  Status RecordEvent(int, Event, Stream) override { return Status::Ok(); }
+  Status StreamWaitEvent(int, Stream, Event) override { return Status::Ok(); }
+  Status SynchronizeStream(int, Stream) override { return Status::Ok(); }
+
+  Status PullLeaves(int, const CopyLeaf* leaves, size_t count, Stream) override {
+    return CopyLeaves(0, 0, leaves, count, nullptr);
+  }
+  Status CopyLeaves(int, int, const CopyLeaf* leaves, size_t count, Stream) override {
+    for (size_t i = 0; i < count; ++i) std::memcpy(leaves[i].dst, leaves[i].src, leaves[i].bytes);
+    return Status::Ok();
+  }
+  uint64_t PullCrossoverBytes() const override { return UINT64_MAX; }
+
+ private:
+  const int devices_;
+};
+
+}  // namespace
+}  // namespace qlink
+
+extern "C" qlink::DeviceBackend* qlink_backend_v1(const qlink::BackendOptions* options,
+                                                  std::string* error) {
+  if (options->virtual_devices < 1) {
+    *error = "cpu backend: virtual_devices must be >= 1";
+    return nullptr;
+  }
+  return new (std::nothrow) qlink::CpuBackend(options->virtual_devices);
+}

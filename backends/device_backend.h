@@ -1,0 +1,98 @@
+// The internal interface every device backend implements (TVM DeviceAPI-sized).
+//
+// Each backend is its own shared library exporting one versioned factory,
+// QLINK_BACKEND_ENTRY_V1, that core loads through Boost.DLL. A backend whose runtime or
+// device is missing still loads and reports zero devices.
+//
+// Threading: every method may be called from many threads at once. Every enqueue makes
+// `device` current first: HIP binds a stream to the calling thread's current device, so
+// enqueuing with another device current puts the work on the wrong queue.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <dlpack/dlpack.h>
+
+#include "core/status.h"
+
+namespace qlink {
+
+using Stream = void*;  // vendor stream handle; nullptr is the device's default stream
+using Event = void*;   // vendor event handle
+
+struct DeviceProperties {
+  std::string name;
+  uint64_t total_bytes = 0;
+  uint64_t free_bytes = 0;
+};
+
+// One contiguous run of bytes to move.
+struct CopyLeaf {
+  const void* src;
+  void* dst;
+  uint64_t bytes;
+};
+
+struct BackendOptions {
+  size_t struct_size = sizeof(BackendOptions);
+  int virtual_devices = 1;  // the CPU backend's device count; others ignore it
+};
+
+class DeviceBackend {
+ public:
+  virtual ~DeviceBackend() = default;
+
+  virtual const char* name() const = 0;
+  virtual DLDeviceType device_type() const = 0;
+  virtual int device_count() const = 0;
+  virtual Status GetProperties(int device, DeviceProperties* out) = 0;
+
+  // Peer access: whether `accessor` may read and write memory owned by `owner`.
+  // A backend without the concept (CPU) returns false from HasPeerAccess and is
+  // never asked the rest.
+  virtual bool HasPeerAccess() const = 0;
+  virtual Status CanAccessPeer(int accessor, int owner, bool* out) = 0;
+  // Already enabled counts as success; the runtime's sticky error is cleared.
+  virtual Status EnablePeerAccess(int accessor, int owner) = 0;
+
+  // Device memory, for probes and staging. Free takes what Allocate returned.
+  virtual Status Allocate(int device, size_t bytes, void** out) = 0;
+  virtual void Free(int device, void* ptr) = 0;
+  virtual Status Memset(int device, void* ptr, int value, size_t bytes, Stream stream) = 0;
+  // Synchronous transfers between host memory and a device.
+  virtual Status CopyToHost(int device, void* host_dst, const void* device_src, size_t bytes) = 0;
+  virtual Status CopyFromHost(int device, void* device_dst, const void* host_src, size_t bytes) = 0;
+
+  virtual Status CreateStream(int device, Stream* out) = 0;
+  virtual void DestroyStream(int device, Stream stream) = 0;
+  virtual Status CreateEvent(int device, Event* out) = 0;
+  virtual void DestroyEvent(int device, Event event) = 0;
+  virtual Status RecordEvent(int device, Event event, Stream stream) = 0;
+  // `stream` of `device` waits for `event`, which may belong to another device.
+  virtual Status StreamWaitEvent(int device, Stream stream, Event event) = 0;
+  virtual Status SynchronizeStream(int device, Stream stream) = 0;
+
+  // One kernel launch on dst_device that reads every leaf straight from its source's
+  // memory: dst_device itself or a device it has peer access to.
+  virtual Status PullLeaves(int dst_device, const CopyLeaf* leaves, size_t count,
+                            Stream dst_stream) = 0;
+  // Runtime copies (copy engines), staged through host memory by the runtime when the
+  // pair has no peer access.
+  virtual Status CopyLeaves(int dst_device, int src_device, const CopyLeaf* leaves,
+                            size_t count, Stream dst_stream) = 0;
+  // Leaves of at least this many bytes go to CopyLeaves even over a peer link: the
+  // measured point where the copy engines overtake the pull kernel.
+  virtual uint64_t PullCrossoverBytes() const = 0;
+};
+
+}  // namespace qlink
+
+// The factory each backend library exports. Returns a new backend owned by the caller,
+// or nullptr with *error set.
+#define QLINK_BACKEND_ENTRY_V1 "qlink_backend_v1"
+extern "C" {
+typedef qlink::DeviceBackend* qlink_backend_factory_v1(const qlink::BackendOptions* options,
+                                                       std::string* error);
+}

@@ -1,0 +1,65 @@
+#include "core/backend_registry.h"
+
+#include <mutex>
+#include <string>
+
+#include <boost/dll/runtime_symbol_info.hpp>
+
+namespace qlink {
+namespace {
+
+boost::dll::fs::path BundledBackendPath(const std::string& name) {
+  return boost::dll::this_line_location().parent_path() / ("libqlink_backend_" + name + ".so");
+}
+
+Status LoadFrom(const boost::dll::fs::path& path, const Config& config, LoadedBackend* out) {
+  boost::dll::fs::error_code ec;
+  boost::dll::shared_library library(path, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local, ec);
+  if (ec) return Unavailable("backend library '" + path.string() + "' cannot be loaded: " + ec.message());
+  if (!library.has(QLINK_BACKEND_ENTRY_V1)) {
+    return Unavailable("backend library '" + path.string() + "' does not export " QLINK_BACKEND_ENTRY_V1);
+  }
+  BackendOptions options;
+  options.virtual_devices = config.cpu_devices;
+  std::string error;
+  DeviceBackend* backend = library.get<qlink_backend_factory_v1>(QLINK_BACKEND_ENTRY_V1)(&options, &error);
+  if (backend == nullptr) return Unavailable("backend library '" + path.string() + "' refused to start: " + error);
+  out->backend.reset(backend);
+  out->library = std::move(library);
+  return Status::Ok();
+}
+
+Status LoadNamed(const std::string& name, const Config& config, LoadedBackend* out) {
+  if (name == "cpu" || name == "cuda" || name == "hip") return LoadFrom(BundledBackendPath(name), config, out);
+  return LoadFrom(boost::dll::fs::path(name), config, out);
+}
+
+}  // namespace
+
+Status LoadBackend(const Config& config, spdlog::logger& log, LoadedBackend* out) {
+  if (config.backend != "auto") {
+    QLINK_RETURN_IF_ERROR(LoadNamed(config.backend, config, out));
+    log.debug("backend '{}' loaded with {} device(s)", out->backend->name(), out->backend->device_count());
+    return Status::Ok();
+  }
+  std::string skipped;
+  for (const char* vendor : {"cuda", "hip"}) {
+    LoadedBackend candidate;
+    Status s = LoadNamed(vendor, config, &candidate);
+    if (s.ok() && candidate.backend->device_count() > 0) {
+      *out = std::move(candidate);
+      break;
+    }
+    skipped += std::string(skipped.empty() ? "" : "; ") + vendor + ": " +
+               (s.ok() ? std::string("no devices") : s.message());
+  }
+  if (!out->backend) QLINK_RETURN_IF_ERROR(LoadNamed("cpu", config, out));
+  static std::once_flag logged;
+  std::call_once(logged, [&] {
+    log.info("backend auto: chose '{}' with {} device(s){}", out->backend->name(), out->backend->device_count(),
+             skipped.empty() ? "" : " (skipped " + skipped + ")");
+  });
+  return Status::Ok();
+}
+
+}  // namespace qlink

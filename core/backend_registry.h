@@ -1,0 +1,27 @@
+// Finds and loads the device backend a config asks for.
+#pragma once
+
+#include <memory>
+
+#include <boost/dll/shared_library.hpp>
+#include <spdlog/logger.h>
+
+#include "backends/device_backend.h"
+#include "core/config.h"
+
+namespace qlink {
+
+// A backend and the library its code lives in. Members are destroyed in reverse order,
+// so the backend goes before its library is unmapped.
+struct LoadedBackend {
+  boost::dll::shared_library library;
+  std::unique_ptr<DeviceBackend> backend;
+};
+
+// config.backend: "cpu", "cuda", "hip" load libqlink_backend_<name>.so from the folder
+// libqlink.so was loaded from; any other value is a path to a backend library; "auto"
+// takes the first of cuda, hip with devices, else cpu. An explicit backend that cannot
+// load is UNAVAILABLE with the loader's reason.
+Status LoadBackend(const Config& config, spdlog::logger& log, LoadedBackend* out);
+
+}  // namespace qlink

@@ -1,0 +1,34 @@
+// The context configuration: one JSON object, nothing read from the environment.
+#pragma once
+
+#include <string>
+
+#include "core/status.h"
+
+namespace qlink {
+
+enum class P2PMode { kAuto, kOn, kOff };
+
+// GPTQModel's P2PConfig (HOSTS.md), field for field.
+struct P2PConfig {
+  P2PMode mode = P2PMode::kAuto;
+  bool probe = false;     // time each pair before accepting it
+  int probe_mib = 64;     // bytes per probe copy, MiB
+  double min_gbps = 0.0;  // a probed pair below this is rejected
+  double min_ratio = 1.0; // ... or below this ratio to the regular path
+};
+
+struct Config {
+  std::string backend = "auto";   // auto | cuda | hip | cpu | path to a backend .so
+  std::string log_level = "warn"; // trace | debug | info | warn | error | off
+  int cpu_devices = 4;            // virtual devices of the CPU backend
+  P2PConfig p2p;
+};
+
+// Parses `json` (NULL or empty gives the defaults). Unknown keys, wrong types and
+// out-of-range values are refused with INVALID_ARGUMENT naming the field.
+Status ParseConfig(const char* json, Config* out);
+
+const char* ToString(P2PMode mode);
+
+}  // namespace qlink

@@ -1,0 +1,176 @@
+#include "core/copy_plan.h"
+
+#include <algorithm>
+#include <map>
+#include <string>
+
+#include "core/tensor_check.h"
+
+namespace qlink {
+namespace {
+
+struct Span {
+  uintptr_t begin;
+  uintptr_t end;
+  size_t index;
+};
+
+std::string Name(const char* side, size_t i) { return std::string(side) + "[" + std::to_string(i) + "]"; }
+
+// Destinations must not overlap each other or any source: the result would depend on
+// the order leaves run in. Addresses are unique across devices (UVA; one host space for
+// the CPU backend), so plain intervals decide.
+Status CheckOverlaps(const std::vector<Span>& sources, std::vector<Span> destinations) {
+  std::sort(destinations.begin(), destinations.end(),
+            [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  for (size_t k = 1; k < destinations.size(); ++k) {
+    if (destinations[k].begin < destinations[k - 1].end) {
+      size_t a = std::min(destinations[k - 1].index, destinations[k].index);
+      size_t b = std::max(destinations[k - 1].index, destinations[k].index);
+      return InvalidArgument(Name("destinations", a) + " overlaps " + Name("destinations", b));
+    }
+  }
+  for (const Span& s : sources) {
+    // The first destination ending after s.begin is the only candidate: they are disjoint and sorted.
+    auto it = std::upper_bound(destinations.begin(), destinations.end(), s.begin,
+                               [](uintptr_t v, const Span& d) { return v < d.end; });
+    if (it != destinations.end() && it->begin < s.end) {
+      return InvalidArgument(Name("destinations", it->index) + " overlaps " + Name("sources", s.index));
+    }
+  }
+  return Status::Ok();
+}
+
+Stream StreamFor(int device, const qlink_stream* streams, size_t n) {
+  for (size_t k = 0; k < n; ++k) {
+    if (streams[k].device.device_id == device) return streams[k].stream;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+Status CheckStreams(const Context& ctx, const qlink_stream* streams, size_t num_streams) {
+  if (num_streams > 0 && streams == nullptr) return InvalidArgument("streams is NULL with num_streams > 0");
+  const DeviceBackend& b = ctx.backend();
+  for (size_t k = 0; k < num_streams; ++k) {
+    const DLDevice& d = streams[k].device;
+    if (d.device_type != b.device_type() || d.device_id < 0 || d.device_id >= b.device_count()) {
+      return InvalidArgument(Name("streams", k) + ": device (type " + std::to_string(d.device_type) + ", id " +
+                             std::to_string(d.device_id) + ") is not a device of the context");
+    }
+    for (size_t j = 0; j < k; ++j) {
+      if (streams[j].device.device_id == d.device_id) {
+        return InvalidArgument(Name("streams", k) + ": device " + std::to_string(d.device_id) +
+                               " already has a stream in " + Name("streams", j));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status CopyPlan::Build(Context& ctx, const qlink_copy_args* args, CopyPlan* out) {
+  if (args == nullptr) return InvalidArgument("args is NULL");
+  if (args->struct_size < QLINK_COPY_ARGS_STRUCT_SIZE) {
+    return InvalidArgument("args.struct_size " + std::to_string(args->struct_size) + " is below the 1.0 size " +
+                           std::to_string(QLINK_COPY_ARGS_STRUCT_SIZE));
+  }
+  const size_t n = args->num_leaves;
+  if (n > 0 && args->sources == nullptr) return InvalidArgument("args.sources is NULL with num_leaves > 0");
+  if (n > 0 && args->destinations == nullptr) return InvalidArgument("args.destinations is NULL with num_leaves > 0");
+  QLINK_RETURN_IF_ERROR(CheckStreams(ctx, args->streams, args->num_streams));
+
+  DeviceBackend& backend = ctx.backend();
+  const DLDeviceType type = backend.device_type();
+  const int count = backend.device_count();
+  std::vector<Span> src_spans, dst_spans;
+  src_spans.reserve(n);
+  dst_spans.reserve(n);
+  std::vector<uint64_t> sizes(n);
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t src_bytes = 0, dst_bytes = 0;
+    QLINK_RETURN_IF_ERROR(CheckTensor(args->sources[i], Name("sources", i), type, count, &src_bytes));
+    QLINK_RETURN_IF_ERROR(CheckTensor(args->destinations[i], Name("destinations", i), type, count, &dst_bytes));
+    if (src_bytes != dst_bytes) {
+      return InvalidArgument(Name("destinations", i) + " has " + std::to_string(dst_bytes) + " bytes but " +
+                             Name("sources", i) + " has " + std::to_string(src_bytes));
+    }
+    sizes[i] = src_bytes;
+    if (src_bytes == 0) continue;
+    auto s = reinterpret_cast<uintptr_t>(TensorBytes(args->sources[i]));
+    auto d = reinterpret_cast<uintptr_t>(TensorBytes(args->destinations[i]));
+    src_spans.push_back({s, s + src_bytes, i});
+    dst_spans.push_back({d, d + src_bytes, i});
+  }
+  QLINK_RETURN_IF_ERROR(CheckOverlaps(src_spans, std::move(dst_spans)));
+
+  const uint64_t crossover = backend.PullCrossoverBytes();
+  std::map<int, DestinationWork> by_dst;
+  std::map<std::pair<int, int>, size_t> runtime_slot;  // (dst, src) -> index into work.runtime
+  for (size_t i = 0; i < n; ++i) {
+    if (sizes[i] == 0) continue;
+    const DLTensor& s = args->sources[i];
+    const DLTensor& d = args->destinations[i];
+    const int src = s.device.device_id, dst = d.device.device_id;
+    DestinationWork& w = by_dst[dst];
+    w.device = dst;
+    if (src != dst && std::find(w.joined_sources.begin(), w.joined_sources.end(), src) == w.joined_sources.end()) {
+      w.joined_sources.push_back(src);
+    }
+    CopyLeaf leaf{TensorBytes(s), const_cast<char*>(TensorBytes(d)), sizes[i]};
+    const bool pull = sizes[i] < crossover && (src == dst || ctx.topology().PeerEnabled(src, dst));
+    if (pull) {
+      w.pulled.push_back(leaf);
+      continue;
+    }
+    auto [slot, inserted] = runtime_slot.try_emplace({dst, src}, w.runtime.size());
+    if (inserted) w.runtime.emplace_back(src, std::vector<CopyLeaf>());
+    w.runtime[slot->second].second.push_back(leaf);
+  }
+  out->work_.clear();
+  out->source_devices_.clear();
+  for (auto& [dst, w] : by_dst) {
+    for (int src : w.joined_sources) {
+      if (std::find(out->source_devices_.begin(), out->source_devices_.end(), src) == out->source_devices_.end()) {
+        out->source_devices_.push_back(src);
+      }
+    }
+    out->work_.push_back(std::move(w));
+  }
+  return Status::Ok();
+}
+
+Status CopyPlan::Execute(Context& ctx, const qlink_stream* streams, size_t num_streams) const {
+  DeviceBackend& backend = ctx.backend();
+  EventPool& pool = ctx.events();
+  // One event per source device, recorded on its stream: the point the copies wait for.
+  std::vector<std::pair<int, Event>> recorded;
+  recorded.reserve(source_devices_.size());
+  Status status;
+  for (int src : source_devices_) {
+    Event e = nullptr;
+    status = pool.Acquire(src, &e);
+    if (!status.ok()) break;
+    recorded.emplace_back(src, e);
+    status = backend.RecordEvent(src, e, StreamFor(src, streams, num_streams));
+    if (!status.ok()) break;
+  }
+  for (size_t k = 0; status.ok() && k < work_.size(); ++k) {
+    const DestinationWork& w = work_[k];
+    Stream stream = StreamFor(w.device, streams, num_streams);
+    for (int src : w.joined_sources) {
+      auto it = std::find_if(recorded.begin(), recorded.end(), [&](const auto& r) { return r.first == src; });
+      status = backend.StreamWaitEvent(w.device, stream, it->second);
+      if (!status.ok()) break;
+    }
+    if (status.ok() && !w.pulled.empty()) status = backend.PullLeaves(w.device, w.pulled.data(), w.pulled.size(), stream);
+    for (size_t r = 0; status.ok() && r < w.runtime.size(); ++r) {
+      const auto& [src, leaves] = w.runtime[r];
+      status = backend.CopyLeaves(w.device, src, leaves.data(), leaves.size(), stream);
+    }
+  }
+  for (auto& [device, e] : recorded) pool.Release(device, e);
+  return status;
+}
+
+}  // namespace qlink

@@ -1,0 +1,35 @@
+// The copy hot path: validate a batch, group its leaves by destination, pick a path per
+// leaf, then enqueue with the stream joins that order it after the sources' producers.
+#pragma once
+
+#include <utility>
+#include <vector>
+
+#include "core/context.h"
+
+namespace qlink {
+
+// Everything that lands on one destination device.
+struct DestinationWork {
+  int device = 0;
+  std::vector<int> joined_sources;  // other devices whose stream this one waits for
+  std::vector<CopyLeaf> pulled;     // one launch on `device`
+  std::vector<std::pair<int, std::vector<CopyLeaf>>> runtime;  // runtime copies per source device
+};
+
+class CopyPlan {
+ public:
+  // Validates `args` completely before planning: a refused batch enqueues nothing.
+  static Status Build(Context& ctx, const qlink_copy_args* args, CopyPlan* out);
+  // Enqueues the plan; streams as in qlink_copy_args.
+  Status Execute(Context& ctx, const qlink_stream* streams, size_t num_streams) const;
+
+ private:
+  std::vector<DestinationWork> work_;
+  std::vector<int> source_devices_;  // distinct devices some other device waits for
+};
+
+// Checks a host-supplied stream list against the context's devices.
+Status CheckStreams(const Context& ctx, const qlink_stream* streams, size_t num_streams);
+
+}  // namespace qlink

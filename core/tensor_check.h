@@ -1,0 +1,21 @@
+// Validation of host-supplied DLTensors, before anything is enqueued.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <dlpack/dlpack.h>
+
+#include "core/status.h"
+
+namespace qlink {
+
+// Checks that `t` (named `what`, e.g. "sources[3]") is a contiguous tensor of a device
+// of `device_type` with an id below `device_count`, and gives its size in bytes.
+Status CheckTensor(const DLTensor& t, const std::string& what, DLDeviceType device_type, int device_count,
+                   uint64_t* bytes);
+
+// Start address of the tensor's bytes.
+inline const char* TensorBytes(const DLTensor& t) { return static_cast<const char*>(t.data) + t.byte_offset; }
+
+}  // namespace qlink
