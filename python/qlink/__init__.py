@@ -1,0 +1,22 @@
+"""qlink: the multi-GPU runtime for LLM quantization, from Python.
+
+    import qlink
+    ctx = qlink.load({"backend": "auto", "p2p": {"mode": "auto"}})
+    ctx.enable_peer_access()
+    ctx.copy(sources, targets)
+"""
+from .config import P2PConfig
+from .context import Context, CopyPlan, DeviceInfo, PeerStatus
+from .errors import InvalidArgumentError, QlinkError, UnavailableError, VersionMismatchError
+
+
+def load(config=None, library=None):
+    """A new qlink context.
+
+    config: None (defaults), a dict (the whole JSON config) or a P2PConfig.
+    library: path of libqlink.so; by default the one shipped in qlink/lib/."""
+    return Context(config, library)
+
+
+__all__ = ["load", "Context", "CopyPlan", "DeviceInfo", "PeerStatus", "P2PConfig", "QlinkError",
+           "InvalidArgumentError", "UnavailableError", "VersionMismatchError"]

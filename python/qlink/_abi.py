@@ -1,0 +1,85 @@
+"""ctypes mirror of plugin_api/qlink.h (ABI 1.0). Keep in step with the header."""
+import ctypes
+from ctypes import POINTER, c_char, c_char_p, c_double, c_int32, c_size_t, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p
+
+ABI_MAJOR = 1
+ABI_MINOR = 0
+
+OK, INVALID_ARGUMENT, UNAVAILABLE, VERSION_MISMATCH, OUT_OF_MEMORY, RUNTIME_ERROR, INTERNAL = range(7)
+
+KDL_CPU, KDL_CUDA, KDL_ROCM = 1, 2, 10
+
+PEER_STATES = ("not_applicable", "not_requested", "disabled", "unsupported", "enable_failed", "probe_rejected",
+               "enabled")
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", c_int32), ("device_id", c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", c_uint8), ("bits", c_uint8), ("lanes", c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", c_void_p), ("device", DLDevice), ("ndim", c_int32), ("dtype", DLDataType),
+                ("shape", POINTER(ctypes.c_int64)), ("strides", POINTER(ctypes.c_int64)), ("byte_offset", c_uint64)]
+
+
+class DeviceInfo(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("device", DLDevice), ("name", c_char * 128), ("total_bytes", c_uint64),
+                ("free_bytes", c_uint64)]
+
+
+class PeerInfo(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("src_device", c_int32), ("dst_device", c_int32), ("state", c_int32),
+                ("probed", c_int32), ("peer_gbps", c_double), ("regular_gbps", c_double), ("reason", c_char * 256)]
+
+
+class LinkMeasurement(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("bytes", c_uint64), ("gbps", c_double), ("latency_us", c_double),
+                ("used_peer", c_int32)]
+
+
+class Stream(ctypes.Structure):
+    _fields_ = [("device", DLDevice), ("stream", c_void_p)]
+
+
+class CopyArgs(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("sources", POINTER(DLTensor)), ("destinations", POINTER(DLTensor)),
+                ("num_leaves", c_size_t), ("streams", POINTER(Stream)), ("num_streams", c_size_t)]
+
+
+_S = c_int32  # qlink_status
+_F = ctypes.CFUNCTYPE
+
+# (name, restype, argtypes) in table order: append-only, like the header.
+_TABLE = [
+    ("last_error", c_char_p, []),
+    ("context_create", _S, [c_char_p, POINTER(c_void_p)]),
+    ("context_destroy", _S, [c_void_p]),
+    ("backend_name", _S, [c_void_p, POINTER(c_char_p)]),
+    ("device_count", _S, [c_void_p, POINTER(c_int32)]),
+    ("device_info", _S, [c_void_p, c_int32, POINTER(DeviceInfo)]),
+    ("enable_peer_access", _S, [c_void_p, POINTER(c_int32), c_size_t]),
+    ("peer_info", _S, [c_void_p, c_int32, c_int32, POINTER(PeerInfo)]),
+    ("measure_link", _S, [c_void_p, c_int32, c_int32, c_uint64, POINTER(LinkMeasurement)]),
+    ("copy_batch", _S, [c_void_p, POINTER(CopyArgs)]),
+    ("copy_plan_create", _S, [c_void_p, POINTER(CopyArgs), POINTER(c_void_p)]),
+    ("copy_plan_execute", _S, [c_void_p, POINTER(Stream), c_size_t]),
+    ("copy_plan_destroy", _S, [c_void_p]),
+    ("memory_allocate", _S, [c_void_p, c_int32, c_uint64, POINTER(c_void_p)]),
+    ("memory_free", _S, [c_void_p, c_int32, c_void_p]),
+    ("memory_to_host", _S, [c_void_p, c_int32, c_void_p, c_void_p, c_uint64]),
+    ("memory_from_host", _S, [c_void_p, c_int32, c_void_p, c_void_p, c_uint64]),
+    ("stream_synchronize", _S, [c_void_p, c_int32, c_void_p]),
+]
+
+
+class Api(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("abi_major", c_uint32), ("abi_minor", c_uint32)] + [
+        (name, _F(restype, *argtypes)) for name, restype, argtypes in _TABLE]
+
+
+def struct_size(struct_type):
+    return ctypes.sizeof(struct_type)

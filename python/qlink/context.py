@@ -1,0 +1,188 @@
+"""A loaded plugin and one qlink context: devices, peer topology, copies."""
+import ctypes
+import dataclasses
+import os
+import threading
+
+from . import _abi
+from ._dlpack import TensorArray, dl_device
+from .config import to_json
+from .errors import VersionMismatchError, error_for
+
+_LIBRARIES = {}
+_LIBRARIES_LOCK = threading.Lock()
+
+
+def default_library_path():
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib", "libqlink.so")
+
+
+def _negotiate(path):
+    """dlopens libqlink.so once per path and returns its ABI 1.x function table."""
+    path = os.path.abspath(path)
+    with _LIBRARIES_LOCK:
+        if path in _LIBRARIES:
+            return _LIBRARIES[path]
+        if not os.path.exists(path):
+            raise FileNotFoundError("libqlink.so not found at %s: pass qlink.load(library=PATH)" % path)
+        lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+        get_api = lib.qlink_get_api
+        get_api.restype = ctypes.POINTER(_abi.Api)
+        get_api.argtypes = [ctypes.c_uint32, ctypes.c_uint32, ctypes.POINTER(ctypes.c_char_p)]
+        error = ctypes.c_char_p()
+        table = get_api(_abi.ABI_MAJOR, _abi.ABI_MINOR, ctypes.byref(error))
+        if not table:
+            raise VersionMismatchError(_abi.VERSION_MISMATCH, "%s: %s (this qlink package speaks ABI %d.%d)" % (
+                path, error.value.decode(), _abi.ABI_MAJOR, _abi.ABI_MINOR))
+        api = table.contents
+        _LIBRARIES[path] = (lib, api)
+        return lib, api
+
+
+@dataclasses.dataclass(frozen=True)
+class PeerStatus:
+    src: int
+    dst: int
+    state: str           # one of _abi.PEER_STATES
+    probed: bool
+    peer_gbps: float
+    regular_gbps: float
+    reason: str
+
+    @property
+    def enabled(self):
+        return self.state == "enabled"
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceInfo:
+    index: int
+    name: str
+    total_bytes: int
+    free_bytes: int
+
+
+class Context:
+    """One qlink_context. Every method may be called from many threads at once."""
+
+    def __init__(self, config=None, library=None):
+        self._lib, self._api = _negotiate(library or default_library_path())
+        handle = ctypes.c_void_p()
+        self._check(self._api.context_create(to_json(config).encode(), ctypes.byref(handle)))
+        self._handle = handle
+        name = ctypes.c_char_p()
+        self._check(self._api.backend_name(self._handle, ctypes.byref(name)))
+        self.backend = name.value.decode()
+        count = ctypes.c_int32()
+        self._check(self._api.device_count(self._handle, ctypes.byref(count)))
+        self.device_count = count.value
+
+    def _check(self, status):
+        if status != _abi.OK:
+            raise error_for(status, self._api.last_error().decode())
+
+    def close(self):
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle:
+            self._api.context_destroy(handle)
+
+    __del__ = close
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def devices(self):
+        out = []
+        for d in range(self.device_count):
+            info = _abi.DeviceInfo(struct_size=ctypes.sizeof(_abi.DeviceInfo))
+            self._check(self._api.device_info(self._handle, d, ctypes.byref(info)))
+            out.append(DeviceInfo(d, info.name.decode(), info.total_bytes, info.free_bytes))
+        return out
+
+    def enable_peer_access(self, devices=None):
+        """Enables (and per config probes) every ordered pair of `devices` (all by default);
+        returns the peer matrix of those devices."""
+        devices = list(range(self.device_count)) if devices is None else [int(d) for d in devices]
+        array = (ctypes.c_int32 * max(len(devices), 1))(*devices)
+        self._check(self._api.enable_peer_access(self._handle, array, len(devices)))
+        return self.peer_matrix(devices)
+
+    def peer_info(self, src, dst):
+        info = _abi.PeerInfo(struct_size=ctypes.sizeof(_abi.PeerInfo))
+        self._check(self._api.peer_info(self._handle, int(src), int(dst), ctypes.byref(info)))
+        return PeerStatus(info.src_device, info.dst_device, _abi.PEER_STATES[info.state], bool(info.probed),
+                          info.peer_gbps, info.regular_gbps, info.reason.decode())
+
+    def peer_matrix(self, devices=None):
+        devices = range(self.device_count) if devices is None else devices
+        return {(s, d): self.peer_info(s, d) for s in devices for d in devices if s != d}
+
+    def can_copy(self, src, dst):
+        """Whether src -> dst takes the direct peer path."""
+        return self.peer_info(src, dst).enabled
+
+    def measure_link(self, src, dst, nbytes=32 << 20):
+        m = _abi.LinkMeasurement(struct_size=ctypes.sizeof(_abi.LinkMeasurement))
+        self._check(self._api.measure_link(self._handle, int(src), int(dst), int(nbytes), ctypes.byref(m)))
+        return {"bytes": m.bytes, "gbps": m.gbps, "latency_us": m.latency_us, "used_peer": bool(m.used_peer)}
+
+    def _copy_args(self, sources, targets, source_devices, target_devices):
+        if len(sources) != len(targets):
+            raise ValueError("sources has %d leaves but targets has %d" % (len(sources), len(targets)))
+        src = TensorArray(sources, source_devices)
+        dst = TensorArray(targets, target_devices)
+        args = _abi.CopyArgs(ctypes.sizeof(_abi.CopyArgs), src.array, dst.array, src.count, None, 0)
+        return args, (src, dst)
+
+    def copy(self, sources, targets, source_devices=None, target_devices=None, streams=None):
+        """Enqueues sources[i] -> targets[i] for every leaf (see qlink_copy_args).
+
+        streams: {device index: vendor stream handle}; devices not listed use their
+        default stream. *_devices override the tensors' device indices (CPU virtual devices)."""
+        args, keep = self._copy_args(sources, targets, source_devices, target_devices)
+        args.streams, args.num_streams = self._streams(streams)
+        self._check(self._api.copy_batch(self._handle, ctypes.byref(args)))
+        del keep
+
+    def prepare(self, sources, targets, source_devices=None, target_devices=None):
+        """A CopyPlan: validated and planned once, replayed with run()."""
+        args, keep = self._copy_args(sources, targets, source_devices, target_devices)
+        plan = ctypes.c_void_p()
+        self._check(self._api.copy_plan_create(self._handle, ctypes.byref(args), ctypes.byref(plan)))
+        return CopyPlan(self, plan, list(sources), list(targets))
+
+    def _streams(self, streams):
+        if not streams:
+            return None, 0
+        array = (_abi.Stream * len(streams))()
+        dev_type = {"cpu": _abi.KDL_CPU, "cuda": _abi.KDL_CUDA, "hip": _abi.KDL_ROCM}[self.backend]
+        for k, (device, handle) in enumerate(streams.items()):
+            array[k].device.device_type = dev_type
+            array[k].device.device_id = int(device)
+            array[k].stream = handle
+        return array, len(streams)
+
+    def synchronize(self, device, stream=None):
+        self._check(self._api.stream_synchronize(self._handle, int(device), stream))
+
+
+class CopyPlan:
+    """A prepared batch over fixed memory; holds its tensors so they outlive the plan."""
+
+    def __init__(self, ctx, handle, sources, targets):
+        self._ctx, self._handle = ctx, handle
+        self.sources, self.targets = sources, targets
+
+    def run(self, streams=None):
+        array, n = self._ctx._streams(streams)
+        self._ctx._check(self._ctx._api.copy_plan_execute(self._handle, array, n))
+
+    def close(self):
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle and self._ctx._handle:
+            self._ctx._api.copy_plan_destroy(handle)
+
+    __del__ = close

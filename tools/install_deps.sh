@@ -1,0 +1,17 @@
+#!/bin/bash
+# Installs what qlink builds and tests with, from Debian 12's apt repositories only.
+# Quick no-op when everything is already there.
+set -euo pipefail
+packages=(bazel-bootstrap libboost1.81-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libdlpack-dev
+          python3-torch python3-pytest python3-numpy)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q "${missing[@]}"
+fi
