@@ -15,7 +15,7 @@ struct P2PConfig {
   bool probe = false;     // time each pair before accepting it
   int probe_mib = 64;     // bytes per probe copy, MiB
   double min_gbps = 0.0;  // a probed pair below this is rejected
-  double min_ratio = 1.0; // ... or below this ratio to the regular path
+  double min_ratio = 0.8; // ... or below this ratio to the regular path (noise allowed)
 };
 
 struct Config {

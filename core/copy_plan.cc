@@ -143,23 +143,26 @@ Status CopyPlan::Build(Context& ctx, const qlink_copy_args* args, CopyPlan* out)
 Status CopyPlan::Execute(Context& ctx, const qlink_stream* streams, size_t num_streams) const {
   DeviceBackend& backend = ctx.backend();
   EventPool& pool = ctx.events();
-  // One event per source device, recorded on its stream: the point the copies wait for.
-  std::vector<std::pair<int, Event>> recorded;
-  recorded.reserve(source_devices_.size());
+  std::vector<std::pair<int, Event>> taken;  // every event this call uses, given back at the end
+  auto record = [&](int device, Stream stream, Event* out) {
+    QLINK_RETURN_IF_ERROR(pool.Acquire(device, out));
+    taken.emplace_back(device, *out);
+    return backend.RecordEvent(device, *out, stream);
+  };
+  // Forward join: each source device's stream up to now, waited for by the destinations.
+  std::vector<std::pair<int, Event>> ready;
   Status status;
   for (int src : source_devices_) {
     Event e = nullptr;
-    status = pool.Acquire(src, &e);
+    status = record(src, StreamFor(src, streams, num_streams), &e);
     if (!status.ok()) break;
-    recorded.emplace_back(src, e);
-    status = backend.RecordEvent(src, e, StreamFor(src, streams, num_streams));
-    if (!status.ok()) break;
+    ready.emplace_back(src, e);
   }
   for (size_t k = 0; status.ok() && k < work_.size(); ++k) {
     const DestinationWork& w = work_[k];
     Stream stream = StreamFor(w.device, streams, num_streams);
     for (int src : w.joined_sources) {
-      auto it = std::find_if(recorded.begin(), recorded.end(), [&](const auto& r) { return r.first == src; });
+      auto it = std::find_if(ready.begin(), ready.end(), [&](const auto& r) { return r.first == src; });
       status = backend.StreamWaitEvent(w.device, stream, it->second);
       if (!status.ok()) break;
     }
@@ -168,8 +171,16 @@ Status CopyPlan::Execute(Context& ctx, const qlink_stream* streams, size_t num_s
       const auto& [src, leaves] = w.runtime[r];
       status = backend.CopyLeaves(w.device, src, leaves.data(), leaves.size(), stream);
     }
+    // Backward join: later work on a source stream (a producer overwriting the leaf, or
+    // the host's caching allocator reusing it once freed) waits for this copy's reads.
+    Event done = nullptr;
+    if (status.ok() && !w.joined_sources.empty()) status = record(w.device, stream, &done);
+    for (size_t j = 0; status.ok() && j < w.joined_sources.size(); ++j) {
+      const int src = w.joined_sources[j];
+      status = backend.StreamWaitEvent(src, StreamFor(src, streams, num_streams), done);
+    }
   }
-  for (auto& [device, e] : recorded) pool.Release(device, e);
+  for (auto& [device, e] : taken) pool.Release(device, e);
   return status;
 }
 

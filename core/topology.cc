@@ -72,8 +72,10 @@ PeerState Topology::Judge(int src, int dst) {
   }
   p.state = QLINK_PEER_ENABLED;
   if (!config_.probe) return p;
+  // The peer path as copies of this size will take it.
+  const CopyPath peer_path = probe_bytes < backend_.PullCrossoverBytes() ? CopyPath::kPull : CopyPath::kRuntime;
   double peer_s = 0;
-  s = TimeCopy(backend_, src, dst, probe_bytes, CopyPath::kRuntime, kProbeReps, &peer_s);
+  s = TimeCopy(backend_, src, dst, probe_bytes, peer_path, kProbeReps, &peer_s);
   p.probed = s.ok();
   p.peer_gbps = Gbps(probe_bytes, peer_s);
   p.regular_gbps = Gbps(probe_bytes, regular_s);

@@ -112,10 +112,11 @@ typedef struct qlink_stream {
  * Destinations must not overlap each other or any source.
  *
  * Ordering: for each device pair, work already enqueued on the source device's stream
- * completes before the leaf is read, and the copy is enqueued on the destination
- * device's stream, so anything enqueued there afterwards sees it. The call does not
- * wait for the copy. Sources must stay allocated until it completes (e.g. record them
- * on the destination stream). */
+ * completes before the leaf is read; the copy is enqueued on the destination device's
+ * stream, so anything enqueued there afterwards sees it; and work enqueued afterwards on
+ * the source device's stream waits until the leaf has been read, so sources may be
+ * overwritten or freed in stream order as soon as the call returns (as with PyTorch's
+ * own cross-device copy_). The call does not block the host. */
 typedef struct qlink_copy_args {
   size_t struct_size;
   const DLTensor* sources;      /* borrowed array of num_leaves */

@@ -7,6 +7,8 @@
 """
 from .config import P2PConfig
 from .context import Context, CopyPlan, DeviceInfo, PeerStatus
+from .p2p import (PreparedCopy, configure, default_context, move_module_to_device,
+                  move_nested_to_device, peer_copy_batch)
 from .errors import InvalidArgumentError, QlinkError, UnavailableError, VersionMismatchError
 
 
@@ -18,5 +20,6 @@ def load(config=None, library=None):
     return Context(config, library)
 
 
-__all__ = ["load", "Context", "CopyPlan", "DeviceInfo", "PeerStatus", "P2PConfig", "QlinkError",
+__all__ = ["load", "configure", "default_context", "peer_copy_batch", "move_module_to_device",
+           "move_nested_to_device", "PreparedCopy", "Context", "CopyPlan", "DeviceInfo", "PeerStatus", "P2PConfig", "QlinkError",
            "InvalidArgumentError", "UnavailableError", "VersionMismatchError"]

@@ -1,6 +1,13 @@
-"""torch tensors as DLPack DLTensors (the C struct), without a capsule per leaf."""
-import ctypes
+"""torch tensors as DLPack DLTensors (the C struct), without a capsule per leaf.
 
+Two packers: `pack` describes a list of contiguous tensors as byte vectors in one numpy
+array (a few C-level calls per leaf, no Python loop body), and `TensorArray` describes
+each tensor exactly (dtype, shape, strides) when some leaf is not contiguous, so the
+plugin can name it in its refusal."""
+import ctypes
+import operator
+
+import numpy as np
 import torch
 
 from . import _abi
@@ -11,26 +18,96 @@ _DTYPES = {
     torch.uint8: (1, 8), torch.bool: (1, 8), torch.complex64: (5, 64), torch.complex128: (5, 128),
 }
 
+# The DLTensor layout of dlpack.h (48 bytes on 64-bit hosts).
+DLTENSOR = np.dtype([("data", "<u8"), ("device_type", "<i4"), ("device_id", "<i4"), ("ndim", "<i4"),
+                     ("code", "u1"), ("bits", "u1"), ("lanes", "<u2"), ("shape", "<u8"), ("strides", "<u8"),
+                     ("byte_offset", "<u8")])
+assert DLTENSOR.itemsize == ctypes.sizeof(_abi.DLTensor)
 
-def dl_device(device):
-    """(DLDeviceType, id) of a torch.device; ROCm builds of PyTorch call their GPUs "cuda"."""
+_DATA_PTR = torch.Tensor.data_ptr
+_GET_DEVICE = torch.Tensor.get_device
+_IS_CONTIGUOUS = torch.Tensor.is_contiguous
+if hasattr(torch.Tensor, "nbytes"):
+    _NBYTES = operator.attrgetter("nbytes")
+else:  # PyTorch < 2.1
+    def _NBYTES(t):
+        return t.numel() * t.element_size()
+
+
+def device_type_of(device):
+    """DLDeviceType of a torch.device; ROCm builds of PyTorch call their GPUs "cuda"."""
     if device.type == "cuda":
-        return (_abi.KDL_ROCM if torch.version.hip else _abi.KDL_CUDA), device.index
+        return _abi.KDL_ROCM if torch.version.hip else _abi.KDL_CUDA
     if device.type == "cpu":
-        return _abi.KDL_CPU, 0
+        return _abi.KDL_CPU
     raise ValueError("qlink does not handle %s tensors" % device.type)
 
 
-def dl_dtype(dtype):
+def _dtype_of(dtype):
     # Bytes are copied, not converted: a dtype DLPack 0.6 cannot name travels as unsigned bytes.
     return _DTYPES.get(dtype, (1, torch.empty((), dtype=dtype).element_size() * 8))
 
 
-class TensorArray:
-    """A C array of DLTensor describing `tensors`; keeps shapes and strides alive with it.
+class Packed:
+    """A C array of DLTensor plus everything its pointers point into, and the device
+    indices it names."""
 
-    device_ids, when given, overrides each tensor's device index (the CPU backend's
-    virtual devices all live in host memory)."""
+    def __init__(self, array, keep, devices):
+        self.array = array
+        self.count = len(array) if isinstance(array, np.ndarray) else array._length_
+        self._keep = keep
+        self.devices = devices
+
+    @property
+    def pointer(self):
+        if isinstance(self.array, np.ndarray):
+            return ctypes.cast(self.array.ctypes.data, ctypes.POINTER(_abi.DLTensor))
+        return self.array
+
+
+def pack(tensors, device_ids=None):
+    """tensors as DLTensors; device_ids overrides each tensor's device index (the CPU
+    backend's virtual devices all live in host memory)."""
+    n = len(tensors)
+    if n == 0:
+        return Packed(np.zeros(0, DLTENSOR), None, set())
+    try:
+        contiguous = all(map(_IS_CONTIGUOUS, tensors))
+    except TypeError:
+        contiguous = False  # not all tensors: TensorArray names the culprit
+    if not contiguous:
+        return _exact(tensors, device_ids)
+    dev_type = device_type_of(tensors[0].device)
+    if device_ids is None:
+        ids = np.fromiter(map(_GET_DEVICE, tensors), np.int32, n)  # -1 for host tensors
+        if (ids < 0).any() if dev_type != _abi.KDL_CPU else (ids >= 0).any():
+            return _exact(tensors)  # mixed host and device leaves: the plugin names the culprit
+        device_ids = ids if dev_type != _abi.KDL_CPU else 0
+    return byte_vectors(np.fromiter(map(_DATA_PTR, tensors), np.uint64, n),
+                        np.fromiter(map(_NBYTES, tensors), np.int64, n), dev_type, device_ids)
+
+
+def byte_vectors(data, nbytes, device_type, device_ids):
+    """DLTensors of contiguous byte runs: data pointers, byte sizes, device ids as arrays."""
+    n = len(data)
+    out = np.zeros(n, DLTENSOR)
+    out["data"] = data
+    out["device_type"] = device_type
+    out["device_id"] = device_ids
+    out["ndim"] = 1
+    out["code"], out["bits"], out["lanes"] = 1, 8, 1
+    nbytes = np.ascontiguousarray(nbytes, dtype=np.int64)
+    out["shape"] = nbytes.ctypes.data + 8 * np.arange(n, dtype=np.uint64)
+    return Packed(out, nbytes, set(np.unique(out["device_id"]).tolist()))
+
+
+def _exact(tensors, device_ids=None):
+    exact = TensorArray(tensors, device_ids)
+    return Packed(exact.array, exact, {exact.array[i].device.device_id for i in range(len(tensors))})
+
+
+class TensorArray:
+    """Each tensor described exactly: dtype, shape and strides."""
 
     def __init__(self, tensors, device_ids=None):
         n = len(tensors)
@@ -39,21 +116,18 @@ class TensorArray:
         for i, t in enumerate(tensors):
             if not isinstance(t, torch.Tensor):
                 raise TypeError("leaf %d is a %s, not a torch.Tensor" % (i, type(t).__name__))
-            dev_type, dev_id = dl_device(t.device)
-            if device_ids is not None:
-                dev_id = device_ids[i]
-            code, bits = dl_dtype(t.dtype)
+            dev_id = device_ids[i] if device_ids is not None else (t.device.index or 0)
+            code, bits = _dtype_of(t.dtype)
             ndim = t.dim()
             shape = (ctypes.c_int64 * max(ndim, 1))(*t.shape)
             strides = (ctypes.c_int64 * max(ndim, 1))(*t.stride())
             self._dims.append((shape, strides))
             d = self.array[i]
             d.data = t.data_ptr()
-            d.device.device_type = dev_type
+            d.device.device_type = device_type_of(t.device)
             d.device.device_id = dev_id
             d.ndim = ndim
             d.dtype.code, d.dtype.bits, d.dtype.lanes = code, bits, 1
             d.shape = shape
             d.strides = strides
             d.byte_offset = 0
-        self.count = n

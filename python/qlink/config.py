@@ -9,7 +9,7 @@ class P2PConfig:
     probe: bool = False       # time each ordered pair before accepting it
     probe_mib: int = 64       # MiB per probe copy
     min_gbps: float = 0.0     # a probed pair below this bandwidth is rejected
-    min_ratio: float = 1.0    # ... or below this ratio to the regular path
+    min_ratio: float = 0.8    # ... or below this ratio to the regular path
 
 
 def to_json(config):

@@ -5,7 +5,7 @@ import os
 import threading
 
 from . import _abi
-from ._dlpack import TensorArray, dl_device
+from ._dlpack import pack
 from .config import to_json
 from .errors import VersionMismatchError, error_for
 
@@ -132,9 +132,9 @@ class Context:
     def _copy_args(self, sources, targets, source_devices, target_devices):
         if len(sources) != len(targets):
             raise ValueError("sources has %d leaves but targets has %d" % (len(sources), len(targets)))
-        src = TensorArray(sources, source_devices)
-        dst = TensorArray(targets, target_devices)
-        args = _abi.CopyArgs(ctypes.sizeof(_abi.CopyArgs), src.array, dst.array, src.count, None, 0)
+        src = pack(sources, source_devices)
+        dst = pack(targets, target_devices)
+        args = _abi.CopyArgs(ctypes.sizeof(_abi.CopyArgs), src.pointer, dst.pointer, src.count, None, 0)
         return args, (src, dst)
 
     def copy(self, sources, targets, source_devices=None, target_devices=None, streams=None):

@@ -1,0 +1,223 @@
+// CUDA backend: the runtime linked statically, so the library needs only the driver
+// (libcuda.so.1) at run time; without a driver or GPU it loads and reports zero devices.
+#include <cuda_runtime_api.h>
+
+#include <mutex>
+#include <new>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backends/cuda/pull_kernel.h"
+#include "backends/device_backend.h"
+
+namespace qlink {
+namespace {
+
+// Turns a runtime error into a Status and drains the runtime's last error, so the host
+// framework's next launch does not fail on our leftovers.
+Status Check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::Ok();
+  cudaGetLastError();
+  std::string message = std::string("cuda: ") + what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+  return e == cudaErrorMemoryAllocation ? OutOfMemory(message) : RuntimeError(message);
+}
+
+// Makes `device` current for one call and restores the caller's device afterwards: the
+// host (PyTorch) keeps its own notion of the current device on this thread.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    cudaGetDevice(&previous_);
+    if (previous_ != device) status_ = Check(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceScope() {
+    int now = -1;
+    cudaGetDevice(&now);
+    if (now != previous_) cudaSetDevice(previous_);
+  }
+  const Status& status() const { return status_; }
+
+ private:
+  int previous_ = 0;
+  Status status_;
+};
+
+#define QLINK_CUDA_SCOPE(device)             \
+  DeviceScope scope_(device);                \
+  QLINK_RETURN_IF_ERROR(scope_.status())
+
+class CudaBackend final : public DeviceBackend {
+ public:
+  CudaBackend() {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();
+      n = 0;
+    }
+    sm_counts_.resize(n);
+    for (int d = 0; d < n; ++d) cudaDeviceGetAttribute(&sm_counts_[d], cudaDevAttrMultiProcessorCount, d);
+  }
+
+  const char* name() const override { return "cuda"; }
+  DLDeviceType device_type() const override { return kDLCUDA; }
+  int device_count() const override { return static_cast<int>(sm_counts_.size()); }
+
+  Status GetProperties(int device, DeviceProperties* out) override {
+    cudaDeviceProp prop;
+    QLINK_RETURN_IF_ERROR(Check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties"));
+    QLINK_CUDA_SCOPE(device);
+    size_t free_bytes = 0, total_bytes = 0;
+    QLINK_RETURN_IF_ERROR(Check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
+    out->name = prop.name;
+    out->total_bytes = total_bytes;
+    out->free_bytes = free_bytes;
+    return Status::Ok();
+  }
+
+  bool HasPeerAccess() const override { return true; }
+  Status CanAccessPeer(int accessor, int owner, bool* out) override {
+    int can = 0;
+    QLINK_RETURN_IF_ERROR(Check(cudaDeviceCanAccessPeer(&can, accessor, owner), "cudaDeviceCanAccessPeer"));
+    *out = can != 0;
+    return Status::Ok();
+  }
+  Status EnablePeerAccess(int accessor, int owner) override {
+    QLINK_CUDA_SCOPE(accessor);
+    cudaError_t e = cudaDeviceEnablePeerAccess(owner, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled) {
+      cudaGetLastError();
+      e = cudaSuccess;
+    }
+    QLINK_RETURN_IF_ERROR(Check(e, "cudaDeviceEnablePeerAccess"));
+    std::lock_guard<std::mutex> lock(mu_);
+    peers_.insert({accessor, owner});
+    return Status::Ok();
+  }
+
+  Status Allocate(int device, size_t bytes, void** out) override {
+    QLINK_CUDA_SCOPE(device);
+    return Check(cudaMalloc(out, bytes), "cudaMalloc");
+  }
+  void Free(int device, void* ptr) override {
+    DeviceScope scope(device);
+    Check(cudaFree(ptr), "cudaFree");
+  }
+  Status Memset(int device, void* ptr, int value, size_t bytes, Stream stream) override {
+    QLINK_CUDA_SCOPE(device);
+    return Check(cudaMemsetAsync(ptr, value, bytes, static_cast<cudaStream_t>(stream)), "cudaMemsetAsync");
+  }
+  Status CopyToHost(int device, void* host_dst, const void* device_src, size_t bytes) override {
+    QLINK_CUDA_SCOPE(device);
+    return Check(cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy to host");
+  }
+  Status CopyFromHost(int device, void* device_dst, const void* host_src, size_t bytes) override {
+    QLINK_CUDA_SCOPE(device);
+    return Check(cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy from host");
+  }
+
+  Status CreateStream(int device, Stream* out) override {
+    QLINK_CUDA_SCOPE(device);
+    cudaStream_t s = nullptr;
+    QLINK_RETURN_IF_ERROR(Check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"));
+    *out = s;
+    return Status::Ok();
+  }
+  void DestroyStream(int device, Stream stream) override {
+    DeviceScope scope(device);
+    Check(cudaStreamDestroy(static_cast<cudaStream_t>(stream)), "cudaStreamDestroy");
+  }
+  Status CreateEvent(int device, Event* out) override {
+    QLINK_CUDA_SCOPE(device);
+    cudaEvent_t e = nullptr;
+    QLINK_RETURN_IF_ERROR(Check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"));
+    *out = e;
+    return Status::Ok();
+  }
+  void DestroyEvent(int device, Event event) override {
+    DeviceScope scope(device);
+    Check(cudaEventDestroy(static_cast<cudaEvent_t>(event)), "cudaEventDestroy");
+  }
+  Status RecordEvent(int device, Event event, Stream stream) override {
+    QLINK_CUDA_SCOPE(device);
+    return Check(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)),
+                 "cudaEventRecord");
+  }
+  Status StreamWaitEvent(int device, Stream stream, Event event) override {
+    QLINK_CUDA_SCOPE(device);
+    return Check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0),
+                 "cudaStreamWaitEvent");
+  }
+  Status SynchronizeStream(int device, Stream stream) override {
+    QLINK_CUDA_SCOPE(device);
+    return Check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+  }
+
+  Status PullLeaves(int dst_device, const CopyLeaf* leaves, size_t count, Stream stream) override {
+    QLINK_CUDA_SCOPE(dst_device);
+    return Check(cuda::LaunchPullLeaves(leaves, count, sm_counts_[dst_device], static_cast<cudaStream_t>(stream)),
+                 "pull kernel launch");
+  }
+
+  Status CopyLeaves(int dst_device, int src_device, const CopyLeaf* leaves, size_t count, Stream stream) override {
+    QLINK_CUDA_SCOPE(dst_device);
+    auto s = static_cast<cudaStream_t>(stream);
+    // The batch API refuses the legacy default stream.
+    if (count > 1 && s != nullptr && (src_device == dst_device || HasPeer(dst_device, src_device))) {
+      return CopyBatch(leaves, count, src_device, dst_device, s);
+    }
+    // One runtime peer copy per leaf: staged through host memory by the runtime when the
+    // pair has no peer access.
+    for (size_t i = 0; i < count; ++i) {
+      QLINK_RETURN_IF_ERROR(Check(cudaMemcpyPeerAsync(leaves[i].dst, dst_device, leaves[i].src, src_device,
+                                                      leaves[i].bytes, s),
+                                  "cudaMemcpyPeerAsync"));
+    }
+    return Status::Ok();
+  }
+
+  // The copy engines overtake the pull kernel between 2 MiB and 16 MiB leaves on NVLink
+  // (bench/RESULTS.md).
+  uint64_t PullCrossoverBytes() const override { return uint64_t{8} << 20; }
+
+ private:
+  bool HasPeer(int accessor, int owner) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return peers_.count({accessor, owner}) > 0;
+  }
+
+  // All leaves in one cudaMemcpyBatchAsync call, stream-ordered.
+  Status CopyBatch(const CopyLeaf* leaves, size_t count, int src_device, int dst_device, cudaStream_t stream) {
+    std::vector<void*> dsts(count);
+    std::vector<const void*> srcs(count);
+    std::vector<size_t> sizes(count);
+    for (size_t i = 0; i < count; ++i) {
+      dsts[i] = leaves[i].dst;
+      srcs[i] = leaves[i].src;
+      sizes[i] = leaves[i].bytes;
+    }
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attr.srcLocHint.type = cudaMemLocationTypeDevice;
+    attr.srcLocHint.id = src_device;
+    attr.dstLocHint.type = cudaMemLocationTypeDevice;
+    attr.dstLocHint.id = dst_device;
+    size_t attr_index = 0;
+    return Check(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), count, &attr, &attr_index, 1, stream),
+                 "cudaMemcpyBatchAsync");
+  }
+
+  std::vector<int> sm_counts_;
+  std::mutex mu_;
+  std::set<std::pair<int, int>> peers_;  // (accessor, owner) pairs enabled through this backend
+};
+
+}  // namespace
+}  // namespace qlink
+
+extern "C" qlink::DeviceBackend* qlink_backend_v1(const qlink::BackendOptions*, std::string* error) {
+  auto* backend = new (std::nothrow) qlink::CudaBackend();
+  if (backend == nullptr) *error = "cuda backend: out of host memory";
+  return backend;
+}

@@ -1,0 +1,106 @@
+// Pulls a batch of leaves with one launch on the destination device, reading the sources
+// straight over the peer link. Descriptors travel in the kernel's parameter space (up to
+// 32 KiB since CUDA 12.1), so no host-to-device copy precedes the launch.
+#include "backends/cuda/pull_kernel.h"
+
+#include <algorithm>
+#include <cstdint>
+
+namespace qlink {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kVectorsPerThread = 4;  // loads in flight per thread: peer reads are latency bound
+constexpr uint64_t kChunkBytes = uint64_t{kThreads} * kVectorsPerThread * 16;  // 16 KiB per block step
+
+struct LeafDesc {
+  const char* src;
+  char* dst;
+  uint64_t bytes;
+  uint64_t first_chunk;  // prefix sum of chunks before this leaf
+};
+
+template <int kCapacity>
+struct Batch {
+  uint32_t count;
+  uint64_t total_chunks;
+  LeafDesc leaves[kCapacity];
+};
+
+__device__ void CopyBytes(const char* src, char* dst, uint64_t n) {
+  for (uint64_t i = threadIdx.x; i < n; i += kThreads) dst[i] = src[i];
+}
+
+template <int kCapacity>
+__global__ void __launch_bounds__(kThreads) PullKernel(const __grid_constant__ Batch<kCapacity> batch) {
+  for (uint64_t chunk = blockIdx.x; chunk < batch.total_chunks; chunk += gridDim.x) {
+    // The leaf owning this chunk: last leaf whose first_chunk <= chunk (uniform per block).
+    uint32_t lo = 0, hi = batch.count - 1;
+    while (lo < hi) {
+      uint32_t mid = (lo + hi + 1) / 2;
+      if (batch.leaves[mid].first_chunk <= chunk) lo = mid; else hi = mid - 1;
+    }
+    const LeafDesc& leaf = batch.leaves[lo];
+    const uint64_t begin = (chunk - leaf.first_chunk) * kChunkBytes;
+    const uint64_t n = min(kChunkBytes, leaf.bytes - begin);
+    const char* src = leaf.src + begin;
+    char* dst = leaf.dst + begin;
+    if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) != 0) {
+      CopyBytes(src, dst, n);
+      continue;
+    }
+    const int4* s = reinterpret_cast<const int4*>(src);
+    int4* d = reinterpret_cast<int4*>(dst);
+    const uint64_t vectors = n / 16;
+    if (vectors == uint64_t{kThreads} * kVectorsPerThread) {
+      int4 v[kVectorsPerThread];
+#pragma unroll
+      for (int k = 0; k < kVectorsPerThread; ++k) v[k] = s[threadIdx.x + k * kThreads];
+#pragma unroll
+      for (int k = 0; k < kVectorsPerThread; ++k) d[threadIdx.x + k * kThreads] = v[k];
+    } else {
+      for (uint64_t i = threadIdx.x; i < vectors; i += kThreads) d[i] = s[i];
+      CopyBytes(src + vectors * 16, dst + vectors * 16, n - vectors * 16);
+    }
+  }
+}
+
+template <int kCapacity>
+cudaError_t Launch(const CopyLeaf* leaves, size_t count, int sm_count, cudaStream_t stream) {
+  Batch<kCapacity> batch;
+  batch.count = static_cast<uint32_t>(count);
+  uint64_t chunks = 0;
+  for (size_t i = 0; i < count; ++i) {
+    batch.leaves[i] = LeafDesc{static_cast<const char*>(leaves[i].src), static_cast<char*>(leaves[i].dst),
+                               leaves[i].bytes, chunks};
+    chunks += (leaves[i].bytes + kChunkBytes - 1) / kChunkBytes;
+  }
+  batch.total_chunks = chunks;
+  const uint64_t max_blocks = uint64_t(sm_count) * (2048 / kThreads);
+  const unsigned grid = static_cast<unsigned>(std::max<uint64_t>(1, std::min(chunks, max_blocks)));
+  PullKernel<kCapacity><<<grid, kThreads, 0, stream>>>(batch);
+  return cudaGetLastError();
+}
+
+// Parameter space grows with the capacity; small batches take a small instantiation.
+constexpr size_t kMaxLeavesPerLaunch = 1000;  // 32 + 1000 * 32 bytes < 32764
+
+}  // namespace
+
+cudaError_t LaunchPullLeaves(const CopyLeaf* leaves, size_t count, int sm_count, cudaStream_t stream) {
+  while (count > 0) {
+    const size_t n = std::min(count, kMaxLeavesPerLaunch);
+    cudaError_t e = n <= 16    ? Launch<16>(leaves, n, sm_count, stream)
+                    : n <= 64  ? Launch<64>(leaves, n, sm_count, stream)
+                    : n <= 256 ? Launch<256>(leaves, n, sm_count, stream)
+                               : Launch<kMaxLeavesPerLaunch>(leaves, n, sm_count, stream);
+    if (e != cudaSuccess) return e;
+    leaves += n;
+    count -= n;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace cuda
+}  // namespace qlink

@@ -1,0 +1,19 @@
+// The pull-copy kernel's launcher (built by nvcc, called from the backend's host code).
+#pragma once
+
+#include <cstddef>
+
+#include <cuda_runtime_api.h>
+
+#include "backends/device_backend.h"
+
+namespace qlink {
+namespace cuda {
+
+// One launch on the current device copying every leaf; leaves may live on the current
+// device or on peers it has access to. Batches past one launch's parameter space are
+// split into consecutive launches on the same stream.
+cudaError_t LaunchPullLeaves(const CopyLeaf* leaves, size_t count, int sm_count, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace qlink

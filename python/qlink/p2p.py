@@ -1,0 +1,220 @@
+"""GPTQModel-shaped peer copies (HOSTS.md): peer_copy_batch, move_module_to_device,
+move_nested_to_device, and prepared batches for repeated moves.
+
+Ordering: every copy waits for the work already on the source device's current stream
+and is enqueued on the destination device's current stream, so anything PyTorch runs
+there next sees the data; later work on the source's current stream waits for the copy,
+so the caching allocator, which reuses a freed source in that stream's order, cannot hand
+it out while it is still being read (no record_stream per leaf). Nothing blocks the host.
+
+Only GPU-to-GPU leaves go through qlink; host tensors take PyTorch's regular path (P2P is
+an accelerator concept)."""
+import collections
+import ctypes
+import threading
+
+import numpy as np
+import torch
+
+from . import _abi
+from ._dlpack import _DATA_PTR, _GET_DEVICE, _IS_CONTIGUOUS, _NBYTES, byte_vectors, device_type_of, pack
+from .context import Context
+
+_default = None
+_default_lock = threading.Lock()
+_ALIGN = 256  # bytes: leaves packed into one destination allocation start on this boundary
+
+# The raw handle of a device's current stream; the private binding skips building a
+# torch.cuda.Stream object per call (about 10x cheaper).
+if hasattr(torch._C, "_cuda_getCurrentRawStream"):
+    _raw_stream = torch._C._cuda_getCurrentRawStream
+else:
+    def _raw_stream(device):
+        return torch.cuda.current_stream(device).cuda_stream
+
+
+def configure(config=None, library=None):
+    """Installs the process-wide context the functions below use by default."""
+    global _default
+    ctx = Context(config, library)
+    with _default_lock:
+        _default = ctx
+    return ctx
+
+
+def default_context():
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Context()
+        return _default
+
+
+def _enqueue(ctx, src, dst):
+    """One copy_batch of packed leaves on the current streams of every device involved."""
+    streams = ctx._streams({d: _raw_stream(d) for d in src.devices | dst.devices})
+    args = _abi.CopyArgs(_abi.struct_size(_abi.CopyArgs), src.pointer, dst.pointer, src.count, *streams)
+    ctx._check(ctx._api.copy_batch(ctx._handle, ctypes.byref(args)))
+
+
+def peer_copy_batch(sources, targets, ctx=None):
+    """targets[i].copy_(sources[i]) for every leaf, GPU leaves in as few launches as the
+    plugin can (one per destination device for small leaves). Byte-exact: shapes and
+    dtypes may differ as long as byte sizes match."""
+    if len(sources) != len(targets):
+        raise ValueError("sources has %d leaves but targets has %d" % (len(sources), len(targets)))
+    if not all(s.is_cuda and t.is_cuda for s, t in zip(sources, targets)):
+        gpu = [(s, t) for s, t in zip(sources, targets) if s.is_cuda and t.is_cuda]
+        for s, t in zip(sources, targets):
+            if not (s.is_cuda and t.is_cuda):
+                t.copy_(s)  # the regular path: host leaves
+        sources, targets = [s for s, _ in gpu], [t for _, t in gpu]
+    if sources:
+        _enqueue(ctx or default_context(), pack(sources), pack(targets))
+
+
+class PreparedCopy:
+    """A batch validated and planned once, replayed with run() (replica mirrors,
+    calibration staging). Holds its tensors so they outlive the plan."""
+
+    def __init__(self, sources, targets, ctx=None):
+        self._ctx = ctx or default_context()
+        self._plan = self._ctx.prepare(sources, targets)
+        devices = sorted({t.get_device() for t in list(sources) + list(targets)})
+        self._streams, self._count = self._ctx._streams({d: None for d in devices})
+        self._devices = devices
+
+    def run(self):
+        for k, d in enumerate(self._devices):
+            self._streams[k].stream = _raw_stream(d)
+        self._ctx._check(self._ctx._api.copy_plan_execute(self._plan._handle, self._streams, self._count))
+
+
+def _overlapping(ptrs, nbytes):
+    """Leaves whose bytes overlap another leaf's (tied through a shared storage)."""
+    order = np.argsort(ptrs, kind="stable")
+    start = ptrs[order].astype(np.int64)
+    end = start + nbytes[order]
+    first_of_cluster = np.ones(len(ptrs), bool)
+    first_of_cluster[1:] = start[1:] >= np.maximum.accumulate(end)[:-1]
+    cluster = np.cumsum(first_of_cluster)
+    out = np.empty(len(ptrs), bool)
+    out[order] = np.bincount(cluster)[cluster] > 1
+    return out
+
+
+def _move_storage(t, device, moved):
+    """The regular path: `t` moved with its whole storage, so tensors sharing that storage
+    keep sharing it (and non-contiguous layouts arrive as they were)."""
+    storage = t.untyped_storage()
+    key = storage.data_ptr()
+    if key not in moved:
+        whole = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
+        moved[key] = whole.to(device).untyped_storage()
+    return torch.empty(0, dtype=t.dtype, device=device).set_(moved[key], t.storage_offset(), t.size(), t.stride())
+
+
+def _move_tensors(tensors, device, ctx):
+    """Copies of `tensors` on `device`, in order; those already there are returned as is.
+
+    The fast path takes GPU leaves that are contiguous and overlap no other leaf: one
+    destination allocation holds them all, one copy_batch fills it, and the per-leaf
+    views are built while the copy runs."""
+    n = len(tensors)
+    out = list(tensors)
+    if n == 0:
+        return out
+    target = torch.device(device)
+    ids = np.fromiter(map(_GET_DEVICE, tensors), np.int32, n)
+    target_id = target.index if target.type == "cuda" else -1
+    move = ids != target_id
+    if target.type != "cuda":
+        for i in np.nonzero(move)[0]:
+            out[i] = tensors[i].to(target)
+        return out
+    ptrs = np.fromiter(map(_DATA_PTR, tensors), np.uint64, n)
+    nbytes = np.fromiter(map(_NBYTES, tensors), np.int64, n)
+    fast = move & (ids >= 0) & np.fromiter(map(_IS_CONTIGUOUS, tensors), bool, n) & (nbytes > 0)
+    fast &= ~_overlapping(ptrs, nbytes)
+    idx = np.nonzero(fast)[0]
+    if len(idx):
+        sizes = nbytes[idx]
+        padded = (sizes + _ALIGN - 1) // _ALIGN * _ALIGN
+        offsets = np.concatenate(([0], np.cumsum(padded)[:-1]))
+        flat = torch.empty(int(padded.sum()), dtype=torch.uint8, device=target)
+        ctx = ctx or default_context()
+        dev_type = device_type_of(target)
+        _enqueue(ctx, byte_vectors(ptrs[idx], sizes, dev_type, ids[idx]),
+                 byte_vectors(flat.data_ptr() + offsets.astype(np.uint64), sizes, dev_type, target_id))
+        typed = {}
+        for i, off in zip(idx.tolist(), offsets.tolist()):
+            t = tensors[i]
+            view = typed.get(t.dtype)
+            if view is None:
+                view = typed[t.dtype] = flat.view(t.dtype)
+            out[i] = view.as_strided(t.shape, t.stride(), off // t.element_size())
+    moved = {}
+    for i in np.nonzero(move & ~fast)[0]:
+        t = tensors[i]
+        out[i] = _move_storage(t, target, moved) if t.is_cuda else t.to(target)
+    return out
+
+
+def move_module_to_device(module, device, ctx=None):
+    """module.to(device) for parameters and buffers, through qlink: parameters keep their
+    identity (param.data is replaced, as module.to does), tied parameters stay tied."""
+    params, buffers = {}, {}
+    for m in module.modules():
+        for p in m._parameters.values():
+            if p is not None:
+                params.setdefault(id(p), p)
+        for b in m._buffers.values():
+            if b is not None:
+                buffers.setdefault(id(b), b)
+    params, buffers = list(params.values()), list(buffers.values())
+    moved = _move_tensors(params + buffers, device, ctx)
+    with torch.no_grad():
+        for p, new in zip(params, moved):
+            if new is not p:
+                p.data = new
+            if p.grad is not None:
+                p.grad.data = p.grad.data.to(device)
+    new_buffers = {id(b): new for b, new in zip(buffers, moved[len(params):])}
+    for m in module.modules():
+        for name, b in m._buffers.items():
+            if b is not None:
+                m._buffers[name] = new_buffers[id(b)]
+    return module
+
+
+def move_nested_to_device(value, device, ctx=None):
+    """A copy of `value` (dicts, lists, tuples, namedtuples of tensors; anything else passed
+    through) with every tensor on `device`; container types are kept, a tensor appearing
+    twice is moved once."""
+    leaves = {}
+
+    def collect(v):
+        if isinstance(v, torch.Tensor):
+            leaves.setdefault(id(v), v)
+        elif isinstance(v, dict):
+            for x in v.values():
+                collect(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                collect(x)
+
+    collect(value)
+    moved = dict(zip(leaves.keys(), _move_tensors(list(leaves.values()), device, ctx)))
+
+    def rebuild(v):
+        if isinstance(v, torch.Tensor):
+            return moved[id(v)]
+        if isinstance(v, dict):
+            return type(v)((k, rebuild(x)) for k, x in v.items())
+        if isinstance(v, tuple) and hasattr(v, "_fields"):
+            return type(v)(*(rebuild(x) for x in v))
+        if isinstance(v, (list, tuple)):
+            return type(v)(rebuild(x) for x in v)
+        return v
+
+    return rebuild(value)
