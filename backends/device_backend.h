@@ -6,7 +6,9 @@
 //
 // Threading: every method may be called from many threads at once. Every enqueue makes
 // `device` current first: HIP binds a stream to the calling thread's current device, so
-// enqueuing with another device current puts the work on the wrong queue.
+// enqueuing with another device current puts the work on the wrong queue. Methods leave
+// that device current; core restores the host's device once per public call
+// (CurrentDevice / MakeCurrent), not around every enqueue.
 #pragma once
 
 #include <cstddef>
@@ -49,6 +51,10 @@ class DeviceBackend {
   virtual int device_count() const = 0;
   virtual Status GetProperties(int device, DeviceProperties* out) = 0;
 
+  // The calling thread's current device, and making one current.
+  virtual int CurrentDevice() = 0;
+  virtual void MakeCurrent(int device) = 0;
+
   // Peer access: whether `accessor` may read and write memory owned by `owner`.
   // A backend without the concept (CPU) returns false from HasPeerAccess and is
   // never asked the rest.
@@ -73,6 +79,8 @@ class DeviceBackend {
   // `stream` of `device` waits for `event`, which may belong to another device.
   virtual Status StreamWaitEvent(int device, Stream stream, Event event) = 0;
   virtual Status SynchronizeStream(int device, Stream stream) = 0;
+  // True when every piece of work enqueued on `stream` so far has completed.
+  virtual bool StreamIdle(int device, Stream stream) = 0;
 
   // One kernel launch on dst_device that reads every leaf straight from its source's
   // memory: dst_device itself or a device it has peer access to.

@@ -108,6 +108,7 @@ qlink_status DeviceCount(const qlink_context* ctx, int32_t* count) {
 qlink_status DeviceInfo(const qlink_context* ctx, int32_t device, qlink_device_info* info) {
   return Guard([&] {
     QLINK_RETURN_IF_ERROR(CheckNotNull(ctx, "ctx"));
+    DeviceRestore restore(const_cast<DeviceBackend&>(ctx->impl->backend()));
     QLINK_RETURN_IF_ERROR(ctx->impl->CheckDevice(device, "device"));
     DeviceBackend& backend = const_cast<DeviceBackend&>(ctx->impl->backend());
     DeviceProperties props;
@@ -125,6 +126,7 @@ qlink_status DeviceInfo(const qlink_context* ctx, int32_t device, qlink_device_i
 qlink_status EnablePeerAccess(qlink_context* ctx, const int32_t* devices, size_t num_devices) {
   return Guard([&] {
     QLINK_RETURN_IF_ERROR(CheckNotNull(ctx, "ctx"));
+    DeviceRestore restore(ctx->impl->backend());
     if (num_devices > 0) QLINK_RETURN_IF_ERROR(CheckNotNull(devices, "devices"));
     std::vector<int> list;
     for (size_t i = 0; i < num_devices; ++i) {
@@ -162,6 +164,7 @@ qlink_status MeasureLink(qlink_context* ctx, int32_t src, int32_t dst, uint64_t 
   return Guard([&] {
     QLINK_RETURN_IF_ERROR(CheckNotNull(ctx, "ctx"));
     Context& c = *ctx->impl;
+    DeviceRestore restore(c.backend());
     QLINK_RETURN_IF_ERROR(c.CheckDevice(src, "src_device"));
     QLINK_RETURN_IF_ERROR(c.CheckDevice(dst, "dst_device"));
     if (bytes == 0 || bytes > (uint64_t{16} << 30)) {
@@ -188,6 +191,7 @@ qlink_status MeasureLink(qlink_context* ctx, int32_t src, int32_t dst, uint64_t 
 qlink_status CopyBatch(qlink_context* ctx, const qlink_copy_args* args) {
   return Guard([&] {
     QLINK_RETURN_IF_ERROR(CheckNotNull(ctx, "ctx"));
+    DeviceRestore restore(ctx->impl->backend());
     CopyPlan plan;
     QLINK_RETURN_IF_ERROR(CopyPlan::Build(*ctx->impl, args, &plan));
     return plan.Execute(*ctx->impl, args->streams, args->num_streams);
@@ -210,6 +214,7 @@ qlink_status CopyPlanCreate(qlink_context* ctx, const qlink_copy_args* args, qli
 qlink_status CopyPlanExecute(qlink_copy_plan* plan, const qlink_stream* streams, size_t num_streams) {
   return Guard([&] {
     QLINK_RETURN_IF_ERROR(CheckNotNull(plan, "plan"));
+    DeviceRestore restore(plan->ctx->backend());
     QLINK_RETURN_IF_ERROR(CheckStreams(*plan->ctx, streams, num_streams));
     return plan->plan.Execute(*plan->ctx, streams, num_streams);
   });
@@ -225,6 +230,7 @@ qlink_status CopyPlanDestroy(qlink_copy_plan* plan) {
 qlink_status MemoryAllocate(qlink_context* ctx, int32_t device, uint64_t bytes, void** ptr) {
   return Guard([&] {
     QLINK_RETURN_IF_ERROR(CheckNotNull(ctx, "ctx"));
+    DeviceRestore restore(ctx->impl->backend());
     QLINK_RETURN_IF_ERROR(CheckNotNull(ptr, "ptr"));
     QLINK_RETURN_IF_ERROR(ctx->impl->CheckDevice(device, "device"));
     *ptr = nullptr;
@@ -235,6 +241,7 @@ qlink_status MemoryAllocate(qlink_context* ctx, int32_t device, uint64_t bytes, 
 qlink_status MemoryFree(qlink_context* ctx, int32_t device, void* ptr) {
   return Guard([&] {
     QLINK_RETURN_IF_ERROR(CheckNotNull(ctx, "ctx"));
+    DeviceRestore restore(ctx->impl->backend());
     QLINK_RETURN_IF_ERROR(ctx->impl->CheckDevice(device, "device"));
     if (ptr != nullptr) ctx->impl->backend().Free(device, ptr);
     return Status::Ok();
@@ -255,6 +262,7 @@ qlink_status MemoryToHost(qlink_context* ctx, int32_t device, void* host_dst, co
                           uint64_t bytes) {
   return Guard([&] {
     QLINK_RETURN_IF_ERROR(CheckHostTransfer(ctx, device, host_dst, device_src, bytes));
+    DeviceRestore restore(ctx->impl->backend());
     return bytes == 0 ? Status::Ok() : ctx->impl->backend().CopyToHost(device, host_dst, device_src, bytes);
   });
 }
@@ -263,6 +271,7 @@ qlink_status MemoryFromHost(qlink_context* ctx, int32_t device, void* device_dst
                             uint64_t bytes) {
   return Guard([&] {
     QLINK_RETURN_IF_ERROR(CheckHostTransfer(ctx, device, device_dst, host_src, bytes));
+    DeviceRestore restore(ctx->impl->backend());
     return bytes == 0 ? Status::Ok() : ctx->impl->backend().CopyFromHost(device, device_dst, host_src, bytes);
   });
 }
@@ -270,6 +279,7 @@ qlink_status MemoryFromHost(qlink_context* ctx, int32_t device, void* device_dst
 qlink_status StreamSynchronize(qlink_context* ctx, int32_t device, void* stream) {
   return Guard([&] {
     QLINK_RETURN_IF_ERROR(CheckNotNull(ctx, "ctx"));
+    DeviceRestore restore(ctx->impl->backend());
     QLINK_RETURN_IF_ERROR(ctx->impl->CheckDevice(device, "device"));
     return ctx->impl->backend().SynchronizeStream(device, stream);
   });

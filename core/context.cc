@@ -18,7 +18,9 @@ Status Context::Create(const char* config_json, std::unique_ptr<Context>* out) {
 }
 
 Context::~Context() {
-  // The pool and topology hold events and references into the backend.
+  // The pool and topology hold events and references into the backend, which goes last.
+  if (!loaded_.backend) return;  // creation failed before the backend loaded
+  DeviceRestore restore(backend());
   events_.reset();
   topology_.reset();
 }

@@ -39,4 +39,22 @@ class Context {
   std::unique_ptr<EventPool> events_;
 };
 
+// Restores the calling thread's current device when a public call returns: backends
+// leave the device of their last enqueue current, and the host (PyTorch) keeps its own
+// notion of the current device on this thread.
+class DeviceRestore {
+ public:
+  explicit DeviceRestore(DeviceBackend& backend)
+      : backend_(backend), device_(backend.device_count() > 0 ? backend.CurrentDevice() : -1) {}
+  ~DeviceRestore() {
+    if (device_ >= 0 && backend_.CurrentDevice() != device_) backend_.MakeCurrent(device_);
+  }
+  DeviceRestore(const DeviceRestore&) = delete;
+  DeviceRestore& operator=(const DeviceRestore&) = delete;
+
+ private:
+  DeviceBackend& backend_;
+  const int device_;
+};
+
 }  // namespace qlink

@@ -89,8 +89,8 @@ Status CopyPlan::Build(Context& ctx, const qlink_copy_args* args, CopyPlan* out)
   std::vector<uint64_t> sizes(n);
   for (size_t i = 0; i < n; ++i) {
     uint64_t src_bytes = 0, dst_bytes = 0;
-    QLINK_RETURN_IF_ERROR(CheckTensor(args->sources[i], Name("sources", i), type, count, &src_bytes));
-    QLINK_RETURN_IF_ERROR(CheckTensor(args->destinations[i], Name("destinations", i), type, count, &dst_bytes));
+    QLINK_RETURN_IF_ERROR(CheckTensor(args->sources[i], "sources", i, type, count, &src_bytes));
+    QLINK_RETURN_IF_ERROR(CheckTensor(args->destinations[i], "destinations", i, type, count, &dst_bytes));
     if (src_bytes != dst_bytes) {
       return InvalidArgument(Name("destinations", i) + " has " + std::to_string(dst_bytes) + " bytes but " +
                              Name("sources", i) + " has " + std::to_string(src_bytes));
@@ -149,12 +149,15 @@ Status CopyPlan::Execute(Context& ctx, const qlink_stream* streams, size_t num_s
     taken.emplace_back(device, *out);
     return backend.RecordEvent(device, *out, stream);
   };
-  // Forward join: each source device's stream up to now, waited for by the destinations.
+  // Forward join: each busy source device's stream up to now, waited for by the
+  // destinations. An idle stream has nothing to wait for.
   std::vector<std::pair<int, Event>> ready;
   Status status;
   for (int src : source_devices_) {
+    Stream stream = StreamFor(src, streams, num_streams);
+    if (backend.StreamIdle(src, stream)) continue;
     Event e = nullptr;
-    status = record(src, StreamFor(src, streams, num_streams), &e);
+    status = record(src, stream, &e);
     if (!status.ok()) break;
     ready.emplace_back(src, e);
   }
@@ -163,7 +166,7 @@ Status CopyPlan::Execute(Context& ctx, const qlink_stream* streams, size_t num_s
     Stream stream = StreamFor(w.device, streams, num_streams);
     for (int src : w.joined_sources) {
       auto it = std::find_if(ready.begin(), ready.end(), [&](const auto& r) { return r.first == src; });
-      status = backend.StreamWaitEvent(w.device, stream, it->second);
+      if (it != ready.end()) status = backend.StreamWaitEvent(w.device, stream, it->second);
       if (!status.ok()) break;
     }
     if (status.ok() && !w.pulled.empty()) status = backend.PullLeaves(w.device, w.pulled.data(), w.pulled.size(), stream);

@@ -10,9 +10,10 @@
 
 namespace qlink {
 
-// Checks that `t` (named `what`, e.g. "sources[3]") is a contiguous tensor of a device
-// of `device_type` with an id below `device_count`, and gives its size in bytes.
-Status CheckTensor(const DLTensor& t, const std::string& what, DLDeviceType device_type, int device_count,
+// Checks that `t` (named side[index] in a refusal, e.g. "sources[3]") is a contiguous
+// tensor of a device of `device_type` with an id below `device_count`, and gives its size
+// in bytes.
+Status CheckTensor(const DLTensor& t, const char* side, size_t index, DLDeviceType device_type, int device_count,
                    uint64_t* bytes);
 
 // Start address of the tensor's bytes.

@@ -32,6 +32,9 @@ class CpuBackend final : public DeviceBackend {
     return Status::Ok();
   }
 
+  int CurrentDevice() override { return 0; }
+  void MakeCurrent(int) override {}
+
   bool HasPeerAccess() const override { return false; }
   Status CanAccessPeer(int, int, bool* out) override {
     *out = false;
@@ -74,6 +77,7 @@ class CpuBackend final : public DeviceBackend {
   Status RecordEvent(int, Event, Stream) override { return Status::Ok(); }
   Status StreamWaitEvent(int, Stream, Event) override { return Status::Ok(); }
   Status SynchronizeStream(int, Stream) override { return Status::Ok(); }
+  bool StreamIdle(int, Stream) override { return true; }
 
   Status PullLeaves(int, const CopyLeaf* leaves, size_t count, Stream) override {
     return CopyLeaves(0, 0, leaves, count, nullptr);

@@ -24,29 +24,15 @@ Status Check(cudaError_t e, const char* what) {
   return e == cudaErrorMemoryAllocation ? OutOfMemory(message) : RuntimeError(message);
 }
 
-// Makes `device` current for one call and restores the caller's device afterwards: the
-// host (PyTorch) keeps its own notion of the current device on this thread.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    cudaGetDevice(&previous_);
-    if (previous_ != device) status_ = Check(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceScope() {
-    int now = -1;
-    cudaGetDevice(&now);
-    if (now != previous_) cudaSetDevice(previous_);
-  }
-  const Status& status() const { return status_; }
+// Makes `device` current for the enqueue that follows; core restores the host's device
+// once per public call.
+Status Activate(int device) {
+  int now = -1;
+  if (cudaGetDevice(&now) == cudaSuccess && now == device) return Status::Ok();
+  return Check(cudaSetDevice(device), "cudaSetDevice");
+}
 
- private:
-  int previous_ = 0;
-  Status status_;
-};
-
-#define QLINK_CUDA_SCOPE(device)             \
-  DeviceScope scope_(device);                \
-  QLINK_RETURN_IF_ERROR(scope_.status())
+#define QLINK_CUDA_SCOPE(device) QLINK_RETURN_IF_ERROR(Activate(device))
 
 class CudaBackend final : public DeviceBackend {
  public:
@@ -58,6 +44,14 @@ class CudaBackend final : public DeviceBackend {
     }
     sm_counts_.resize(n);
     for (int d = 0; d < n; ++d) cudaDeviceGetAttribute(&sm_counts_[d], cudaDevAttrMultiProcessorCount, d);
+  }
+
+  ~CudaBackend() override {
+    const int host_device = side_streams_.empty() ? -1 : CurrentDevice();
+    for (size_t d = 0; d < side_streams_.size(); ++d) {
+      if (side_streams_[d] != nullptr && Activate(static_cast<int>(d)).ok()) cudaStreamDestroy(side_streams_[d]);
+    }
+    if (host_device >= 0) Activate(host_device);
   }
 
   const char* name() const override { return "cuda"; }
@@ -75,6 +69,13 @@ class CudaBackend final : public DeviceBackend {
     out->free_bytes = free_bytes;
     return Status::Ok();
   }
+
+  int CurrentDevice() override {
+    int device = 0;
+    cudaGetDevice(&device);
+    return device;
+  }
+  void MakeCurrent(int device) override { Activate(device); }
 
   bool HasPeerAccess() const override { return true; }
   Status CanAccessPeer(int accessor, int owner, bool* out) override {
@@ -101,8 +102,7 @@ class CudaBackend final : public DeviceBackend {
     return Check(cudaMalloc(out, bytes), "cudaMalloc");
   }
   void Free(int device, void* ptr) override {
-    DeviceScope scope(device);
-    Check(cudaFree(ptr), "cudaFree");
+    if (Activate(device).ok()) Check(cudaFree(ptr), "cudaFree");
   }
   Status Memset(int device, void* ptr, int value, size_t bytes, Stream stream) override {
     QLINK_CUDA_SCOPE(device);
@@ -125,8 +125,7 @@ class CudaBackend final : public DeviceBackend {
     return Status::Ok();
   }
   void DestroyStream(int device, Stream stream) override {
-    DeviceScope scope(device);
-    Check(cudaStreamDestroy(static_cast<cudaStream_t>(stream)), "cudaStreamDestroy");
+    if (Activate(device).ok()) Check(cudaStreamDestroy(static_cast<cudaStream_t>(stream)), "cudaStreamDestroy");
   }
   Status CreateEvent(int device, Event* out) override {
     QLINK_CUDA_SCOPE(device);
@@ -136,8 +135,7 @@ class CudaBackend final : public DeviceBackend {
     return Status::Ok();
   }
   void DestroyEvent(int device, Event event) override {
-    DeviceScope scope(device);
-    Check(cudaEventDestroy(static_cast<cudaEvent_t>(event)), "cudaEventDestroy");
+    if (Activate(device).ok()) Check(cudaEventDestroy(static_cast<cudaEvent_t>(event)), "cudaEventDestroy");
   }
   Status RecordEvent(int device, Event event, Stream stream) override {
     QLINK_CUDA_SCOPE(device);
@@ -153,6 +151,10 @@ class CudaBackend final : public DeviceBackend {
     QLINK_CUDA_SCOPE(device);
     return Check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
   }
+  bool StreamIdle(int device, Stream stream) override {
+    // cudaErrorNotReady is an answer, not an error: it leaves no last error behind.
+    return Activate(device).ok() && cudaStreamQuery(static_cast<cudaStream_t>(stream)) == cudaSuccess;
+  }
 
   Status PullLeaves(int dst_device, const CopyLeaf* leaves, size_t count, Stream stream) override {
     QLINK_CUDA_SCOPE(dst_device);
@@ -163,9 +165,9 @@ class CudaBackend final : public DeviceBackend {
   Status CopyLeaves(int dst_device, int src_device, const CopyLeaf* leaves, size_t count, Stream stream) override {
     QLINK_CUDA_SCOPE(dst_device);
     auto s = static_cast<cudaStream_t>(stream);
-    // The batch API refuses the legacy default stream.
-    if (count > 1 && s != nullptr && (src_device == dst_device || HasPeer(dst_device, src_device))) {
-      return CopyBatch(leaves, count, src_device, dst_device, s);
+    if (count > 1 && (src_device == dst_device || HasPeer(dst_device, src_device))) {
+      if (s != nullptr) return CopyBatch(leaves, count, src_device, dst_device, s);
+      return ForkedCopyBatch(leaves, count, src_device, dst_device);
     }
     // One runtime peer copy per leaf: staged through host memory by the runtime when the
     // pair has no peer access.
@@ -208,8 +210,39 @@ class CudaBackend final : public DeviceBackend {
                  "cudaMemcpyBatchAsync");
   }
 
+  // The batch API refuses the legacy default stream: fork onto a side stream of the
+  // device and join back, so the copy stays ordered on the default stream.
+  Status ForkedCopyBatch(const CopyLeaf* leaves, size_t count, int src_device, int dst_device) {
+    cudaStream_t side = nullptr;
+    QLINK_RETURN_IF_ERROR(SideStream(dst_device, &side));
+    cudaEvent_t fork = nullptr, join = nullptr;
+    Status s = Check(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), "cudaEventCreate");
+    if (s.ok()) s = Check(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), "cudaEventCreate");
+    if (s.ok()) s = Check(cudaEventRecord(fork, nullptr), "cudaEventRecord");
+    if (s.ok()) s = Check(cudaStreamWaitEvent(side, fork, 0), "cudaStreamWaitEvent");
+    if (s.ok()) s = CopyBatch(leaves, count, src_device, dst_device, side);
+    if (s.ok()) s = Check(cudaEventRecord(join, side), "cudaEventRecord");
+    if (s.ok()) s = Check(cudaStreamWaitEvent(nullptr, join, 0), "cudaStreamWaitEvent");
+    // Destroying an event with pending waits is safe: its resources go once it completes.
+    if (fork != nullptr) cudaEventDestroy(fork);
+    if (join != nullptr) cudaEventDestroy(join);
+    return s;
+  }
+
+  Status SideStream(int device, cudaStream_t* out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (side_streams_.empty()) side_streams_.resize(sm_counts_.size(), nullptr);
+    if (side_streams_[device] == nullptr) {
+      QLINK_RETURN_IF_ERROR(
+          Check(cudaStreamCreateWithFlags(&side_streams_[device], cudaStreamNonBlocking), "cudaStreamCreate"));
+    }
+    *out = side_streams_[device];
+    return Status::Ok();
+  }
+
   std::vector<int> sm_counts_;
   std::mutex mu_;
+  std::vector<cudaStream_t> side_streams_;  // per device, created on first use
   std::set<std::pair<int, int>> peers_;  // (accessor, owner) pairs enabled through this backend
 };
 

@@ -11,8 +11,10 @@ namespace cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kVectorsPerThread = 4;  // loads in flight per thread: peer reads are latency bound
-constexpr uint64_t kChunkBytes = uint64_t{kThreads} * kVectorsPerThread * 16;  // 16 KiB per block step
+constexpr int kUnroll = 4;  // 16-byte loads in flight per thread: peer reads are latency bound
+constexpr uint32_t kMinChunkShift = 12;  // 4 KiB: one 16-byte vector per thread
+constexpr uint32_t kMaxChunkShift = 16;  // 64 KiB
+constexpr int kBlocksPerSm = 2048 / kThreads;
 
 struct LeafDesc {
   const char* src;
@@ -24,12 +26,25 @@ struct LeafDesc {
 template <int kCapacity>
 struct Batch {
   uint32_t count;
+  uint32_t chunk_shift;  // chunk = 1 << chunk_shift bytes
   uint64_t total_chunks;
   LeafDesc leaves[kCapacity];
 };
 
 __device__ void CopyBytes(const char* src, char* dst, uint64_t n) {
   for (uint64_t i = threadIdx.x; i < n; i += kThreads) dst[i] = src[i];
+}
+
+__device__ void CopyVectors(const int4* s, int4* d, uint64_t vectors) {
+  uint64_t i = threadIdx.x;
+  for (; i + (kUnroll - 1) * kThreads < vectors; i += kUnroll * kThreads) {
+    int4 v[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) v[k] = s[i + k * kThreads];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) d[i + k * kThreads] = v[k];
+  }
+  for (; i < vectors; i += kThreads) d[i] = s[i];
 }
 
 template <int kCapacity>
@@ -42,42 +57,44 @@ __global__ void __launch_bounds__(kThreads) PullKernel(const __grid_constant__ B
       if (batch.leaves[mid].first_chunk <= chunk) lo = mid; else hi = mid - 1;
     }
     const LeafDesc& leaf = batch.leaves[lo];
-    const uint64_t begin = (chunk - leaf.first_chunk) * kChunkBytes;
-    const uint64_t n = min(kChunkBytes, leaf.bytes - begin);
+    const uint64_t begin = (chunk - leaf.first_chunk) << batch.chunk_shift;
+    const uint64_t n = min(uint64_t{1} << batch.chunk_shift, leaf.bytes - begin);
     const char* src = leaf.src + begin;
     char* dst = leaf.dst + begin;
     if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) != 0) {
-      CopyBytes(src, dst, n);
+      CopyBytes(src, dst, n);  // unaligned views: correct, not fast
       continue;
     }
-    const int4* s = reinterpret_cast<const int4*>(src);
-    int4* d = reinterpret_cast<int4*>(dst);
     const uint64_t vectors = n / 16;
-    if (vectors == uint64_t{kThreads} * kVectorsPerThread) {
-      int4 v[kVectorsPerThread];
-#pragma unroll
-      for (int k = 0; k < kVectorsPerThread; ++k) v[k] = s[threadIdx.x + k * kThreads];
-#pragma unroll
-      for (int k = 0; k < kVectorsPerThread; ++k) d[threadIdx.x + k * kThreads] = v[k];
-    } else {
-      for (uint64_t i = threadIdx.x; i < vectors; i += kThreads) d[i] = s[i];
-      CopyBytes(src + vectors * 16, dst + vectors * 16, n - vectors * 16);
-    }
+    CopyVectors(reinterpret_cast<const int4*>(src), reinterpret_cast<int4*>(dst), vectors);
+    CopyBytes(src + vectors * 16, dst + vectors * 16, n - vectors * 16);
   }
+}
+
+// Chunks sized so the batch fills about one wave of blocks: small batches still spread
+// over many SMs, large ones move 64 KiB per block step.
+uint32_t ChunkShift(uint64_t total_bytes, int sm_count) {
+  const uint64_t per_block = total_bytes / (uint64_t(sm_count) * kBlocksPerSm);
+  uint32_t shift = kMinChunkShift;
+  while (shift < kMaxChunkShift && (uint64_t{1} << shift) < per_block) ++shift;
+  return shift;
 }
 
 template <int kCapacity>
 cudaError_t Launch(const CopyLeaf* leaves, size_t count, int sm_count, cudaStream_t stream) {
   Batch<kCapacity> batch;
   batch.count = static_cast<uint32_t>(count);
+  uint64_t total = 0;
+  for (size_t i = 0; i < count; ++i) total += leaves[i].bytes;
+  batch.chunk_shift = ChunkShift(total, sm_count);
   uint64_t chunks = 0;
   for (size_t i = 0; i < count; ++i) {
     batch.leaves[i] = LeafDesc{static_cast<const char*>(leaves[i].src), static_cast<char*>(leaves[i].dst),
                                leaves[i].bytes, chunks};
-    chunks += (leaves[i].bytes + kChunkBytes - 1) / kChunkBytes;
+    chunks += (leaves[i].bytes + (uint64_t{1} << batch.chunk_shift) - 1) >> batch.chunk_shift;
   }
   batch.total_chunks = chunks;
-  const uint64_t max_blocks = uint64_t(sm_count) * (2048 / kThreads);
+  const uint64_t max_blocks = uint64_t(sm_count) * kBlocksPerSm;
   const unsigned grid = static_cast<unsigned>(std::max<uint64_t>(1, std::min(chunks, max_blocks)));
   PullKernel<kCapacity><<<grid, kThreads, 0, stream>>>(batch);
   return cudaGetLastError();

@@ -49,14 +49,15 @@ def _dtype_of(dtype):
 
 
 class Packed:
-    """A C array of DLTensor plus everything its pointers point into, and the device
-    indices it names."""
+    """A C array of DLTensor plus everything its pointers point into, the device indices
+    it names, and whether any leaf is a host tensor."""
 
-    def __init__(self, array, keep, devices):
+    def __init__(self, array, keep, devices, host):
         self.array = array
         self.count = len(array) if isinstance(array, np.ndarray) else array._length_
         self._keep = keep
         self.devices = devices
+        self.host = host
 
     @property
     def pointer(self):
@@ -70,7 +71,7 @@ def pack(tensors, device_ids=None):
     backend's virtual devices all live in host memory)."""
     n = len(tensors)
     if n == 0:
-        return Packed(np.zeros(0, DLTENSOR), None, set())
+        return Packed(np.zeros(0, DLTENSOR), None, set(), False)
     try:
         contiguous = all(map(_IS_CONTIGUOUS, tensors))
     except TypeError:
@@ -98,12 +99,13 @@ def byte_vectors(data, nbytes, device_type, device_ids):
     out["code"], out["bits"], out["lanes"] = 1, 8, 1
     nbytes = np.ascontiguousarray(nbytes, dtype=np.int64)
     out["shape"] = nbytes.ctypes.data + 8 * np.arange(n, dtype=np.uint64)
-    return Packed(out, nbytes, set(np.unique(out["device_id"]).tolist()))
+    return Packed(out, nbytes, set(np.unique(out["device_id"]).tolist()), device_type == _abi.KDL_CPU)
 
 
 def _exact(tensors, device_ids=None):
     exact = TensorArray(tensors, device_ids)
-    return Packed(exact.array, exact, {exact.array[i].device.device_id for i in range(len(tensors))})
+    leaves = [exact.array[i].device for i in range(len(tensors))]
+    return Packed(exact.array, exact, {d.device_id for d in leaves}, any(d.device_type == _abi.KDL_CPU for d in leaves))
 
 
 class TensorArray:

@@ -11,6 +11,7 @@ Only GPU-to-GPU leaves go through qlink; host tensors take PyTorch's regular pat
 an accelerator concept)."""
 import collections
 import ctypes
+import operator
 import threading
 
 import numpy as np
@@ -23,6 +24,8 @@ from .context import Context
 _default = None
 _default_lock = threading.Lock()
 _ALIGN = 256  # bytes: leaves packed into one destination allocation start on this boundary
+_DTYPE = operator.attrgetter("dtype")
+_SHAPE = operator.attrgetter("shape")
 
 # The raw handle of a device's current stream; the private binding skips building a
 # torch.cuda.Stream object per call (about 10x cheaper).
@@ -63,14 +66,18 @@ def peer_copy_batch(sources, targets, ctx=None):
     dtypes may differ as long as byte sizes match."""
     if len(sources) != len(targets):
         raise ValueError("sources has %d leaves but targets has %d" % (len(sources), len(targets)))
-    if not all(s.is_cuda and t.is_cuda for s, t in zip(sources, targets)):
+    if not sources:
+        return
+    src, dst = pack(sources), pack(targets)
+    if src.host or dst.host:
         gpu = [(s, t) for s, t in zip(sources, targets) if s.is_cuda and t.is_cuda]
         for s, t in zip(sources, targets):
             if not (s.is_cuda and t.is_cuda):
                 t.copy_(s)  # the regular path: host leaves
-        sources, targets = [s for s, _ in gpu], [t for _, t in gpu]
-    if sources:
-        _enqueue(ctx or default_context(), pack(sources), pack(targets))
+        if not gpu:
+            return
+        src, dst = pack([s for s, _ in gpu]), pack([t for _, t in gpu])
+    _enqueue(ctx or default_context(), src, dst)
 
 
 class PreparedCopy:
@@ -146,13 +153,13 @@ def _move_tensors(tensors, device, ctx):
         dev_type = device_type_of(target)
         _enqueue(ctx, byte_vectors(ptrs[idx], sizes, dev_type, ids[idx]),
                  byte_vectors(flat.data_ptr() + offsets.astype(np.uint64), sizes, dev_type, target_id))
-        typed = {}
-        for i, off in zip(idx.tolist(), offsets.tolist()):
-            t = tensors[i]
-            view = typed.get(t.dtype)
-            if view is None:
-                view = typed[t.dtype] = flat.view(t.dtype)
-            out[i] = view.as_strided(t.shape, t.stride(), off // t.element_size())
+        chosen = [tensors[i] for i in idx.tolist()]
+        dtypes = list(map(_DTYPE, chosen))
+        typed = {dt: flat.view(dt) for dt in set(dtypes)}
+        itemsize = {dt: v.element_size() for dt, v in typed.items()}
+        for i, dt, shape, stride, off in zip(idx.tolist(), dtypes, map(_SHAPE, chosen),
+                                             map(torch.Tensor.stride, chosen), offsets.tolist()):
+            out[i] = typed[dt].as_strided(shape, stride, off // itemsize[dt])
     moved = {}
     for i in np.nonzero(move & ~fast)[0]:
         t = tensors[i]
