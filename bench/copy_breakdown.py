@@ -43,6 +43,28 @@ def gpu_us(fn, reps=20):
     return best
 
 
+def profile_python():
+    """Where the Python side of a fresh copy and of a module move spends its time."""
+    import cProfile
+    import pstats
+    from qlink._dlpack import pack
+    src = [torch.randn(16384, device="cuda:0") for _ in range(256)]
+    dst = [torch.empty_like(t, device="cuda:1") for t in src]
+    print("pack(256 leaves): %.1f us" % (enqueue_us(lambda: pack(src), 200)))
+    module = torch.nn.Module()
+    for i in range(64):
+        module.register_parameter("p%d" % i, torch.nn.Parameter(torch.randn(65536, device="cuda:0")))
+
+    def moves():
+        for _ in range(50):
+            qlink.move_module_to_device(module, "cuda:1")
+            qlink.move_module_to_device(module, "cuda:0")
+            qlink.peer_copy_batch(src, dst)
+    prof = cProfile.Profile()
+    prof.runcall(moves)
+    pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--library", required=True)
@@ -60,6 +82,7 @@ def main():
         print("%5d %9d %14.1f %14.1f %14.1f %12.1f" % (n, s, host_p, host_f, g, n * s / g / 1e3))
         del src, dst, prepared
         torch.cuda.empty_cache()
+    profile_python()
     for label, fn in [("current_stream(d).cuda_stream", lambda: torch.cuda.current_stream(1).cuda_stream),
                       ("_cuda_getCurrentRawStream", lambda: torch._C._cuda_getCurrentRawStream(1))]:
         t0 = time.perf_counter()
