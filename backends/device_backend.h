@@ -93,6 +93,18 @@ class DeviceBackend {
   // Leaves of at least this many bytes go to CopyLeaves even over a peer link: the
   // measured point where the copy engines overtake the pull kernel.
   virtual uint64_t PullCrossoverBytes() const = 0;
+
+  // Collective kernels, one launch on `device`; inputs may live on peers it can read.
+  // out[i] = scale * (inputs[0][i] + inputs[1][i] + ...), accumulated in fp32 in exactly
+  // the order given (deterministic whatever order the host handed partials over).
+  // Inputs are fp32 or bf16 (input_bf16); the result is written as fp32 to `out`, or, when
+  // `signs` is true, as int8 sign(result) in {-1, 0, 1}.
+  virtual Status ReduceSum(int device, void* out, const void* const* inputs, size_t num_inputs, bool input_bf16,
+                           size_t count, float scale, bool signs, Stream stream) = 0;
+  // bf16 (round to nearest even) copy of an fp32 buffer on `device`.
+  virtual Status CastToBf16(int device, uint16_t* out, const float* in, size_t count, Stream stream) = 0;
+  // out[i] = (float)signs[i]; `signs` may live on a peer.
+  virtual Status ExpandSigns(int device, float* out, const int8_t* signs, size_t count, Stream stream) = 0;
 };
 
 }  // namespace qlink

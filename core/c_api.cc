@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/collectives.h"
 #include "core/context.h"
 #include "core/copy_plan.h"
 #include "core/link_probe.h"
@@ -285,6 +286,30 @@ qlink_status StreamSynchronize(qlink_context* ctx, int32_t device, void* stream)
   });
 }
 
+qlink_status BroadcastEntry(qlink_context* ctx, const qlink_broadcast_args* args) {
+  return Guard([&] {
+    QLINK_RETURN_IF_ERROR(CheckNotNull(ctx, "ctx"));
+    DeviceRestore restore(ctx->impl->backend());
+    return Broadcast(*ctx->impl, args);
+  });
+}
+
+qlink_status ReduceEntry(qlink_context* ctx, const qlink_reduce_args* args) {
+  return Guard([&] {
+    QLINK_RETURN_IF_ERROR(CheckNotNull(ctx, "ctx"));
+    DeviceRestore restore(ctx->impl->backend());
+    return Reduce(*ctx->impl, args);
+  });
+}
+
+qlink_status AllReduceEntry(qlink_context* ctx, const qlink_all_reduce_args* args) {
+  return Guard([&] {
+    QLINK_RETURN_IF_ERROR(CheckNotNull(ctx, "ctx"));
+    DeviceRestore restore(ctx->impl->backend());
+    return AllReduce(*ctx->impl, args);
+  });
+}
+
 const qlink_api kApi = {
     sizeof(qlink_api),
     QLINK_ABI_MAJOR,
@@ -307,6 +332,9 @@ const qlink_api kApi = {
     &MemoryToHost,
     &MemoryFromHost,
     &StreamSynchronize,
+    &BroadcastEntry,
+    &ReduceEntry,
+    &AllReduceEntry,
 };
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "core/backend_registry.h"
 #include "core/config.h"
 #include "core/event_pool.h"
+#include "core/scratch_pool.h"
 #include "core/topology.h"
 
 namespace qlink {
@@ -25,6 +26,7 @@ class Context {
   Topology& topology() { return *topology_; }
   const Topology& topology() const { return *topology_; }
   EventPool& events() { return *events_; }
+  ScratchPool& scratch() { return *scratch_; }
 
   // INVALID_ARGUMENT naming `what` unless `device` is one of this context's devices.
   Status CheckDevice(int device, const char* what) const;
@@ -37,6 +39,7 @@ class Context {
   LoadedBackend loaded_;
   std::unique_ptr<Topology> topology_;
   std::unique_ptr<EventPool> events_;
+  std::unique_ptr<ScratchPool> scratch_;
 };
 
 // Restores the calling thread's current device when a public call returns: backends

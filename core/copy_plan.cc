@@ -4,6 +4,7 @@
 #include <map>
 #include <string>
 
+#include "core/stream_joins.h"
 #include "core/tensor_check.h"
 
 namespace qlink {
@@ -41,14 +42,14 @@ Status CheckOverlaps(const std::vector<Span>& sources, std::vector<Span> destina
   return Status::Ok();
 }
 
+}  // namespace
+
 Stream StreamFor(int device, const qlink_stream* streams, size_t n) {
   for (size_t k = 0; k < n; ++k) {
     if (streams[k].device.device_id == device) return streams[k].stream;
   }
   return nullptr;
 }
-
-}  // namespace
 
 Status CheckStreams(const Context& ctx, const qlink_stream* streams, size_t num_streams) {
   if (num_streams > 0 && streams == nullptr) return InvalidArgument("streams is NULL with num_streams > 0");
@@ -142,49 +143,35 @@ Status CopyPlan::Build(Context& ctx, const qlink_copy_args* args, CopyPlan* out)
 
 Status CopyPlan::Execute(Context& ctx, const qlink_stream* streams, size_t num_streams) const {
   DeviceBackend& backend = ctx.backend();
-  EventPool& pool = ctx.events();
-  std::vector<std::pair<int, Event>> taken;  // every event this call uses, given back at the end
-  auto record = [&](int device, Stream stream, Event* out) {
-    QLINK_RETURN_IF_ERROR(pool.Acquire(device, out));
-    taken.emplace_back(device, *out);
-    return backend.RecordEvent(device, *out, stream);
-  };
+  StreamJoins joins(ctx);
   // Forward join: each busy source device's stream up to now, waited for by the
   // destinations. An idle stream has nothing to wait for.
   std::vector<std::pair<int, Event>> ready;
-  Status status;
   for (int src : source_devices_) {
     Stream stream = StreamFor(src, streams, num_streams);
     if (backend.StreamIdle(src, stream)) continue;
     Event e = nullptr;
-    status = record(src, stream, &e);
-    if (!status.ok()) break;
+    QLINK_RETURN_IF_ERROR(joins.Record(src, stream, &e));
     ready.emplace_back(src, e);
   }
-  for (size_t k = 0; status.ok() && k < work_.size(); ++k) {
-    const DestinationWork& w = work_[k];
+  for (const DestinationWork& w : work_) {
     Stream stream = StreamFor(w.device, streams, num_streams);
     for (int src : w.joined_sources) {
       auto it = std::find_if(ready.begin(), ready.end(), [&](const auto& r) { return r.first == src; });
-      if (it != ready.end()) status = backend.StreamWaitEvent(w.device, stream, it->second);
-      if (!status.ok()) break;
+      if (it != ready.end()) QLINK_RETURN_IF_ERROR(joins.Wait(w.device, stream, it->second));
     }
-    if (status.ok() && !w.pulled.empty()) status = backend.PullLeaves(w.device, w.pulled.data(), w.pulled.size(), stream);
-    for (size_t r = 0; status.ok() && r < w.runtime.size(); ++r) {
-      const auto& [src, leaves] = w.runtime[r];
-      status = backend.CopyLeaves(w.device, src, leaves.data(), leaves.size(), stream);
+    if (!w.pulled.empty()) QLINK_RETURN_IF_ERROR(backend.PullLeaves(w.device, w.pulled.data(), w.pulled.size(), stream));
+    for (const auto& [src, leaves] : w.runtime) {
+      QLINK_RETURN_IF_ERROR(backend.CopyLeaves(w.device, src, leaves.data(), leaves.size(), stream));
     }
     // Backward join: later work on a source stream (a producer overwriting the leaf, or
     // the host's caching allocator reusing it once freed) waits for this copy's reads.
+    if (w.joined_sources.empty()) continue;
     Event done = nullptr;
-    if (status.ok() && !w.joined_sources.empty()) status = record(w.device, stream, &done);
-    for (size_t j = 0; status.ok() && j < w.joined_sources.size(); ++j) {
-      const int src = w.joined_sources[j];
-      status = backend.StreamWaitEvent(src, StreamFor(src, streams, num_streams), done);
-    }
+    QLINK_RETURN_IF_ERROR(joins.Record(w.device, stream, &done));
+    for (int src : w.joined_sources) QLINK_RETURN_IF_ERROR(joins.Wait(src, StreamFor(src, streams, num_streams), done));
   }
-  for (auto& [device, e] : taken) pool.Release(device, e);
-  return status;
+  return Status::Ok();
 }
 
 }  // namespace qlink

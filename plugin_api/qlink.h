@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 #define QLINK_ABI_MAJOR 1
-#define QLINK_ABI_MINOR 0
+#define QLINK_ABI_MINOR 1
 
 /* Size of a struct up to and including `last_field`: what a host built against the
  * minor that introduced `last_field` passes as struct_size. */
@@ -127,6 +127,67 @@ typedef struct qlink_copy_args {
 } qlink_copy_args;
 #define QLINK_COPY_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_copy_args, num_streams)
 
+/* ---- 1.1: collectives over one buffer per device, in process ---------------------- */
+
+typedef enum qlink_reduce_op {
+  QLINK_REDUCE_SUM = 0,
+  QLINK_REDUCE_AVG = 1, /* sum / number of buffers */
+  QLINK_REDUCE_SIGN = 2 /* sign(sum) in {-1, 0, 1}: SignSGD's update, bit-identical everywhere */
+} qlink_reduce_op;
+
+typedef enum qlink_transport {
+  QLINK_TRANSPORT_FP32 = 0,
+  QLINK_TRANSPORT_BF16 = 1 /* partials cross links as bf16 (half the bytes); sums stay fp32 */
+} qlink_transport;
+
+/* Mirrors a module's leaves from one device to replicas on other devices, relayed along
+ * a binary tree of peer links so the source's link is not the bottleneck. Every leaf
+ * follows the rules of qlink_copy_args. */
+typedef struct qlink_broadcast_args {
+  size_t struct_size;
+  const DLTensor* sources;      /* borrowed array of num_leaves, all on one device */
+  size_t num_leaves;
+  const DLTensor* destinations; /* borrowed array of num_replicas * num_leaves, replica-major:
+                                   destinations[r * num_leaves + i] receives sources[i] */
+  size_t num_replicas;          /* each replica on its own device, not the source's */
+  const qlink_stream* streams;  /* borrowed array of num_streams; may be NULL */
+  size_t num_streams;
+} qlink_broadcast_args;
+#define QLINK_BROADCAST_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_broadcast_args, num_streams)
+
+/* output = scale * sum of inputs, summed in device-index order whatever order the
+ * inputs are listed in, so the result is bit-identical for every arrival order (GPTQ's
+ * Hessian partials: scale = 2 / total rows). One kernel on the output's device reads
+ * the partials straight from peer memory. */
+typedef struct qlink_reduce_args {
+  size_t struct_size;
+  const DLTensor* inputs;       /* borrowed array of num_inputs; fp32, equal shapes,
+                                   one per device */
+  size_t num_inputs;
+  const DLTensor* output;       /* borrowed; fp32, the inputs' shape; may be the input
+                                   of its own device */
+  double scale;
+  const qlink_stream* streams;  /* borrowed array of num_streams; may be NULL */
+  size_t num_streams;
+} qlink_reduce_args;
+#define QLINK_REDUCE_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_reduce_args, num_streams)
+
+/* Every buffer becomes op(sum of all buffers), in place. Each device owns one chunk:
+ * it sums that chunk of every buffer in device-index order (reading peers directly),
+ * then every device gathers the owners' chunks, so all end bit-identical. With
+ * QLINK_REDUCE_SIGN the gathered chunks are int8 signs. */
+typedef struct qlink_all_reduce_args {
+  size_t struct_size;
+  const DLTensor* buffers;      /* borrowed array of num_buffers; fp32, equal shapes,
+                                   one per device */
+  size_t num_buffers;
+  int32_t op;                   /* qlink_reduce_op */
+  int32_t transport;            /* qlink_transport */
+  const qlink_stream* streams;  /* borrowed array of num_streams; may be NULL */
+  size_t num_streams;
+} qlink_all_reduce_args;
+#define QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_all_reduce_args, num_streams)
+
 typedef struct qlink_api {
   size_t struct_size;
   uint32_t abi_major;
@@ -189,8 +250,15 @@ typedef struct qlink_api {
                                    const void* host_src, uint64_t bytes);
   /* Blocks until all work enqueued on `stream` (borrowed; NULL = default) is done. */
   qlink_status (*stream_synchronize)(qlink_context* ctx, int32_t device, void* stream);
+
+  /* 1.1. Ordering as for copy_batch: each device's part waits for the work already on
+   * that device's stream, later work there waits for the collective. */
+  qlink_status (*broadcast)(qlink_context* ctx, const qlink_broadcast_args* args);
+  qlink_status (*reduce)(qlink_context* ctx, const qlink_reduce_args* args);
+  qlink_status (*all_reduce)(qlink_context* ctx, const qlink_all_reduce_args* args);
 } qlink_api;
 #define QLINK_API_STRUCT_SIZE_1_0 QLINK_STRUCT_SIZE(qlink_api, stream_synchronize)
+#define QLINK_API_STRUCT_SIZE_1_1 QLINK_STRUCT_SIZE(qlink_api, all_reduce)
 
 /* The one exported symbol. Returns the table of ABI `major` if this library provides
  * at least `min_minor`, else NULL with *error (when error is non-NULL) pointing at a

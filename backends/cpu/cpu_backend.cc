@@ -8,6 +8,7 @@
 #include <new>
 #include <string>
 
+#include "backends/cpu/cpu_kernels.h"
 #include "backends/device_backend.h"
 
 namespace qlink {
@@ -87,6 +88,20 @@ class CpuBackend final : public DeviceBackend {
     return Status::Ok();
   }
   uint64_t PullCrossoverBytes() const override { return UINT64_MAX; }
+
+  Status ReduceSum(int, void* out, const void* const* inputs, size_t num_inputs, bool input_bf16, size_t count,
+                   float scale, bool signs, Stream) override {
+    cpu::ReduceSum(out, inputs, num_inputs, input_bf16, count, scale, signs);
+    return Status::Ok();
+  }
+  Status CastToBf16(int, uint16_t* out, const float* in, size_t count, Stream) override {
+    cpu::CastToBf16(out, in, count);
+    return Status::Ok();
+  }
+  Status ExpandSigns(int, float* out, const int8_t* signs, size_t count, Stream) override {
+    cpu::ExpandSigns(out, signs, count);
+    return Status::Ok();
+  }
 
  private:
   const int devices_;

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "backends/cuda/collective_kernels.h"
 #include "backends/cuda/pull_kernel.h"
 #include "backends/device_backend.h"
 
@@ -182,6 +183,24 @@ class CudaBackend final : public DeviceBackend {
   // The copy engines overtake the pull kernel between 2 MiB and 16 MiB leaves on NVLink
   // (bench/RESULTS.md).
   uint64_t PullCrossoverBytes() const override { return uint64_t{8} << 20; }
+
+  Status ReduceSum(int device, void* out, const void* const* inputs, size_t num_inputs, bool input_bf16,
+                   size_t count, float scale, bool signs, Stream stream) override {
+    QLINK_CUDA_SCOPE(device);
+    return Check(cuda::LaunchReduceSum(out, inputs, num_inputs, input_bf16, count, scale, signs, sm_counts_[device],
+                                       static_cast<cudaStream_t>(stream)),
+                 "reduce kernel launch");
+  }
+  Status CastToBf16(int device, uint16_t* out, const float* in, size_t count, Stream stream) override {
+    QLINK_CUDA_SCOPE(device);
+    return Check(cuda::LaunchCastToBf16(out, in, count, sm_counts_[device], static_cast<cudaStream_t>(stream)),
+                 "bf16 cast kernel launch");
+  }
+  Status ExpandSigns(int device, float* out, const int8_t* signs, size_t count, Stream stream) override {
+    QLINK_CUDA_SCOPE(device);
+    return Check(cuda::LaunchExpandSigns(out, signs, count, sm_counts_[device], static_cast<cudaStream_t>(stream)),
+                 "sign expansion kernel launch");
+  }
 
  private:
   bool HasPeer(int accessor, int owner) {

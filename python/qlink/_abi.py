@@ -3,7 +3,7 @@ import ctypes
 from ctypes import POINTER, c_char, c_char_p, c_double, c_int32, c_size_t, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p
 
 ABI_MAJOR = 1
-ABI_MINOR = 0
+ABI_MINOR = 1
 
 OK, INVALID_ARGUMENT, UNAVAILABLE, VERSION_MISMATCH, OUT_OF_MEMORY, RUNTIME_ERROR, INTERNAL = range(7)
 
@@ -50,6 +50,26 @@ class CopyArgs(ctypes.Structure):
                 ("num_leaves", c_size_t), ("streams", POINTER(Stream)), ("num_streams", c_size_t)]
 
 
+class BroadcastArgs(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("sources", POINTER(DLTensor)), ("num_leaves", c_size_t),
+                ("destinations", POINTER(DLTensor)), ("num_replicas", c_size_t), ("streams", POINTER(Stream)),
+                ("num_streams", c_size_t)]
+
+
+class ReduceArgs(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("inputs", POINTER(DLTensor)), ("num_inputs", c_size_t),
+                ("output", POINTER(DLTensor)), ("scale", c_double), ("streams", POINTER(Stream)),
+                ("num_streams", c_size_t)]
+
+
+class AllReduceArgs(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("buffers", POINTER(DLTensor)), ("num_buffers", c_size_t), ("op", c_int32),
+                ("transport", c_int32), ("streams", POINTER(Stream)), ("num_streams", c_size_t)]
+
+
+REDUCE_OPS = {"sum": 0, "avg": 1, "sign": 2}
+TRANSPORTS = {"fp32": 0, "bf16": 1}
+
 _S = c_int32  # qlink_status
 _F = ctypes.CFUNCTYPE
 
@@ -73,6 +93,10 @@ _TABLE = [
     ("memory_to_host", _S, [c_void_p, c_int32, c_void_p, c_void_p, c_uint64]),
     ("memory_from_host", _S, [c_void_p, c_int32, c_void_p, c_void_p, c_uint64]),
     ("stream_synchronize", _S, [c_void_p, c_int32, c_void_p]),
+    # 1.1
+    ("broadcast", _S, [c_void_p, POINTER(BroadcastArgs)]),
+    ("reduce", _S, [c_void_p, POINTER(ReduceArgs)]),
+    ("all_reduce", _S, [c_void_p, POINTER(AllReduceArgs)]),
 ]
 
 

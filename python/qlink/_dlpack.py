@@ -66,12 +66,15 @@ class Packed:
         return self.array
 
 
-def pack(tensors, device_ids=None):
+def pack(tensors, device_ids=None, exact=False):
     """tensors as DLTensors; device_ids overrides each tensor's device index (the CPU
-    backend's virtual devices all live in host memory)."""
+    backend's virtual devices all live in host memory). exact keeps dtypes and shapes
+    (for calls that compute, not copy)."""
     n = len(tensors)
     if n == 0:
         return Packed(np.zeros(0, DLTENSOR), None, set(), False)
+    if exact:
+        return _exact(tensors, device_ids)
     try:
         contiguous = all(map(_IS_CONTIGUOUS, tensors))
     except TypeError:

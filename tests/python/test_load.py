@@ -63,13 +63,14 @@ def test_missing_library_names_the_path(tmp_path):
 @pytest.mark.parametrize("major, minor, why", [(_abi.ABI_MAJOR + 1, 0, "major differs"),
                                                (_abi.ABI_MAJOR, _abi.ABI_MINOR + 1, "minor too new")])
 def test_plugin_with_another_abi_is_refused_with_both_versions(library, monkeypatch, major, minor, why):
+    provided = "provides ABI %d.%d" % (_abi.ABI_MAJOR, _abi.ABI_MINOR)
     monkeypatch.setattr(_abi, "ABI_MAJOR", major)
     monkeypatch.setattr(_abi, "ABI_MINOR", minor)
     monkeypatch.setattr(qlink.context, "_LIBRARIES", {})
     with pytest.raises(qlink.VersionMismatchError) as info:
         qlink.load({"backend": "cpu"}, library=library)
     message = str(info.value)
-    assert "provides ABI 1.0" in message and ("asked for %d.%d" % (major, minor)) in message and why in message
+    assert provided in message and ("asked for %d.%d" % (major, minor)) in message and why in message
 
 
 def test_errors_are_per_thread(library):

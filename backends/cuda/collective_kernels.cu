@@ -1,0 +1,122 @@
+// Collective kernels: a deterministic sum that reads every partial straight from peer
+// memory, the bf16 cast for halved transport, and sign expansion for sign-cast.
+#include "backends/cuda/collective_kernels.h"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+namespace qlink {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 512;
+
+struct Inputs {
+  const void* ptr[kMaxReduceInputs];
+};
+
+__device__ __forceinline__ float Load(const void* p, size_t i, bool bf16) {
+  return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+
+__device__ __forceinline__ float4 Load4(const void* p, size_t v, bool bf16) {
+  if (bf16) {
+    const uint2 raw = static_cast<const uint2*>(p)[v];  // 4 bf16 values
+    const __nv_bfloat162 a = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
+    const __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
+    const float2 fa = __bfloat1622float2(a), fb = __bfloat1622float2(b);
+    return make_float4(fa.x, fa.y, fb.x, fb.y);
+  }
+  return static_cast<const float4*>(p)[v];
+}
+
+__device__ __forceinline__ int8_t Sign(float x) { return static_cast<int8_t>((x > 0.0f) - (x < 0.0f)); }
+
+// Partials summed in the order given: every element's result is bit-identical whatever
+// order the host handed them over in, and on every device that computes it.
+__global__ void __launch_bounds__(kThreads)
+    ReduceKernel(const __grid_constant__ Inputs in, int n, bool bf16, void* out, size_t count, float scale,
+                 bool signs, bool vectorized) {
+  const size_t stride = size_t(gridDim.x) * kThreads;
+  size_t first_scalar = 0;
+  if (vectorized) {
+    const size_t vectors = count / 4;
+    for (size_t v = blockIdx.x * size_t(kThreads) + threadIdx.x; v < vectors; v += stride) {
+      float4 acc = Load4(in.ptr[0], v, bf16);
+      for (int k = 1; k < n; ++k) {
+        const float4 x = Load4(in.ptr[k], v, bf16);
+        acc.x += x.x; acc.y += x.y; acc.z += x.z; acc.w += x.w;
+      }
+      acc.x *= scale; acc.y *= scale; acc.z *= scale; acc.w *= scale;
+      if (signs) {
+        static_cast<char4*>(out)[v] = make_char4(Sign(acc.x), Sign(acc.y), Sign(acc.z), Sign(acc.w));
+      } else {
+        static_cast<float4*>(out)[v] = acc;
+      }
+    }
+    first_scalar = vectors * 4;
+  }
+  for (size_t i = first_scalar + blockIdx.x * size_t(kThreads) + threadIdx.x; i < count; i += stride) {
+    float acc = Load(in.ptr[0], i, bf16);
+    for (int k = 1; k < n; ++k) acc += Load(in.ptr[k], i, bf16);
+    acc *= scale;
+    if (signs) {
+      static_cast<int8_t*>(out)[i] = Sign(acc);
+    } else {
+      static_cast<float*>(out)[i] = acc;
+    }
+  }
+}
+
+__global__ void CastKernel(uint16_t* out, const float* in, size_t count) {
+  for (size_t i = blockIdx.x * size_t(kThreads) + threadIdx.x; i < count; i += size_t(gridDim.x) * kThreads) {
+    const __nv_bfloat16 b = __float2bfloat16_rn(in[i]);
+    out[i] = *reinterpret_cast<const uint16_t*>(&b);
+  }
+}
+
+__global__ void ExpandKernel(float* out, const int8_t* signs, size_t count) {
+  for (size_t i = blockIdx.x * size_t(kThreads) + threadIdx.x; i < count; i += size_t(gridDim.x) * kThreads) {
+    out[i] = static_cast<float>(signs[i]);
+  }
+}
+
+unsigned Grid(size_t work, int sm_count) {
+  const size_t wanted = (work + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(std::max<size_t>(1, std::min<size_t>(wanted, size_t(sm_count) * 4)));
+}
+
+bool Aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+}  // namespace
+
+cudaError_t LaunchReduceSum(void* out, const void* const* inputs, size_t num_inputs, bool input_bf16, size_t count,
+                            float scale, bool signs, int sm_count, cudaStream_t stream) {
+  if (num_inputs == 0 || num_inputs > kMaxReduceInputs) return cudaErrorInvalidValue;
+  if (count == 0) return cudaSuccess;
+  Inputs in;
+  bool vectorized = Aligned(out, signs ? 4 : 16);
+  for (size_t k = 0; k < num_inputs; ++k) {
+    in.ptr[k] = inputs[k];
+    vectorized = vectorized && Aligned(inputs[k], input_bf16 ? 8 : 16);
+  }
+  ReduceKernel<<<Grid(vectorized ? count / 4 : count, sm_count), kThreads, 0, stream>>>(
+      in, static_cast<int>(num_inputs), input_bf16, out, count, scale, signs, vectorized);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCastToBf16(uint16_t* out, const float* in, size_t count, int sm_count, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  CastKernel<<<Grid(count, sm_count), kThreads, 0, stream>>>(out, in, count);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchExpandSigns(float* out, const int8_t* signs, size_t count, int sm_count, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  ExpandKernel<<<Grid(count, sm_count), kThreads, 0, stream>>>(out, signs, count);
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace qlink

@@ -1,0 +1,21 @@
+// Launchers of the collective kernels (built by nvcc, called from the backend's host code).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace qlink {
+namespace cuda {
+
+// At most this many inputs per ReduceSum launch: they travel in the kernel parameters.
+constexpr size_t kMaxReduceInputs = 64;
+
+cudaError_t LaunchReduceSum(void* out, const void* const* inputs, size_t num_inputs, bool input_bf16, size_t count,
+                            float scale, bool signs, int sm_count, cudaStream_t stream);
+cudaError_t LaunchCastToBf16(uint16_t* out, const float* in, size_t count, int sm_count, cudaStream_t stream);
+cudaError_t LaunchExpandSigns(float* out, const int8_t* signs, size_t count, int sm_count, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace qlink

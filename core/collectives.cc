@@ -1,0 +1,353 @@
+#include "core/collectives.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "core/copy_plan.h"
+#include "core/stream_joins.h"
+#include "core/tensor_check.h"
+
+namespace qlink {
+namespace {
+
+constexpr size_t kMaxParticipants = 64;  // partials one reduce launch takes
+constexpr size_t kChunkAlign = 64;       // elements: owned chunks start 256-byte aligned
+
+std::string Name(const char* side, size_t i) { return std::string(side) + "[" + std::to_string(i) + "]"; }
+
+Status CheckArgsSize(size_t got, size_t want, const char* what) {
+  if (got >= want) return Status::Ok();
+  return InvalidArgument(std::string(what) + ".struct_size " + std::to_string(got) + " is below the 1.1 size " +
+                         std::to_string(want));
+}
+
+Status CheckFp32(const DLTensor& t, const char* side, size_t i) {
+  if (t.dtype.code == kDLFloat && t.dtype.bits == 32 && t.dtype.lanes == 1) return Status::Ok();
+  return InvalidArgument(Name(side, i) + ": dtype must be float32, got code " + std::to_string(t.dtype.code) + " with " +
+                         std::to_string(t.dtype.bits) + " bits x " + std::to_string(t.dtype.lanes) + " lanes");
+}
+
+// One fp32 buffer per device, all of one size, no two overlapping. Gives the byte size
+// and the buffers' indices in device-index order.
+Status CheckPerDevice(const Context& ctx, const DLTensor* t, size_t n, const char* side, uint64_t* bytes,
+                      std::vector<size_t>* order) {
+  if (n == 0) return InvalidArgument(std::string(side) + " is empty");
+  if (t == nullptr) return InvalidArgument(std::string(side) + " is NULL");
+  if (n > kMaxParticipants) {
+    return InvalidArgument(std::string(side) + " has " + std::to_string(n) + " buffers; at most " +
+                           std::to_string(kMaxParticipants));
+  }
+  const DeviceBackend& b = ctx.backend();
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t got = 0;
+    QLINK_RETURN_IF_ERROR(CheckTensor(t[i], side, i, b.device_type(), b.device_count(), &got));
+    QLINK_RETURN_IF_ERROR(CheckFp32(t[i], side, i));
+    if (i == 0) *bytes = got;
+    if (got != *bytes) {
+      return InvalidArgument(Name(side, i) + " has " + std::to_string(got) + " bytes but " + Name(side, 0) + " has " +
+                             std::to_string(*bytes));
+    }
+  }
+  order->resize(n);
+  for (size_t i = 0; i < n; ++i) (*order)[i] = i;
+  std::sort(order->begin(), order->end(),
+            [&](size_t x, size_t y) { return t[x].device.device_id < t[y].device.device_id; });
+  for (size_t k = 1; k < n; ++k) {
+    const size_t a = std::min((*order)[k - 1], (*order)[k]), c = std::max((*order)[k - 1], (*order)[k]);
+    if (t[a].device.device_id == t[c].device.device_id) {
+      return InvalidArgument(Name(side, c) + " is on device " + std::to_string(t[c].device.device_id) + " like " +
+                             Name(side, a) + ": one buffer per device");
+    }
+  }
+  // Virtual CPU devices share one address space, so distinct devices do not imply
+  // distinct memory.
+  std::vector<size_t> by_address(*order);
+  std::sort(by_address.begin(), by_address.end(), [&](size_t x, size_t y) { return TensorBytes(t[x]) < TensorBytes(t[y]); });
+  for (size_t k = 1; k < n && *bytes > 0; ++k) {
+    if (TensorBytes(t[by_address[k]]) < TensorBytes(t[by_address[k - 1]]) + *bytes) {
+      return InvalidArgument(Name(side, std::max(by_address[k], by_address[k - 1])) + " overlaps " +
+                             Name(side, std::min(by_address[k], by_address[k - 1])));
+    }
+  }
+  return Status::Ok();
+}
+
+// Where `reader` reads `bytes` of `owner`'s memory at `ptr`: in place over a peer link,
+// on the same device, or in host memory shared by a backend without peer access (the
+// CPU backend's virtual devices); else from a scratch copy staged by the runtime on
+// `stream` (of reader).
+Status Readable(Context& ctx, int reader, int owner, const void* ptr, size_t bytes, Stream stream,
+                std::vector<ScratchPool::Block*>* staged, const void** out) {
+  DeviceBackend& b = ctx.backend();
+  if (reader == owner || !b.HasPeerAccess() || ctx.topology().PeerEnabled(owner, reader)) {
+    *out = ptr;
+    return Status::Ok();
+  }
+  ScratchPool::Block* block = nullptr;
+  QLINK_RETURN_IF_ERROR(ctx.scratch().Acquire(reader, bytes, stream, &block));
+  staged->push_back(block);
+  const CopyLeaf leaf{ptr, block->ptr, bytes};
+  *out = block->ptr;
+  return b.CopyLeaves(reader, owner, &leaf, 1, stream);
+}
+
+// Gives every scratch block back, marking its last use on `stream` of its device.
+Status ReleaseAll(Context& ctx, std::vector<ScratchPool::Block*>* blocks, const std::vector<Stream>& stream_of_block) {
+  Status first;
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    Status s = ctx.scratch().Release((*blocks)[i], stream_of_block[i]);
+    if (first.ok()) first = s;
+  }
+  blocks->clear();
+  return first;
+}
+
+// Every stream of `devices` waits for the work enqueued so far on every other one.
+Status JoinAll(StreamJoins& joins, const std::vector<int>& devices, const std::vector<Stream>& streams) {
+  if (devices.size() < 2) return Status::Ok();
+  std::vector<Event> marks(devices.size());
+  for (size_t k = 0; k < devices.size(); ++k) QLINK_RETURN_IF_ERROR(joins.Record(devices[k], streams[k], &marks[k]));
+  for (size_t k = 0; k < devices.size(); ++k) {
+    for (size_t j = 0; j < devices.size(); ++j) {
+      if (j != k) QLINK_RETURN_IF_ERROR(joins.Wait(devices[k], streams[k], marks[j]));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status Broadcast(Context& ctx, const qlink_broadcast_args* a) {
+  if (a == nullptr) return InvalidArgument("args is NULL");
+  QLINK_RETURN_IF_ERROR(CheckArgsSize(a->struct_size, QLINK_BROADCAST_ARGS_STRUCT_SIZE, "args"));
+  const size_t leaves = a->num_leaves, replicas = a->num_replicas;
+  if (leaves == 0 || replicas == 0) return Status::Ok();
+  if (a->sources == nullptr) return InvalidArgument("args.sources is NULL with num_leaves > 0");
+  if (a->destinations == nullptr) return InvalidArgument("args.destinations is NULL with num_replicas > 0");
+  const int root = a->sources[0].device.device_id;
+  for (size_t i = 1; i < leaves; ++i) {
+    if (a->sources[i].device.device_id != root) {
+      return InvalidArgument(Name("sources", i) + " is on device " + std::to_string(a->sources[i].device.device_id) +
+                             ", not the broadcast root " + std::to_string(root) + " of sources[0]");
+    }
+  }
+  std::vector<int> replica_device(replicas);
+  for (size_t r = 0; r < replicas; ++r) {
+    const DLTensor* d = a->destinations + r * leaves;
+    replica_device[r] = d[0].device.device_id;
+    for (size_t i = 0; i < leaves; ++i) {
+      const int dev = d[i].device.device_id;
+      if (dev != replica_device[r] || dev == root) {
+        return InvalidArgument(Name("destinations", r * leaves + i) + " is on device " + std::to_string(dev) +
+                               (dev == root ? ", the root's" : ", not replica " + std::to_string(r) + "'s device " +
+                                                                   std::to_string(replica_device[r])));
+      }
+    }
+    for (size_t q = 0; q < r; ++q) {
+      if (replica_device[q] == replica_device[r]) {
+        return InvalidArgument("replicas " + std::to_string(q) + " and " + std::to_string(r) + " are both on device " +
+                               std::to_string(replica_device[r]));
+      }
+    }
+  }
+  // Everything validated at once (sizes, devices, overlaps across all replicas).
+  std::vector<DLTensor> all_sources;
+  all_sources.reserve(leaves * replicas);
+  for (size_t r = 0; r < replicas; ++r) all_sources.insert(all_sources.end(), a->sources, a->sources + leaves);
+  qlink_copy_args whole{QLINK_COPY_ARGS_STRUCT_SIZE, all_sources.data(), a->destinations, leaves * replicas,
+                        a->streams, a->num_streams};
+  CopyPlan check;
+  QLINK_RETURN_IF_ERROR(CopyPlan::Build(ctx, &whole, &check));
+
+  // Binary tree: every holder relays to one more device per round, so each round
+  // doubles the holders and no link carries the data twice.
+  std::vector<const DLTensor*> holders = {a->sources};
+  std::deque<size_t> pending;
+  for (size_t r = 0; r < replicas; ++r) pending.push_back(r);
+  std::vector<CopyPlan> rounds;
+  while (!pending.empty()) {
+    std::vector<DLTensor> src, dst;
+    std::vector<const DLTensor*> next = holders;
+    for (const DLTensor* h : holders) {
+      if (pending.empty()) break;
+      const DLTensor* to = a->destinations + pending.front() * leaves;
+      pending.pop_front();
+      src.insert(src.end(), h, h + leaves);
+      dst.insert(dst.end(), to, to + leaves);
+      next.push_back(to);
+    }
+    qlink_copy_args round{QLINK_COPY_ARGS_STRUCT_SIZE, src.data(), dst.data(), src.size(), a->streams, a->num_streams};
+    rounds.emplace_back();
+    QLINK_RETURN_IF_ERROR(CopyPlan::Build(ctx, &round, &rounds.back()));
+    holders = std::move(next);
+  }
+  for (const CopyPlan& round : rounds) QLINK_RETURN_IF_ERROR(round.Execute(ctx, a->streams, a->num_streams));
+  return Status::Ok();
+}
+
+Status Reduce(Context& ctx, const qlink_reduce_args* a) {
+  if (a == nullptr) return InvalidArgument("args is NULL");
+  QLINK_RETURN_IF_ERROR(CheckArgsSize(a->struct_size, QLINK_REDUCE_ARGS_STRUCT_SIZE, "args"));
+  QLINK_RETURN_IF_ERROR(CheckStreams(ctx, a->streams, a->num_streams));
+  uint64_t bytes = 0;
+  std::vector<size_t> order;
+  QLINK_RETURN_IF_ERROR(CheckPerDevice(ctx, a->inputs, a->num_inputs, "inputs", &bytes, &order));
+  if (a->output == nullptr) return InvalidArgument("args.output is NULL");
+  DeviceBackend& b = ctx.backend();
+  uint64_t out_bytes = 0;
+  QLINK_RETURN_IF_ERROR(CheckTensor(*a->output, "output", 0, b.device_type(), b.device_count(), &out_bytes));
+  QLINK_RETURN_IF_ERROR(CheckFp32(*a->output, "output", 0));
+  if (out_bytes != bytes) {
+    return InvalidArgument("output has " + std::to_string(out_bytes) + " bytes but inputs[0] has " +
+                           std::to_string(bytes));
+  }
+  const int o = a->output->device.device_id;
+  const char* out = TensorBytes(*a->output);
+  for (size_t i = 0; i < a->num_inputs; ++i) {
+    const char* in = TensorBytes(a->inputs[i]);
+    const bool in_place = in == out && a->inputs[i].device.device_id == o;
+    if (!in_place && bytes > 0 && in < out + bytes && out < in + bytes) {
+      return InvalidArgument("output overlaps " + Name("inputs", i) + " (only the input of the output's own device "
+                             "may be the output itself)");
+    }
+  }
+  if (!std::isfinite(a->scale)) return InvalidArgument("args.scale is not finite");
+  if (bytes == 0) return Status::Ok();
+
+  StreamJoins joins(ctx);
+  Stream os = StreamFor(o, a->streams, a->num_streams);
+  for (size_t i : order) {
+    const int d = a->inputs[i].device.device_id;
+    Stream ds = StreamFor(d, a->streams, a->num_streams);
+    if (d == o || b.StreamIdle(d, ds)) continue;
+    Event e = nullptr;
+    QLINK_RETURN_IF_ERROR(joins.Record(d, ds, &e));
+    QLINK_RETURN_IF_ERROR(joins.Wait(o, os, e));
+  }
+  std::vector<ScratchPool::Block*> staged;
+  std::vector<const void*> partials;
+  Status s;
+  for (size_t k = 0; s.ok() && k < order.size(); ++k) {
+    const DLTensor& in = a->inputs[order[k]];
+    const void* p = nullptr;
+    s = Readable(ctx, o, in.device.device_id, TensorBytes(in), bytes, os, &staged, &p);
+    partials.push_back(p);
+  }
+  if (s.ok()) {
+    s = b.ReduceSum(o, const_cast<char*>(out), partials.data(), partials.size(), false, bytes / 4,
+                    static_cast<float>(a->scale), false, os);
+  }
+  Status released = ReleaseAll(ctx, &staged, std::vector<Stream>(staged.size(), os));
+  QLINK_RETURN_IF_ERROR(s);
+  QLINK_RETURN_IF_ERROR(released);
+  // Backward join: the partials may be reused on their streams once read.
+  Event done = nullptr;
+  QLINK_RETURN_IF_ERROR(joins.Record(o, os, &done));
+  for (size_t i : order) {
+    const int d = a->inputs[i].device.device_id;
+    if (d != o) QLINK_RETURN_IF_ERROR(joins.Wait(d, StreamFor(d, a->streams, a->num_streams), done));
+  }
+  return Status::Ok();
+}
+
+Status AllReduce(Context& ctx, const qlink_all_reduce_args* a) {
+  if (a == nullptr) return InvalidArgument("args is NULL");
+  QLINK_RETURN_IF_ERROR(CheckArgsSize(a->struct_size, QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE, "args"));
+  QLINK_RETURN_IF_ERROR(CheckStreams(ctx, a->streams, a->num_streams));
+  if (a->op < QLINK_REDUCE_SUM || a->op > QLINK_REDUCE_SIGN) {
+    return InvalidArgument("args.op = " + std::to_string(a->op) + " is not a qlink_reduce_op");
+  }
+  if (a->transport != QLINK_TRANSPORT_FP32 && a->transport != QLINK_TRANSPORT_BF16) {
+    return InvalidArgument("args.transport = " + std::to_string(a->transport) + " is not a qlink_transport");
+  }
+  uint64_t bytes = 0;
+  std::vector<size_t> order;
+  QLINK_RETURN_IF_ERROR(CheckPerDevice(ctx, a->buffers, a->num_buffers, "buffers", &bytes, &order));
+  const size_t world = order.size(), count = bytes / 4;
+  if (count == 0) return Status::Ok();
+
+  DeviceBackend& b = ctx.backend();
+  const bool bf16 = a->transport == QLINK_TRANSPORT_BF16, signs = a->op == QLINK_REDUCE_SIGN;
+  const float scale = a->op == QLINK_REDUCE_AVG ? 1.0f / static_cast<float>(world) : 1.0f;
+  // Rank k is the k-th device in index order and owns elements [begin(k), begin(k+1)).
+  std::vector<int> dev(world);
+  std::vector<char*> buf(world);
+  std::vector<Stream> stream(world);
+  for (size_t k = 0; k < world; ++k) {
+    const DLTensor& t = a->buffers[order[k]];
+    dev[k] = t.device.device_id;
+    buf[k] = const_cast<char*>(TensorBytes(t));
+    stream[k] = StreamFor(dev[k], a->streams, a->num_streams);
+  }
+  const size_t chunk = ((count + world - 1) / world + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
+  auto begin = [&](size_t k) { return std::min(count, k * chunk); };
+  auto length = [&](size_t k) { return begin(k + 1) - begin(k); };
+
+  StreamJoins joins(ctx);
+  std::vector<ScratchPool::Block*> scratch;  // with the stream each was last used on
+  std::vector<Stream> scratch_stream;
+  std::vector<void*> half(world, nullptr), sign(world, nullptr);
+  Status s;
+  // Phase 0: the partials as they travel (bf16 halves the bytes of the reduce-scatter).
+  for (size_t k = 0; s.ok() && k < world; ++k) {
+    ScratchPool::Block* block = nullptr;
+    if (bf16 && (s = ctx.scratch().Acquire(dev[k], count * 2, stream[k], &block)).ok()) {
+      scratch.push_back(block);
+      scratch_stream.push_back(stream[k]);
+      half[k] = block->ptr;
+      s = b.CastToBf16(dev[k], static_cast<uint16_t*>(half[k]), reinterpret_cast<const float*>(buf[k]), count,
+                       stream[k]);
+    }
+    if (s.ok() && signs && (s = ctx.scratch().Acquire(dev[k], chunk, stream[k], &block)).ok()) {
+      scratch.push_back(block);
+      scratch_stream.push_back(stream[k]);
+      sign[k] = block->ptr;
+    }
+  }
+  if (s.ok()) s = JoinAll(joins, dev, stream);
+  // Phase 1: each owner sums its chunk of every partial in rank order.
+  for (size_t k = 0; s.ok() && k < world; ++k) {
+    if (length(k) == 0) continue;
+    std::vector<const void*> partials(world);
+    for (size_t j = 0; s.ok() && j < world; ++j) {
+      const char* base = bf16 ? static_cast<const char*>(half[j]) + begin(k) * 2 : buf[j] + begin(k) * 4;
+      s = Readable(ctx, dev[k], dev[j], base, length(k) * (bf16 ? 2 : 4), stream[k], &scratch, &partials[j]);
+      while (scratch_stream.size() < scratch.size()) scratch_stream.push_back(stream[k]);
+    }
+    if (s.ok()) {
+      s = b.ReduceSum(dev[k], signs ? sign[k] : buf[k] + begin(k) * 4, partials.data(), world, bf16, length(k), scale,
+                      signs, stream[k]);
+    }
+  }
+  if (s.ok()) s = JoinAll(joins, dev, stream);
+  // Phase 2: every rank gathers the owners' chunks (bit-identical everywhere).
+  for (size_t k = 0; s.ok() && k < world; ++k) {
+    std::vector<CopyLeaf> pulled;
+    for (size_t j = 0; s.ok() && j < world; ++j) {
+      if (length(j) == 0 || (j == k && !signs)) continue;
+      float* to = reinterpret_cast<float*>(buf[k] + begin(j) * 4);
+      if (signs) {
+        const void* from = nullptr;
+        s = Readable(ctx, dev[k], dev[j], sign[j], length(j), stream[k], &scratch, &from);
+        while (scratch_stream.size() < scratch.size()) scratch_stream.push_back(stream[k]);
+        if (s.ok()) s = b.ExpandSigns(dev[k], to, static_cast<const int8_t*>(from), length(j), stream[k]);
+      } else if (dev[k] == dev[j] || !b.HasPeerAccess() || ctx.topology().PeerEnabled(dev[j], dev[k])) {
+        pulled.push_back(CopyLeaf{buf[j] + begin(j) * 4, to, length(j) * 4});
+      } else {
+        const CopyLeaf leaf{buf[j] + begin(j) * 4, to, length(j) * 4};
+        s = b.CopyLeaves(dev[k], dev[j], &leaf, 1, stream[k]);
+      }
+    }
+    if (s.ok() && !pulled.empty()) s = b.PullLeaves(dev[k], pulled.data(), pulled.size(), stream[k]);
+  }
+  // Backward join: nobody touches a buffer or scratch block others still read.
+  if (s.ok()) s = JoinAll(joins, dev, stream);
+  Status released = ReleaseAll(ctx, &scratch, scratch_stream);
+  QLINK_RETURN_IF_ERROR(s);
+  return released;
+}
+
+}  // namespace qlink

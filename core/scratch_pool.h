@@ -1,0 +1,40 @@
+// Device scratch buffers reused across calls (bf16 partials, int8 signs, staged inputs).
+// A block's last use is marked by an event; whoever takes it next makes its stream wait
+// for that event, so concurrent calls on other streams never overwrite a block still
+// being read.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "backends/device_backend.h"
+
+namespace qlink {
+
+class ScratchPool {
+ public:
+  struct Block {
+    int device;
+    void* ptr;
+    size_t bytes;
+    Event last_use;  // recorded when released; nullptr before the first release
+    bool busy;
+  };
+
+  explicit ScratchPool(DeviceBackend& backend) : backend_(backend) {}
+  ~ScratchPool();
+
+  // A block of at least `bytes` on `device`, ordered after its previous use on `stream`.
+  Status Acquire(int device, size_t bytes, Stream stream, Block** out);
+  // Marks the block's last use as the work enqueued on `stream` (of its device) so far.
+  Status Release(Block* block, Stream stream);
+
+ private:
+  DeviceBackend& backend_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Block>> blocks_;
+};
+
+}  // namespace qlink

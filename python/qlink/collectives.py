@@ -1,0 +1,90 @@
+"""Collectives over lists of torch tensors, one per device, in process: broadcast and
+mirror_module (replicas), reduce (GPTQ Hessian partials, deterministic) and all_reduce
+(SignRound gradients: sum / avg / sign, fp32 or bf16 transport).
+
+Each device's part is ordered on that device's current stream, like the copies."""
+import copy
+import ctypes
+
+import numpy as np
+import torch
+
+from . import _abi
+from ._dlpack import pack
+from .p2p import _raw_stream, default_context
+
+
+def _streams(ctx, devices):
+    if ctx.backend == "cpu":
+        return None, 0
+    return ctx._streams({d: _raw_stream(d) for d in devices})
+
+
+def broadcast(sources, replicas, ctx=None, source_device=None, replica_devices=None):
+    """replicas[r][i].copy_(sources[i]) for every replica r, relayed along a binary tree of
+    peer links. source_device / replica_devices override device indices (CPU virtual
+    devices)."""
+    ctx = ctx or default_context()
+    n = len(sources)
+    src = pack(sources, None if source_device is None else [source_device] * n)
+    flat = [t for r in replicas for t in r]
+    ids = None if replica_devices is None else [d for d in replica_devices for _ in range(n)]
+    dst = pack(flat, ids)
+    for r in replicas:
+        if len(r) != n:
+            raise ValueError("every replica needs %d leaves, one has %d" % (n, len(r)))
+    args = _abi.BroadcastArgs(ctypes.sizeof(_abi.BroadcastArgs), src.pointer, n, dst.pointer, len(replicas),
+                              *_streams(ctx, src.devices | dst.devices))
+    ctx._check(ctx._api.broadcast(ctx._handle, ctypes.byref(args)))
+
+
+def reduce(inputs, output, scale=1.0, ctx=None, input_devices=None, output_device=None):
+    """output = scale * sum(inputs), summed in device-index order whatever the order of
+    `inputs` (bit-identical for every arrival order). fp32, one input per device."""
+    ctx = ctx or default_context()
+    src = pack(inputs, input_devices, exact=True)
+    out = pack([output], None if output_device is None else [output_device], exact=True)
+    args = _abi.ReduceArgs(ctypes.sizeof(_abi.ReduceArgs), src.pointer, src.count, out.pointer, float(scale),
+                           *_streams(ctx, src.devices | out.devices))
+    ctx._check(ctx._api.reduce(ctx._handle, ctypes.byref(args)))
+
+
+def all_reduce(buffers, op="sum", transport="fp32", ctx=None, devices=None):
+    """Every buffer becomes op(sum of buffers) in place; op: sum | avg | sign, transport:
+    fp32 | bf16. All buffers end bit-identical."""
+    if op not in _abi.REDUCE_OPS:
+        raise ValueError("op must be one of %s, got %r" % (sorted(_abi.REDUCE_OPS), op))
+    if transport not in _abi.TRANSPORTS:
+        raise ValueError("transport must be one of %s, got %r" % (sorted(_abi.TRANSPORTS), transport))
+    ctx = ctx or default_context()
+    bufs = pack(buffers, devices, exact=True)
+    args = _abi.AllReduceArgs(ctypes.sizeof(_abi.AllReduceArgs), bufs.pointer, bufs.count, _abi.REDUCE_OPS[op],
+                              _abi.TRANSPORTS[transport], *_streams(ctx, bufs.devices))
+    ctx._check(ctx._api.all_reduce(ctx._handle, ctypes.byref(args)))
+
+
+def mirror_module(module, devices, ctx=None):
+    """Independent replicas of `module` on `devices` (no storage shared with the source or
+    each other), weights broadcast through qlink."""
+    leaves = []
+    for m in module.modules():
+        leaves += [t for t in list(m._parameters.values()) + list(m._buffers.values()) if t is not None]
+    unique = list({id(t): t for t in leaves}.values())
+    fast = [t for t in unique if t.is_cuda and t.is_contiguous()]
+    fast_ids = {id(t) for t in fast}
+    replicas, targets = [], []
+    for device in devices:
+        device = torch.device(device)
+        memo, fresh = {}, []
+        for t in unique:
+            new = torch.empty(t.shape, dtype=t.dtype, device=device)
+            if id(t) in fast_ids:
+                fresh.append(new)
+            else:
+                new.copy_(t)  # the regular path: host or non-contiguous leaves
+            memo[id(t)] = torch.nn.Parameter(new, t.requires_grad) if isinstance(t, torch.nn.Parameter) else new
+        replicas.append(copy.deepcopy(module, memo))
+        targets.append(fresh)
+    if fast:
+        broadcast(fast, targets, ctx=ctx)
+    return replicas
