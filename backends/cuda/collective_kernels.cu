@@ -34,7 +34,10 @@ __device__ __forceinline__ float4 Load4(const void* p, size_t v, bool bf16) {
 __device__ __forceinline__ int8_t Sign(float x) { return static_cast<int8_t>((x > 0.0f) - (x < 0.0f)); }
 
 // Partials summed in the order given: every element's result is bit-identical whatever
-// order the host handed them over in, and on every device that computes it.
+// order the host handed them over in, and on every device that computes it. kFixed > 0
+// unrolls the input loop so every partial's load is in flight at once (peer reads are
+// latency bound); 0 takes the count from `n`.
+template <int kFixed>
 __global__ void __launch_bounds__(kThreads)
     ReduceKernel(const __grid_constant__ Inputs in, int n, bool bf16, void* out, size_t count, float scale,
                  bool signs, bool vectorized) {
@@ -43,10 +46,22 @@ __global__ void __launch_bounds__(kThreads)
   if (vectorized) {
     const size_t vectors = count / 4;
     for (size_t v = blockIdx.x * size_t(kThreads) + threadIdx.x; v < vectors; v += stride) {
-      float4 acc = Load4(in.ptr[0], v, bf16);
-      for (int k = 1; k < n; ++k) {
-        const float4 x = Load4(in.ptr[k], v, bf16);
-        acc.x += x.x; acc.y += x.y; acc.z += x.z; acc.w += x.w;
+      float4 acc;
+      if constexpr (kFixed > 0) {
+        float4 x[kFixed];
+#pragma unroll
+        for (int k = 0; k < kFixed; ++k) x[k] = Load4(in.ptr[k], v, bf16);
+        acc = x[0];
+#pragma unroll
+        for (int k = 1; k < kFixed; ++k) {
+          acc.x += x[k].x; acc.y += x[k].y; acc.z += x[k].z; acc.w += x[k].w;
+        }
+      } else {
+        acc = Load4(in.ptr[0], v, bf16);
+        for (int k = 1; k < n; ++k) {
+          const float4 x = Load4(in.ptr[k], v, bf16);
+          acc.x += x.x; acc.y += x.y; acc.z += x.z; acc.w += x.w;
+        }
       }
       acc.x *= scale; acc.y *= scale; acc.z *= scale; acc.w *= scale;
       if (signs) {
@@ -101,8 +116,14 @@ cudaError_t LaunchReduceSum(void* out, const void* const* inputs, size_t num_inp
     in.ptr[k] = inputs[k];
     vectorized = vectorized && Aligned(inputs[k], input_bf16 ? 8 : 16);
   }
-  ReduceKernel<<<Grid(vectorized ? count / 4 : count, sm_count), kThreads, 0, stream>>>(
-      in, static_cast<int>(num_inputs), input_bf16, out, count, scale, signs, vectorized);
+  const unsigned grid = Grid(vectorized ? count / 4 : count, sm_count);
+  const int n = static_cast<int>(num_inputs);
+  switch (num_inputs) {
+    case 2: ReduceKernel<2><<<grid, kThreads, 0, stream>>>(in, n, input_bf16, out, count, scale, signs, vectorized); break;
+    case 4: ReduceKernel<4><<<grid, kThreads, 0, stream>>>(in, n, input_bf16, out, count, scale, signs, vectorized); break;
+    case 8: ReduceKernel<8><<<grid, kThreads, 0, stream>>>(in, n, input_bf16, out, count, scale, signs, vectorized); break;
+    default: ReduceKernel<0><<<grid, kThreads, 0, stream>>>(in, n, input_bf16, out, count, scale, signs, vectorized);
+  }
   return cudaGetLastError();
 }
 
