@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/collectives.h"
+#include "core/communicator.h"
 #include "core/context.h"
 #include "core/copy_plan.h"
 #include "core/link_probe.h"
@@ -16,6 +17,10 @@
 
 struct qlink_context {
   std::unique_ptr<qlink::Context> impl;
+};
+
+struct qlink_comm {
+  std::unique_ptr<qlink::Communicator> impl;
 };
 
 struct qlink_copy_plan {
@@ -310,6 +315,61 @@ qlink_status AllReduceEntry(qlink_context* ctx, const qlink_all_reduce_args* arg
   });
 }
 
+qlink_status CommUniqueId(qlink_context* ctx, qlink_unique_id* out) {
+  return Guard([&] {
+    QLINK_RETURN_IF_ERROR(CheckNotNull(ctx, "ctx"));
+    QLINK_RETURN_IF_ERROR(CheckNotNull(out, "out"));
+    return Communicator::UniqueId(*ctx->impl, out);
+  });
+}
+
+qlink_status CommCreate(qlink_context* ctx, const qlink_unique_id* id, int32_t nranks, int32_t rank, int32_t device,
+                        qlink_comm** out) {
+  return Guard([&] {
+    QLINK_RETURN_IF_ERROR(CheckNotNull(ctx, "ctx"));
+    QLINK_RETURN_IF_ERROR(CheckNotNull(id, "id"));
+    QLINK_RETURN_IF_ERROR(CheckNotNull(out, "comm"));
+    *out = nullptr;
+    DeviceRestore restore(ctx->impl->backend());
+    auto handle = std::make_unique<qlink_comm>();
+    QLINK_RETURN_IF_ERROR(Communicator::Create(*ctx->impl, *id, nranks, rank, device, &handle->impl));
+    *out = handle.release();
+    return Status::Ok();
+  });
+}
+
+qlink_status CommDestroy(qlink_comm* comm) {
+  return Guard([&] {
+    if (comm != nullptr) {
+      DeviceRestore restore(comm->impl->context().backend());
+      comm->impl.reset();
+    }
+    delete comm;
+    return Status::Ok();
+  });
+}
+
+template <typename F>
+qlink_status OnComm(qlink_comm* comm, F&& body) {
+  return Guard([&] {
+    QLINK_RETURN_IF_ERROR(CheckNotNull(comm, "comm"));
+    DeviceRestore restore(comm->impl->context().backend());
+    return body(*comm->impl);
+  });
+}
+
+qlink_status CommAllReduce(qlink_comm* comm, const DLTensor* buffer, int32_t op, void* stream) {
+  return OnComm(comm, [&](Communicator& c) { return c.AllReduce(buffer, op, stream); });
+}
+
+qlink_status CommBroadcast(qlink_comm* comm, const DLTensor* buffer, int32_t root, void* stream) {
+  return OnComm(comm, [&](Communicator& c) { return c.Broadcast(buffer, root, stream); });
+}
+
+qlink_status CommReduce(qlink_comm* comm, const DLTensor* buffer, int32_t root, double scale, void* stream) {
+  return OnComm(comm, [&](Communicator& c) { return c.Reduce(buffer, root, scale, stream); });
+}
+
 const qlink_api kApi = {
     sizeof(qlink_api),
     QLINK_ABI_MAJOR,
@@ -335,6 +395,12 @@ const qlink_api kApi = {
     &BroadcastEntry,
     &ReduceEntry,
     &AllReduceEntry,
+    &CommUniqueId,
+    &CommCreate,
+    &CommDestroy,
+    &CommAllReduce,
+    &CommBroadcast,
+    &CommReduce,
 };
 
 }  // namespace

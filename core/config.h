@@ -22,6 +22,7 @@ struct Config {
   std::string backend = "auto";   // auto | cuda | hip | cpu | path to a backend .so
   std::string log_level = "warn"; // trace | debug | info | warn | error | off
   int cpu_devices = 4;            // virtual devices of the CPU backend
+  std::string nccl_library;       // NCCL/RCCL for multi-process collectives; "" = the backend's default
   P2PConfig p2p;
 };
 

@@ -55,6 +55,7 @@ typedef enum qlink_status {
 /* Opaque handles. */
 typedef struct qlink_context qlink_context;
 typedef struct qlink_copy_plan qlink_copy_plan;
+typedef struct qlink_comm qlink_comm; /* 1.1: one rank of a multi-process communicator */
 
 typedef struct qlink_device_info {
   size_t struct_size;
@@ -188,6 +189,14 @@ typedef struct qlink_all_reduce_args {
 } qlink_all_reduce_args;
 #define QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_all_reduce_args, num_streams)
 
+/* ---- 1.1: collectives across processes and nodes (NCCL; RCCL on HIP) -------------- */
+
+/* Created by one rank, handed to every other rank by the host (e.g. through
+ * torch.distributed's store), then passed to comm_create on each. */
+typedef struct qlink_unique_id {
+  char bytes[128];
+} qlink_unique_id;
+
 typedef struct qlink_api {
   size_t struct_size;
   uint32_t abi_major;
@@ -256,9 +265,28 @@ typedef struct qlink_api {
   qlink_status (*broadcast)(qlink_context* ctx, const qlink_broadcast_args* args);
   qlink_status (*reduce)(qlink_context* ctx, const qlink_reduce_args* args);
   qlink_status (*all_reduce)(qlink_context* ctx, const qlink_all_reduce_args* args);
+
+  /* 1.1, multi-process. The NCCL library is config field nccl_library (default
+   * libnccl.so.2 for cuda, librccl.so.1 for hip), loaded on first use. out: borrowed. */
+  qlink_status (*comm_unique_id)(qlink_context* ctx, qlink_unique_id* out);
+  /* Joins rank `rank` of `nranks` on `device`; blocks until every rank has joined.
+   * id: borrowed. *comm: owned by the caller, released with comm_destroy before ctx. */
+  qlink_status (*comm_create)(qlink_context* ctx, const qlink_unique_id* id, int32_t nranks,
+                              int32_t rank, int32_t device, qlink_comm** comm);
+  qlink_status (*comm_destroy)(qlink_comm* comm);
+  /* In place on every rank's buffer (borrowed; fp32 on the rank's device), enqueued on
+   * `stream` (borrowed; NULL = default). op: qlink_reduce_op. */
+  qlink_status (*comm_all_reduce)(qlink_comm* comm, const DLTensor* buffer, int32_t op,
+                                  void* stream);
+  /* Any dtype; root's bytes land in every rank's buffer. */
+  qlink_status (*comm_broadcast)(qlink_comm* comm, const DLTensor* buffer, int32_t root,
+                                 void* stream);
+  /* fp32; root's buffer becomes scale * sum of every rank's buffer. */
+  qlink_status (*comm_reduce)(qlink_comm* comm, const DLTensor* buffer, int32_t root,
+                              double scale, void* stream);
 } qlink_api;
 #define QLINK_API_STRUCT_SIZE_1_0 QLINK_STRUCT_SIZE(qlink_api, stream_synchronize)
-#define QLINK_API_STRUCT_SIZE_1_1 QLINK_STRUCT_SIZE(qlink_api, all_reduce)
+#define QLINK_API_STRUCT_SIZE_1_1 QLINK_STRUCT_SIZE(qlink_api, comm_reduce)
 
 /* The one exported symbol. Returns the table of ABI `major` if this library provides
  * at least `min_minor`, else NULL with *error (when error is non-NULL) pointing at a

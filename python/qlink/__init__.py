@@ -6,6 +6,7 @@
     ctx.copy(sources, targets)
 """
 from .collectives import all_reduce, broadcast, mirror_module, reduce
+from .comm import Communicator, torch_nccl_library, unique_id
 from .config import P2PConfig
 from .context import Context, CopyPlan, DeviceInfo, PeerStatus
 from .p2p import (PreparedCopy, configure, default_context, move_module_to_device,
@@ -21,6 +22,6 @@ def load(config=None, library=None):
     return Context(config, library)
 
 
-__all__ = ["load", "broadcast", "reduce", "all_reduce", "mirror_module", "configure", "default_context", "peer_copy_batch", "move_module_to_device",
+__all__ = ["load", "Communicator", "unique_id", "torch_nccl_library", "broadcast", "reduce", "all_reduce", "mirror_module", "configure", "default_context", "peer_copy_batch", "move_module_to_device",
            "move_nested_to_device", "PreparedCopy", "Context", "CopyPlan", "DeviceInfo", "PeerStatus", "P2PConfig", "QlinkError",
            "InvalidArgumentError", "UnavailableError", "VersionMismatchError"]

@@ -67,6 +67,10 @@ class AllReduceArgs(ctypes.Structure):
                 ("transport", c_int32), ("streams", POINTER(Stream)), ("num_streams", c_size_t)]
 
 
+class UniqueId(ctypes.Structure):
+    _fields_ = [("bytes", c_char * 128)]
+
+
 REDUCE_OPS = {"sum": 0, "avg": 1, "sign": 2}
 TRANSPORTS = {"fp32": 0, "bf16": 1}
 
@@ -97,6 +101,12 @@ _TABLE = [
     ("broadcast", _S, [c_void_p, POINTER(BroadcastArgs)]),
     ("reduce", _S, [c_void_p, POINTER(ReduceArgs)]),
     ("all_reduce", _S, [c_void_p, POINTER(AllReduceArgs)]),
+    ("comm_unique_id", _S, [c_void_p, POINTER(UniqueId)]),
+    ("comm_create", _S, [c_void_p, POINTER(UniqueId), c_int32, c_int32, c_int32, POINTER(c_void_p)]),
+    ("comm_destroy", _S, [c_void_p]),
+    ("comm_all_reduce", _S, [c_void_p, POINTER(DLTensor), c_int32, c_void_p]),
+    ("comm_broadcast", _S, [c_void_p, POINTER(DLTensor), c_int32, c_void_p]),
+    ("comm_reduce", _S, [c_void_p, POINTER(DLTensor), c_int32, c_double, c_void_p]),
 ]
 
 

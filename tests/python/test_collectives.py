@@ -65,3 +65,10 @@ def test_broadcast_and_refusal(cpu8):
         qlink.all_reduce([torch.zeros(4), torch.zeros(4, dtype=torch.float16)], ctx=cpu8, devices=[0, 1])
     with pytest.raises(ValueError, match="op must be one of"):
         qlink.all_reduce([torch.zeros(4)], op="max", ctx=cpu8, devices=[0])
+
+
+def test_multi_process_transport_is_refused_on_cpu(cpu8):
+    with pytest.raises(qlink.UnavailableError, match="the cpu backend has no NCCL transport"):
+        qlink.unique_id(cpu8)
+    with pytest.raises(ValueError, match="unique id must be 128 bytes"):
+        qlink.Communicator(cpu8, b"short", 2, 0, 0)
