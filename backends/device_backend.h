@@ -37,6 +37,21 @@ struct CopyLeaf {
   uint64_t bytes;
 };
 
+// One rank's part of a latency-bound all-reduce done by one kernel per device that
+// synchronizes with its peers through flags in peer memory instead of stream events.
+struct OneShotAllReduce {
+  int rank = 0, world = 0;
+  const float* input = nullptr;  // this rank's buffer
+  float* output = nullptr;       // may be `input`
+  size_t count = 0;
+  void* const* staging = nullptr;  // per rank: that rank's staging slot for this call
+  uint64_t* const* flags = nullptr;  // per rank: that rank's flag array (world entries)
+  uint64_t epoch = 0;  // strictly increasing per workspace; flags reaching it mean "arrived"
+  bool bf16 = false;   // staged partials are bf16
+  float scale = 1.0f;
+  bool signs = false;  // output sign(scale * sum) as -1, 0, 1
+};
+
 struct BackendOptions {
   size_t struct_size = sizeof(BackendOptions);
   int virtual_devices = 1;  // the CPU backend's device count; others ignore it
@@ -105,6 +120,13 @@ class DeviceBackend {
   virtual Status CastToBf16(int device, uint16_t* out, const float* in, size_t count, Stream stream) = 0;
   // out[i] = (float)signs[i]; `signs` may live on a peer.
   virtual Status ExpandSigns(int device, float* out, const int8_t* signs, size_t count, Stream stream) = 0;
+  // Whether OneShot can run: every rank's kernel spins until its peers arrive, so the
+  // ranks' kernels must be able to run at the same time (not on a synchronous backend).
+  virtual bool HasOneShot() const = 0;
+  // Stages input (bf16 if asked) in this rank's slot, raises this rank's flag on every
+  // peer, waits for every peer's flag to reach the epoch, then sums every slot in rank
+  // order into output.
+  virtual Status OneShot(int device, const OneShotAllReduce& args, Stream stream) = 0;
 };
 
 }  // namespace qlink

@@ -118,6 +118,48 @@ Status JoinAll(StreamJoins& joins, const std::vector<int>& devices, const std::v
   return Status::Ok();
 }
 
+// Latency-bound sizes: one kernel per rank, synchronized through flags in peer memory
+// (no stream events), when every rank can reach every other over a peer link.
+bool OneShotApplies(Context& ctx, const std::vector<int>& dev, uint64_t bytes) {
+  if (!ctx.backend().HasOneShot() || dev.size() < 2 || bytes > OneShotWorkspaces::kMaxBytes) return false;
+  for (int a : dev) {
+    for (int b : dev) {
+      if (a != b && !ctx.topology().PeerEnabled(a, b)) return false;
+    }
+  }
+  return true;
+}
+
+Status OneShot(Context& ctx, const std::vector<int>& dev, const std::vector<char*>& buf,
+               const std::vector<Stream>& stream, size_t count, bool bf16, float scale, bool signs) {
+  OneShotWorkspaces::Workspace* ws = nullptr;
+  QLINK_RETURN_IF_ERROR(ctx.one_shot().Get(dev, stream, &ws));
+  std::lock_guard<std::mutex> lock(ws->mu);
+  const uint64_t epoch = ++ws->epoch;
+  const size_t slot = OneShotWorkspaces::kFlagBytes + (epoch % 2) * OneShotWorkspaces::kMaxBytes;
+  std::vector<void*> staging(dev.size());
+  std::vector<uint64_t*> flags(dev.size());
+  for (size_t k = 0; k < dev.size(); ++k) {
+    staging[k] = static_cast<char*>(ws->base[k]) + slot;
+    flags[k] = static_cast<uint64_t*>(ws->base[k]);
+  }
+  OneShotAllReduce args;
+  args.world = static_cast<int>(dev.size());
+  args.count = count;
+  args.staging = staging.data();
+  args.flags = flags.data();
+  args.epoch = epoch;
+  args.bf16 = bf16;
+  args.scale = scale;
+  args.signs = signs;
+  for (size_t k = 0; k < dev.size(); ++k) {
+    args.rank = static_cast<int>(k);
+    args.input = args.output = reinterpret_cast<float*>(buf[k]);
+    QLINK_RETURN_IF_ERROR(ctx.backend().OneShot(dev[k], args, stream[k]));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status Broadcast(Context& ctx, const qlink_broadcast_args* a) {
@@ -282,6 +324,7 @@ Status AllReduce(Context& ctx, const qlink_all_reduce_args* a) {
     buf[k] = const_cast<char*>(TensorBytes(t));
     stream[k] = StreamFor(dev[k], a->streams, a->num_streams);
   }
+  if (OneShotApplies(ctx, dev, bytes)) return OneShot(ctx, dev, buf, stream, count, bf16, scale, signs);
   const size_t chunk = ((count + world - 1) / world + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
   auto begin = [&](size_t k) { return std::min(count, k * chunk); };
   auto length = [&](size_t k) { return begin(k + 1) - begin(k); };

@@ -12,6 +12,7 @@ Status Context::Create(const char* config_json, std::unique_ptr<Context>* out) {
   ctx->topology_ = std::make_unique<Topology>(*ctx->loaded_.backend, ctx->config_.p2p, *ctx->log_);
   ctx->events_ = std::make_unique<EventPool>(*ctx->loaded_.backend);
   ctx->scratch_ = std::make_unique<ScratchPool>(*ctx->loaded_.backend);
+  ctx->one_shot_ = std::make_unique<OneShotWorkspaces>(*ctx->loaded_.backend);
   ctx->log_->debug("context created: backend {} with {} device(s), p2p.mode {}", ctx->backend().name(),
                    ctx->backend().device_count(), ToString(ctx->config_.p2p.mode));
   *out = std::move(ctx);
@@ -22,6 +23,7 @@ Context::~Context() {
   // The pool and topology hold events and references into the backend, which goes last.
   if (!loaded_.backend) return;  // creation failed before the backend loaded
   DeviceRestore restore(backend());
+  one_shot_.reset();
   scratch_.reset();
   events_.reset();
   topology_.reset();

@@ -9,6 +9,7 @@
 #include "core/backend_registry.h"
 #include "core/config.h"
 #include "core/event_pool.h"
+#include "core/one_shot.h"
 #include "core/scratch_pool.h"
 #include "core/topology.h"
 
@@ -27,6 +28,7 @@ class Context {
   const Topology& topology() const { return *topology_; }
   EventPool& events() { return *events_; }
   ScratchPool& scratch() { return *scratch_; }
+  OneShotWorkspaces& one_shot() { return *one_shot_; }
 
   // INVALID_ARGUMENT naming `what` unless `device` is one of this context's devices.
   Status CheckDevice(int device, const char* what) const;
@@ -40,6 +42,7 @@ class Context {
   std::unique_ptr<Topology> topology_;
   std::unique_ptr<EventPool> events_;
   std::unique_ptr<ScratchPool> scratch_;
+  std::unique_ptr<OneShotWorkspaces> one_shot_;
 };
 
 // Restores the calling thread's current device when a public call returns: backends

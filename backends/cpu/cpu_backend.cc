@@ -102,6 +102,10 @@ class CpuBackend final : public DeviceBackend {
     cpu::ExpandSigns(out, signs, count);
     return Status::Ok();
   }
+  bool HasOneShot() const override { return false; }
+  Status OneShot(int, const OneShotAllReduce&, Stream) override {
+    return Unavailable("cpu: one-shot all-reduce needs concurrently running ranks");
+  }
 
  private:
   const int devices_;

@@ -97,6 +97,61 @@ __global__ void ExpandKernel(float* out, const int8_t* signs, size_t count) {
   }
 }
 
+struct OneShotParams {
+  int rank, world;
+  const float* input;
+  float* output;
+  size_t count;
+  void* staging[kMaxReduceInputs];
+  unsigned long long* flags[kMaxReduceInputs];
+  unsigned long long epoch;
+  bool bf16, signs;
+  float scale;
+};
+
+constexpr long long kSpinTimeoutNs = 20ll * 1000 * 1000 * 1000;  // a missing peer ends the wait, not the process
+
+__device__ __forceinline__ long long GlobalTimer() {
+  long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// One block: small buffers, where latency, not bandwidth, decides.
+__global__ void __launch_bounds__(kThreads) OneShotKernel(const __grid_constant__ OneShotParams p) {
+  // 1. Stage this rank's partial where peers read it (they never read the caller's
+  //    buffer, which this kernel overwrites below).
+  if (p.bf16) {
+    __nv_bfloat16* slot = static_cast<__nv_bfloat16*>(p.staging[p.rank]);
+    for (size_t i = threadIdx.x; i < p.count; i += kThreads) slot[i] = __float2bfloat16_rn(p.input[i]);
+  } else {
+    float* slot = static_cast<float*>(p.staging[p.rank]);
+    for (size_t i = threadIdx.x; i < p.count; i += kThreads) slot[i] = p.input[i];
+  }
+  __syncthreads();
+  // 2. Announce arrival on every rank (the fence publishes the staged data first), then
+  //    wait until every rank has arrived at this epoch.
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    for (int j = 0; j < p.world; ++j) atomicMax(p.flags[j] + p.rank, p.epoch);
+  }
+  if (threadIdx.x < p.world) {
+    volatile unsigned long long* mine = p.flags[p.rank];
+    const long long start = GlobalTimer();
+    while (mine[threadIdx.x] < p.epoch && GlobalTimer() - start < kSpinTimeoutNs) {
+    }
+  }
+  __syncthreads();
+  __threadfence_system();
+  // 3. Sum every staged partial in rank order: the same result on every rank.
+  for (size_t i = threadIdx.x; i < p.count; i += kThreads) {
+    float acc = Load(p.staging[0], i, p.bf16);
+    for (int j = 1; j < p.world; ++j) acc += Load(p.staging[j], i, p.bf16);
+    acc *= p.scale;
+    p.output[i] = p.signs ? static_cast<float>(Sign(acc)) : acc;
+  }
+}
+
 unsigned Grid(size_t work, int sm_count) {
   const size_t wanted = (work + kThreads - 1) / kThreads;
   return static_cast<unsigned>(std::max<size_t>(1, std::min<size_t>(wanted, size_t(sm_count) * 4)));
@@ -136,6 +191,26 @@ cudaError_t LaunchCastToBf16(uint16_t* out, const float* in, size_t count, int s
 cudaError_t LaunchExpandSigns(float* out, const int8_t* signs, size_t count, int sm_count, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   ExpandKernel<<<Grid(count, sm_count), kThreads, 0, stream>>>(out, signs, count);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchOneShot(const OneShotAllReduce& a, cudaStream_t stream) {
+  if (a.world < 1 || a.world > static_cast<int>(kMaxReduceInputs)) return cudaErrorInvalidValue;
+  OneShotParams p;
+  p.rank = a.rank;
+  p.world = a.world;
+  p.input = a.input;
+  p.output = a.output;
+  p.count = a.count;
+  for (int j = 0; j < a.world; ++j) {
+    p.staging[j] = a.staging[j];
+    p.flags[j] = reinterpret_cast<unsigned long long*>(a.flags[j]);
+  }
+  p.epoch = a.epoch;
+  p.bf16 = a.bf16;
+  p.signs = a.signs;
+  p.scale = a.scale;
+  OneShotKernel<<<1, kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

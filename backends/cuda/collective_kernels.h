@@ -6,6 +6,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "backends/device_backend.h"
+
 namespace qlink {
 namespace cuda {
 
@@ -16,6 +18,7 @@ cudaError_t LaunchReduceSum(void* out, const void* const* inputs, size_t num_inp
                             float scale, bool signs, int sm_count, cudaStream_t stream);
 cudaError_t LaunchCastToBf16(uint16_t* out, const float* in, size_t count, int sm_count, cudaStream_t stream);
 cudaError_t LaunchExpandSigns(float* out, const int8_t* signs, size_t count, int sm_count, cudaStream_t stream);
+cudaError_t LaunchOneShot(const OneShotAllReduce& args, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace qlink

@@ -196,6 +196,11 @@ class CudaBackend final : public DeviceBackend {
     return Check(cuda::LaunchCastToBf16(out, in, count, sm_counts_[device], static_cast<cudaStream_t>(stream)),
                  "bf16 cast kernel launch");
   }
+  bool HasOneShot() const override { return true; }
+  Status OneShot(int device, const OneShotAllReduce& args, Stream stream) override {
+    QLINK_CUDA_SCOPE(device);
+    return Check(cuda::LaunchOneShot(args, static_cast<cudaStream_t>(stream)), "one-shot all-reduce launch");
+  }
   Status ExpandSigns(int device, float* out, const int8_t* signs, size_t count, Stream stream) override {
     QLINK_CUDA_SCOPE(device);
     return Check(cuda::LaunchExpandSigns(out, signs, count, sm_counts_[device], static_cast<cudaStream_t>(stream)),

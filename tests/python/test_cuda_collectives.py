@@ -76,3 +76,36 @@ def test_mirror_module_gives_independent_replicas(ctx):
     with torch.no_grad():
         replicas[0][0].weight.zero_()
     assert torch.equal(model(x).cpu(), expected)
+
+
+def test_small_all_reduce_back_to_back_and_from_threads(ctx):
+    """The one-shot path alternates staging slots by epoch; every call must see its own data."""
+    import threading
+    devs = _devices()
+    for step in range(200):
+        bufs = [torch.full((4096,), float(step + d), device=d) for d in devs]
+        qlink.all_reduce(bufs)
+        expected = float(sum(step + d for d in devs))
+        assert all(float(b[0]) == expected and float(b[-1]) == expected for b in bufs), step
+    failures = []
+
+    def worker(seed):
+        streams = {d: torch.cuda.Stream(device=d) for d in devs}
+        for step in range(100):
+            bufs = []
+            for d in devs:
+                with torch.cuda.stream(streams[d]):
+                    bufs.append(torch.full((1000,), float(seed * 1000 + step + d), device=d))
+            with torch.cuda.stream(streams[0]), torch.cuda.stream(streams[devs[-1]]):
+                qlink.all_reduce(bufs, op="sum")
+            for d in devs:
+                streams[d].synchronize()
+            if float(bufs[0][7]) != float(sum(seed * 1000 + step + d for d in devs)):
+                failures.append((seed, step))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
