@@ -45,7 +45,7 @@ struct OneShotAllReduce {
   float* output = nullptr;       // may be `input`
   size_t count = 0;
   void* const* staging = nullptr;  // per rank: that rank's staging slot for this call
-  uint64_t* const* flags = nullptr;  // per rank: that rank's flag array (world entries)
+  uint64_t* const* flags = nullptr;  // per rank: that rank's flag array (64 x 32 entries, zeroed)
   uint64_t epoch = 0;  // strictly increasing per workspace; flags reaching it mean "arrived"
   bool bf16 = false;   // staged partials are bf16
   float scale = 1.0f;

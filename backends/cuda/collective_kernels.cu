@@ -117,34 +117,36 @@ __device__ __forceinline__ long long GlobalTimer() {
   return t;
 }
 
-// One block: small buffers, where latency, not bandwidth, decides.
+// Block b of every rank owns slice b of the buffer: it stages that slice, raises flag
+// (rank, b) on every rank, waits for flag (j, b) of every rank j, then sums slice b of
+// every staged partial. Blocks never wait for each other, so many blocks share the
+// latency of the peer reads.
 __global__ void __launch_bounds__(kThreads) OneShotKernel(const __grid_constant__ OneShotParams p) {
-  // 1. Stage this rank's partial where peers read it (they never read the caller's
-  //    buffer, which this kernel overwrites below).
+  const size_t per_block = (p.count + gridDim.x - 1) / gridDim.x;
+  const size_t begin = min(p.count, blockIdx.x * per_block), end = min(p.count, begin + per_block);
   if (p.bf16) {
     __nv_bfloat16* slot = static_cast<__nv_bfloat16*>(p.staging[p.rank]);
-    for (size_t i = threadIdx.x; i < p.count; i += kThreads) slot[i] = __float2bfloat16_rn(p.input[i]);
+    for (size_t i = begin + threadIdx.x; i < end; i += kThreads) slot[i] = __float2bfloat16_rn(p.input[i]);
   } else {
     float* slot = static_cast<float*>(p.staging[p.rank]);
-    for (size_t i = threadIdx.x; i < p.count; i += kThreads) slot[i] = p.input[i];
+    for (size_t i = begin + threadIdx.x; i < end; i += kThreads) slot[i] = p.input[i];
   }
   __syncthreads();
-  // 2. Announce arrival on every rank (the fence publishes the staged data first), then
-  //    wait until every rank has arrived at this epoch.
+  const int flag = p.rank * kOneShotMaxBlocks + blockIdx.x;
   if (threadIdx.x == 0) {
-    __threadfence_system();
-    for (int j = 0; j < p.world; ++j) atomicMax(p.flags[j] + p.rank, p.epoch);
+    __threadfence_system();  // the staged slice is visible before the flag
+    for (int j = 0; j < p.world; ++j) atomicMax(p.flags[j] + flag, p.epoch);
   }
   if (threadIdx.x < p.world) {
-    volatile unsigned long long* mine = p.flags[p.rank];
+    volatile unsigned long long* mine = p.flags[p.rank] + threadIdx.x * kOneShotMaxBlocks + blockIdx.x;
     const long long start = GlobalTimer();
-    while (mine[threadIdx.x] < p.epoch && GlobalTimer() - start < kSpinTimeoutNs) {
+    while (*mine < p.epoch && GlobalTimer() - start < kSpinTimeoutNs) {
     }
   }
   __syncthreads();
   __threadfence_system();
-  // 3. Sum every staged partial in rank order: the same result on every rank.
-  for (size_t i = threadIdx.x; i < p.count; i += kThreads) {
+  // Rank order: the same result on every rank.
+  for (size_t i = begin + threadIdx.x; i < end; i += kThreads) {
     float acc = Load(p.staging[0], i, p.bf16);
     for (int j = 1; j < p.world; ++j) acc += Load(p.staging[j], i, p.bf16);
     acc *= p.scale;
@@ -210,7 +212,9 @@ cudaError_t LaunchOneShot(const OneShotAllReduce& a, cudaStream_t stream) {
   p.bf16 = a.bf16;
   p.signs = a.signs;
   p.scale = a.scale;
-  OneShotKernel<<<1, kThreads, 0, stream>>>(p);
+  // About 16 elements per thread: enough blocks that peer-read latency overlaps.
+  const size_t blocks = std::min<size_t>(kOneShotMaxBlocks, std::max<size_t>(1, a.count / (kThreads * 16)));
+  OneShotKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -13,6 +13,8 @@ namespace cuda {
 
 // At most this many inputs per ReduceSum launch: they travel in the kernel parameters.
 constexpr size_t kMaxReduceInputs = 64;
+// Blocks of one one-shot launch; each rank's flag array holds world x this many flags.
+constexpr int kOneShotMaxBlocks = 32;
 
 cudaError_t LaunchReduceSum(void* out, const void* const* inputs, size_t num_inputs, bool input_bf16, size_t count,
                             float scale, bool signs, int sm_count, cudaStream_t stream);
