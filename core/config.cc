@@ -113,12 +113,15 @@ Status ParseConfig(const char* text, Config* out) {
           ReadChoice(v, field, {"trace", "debug", "info", "warn", "error", "off"}, &out->log_level));
     } else if (key == "cpu_devices") {
       QLINK_RETURN_IF_ERROR(ReadInt(v, field, 1, 256, &out->cpu_devices));
+    } else if (key == "backend_options") {
+      if (!v.is_object()) return WrongType(field, "an object", v);
+      out->backend_options = json::serialize(v);
     } else if (key == "p2p") {
       if (!v.is_object()) return WrongType(field, "an object", v);
       QLINK_RETURN_IF_ERROR(ParseP2P(v.get_object(), &out->p2p));
     } else {
       return InvalidArgument("config has unknown field '" + field +
-                             "' (known: backend, log_level, cpu_devices, p2p)");
+                             "' (known: backend, backend_options, log_level, cpu_devices, p2p)");
     }
   }
   return Status::Ok();

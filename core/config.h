@@ -22,6 +22,9 @@ struct Config {
   std::string backend = "auto";   // auto | cuda | hip | cpu | path to a backend .so
   std::string log_level = "warn"; // trace | debug | info | warn | error | off
   int cpu_devices = 4;            // virtual devices of the CPU backend
+  // Backend-specific settings, as a JSON object's text: core only checks that it is an
+  // object and hands it to the backend, which owns its keys.
+  std::string backend_options = "{}";
   P2PConfig p2p;
 };
 
