@@ -54,11 +54,24 @@ DLDevice Device(FuzzedDataProvider& in) {
   return DLDevice{static_cast<DLDeviceType>(type), id};
 }
 
-// Element count times element size, or !valid_size when negative or past 64 bits.
+// The true byte size (element count times element size), or !valid_size when a
+// dimension is negative or the size needs more than 64 bits. Any zero dimension makes
+// the size 0 whatever the others are.
 void Measure(Leaf* leaf) {
+  leaf->valid_size = true;
+  leaf->bytes = 0;
+  bool empty = false;
+  for (int64_t d : leaf->shape) {
+    if (d < 0) {
+      leaf->valid_size = false;
+      return;
+    }
+    empty = empty || d == 0;
+  }
+  if (empty) return;
   uint64_t n = leaf->dl.dtype.bits * uint64_t{leaf->dl.dtype.lanes} / 8;
   for (int64_t d : leaf->shape) {
-    if (d < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) {
+    if (__builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) {
       leaf->valid_size = false;
       return;
     }
@@ -132,17 +145,20 @@ void FuzzCopy(FuzzedDataProvider& in) {
 
   std::memcpy(before, arena, kArenaBytes);
   qlink_status status;
+  std::string error;  // read before copy_plan_destroy clears it
   if (in.ConsumeBool()) {
     status = api->copy_batch(ctx, &args);
+    error = api->last_error();
   } else {
     qlink_copy_plan* plan = nullptr;
     status = api->copy_plan_create(ctx, &args, &plan);
     Require((status == QLINK_OK) == (plan != nullptr));
     if (status == QLINK_OK) status = api->copy_plan_execute(plan, streams.data(), streams.size());
+    error = api->last_error();
     Require(api->copy_plan_destroy(plan) == QLINK_OK);
   }
   if (status != QLINK_OK) {
-    Require(status == QLINK_INVALID_ARGUMENT && api->last_error()[0] != '\0');
+    Require(status == QLINK_INVALID_ARGUMENT && !error.empty());
     Require(std::memcmp(before, arena, kArenaBytes) == 0);
     return;
   }
