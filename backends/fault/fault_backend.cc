@@ -3,9 +3,12 @@
 // the faults FaultOptions lists: refused or asymmetric peer pairs, a leaf that fails in
 // the middle of a batch, a failing allocation, a device that is lost. Tests only.
 #include <atomic>
+#include <chrono>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <vector>
