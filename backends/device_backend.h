@@ -55,6 +55,9 @@ struct OneShotAllReduce {
 struct BackendOptions {
   size_t struct_size = sizeof(BackendOptions);
   int virtual_devices = 1;  // the CPU backend's device count; others ignore it
+  // The config's backend_options: a JSON object's text, never NULL. A backend that
+  // takes options refuses keys it does not know; the others ignore it.
+  const char* options_json = "{}";
 };
 
 class DeviceBackend {

@@ -21,6 +21,7 @@ Status LoadFrom(const boost::dll::fs::path& path, const Config& config, LoadedBa
   }
   BackendOptions options;
   options.virtual_devices = config.cpu_devices;
+  options.options_json = config.backend_options.c_str();
   std::string error;
   DeviceBackend* backend = library.get<qlink_backend_factory_v1>(QLINK_BACKEND_ENTRY_V1)(&options, &error);
   if (backend == nullptr) return Unavailable("backend library '" + path.string() + "' refused to start: " + error);

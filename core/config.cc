@@ -115,12 +115,15 @@ Status ParseConfig(const char* text, Config* out) {
       QLINK_RETURN_IF_ERROR(ReadInt(v, field, 1, 256, &out->cpu_devices));
     } else if (key == "nccl_library") {
       QLINK_RETURN_IF_ERROR(ReadString(v, field, &out->nccl_library));
+    } else if (key == "backend_options") {
+      if (!v.is_object()) return WrongType(field, "an object", v);
+      out->backend_options = json::serialize(v);
     } else if (key == "p2p") {
       if (!v.is_object()) return WrongType(field, "an object", v);
       QLINK_RETURN_IF_ERROR(ParseP2P(v.get_object(), &out->p2p));
     } else {
       return InvalidArgument("config has unknown field '" + field +
-                             "' (known: backend, log_level, cpu_devices, nccl_library, p2p)");
+                             "' (known: backend, backend_options, log_level, cpu_devices, nccl_library, p2p)");
     }
   }
   return Status::Ok();

@@ -45,6 +45,8 @@ TEST_F(Refusals, WrongTypes) {
   ExpectConfigRefused(R"({"p2p": {"min_gbps": "fast"}})", QLINK_INVALID_ARGUMENT, "'p2p.min_gbps' must be a number");
   ExpectConfigRefused(R"({"p2p": []})", QLINK_INVALID_ARGUMENT, "'p2p' must be an object");
   ExpectConfigRefused(R"({"backend": 3})", QLINK_INVALID_ARGUMENT, "'backend' must be a string");
+  ExpectConfigRefused(R"({"backend_options": "slow"})", QLINK_INVALID_ARGUMENT,
+                      "'backend_options' must be an object");
 }
 
 TEST_F(Refusals, OutOfRange) {

@@ -1,16 +1,8 @@
 #include "tests/host/plugin.h"
 
-#include "tools/cpp/runfiles/runfiles.h"
+#include <stdexcept>
 
 namespace qlink_test {
-
-std::string RunfilePath(const std::string& workspace_relative) {
-  std::string error;
-  static std::unique_ptr<bazel::tools::cpp::runfiles::Runfiles> runfiles(
-      bazel::tools::cpp::runfiles::Runfiles::CreateForTest(&error));
-  if (!runfiles) throw std::runtime_error("runfiles: " + error);
-  return runfiles->Rlocation("qlink/" + workspace_relative);
-}
 
 Plugin::Plugin() {
   library_.load(RunfilePath("libqlink.so"), boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);

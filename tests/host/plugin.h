@@ -10,11 +10,9 @@
 #include <gtest/gtest.h>
 
 #include "plugin_api/qlink.h"
+#include "tests/host/runfiles.h"
 
 namespace qlink_test {
-
-// Path of a file of this workspace in the test's runfiles ("libqlink.so", ...).
-std::string RunfilePath(const std::string& workspace_relative);
 
 class Plugin {
  public:

@@ -1,0 +1,211 @@
+/* FROZEN: plugin_api/qlink.h as released with ABI 1.0, kept verbatim below this comment.
+ * Hosts built against it must keep working with every 1.x library; tests/abi_compat
+ * checks that (never edit this file; a new minor gets its own fixture). */
+/* qlink: a multi-GPU runtime for LLM quantization, as one stable C ABI.
+ *
+ * This is the only public header. It is C99 and depends on DLPack alone.
+ *
+ * A host loads libqlink.so with dlopen, looks up the one exported symbol
+ * qlink_get_api, and calls everything else through the function table it returns.
+ *
+ * Conventions (PJRT / NCCL style):
+ *  - Every table and every struct that crosses the ABI starts with `size_t struct_size`.
+ *    A caller sets it to the size it was compiled with (the *_STRUCT_SIZE macros);
+ *    qlink reads or writes no byte past it. Fields are only ever appended.
+ *  - The function table is append-only within a major version: a host built against
+ *    minor M keeps working with any library of the same major and minor >= M.
+ *  - Every call returns a qlink_status. On failure, last_error() gives a message for the
+ *    calling thread that names the offending argument (which tensor, which field).
+ *  - A call that fails with QLINK_INVALID_ARGUMENT has changed nothing: no destination
+ *    of a refused batch is written.
+ *  - Every call may be made from many threads at once, except that a handle must not be
+ *    destroyed while another thread still uses it.
+ *  - Pointer parameters say whether they are borrowed (qlink keeps no reference after the
+ *    call returns) or owned (who frees them, and with what).
+ *  - Tensors are DLPack DLTensors; the host owns their memory. Streams are opaque
+ *    vendor handles (cudaStream_t, hipStream_t) bound to a device; NULL is the device's
+ *    default stream. */
+#ifndef QLINK_H_
+#define QLINK_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <dlpack/dlpack.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define QLINK_ABI_MAJOR 1
+#define QLINK_ABI_MINOR 0
+
+/* Size of a struct up to and including `last_field`: what a host built against the
+ * minor that introduced `last_field` passes as struct_size. */
+#define QLINK_STRUCT_SIZE(type, last_field) \
+  (offsetof(type, last_field) + sizeof(((type*)0)->last_field))
+
+typedef enum qlink_status {
+  QLINK_OK = 0,
+  QLINK_INVALID_ARGUMENT = 1, /* an argument, config field or tensor was refused */
+  QLINK_UNAVAILABLE = 2,      /* backend, device or peer path cannot serve the call */
+  QLINK_VERSION_MISMATCH = 3, /* ABI major or minor not provided by this library */
+  QLINK_OUT_OF_MEMORY = 4,
+  QLINK_RUNTIME_ERROR = 5,    /* the device runtime failed; its sticky error was drained */
+  QLINK_INTERNAL = 6          /* a bug in qlink */
+} qlink_status;
+
+/* Opaque handles. */
+typedef struct qlink_context qlink_context;
+typedef struct qlink_copy_plan qlink_copy_plan;
+
+typedef struct qlink_device_info {
+  size_t struct_size;
+  DLDevice device;
+  char name[128];       /* NUL-terminated, e.g. "NVIDIA H200" or "cpu:virtual:2" */
+  uint64_t total_bytes; /* device memory */
+  uint64_t free_bytes;  /* at the time of the call */
+} qlink_device_info;
+#define QLINK_DEVICE_INFO_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_device_info, free_bytes)
+
+/* How one ordered pair (src -> dst: dst reads or receives src's memory) is served. */
+typedef enum qlink_peer_state {
+  QLINK_PEER_NOT_APPLICABLE = 0, /* same device, or a backend without peer access (CPU) */
+  QLINK_PEER_NOT_REQUESTED = 1,  /* enable_peer_access has not covered this pair yet */
+  QLINK_PEER_DISABLED = 2,       /* config p2p.mode is "off" */
+  QLINK_PEER_UNSUPPORTED = 3,    /* the runtime reports no peer capability */
+  QLINK_PEER_ENABLE_FAILED = 4,  /* capable, but enabling failed */
+  QLINK_PEER_PROBE_REJECTED = 5, /* enabled, but the probe missed min_gbps or min_ratio */
+  QLINK_PEER_ENABLED = 6         /* copies may take the direct peer path */
+} qlink_peer_state;
+
+typedef struct qlink_peer_info {
+  size_t struct_size;
+  int32_t src_device;
+  int32_t dst_device;
+  int32_t state;        /* qlink_peer_state */
+  int32_t probed;       /* 1 when the gbps fields below were measured */
+  double peer_gbps;     /* probe over the peer path (1e9 bytes/s) */
+  double regular_gbps;  /* probe over the regular (host-staged) path */
+  char reason[256];     /* NUL-terminated; why the pair is not enabled, else empty */
+} qlink_peer_info;
+#define QLINK_PEER_INFO_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_peer_info, reason)
+
+/* A measured link, as reported by measure_link (what `qlink probe` prints). */
+typedef struct qlink_link_measurement {
+  size_t struct_size;
+  uint64_t bytes;        /* bytes per timed copy */
+  double gbps;           /* bandwidth of a `bytes` copy */
+  double latency_us;     /* one small (4 KiB) copy, enqueue to completion */
+  int32_t used_peer;     /* 1 when the direct peer path carried it */
+} qlink_link_measurement;
+#define QLINK_LINK_MEASUREMENT_STRUCT_SIZE \
+  QLINK_STRUCT_SIZE(qlink_link_measurement, used_peer)
+
+/* The stream to order a device's part of a call against. */
+typedef struct qlink_stream {
+  DLDevice device;
+  void* stream; /* borrowed vendor stream handle; NULL = the device's default stream */
+} qlink_stream;
+
+/* A batch of leaves: sources[i] is copied into destinations[i].
+ *
+ * Every leaf must be contiguous (strides NULL or compact row-major) with equal byte
+ * sizes on both sides; dtypes may differ (bytes are copied, not converted).
+ * Destinations must not overlap each other or any source.
+ *
+ * Ordering: for each device pair, work already enqueued on the source device's stream
+ * completes before the leaf is read; the copy is enqueued on the destination device's
+ * stream, so anything enqueued there afterwards sees it; and work enqueued afterwards on
+ * the source device's stream waits until the leaf has been read, so sources may be
+ * overwritten or freed in stream order as soon as the call returns (as with PyTorch's
+ * own cross-device copy_). The call does not block the host. */
+typedef struct qlink_copy_args {
+  size_t struct_size;
+  const DLTensor* sources;      /* borrowed array of num_leaves */
+  const DLTensor* destinations; /* borrowed array of num_leaves */
+  size_t num_leaves;
+  const qlink_stream* streams;  /* borrowed array of num_streams; may be NULL */
+  size_t num_streams;           /* devices not listed use their default stream */
+} qlink_copy_args;
+#define QLINK_COPY_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_copy_args, num_streams)
+
+typedef struct qlink_api {
+  size_t struct_size;
+  uint32_t abi_major;
+  uint32_t abi_minor;
+
+  /* The message of the calling thread's last call: "" when it succeeded. Owned by
+   * qlink, valid until this thread's next qlink call. Never NULL. */
+  const char* (*last_error)(void);
+
+  /* config_json: borrowed, NUL-terminated JSON object, or NULL / "" for the defaults.
+   * *out: owned by the caller, released with context_destroy. */
+  qlink_status (*context_create)(const char* config_json, qlink_context** out);
+  /* ctx: owned, released here (NULL is a no-op). */
+  qlink_status (*context_destroy)(qlink_context* ctx);
+
+  /* *name: owned by ctx ("cpu", "cuda", "hip", ...), valid until context_destroy. */
+  qlink_status (*backend_name)(const qlink_context* ctx, const char** name);
+  qlink_status (*device_count)(const qlink_context* ctx, int32_t* count);
+  /* info: borrowed, caller sets info->struct_size. */
+  qlink_status (*device_info)(const qlink_context* ctx, int32_t device,
+                              qlink_device_info* info);
+
+  /* Enables and (per config) probes every ordered pair of the borrowed device list.
+   * Pairs are judged one by one; in p2p mode "auto" a refused pair is reported through
+   * peer_info and one process-wide warning, in mode "on" it fails the call. */
+  qlink_status (*enable_peer_access)(qlink_context* ctx, const int32_t* devices,
+                                     size_t num_devices);
+  /* info: borrowed, caller sets info->struct_size. */
+  qlink_status (*peer_info)(const qlink_context* ctx, int32_t src_device,
+                            int32_t dst_device, qlink_peer_info* info);
+  /* Times a copy of `bytes` from src to dst over the path copies would take.
+   * out: borrowed, caller sets out->struct_size. */
+  qlink_status (*measure_link)(qlink_context* ctx, int32_t src_device, int32_t dst_device,
+                               uint64_t bytes, qlink_link_measurement* out);
+
+  /* Validates, plans and enqueues one batch (see qlink_copy_args). */
+  qlink_status (*copy_batch)(qlink_context* ctx, const qlink_copy_args* args);
+
+  /* A prepared batch for moves repeated over the same memory (replica mirrors,
+   * calibration staging): validation and planning happen once here, each
+   * copy_plan_execute only enqueues. args->streams is ignored here.
+   * *plan: owned by the caller, released with copy_plan_destroy, before ctx. */
+  qlink_status (*copy_plan_create)(qlink_context* ctx, const qlink_copy_args* args,
+                                   qlink_copy_plan** plan);
+  /* streams: borrowed array of num_streams (may be NULL), as in qlink_copy_args. */
+  qlink_status (*copy_plan_execute)(qlink_copy_plan* plan, const qlink_stream* streams,
+                                    size_t num_streams);
+  /* plan: owned, released here (NULL is a no-op). */
+  qlink_status (*copy_plan_destroy)(qlink_copy_plan* plan);
+
+  /* Device memory for hosts without an allocator of their own (C++ hosts, the CLI).
+   * *ptr: owned by the caller, released with memory_free on the same device. */
+  qlink_status (*memory_allocate)(qlink_context* ctx, int32_t device, uint64_t bytes,
+                                  void** ptr);
+  qlink_status (*memory_free)(qlink_context* ctx, int32_t device, void* ptr);
+  /* Synchronous copies between host memory and `device`; both pointers borrowed. */
+  qlink_status (*memory_to_host)(qlink_context* ctx, int32_t device, void* host_dst,
+                                 const void* device_src, uint64_t bytes);
+  qlink_status (*memory_from_host)(qlink_context* ctx, int32_t device, void* device_dst,
+                                   const void* host_src, uint64_t bytes);
+  /* Blocks until all work enqueued on `stream` (borrowed; NULL = default) is done. */
+  qlink_status (*stream_synchronize)(qlink_context* ctx, int32_t device, void* stream);
+} qlink_api;
+#define QLINK_API_STRUCT_SIZE_1_0 QLINK_STRUCT_SIZE(qlink_api, stream_synchronize)
+
+/* The one exported symbol. Returns the table of ABI `major` if this library provides
+ * at least `min_minor`, else NULL with *error (when error is non-NULL) pointing at a
+ * message naming both versions (owned by qlink, per thread). The table is owned by
+ * the library and lives until it is unloaded. */
+const qlink_api* qlink_get_api(uint32_t major, uint32_t min_minor, const char** error);
+
+typedef const qlink_api* (*qlink_get_api_fn)(uint32_t major, uint32_t min_minor,
+                                             const char** error);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* QLINK_H_ */
