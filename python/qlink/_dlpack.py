@@ -27,6 +27,8 @@ assert DLTENSOR.itemsize == ctypes.sizeof(_abi.DLTensor)
 _DATA_PTR = torch.Tensor.data_ptr
 _GET_DEVICE = torch.Tensor.get_device
 _IS_CONTIGUOUS = torch.Tensor.is_contiguous
+_NUMEL = torch.Tensor.numel
+_DTYPE = operator.attrgetter("dtype")
 if hasattr(torch.Tensor, "nbytes"):
     _NBYTES = operator.attrgetter("nbytes")
 else:  # PyTorch < 2.1
@@ -74,7 +76,7 @@ def pack(tensors, device_ids=None, exact=False):
     if n == 0:
         return Packed(np.zeros(0, DLTENSOR), None, set(), False)
     if exact:
-        return _exact(tensors, device_ids)
+        return _typed(tensors, device_ids)
     try:
         contiguous = all(map(_IS_CONTIGUOUS, tensors))
     except TypeError:
@@ -117,6 +119,32 @@ def byte_vectors(data, nbytes, device_type, device_ids):
     words[:, 3] = np.arange(nbytes.ctypes.data, nbytes.ctypes.data + 8 * n, 8, dtype=np.uint64)
     words[:, 4:] = 0  # strides NULL (compact), byte_offset 0
     return Packed(words.view(DLTENSOR).reshape(n), nbytes, devices, device_type == _abi.KDL_CPU)
+
+
+def _typed(tensors, device_ids=None):
+    """Contiguous tensors as 1-D DLTensors of their own dtype (numel elements); anything
+    else described exactly."""
+    n = len(tensors)
+    try:
+        contiguous = all(map(_IS_CONTIGUOUS, tensors))
+        dtypes = [_dtype_of(d) for d in map(_DTYPE, tensors)]
+    except (TypeError, AttributeError):
+        contiguous = False
+    if not contiguous:
+        return _exact(tensors, device_ids)
+    dev_type = device_type_of(tensors[0].device)
+    if device_ids is None:
+        ids = np.fromiter(map(_GET_DEVICE, tensors), np.int32, n)
+        if (ids < 0).any() if dev_type != _abi.KDL_CPU else (ids >= 0).any():
+            return _exact(tensors)
+        device_ids = ids if dev_type != _abi.KDL_CPU else 0
+    elif not isinstance(device_ids, int):
+        device_ids = np.asarray(device_ids, dtype=np.int64)
+    packed = byte_vectors(np.fromiter(map(_DATA_PTR, tensors), np.uint64, n),
+                          np.fromiter(map(_NUMEL, tensors), np.int64, n), dev_type, device_ids)
+    words = packed.array.view(np.uint64).reshape(n, 6)
+    words[:, 2] = [1 | (code << 32) | (bits << 40) | (1 << 48) for code, bits in dtypes]
+    return packed
 
 
 def _exact(tensors, device_ids=None):

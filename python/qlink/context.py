@@ -4,6 +4,8 @@ import dataclasses
 import os
 import threading
 
+import numpy as np
+
 from . import _abi
 from ._dlpack import pack
 from .config import to_json
@@ -76,6 +78,8 @@ class Context:
         count = ctypes.c_int32()
         self._check(self._api.device_count(self._handle, ctypes.byref(count)))
         self.device_count = count.value
+        self._device_type = {"cpu": _abi.KDL_CPU, "cuda": _abi.KDL_CUDA, "hip": _abi.KDL_ROCM}.get(
+            self.backend, _abi.KDL_CPU)
 
     def _check(self, status):
         if status != _abi.OK:
@@ -155,15 +159,13 @@ class Context:
         return CopyPlan(self, plan, list(sources), list(targets))
 
     def _streams(self, streams):
+        """{device index: stream handle} as a C array of qlink_stream and its length."""
         if not streams:
             return None, 0
-        array = (_abi.Stream * len(streams))()
-        dev_type = {"cpu": _abi.KDL_CPU, "cuda": _abi.KDL_CUDA, "hip": _abi.KDL_ROCM}[self.backend]
-        for k, (device, handle) in enumerate(streams.items()):
-            array[k].device.device_type = dev_type
-            array[k].device.device_id = int(device)
-            array[k].stream = handle
-        return array, len(streams)
+        words = np.empty((len(streams), 2), np.uint64)
+        words[:, 0] = [(int(d) << 32) | self._device_type for d in streams]
+        words[:, 1] = [h or 0 for h in streams.values()]
+        return words.ctypes.data_as(ctypes.POINTER(_abi.Stream)), len(streams)  # the pointer holds `words`
 
     def synchronize(self, device, stream=None):
         self._check(self._api.stream_synchronize(self._handle, int(device), stream))

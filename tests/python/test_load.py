@@ -93,3 +93,13 @@ def test_errors_are_per_thread(library):
     for t in threads:
         t.join()
     assert errors and all(e == b"" for e in errors)
+
+
+def test_auto_means_hip_under_a_rocm_build_of_torch(monkeypatch):
+    from qlink.config import to_json
+    monkeypatch.setattr(torch.version, "hip", "6.2.0", raising=False)
+    assert '"backend": "hip"' in to_json(None)
+    assert '"backend": "hip"' in to_json({"backend": "auto"})
+    assert '"backend": "cpu"' in to_json({"backend": "cpu"})
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    assert "hip" not in to_json(None)

@@ -1,13 +1,13 @@
 // Collective kernels: a deterministic sum that reads every partial straight from peer
 // memory, the bf16 cast for halved transport, and sign expansion for sign-cast.
-#include "backends/cuda/collective_kernels.h"
+#include "backends/gpu/collective_kernels.h"
 
-#include <cuda_bf16.h>
+#include "backends/gpu/gpu_device.h"
 
 #include <algorithm>
 
 namespace qlink {
-namespace cuda {
+namespace gpu {
 namespace {
 
 constexpr int kThreads = 512;
@@ -17,16 +17,14 @@ struct Inputs {
 };
 
 __device__ __forceinline__ float Load(const void* p, size_t i, bool bf16) {
-  return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]) : static_cast<const float*>(p)[i];
+  return bf16 ? Bf16ToFloat(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
 }
 
 __device__ __forceinline__ float4 Load4(const void* p, size_t v, bool bf16) {
   if (bf16) {
     const uint2 raw = static_cast<const uint2*>(p)[v];  // 4 bf16 values
-    const __nv_bfloat162 a = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
-    const __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
-    const float2 fa = __bfloat1622float2(a), fb = __bfloat1622float2(b);
-    return make_float4(fa.x, fa.y, fb.x, fb.y);
+    return make_float4(__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u),
+                       __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u));
   }
   return static_cast<const float4*>(p)[v];
 }
@@ -39,7 +37,7 @@ __device__ __forceinline__ int8_t Sign(float x) { return static_cast<int8_t>((x 
 // latency bound); 0 takes the count from `n`.
 template <int kFixed>
 __global__ void __launch_bounds__(kThreads)
-    ReduceKernel(const __grid_constant__ Inputs in, int n, bool bf16, void* out, size_t count, float scale,
+    ReduceKernel(const QLINK_GRID_CONSTANT Inputs in, int n, bool bf16, void* out, size_t count, float scale,
                  bool signs, bool vectorized) {
   const size_t stride = size_t(gridDim.x) * kThreads;
   size_t first_scalar = 0;
@@ -86,8 +84,7 @@ __global__ void __launch_bounds__(kThreads)
 
 __global__ void CastKernel(uint16_t* out, const float* in, size_t count) {
   for (size_t i = blockIdx.x * size_t(kThreads) + threadIdx.x; i < count; i += size_t(gridDim.x) * kThreads) {
-    const __nv_bfloat16 b = __float2bfloat16_rn(in[i]);
-    out[i] = *reinterpret_cast<const uint16_t*>(&b);
+    out[i] = FloatToBf16(in[i]);
   }
 }
 
@@ -109,24 +106,18 @@ struct OneShotParams {
   float scale;
 };
 
-constexpr long long kSpinTimeoutNs = 20ll * 1000 * 1000 * 1000;  // a missing peer ends the wait, not the process
-
-__device__ __forceinline__ long long GlobalTimer() {
-  long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+constexpr long long kSpinTimeout = 20 * kClockTicksPerSecond;  // a missing peer ends the wait, not the process
 
 // Block b of every rank owns slice b of the buffer: it stages that slice, raises flag
 // (rank, b) on every rank, waits for flag (j, b) of every rank j, then sums slice b of
 // every staged partial. Blocks never wait for each other, so many blocks share the
 // latency of the peer reads.
-__global__ void __launch_bounds__(kThreads) OneShotKernel(const __grid_constant__ OneShotParams p) {
+__global__ void __launch_bounds__(kThreads) OneShotKernel(const QLINK_GRID_CONSTANT OneShotParams p) {
   const size_t per_block = (p.count + gridDim.x - 1) / gridDim.x;
   const size_t begin = min(p.count, blockIdx.x * per_block), end = min(p.count, begin + per_block);
   if (p.bf16) {
-    __nv_bfloat16* slot = static_cast<__nv_bfloat16*>(p.staging[p.rank]);
-    for (size_t i = begin + threadIdx.x; i < end; i += kThreads) slot[i] = __float2bfloat16_rn(p.input[i]);
+    uint16_t* slot = static_cast<uint16_t*>(p.staging[p.rank]);
+    for (size_t i = begin + threadIdx.x; i < end; i += kThreads) slot[i] = FloatToBf16(p.input[i]);
   } else {
     float* slot = static_cast<float*>(p.staging[p.rank]);
     for (size_t i = begin + threadIdx.x; i < end; i += kThreads) slot[i] = p.input[i];
@@ -139,8 +130,8 @@ __global__ void __launch_bounds__(kThreads) OneShotKernel(const __grid_constant_
   }
   if (threadIdx.x < p.world) {
     volatile unsigned long long* mine = p.flags[p.rank] + threadIdx.x * kOneShotMaxBlocks + blockIdx.x;
-    const long long start = GlobalTimer();
-    while (*mine < p.epoch && GlobalTimer() - start < kSpinTimeoutNs) {
+    const long long start = WallClock();
+    while (*mine < p.epoch && WallClock() - start < kSpinTimeout) {
     }
   }
   __syncthreads();
@@ -163,10 +154,10 @@ bool Aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p
 
 }  // namespace
 
-cudaError_t LaunchReduceSum(void* out, const void* const* inputs, size_t num_inputs, bool input_bf16, size_t count,
-                            float scale, bool signs, int sm_count, cudaStream_t stream) {
-  if (num_inputs == 0 || num_inputs > kMaxReduceInputs) return cudaErrorInvalidValue;
-  if (count == 0) return cudaSuccess;
+gpuError_t LaunchReduceSum(void* out, const void* const* inputs, size_t num_inputs, bool input_bf16, size_t count,
+                            float scale, bool signs, int sm_count, gpuStream_t stream) {
+  if (num_inputs == 0 || num_inputs > kMaxReduceInputs) return gpuErrorInvalidValue;
+  if (count == 0) return gpuSuccess;
   Inputs in;
   bool vectorized = Aligned(out, signs ? 4 : 16);
   for (size_t k = 0; k < num_inputs; ++k) {
@@ -181,23 +172,23 @@ cudaError_t LaunchReduceSum(void* out, const void* const* inputs, size_t num_inp
     case 8: ReduceKernel<8><<<grid, kThreads, 0, stream>>>(in, n, input_bf16, out, count, scale, signs, vectorized); break;
     default: ReduceKernel<0><<<grid, kThreads, 0, stream>>>(in, n, input_bf16, out, count, scale, signs, vectorized);
   }
-  return cudaGetLastError();
+  return gpuGetLastError();
 }
 
-cudaError_t LaunchCastToBf16(uint16_t* out, const float* in, size_t count, int sm_count, cudaStream_t stream) {
-  if (count == 0) return cudaSuccess;
+gpuError_t LaunchCastToBf16(uint16_t* out, const float* in, size_t count, int sm_count, gpuStream_t stream) {
+  if (count == 0) return gpuSuccess;
   CastKernel<<<Grid(count, sm_count), kThreads, 0, stream>>>(out, in, count);
-  return cudaGetLastError();
+  return gpuGetLastError();
 }
 
-cudaError_t LaunchExpandSigns(float* out, const int8_t* signs, size_t count, int sm_count, cudaStream_t stream) {
-  if (count == 0) return cudaSuccess;
+gpuError_t LaunchExpandSigns(float* out, const int8_t* signs, size_t count, int sm_count, gpuStream_t stream) {
+  if (count == 0) return gpuSuccess;
   ExpandKernel<<<Grid(count, sm_count), kThreads, 0, stream>>>(out, signs, count);
-  return cudaGetLastError();
+  return gpuGetLastError();
 }
 
-cudaError_t LaunchOneShot(const OneShotAllReduce& a, cudaStream_t stream) {
-  if (a.world < 1 || a.world > static_cast<int>(kMaxReduceInputs)) return cudaErrorInvalidValue;
+gpuError_t LaunchOneShot(const OneShotAllReduce& a, gpuStream_t stream) {
+  if (a.world < 1 || a.world > static_cast<int>(kMaxReduceInputs)) return gpuErrorInvalidValue;
   OneShotParams p;
   p.rank = a.rank;
   p.world = a.world;
@@ -215,8 +206,8 @@ cudaError_t LaunchOneShot(const OneShotAllReduce& a, cudaStream_t stream) {
   // About 16 elements per thread: enough blocks that peer-read latency overlaps.
   const size_t blocks = std::min<size_t>(kOneShotMaxBlocks, std::max<size_t>(1, a.count / (kThreads * 16)));
   OneShotKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return gpuGetLastError();
 }
 
-}  // namespace cuda
+}  // namespace gpu
 }  // namespace qlink

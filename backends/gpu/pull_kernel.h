@@ -3,17 +3,17 @@
 
 #include <cstddef>
 
-#include <cuda_runtime_api.h>
+#include "backends/gpu/gpu_runtime.h"
 
 #include "backends/device_backend.h"
 
 namespace qlink {
-namespace cuda {
+namespace gpu {
 
 // One launch on the current device copying every leaf; leaves may live on the current
 // device or on peers it has access to. Batches past one launch's parameter space are
 // split into consecutive launches on the same stream.
-cudaError_t LaunchPullLeaves(const CopyLeaf* leaves, size_t count, int sm_count, cudaStream_t stream);
+gpuError_t LaunchPullLeaves(const CopyLeaf* leaves, size_t count, int sm_count, gpuStream_t stream);
 
-}  // namespace cuda
+}  // namespace gpu
 }  // namespace qlink

@@ -1,6 +1,7 @@
-// CUDA backend: the runtime linked statically, so the library needs only the driver
-// (libcuda.so.1) at run time; without a driver or GPU it loads and reports zero devices.
-#include <cuda_runtime_api.h>
+// The GPU backend, one source for CUDA and HIP (gpu_runtime.h). The CUDA build links the
+// runtime statically, so it needs only the driver (libcuda.so.1) at run time; the HIP
+// build links the HIP runtime. Without a driver or GPU either loads and reports zero
+// devices.
 
 #include <mutex>
 #include <new>
@@ -9,8 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "backends/cuda/collective_kernels.h"
-#include "backends/cuda/pull_kernel.h"
+#include "backends/gpu/collective_kernels.h"
+#include "backends/gpu/gpu_runtime.h"
+#include "backends/gpu/pull_kernel.h"
 #include "backends/device_backend.h"
 
 namespace qlink {
@@ -18,53 +20,53 @@ namespace {
 
 // Turns a runtime error into a Status and drains the runtime's last error, so the host
 // framework's next launch does not fail on our leftovers.
-Status Check(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return Status::Ok();
-  cudaGetLastError();
-  std::string message = std::string("cuda: ") + what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
-  return e == cudaErrorMemoryAllocation ? OutOfMemory(message) : RuntimeError(message);
+Status Check(gpuError_t e, const char* what) {
+  if (e == gpuSuccess) return Status::Ok();
+  gpuGetLastError();
+  std::string message = std::string(QLINK_GPU_BACKEND_NAME ": ") + what + ": " + gpuGetErrorName(e) + " (" + gpuGetErrorString(e) + ")";
+  return e == gpuErrorMemoryAllocation ? OutOfMemory(message) : RuntimeError(message);
 }
 
 // Makes `device` current for the enqueue that follows; core restores the host's device
 // once per public call.
 Status Activate(int device) {
   int now = -1;
-  if (cudaGetDevice(&now) == cudaSuccess && now == device) return Status::Ok();
-  return Check(cudaSetDevice(device), "cudaSetDevice");
+  if (gpuGetDevice(&now) == gpuSuccess && now == device) return Status::Ok();
+  return Check(gpuSetDevice(device), "gpuSetDevice");
 }
 
-#define QLINK_CUDA_SCOPE(device) QLINK_RETURN_IF_ERROR(Activate(device))
+#define QLINK_GPU_SCOPE(device) QLINK_RETURN_IF_ERROR(Activate(device))
 
-class CudaBackend final : public DeviceBackend {
+class GpuBackend final : public DeviceBackend {
  public:
-  CudaBackend() {
+  GpuBackend() {
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-      cudaGetLastError();
+    if (gpuGetDeviceCount(&n) != gpuSuccess) {
+      gpuGetLastError();
       n = 0;
     }
     sm_counts_.resize(n);
-    for (int d = 0; d < n; ++d) cudaDeviceGetAttribute(&sm_counts_[d], cudaDevAttrMultiProcessorCount, d);
+    for (int d = 0; d < n; ++d) gpuDeviceGetAttribute(&sm_counts_[d], gpuDevAttrMultiProcessorCount, d);
   }
 
-  ~CudaBackend() override {
+  ~GpuBackend() override {
     const int host_device = side_streams_.empty() ? -1 : CurrentDevice();
     for (size_t d = 0; d < side_streams_.size(); ++d) {
-      if (side_streams_[d] != nullptr && Activate(static_cast<int>(d)).ok()) cudaStreamDestroy(side_streams_[d]);
+      if (side_streams_[d] != nullptr && Activate(static_cast<int>(d)).ok()) gpuStreamDestroy(side_streams_[d]);
     }
     if (host_device >= 0) Activate(host_device);
   }
 
-  const char* name() const override { return "cuda"; }
-  DLDeviceType device_type() const override { return kDLCUDA; }
+  const char* name() const override { return QLINK_GPU_BACKEND_NAME; }
+  DLDeviceType device_type() const override { return QLINK_GPU_DEVICE_TYPE; }
   int device_count() const override { return static_cast<int>(sm_counts_.size()); }
 
   Status GetProperties(int device, DeviceProperties* out) override {
-    cudaDeviceProp prop;
-    QLINK_RETURN_IF_ERROR(Check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties"));
-    QLINK_CUDA_SCOPE(device);
+    gpuDeviceProp prop;
+    QLINK_RETURN_IF_ERROR(Check(gpuGetDeviceProperties(&prop, device), "gpuGetDeviceProperties"));
+    QLINK_GPU_SCOPE(device);
     size_t free_bytes = 0, total_bytes = 0;
-    QLINK_RETURN_IF_ERROR(Check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
+    QLINK_RETURN_IF_ERROR(Check(gpuMemGetInfo(&free_bytes, &total_bytes), "gpuMemGetInfo"));
     out->name = prop.name;
     out->total_bytes = total_bytes;
     out->free_bytes = free_bytes;
@@ -73,7 +75,7 @@ class CudaBackend final : public DeviceBackend {
 
   int CurrentDevice() override {
     int device = 0;
-    cudaGetDevice(&device);
+    gpuGetDevice(&device);
     return device;
   }
   void MakeCurrent(int device) override { Activate(device); }
@@ -81,101 +83,103 @@ class CudaBackend final : public DeviceBackend {
   bool HasPeerAccess() const override { return true; }
   Status CanAccessPeer(int accessor, int owner, bool* out) override {
     int can = 0;
-    QLINK_RETURN_IF_ERROR(Check(cudaDeviceCanAccessPeer(&can, accessor, owner), "cudaDeviceCanAccessPeer"));
+    QLINK_RETURN_IF_ERROR(Check(gpuDeviceCanAccessPeer(&can, accessor, owner), "gpuDeviceCanAccessPeer"));
     *out = can != 0;
     return Status::Ok();
   }
   Status EnablePeerAccess(int accessor, int owner) override {
-    QLINK_CUDA_SCOPE(accessor);
-    cudaError_t e = cudaDeviceEnablePeerAccess(owner, 0);
-    if (e == cudaErrorPeerAccessAlreadyEnabled) {
-      cudaGetLastError();
-      e = cudaSuccess;
+    QLINK_GPU_SCOPE(accessor);
+    gpuError_t e = gpuDeviceEnablePeerAccess(owner, 0);
+    if (e == gpuErrorPeerAccessAlreadyEnabled) {
+      gpuGetLastError();
+      e = gpuSuccess;
     }
-    QLINK_RETURN_IF_ERROR(Check(e, "cudaDeviceEnablePeerAccess"));
+    QLINK_RETURN_IF_ERROR(Check(e, "gpuDeviceEnablePeerAccess"));
     std::lock_guard<std::mutex> lock(mu_);
     peers_.insert({accessor, owner});
     return Status::Ok();
   }
 
   Status Allocate(int device, size_t bytes, void** out) override {
-    QLINK_CUDA_SCOPE(device);
-    return Check(cudaMalloc(out, bytes), "cudaMalloc");
+    QLINK_GPU_SCOPE(device);
+    return Check(gpuMalloc(out, bytes), "gpuMalloc");
   }
   void Free(int device, void* ptr) override {
-    if (Activate(device).ok()) Check(cudaFree(ptr), "cudaFree");
+    if (Activate(device).ok()) Check(gpuFree(ptr), "gpuFree");
   }
   Status Memset(int device, void* ptr, int value, size_t bytes, Stream stream) override {
-    QLINK_CUDA_SCOPE(device);
-    return Check(cudaMemsetAsync(ptr, value, bytes, static_cast<cudaStream_t>(stream)), "cudaMemsetAsync");
+    QLINK_GPU_SCOPE(device);
+    return Check(gpuMemsetAsync(ptr, value, bytes, static_cast<gpuStream_t>(stream)), "gpuMemsetAsync");
   }
   Status CopyToHost(int device, void* host_dst, const void* device_src, size_t bytes) override {
-    QLINK_CUDA_SCOPE(device);
-    return Check(cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy to host");
+    QLINK_GPU_SCOPE(device);
+    return Check(gpuMemcpy(host_dst, device_src, bytes, gpuMemcpyDeviceToHost), "gpuMemcpy to host");
   }
   Status CopyFromHost(int device, void* device_dst, const void* host_src, size_t bytes) override {
-    QLINK_CUDA_SCOPE(device);
-    return Check(cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy from host");
+    QLINK_GPU_SCOPE(device);
+    return Check(gpuMemcpy(device_dst, host_src, bytes, gpuMemcpyHostToDevice), "gpuMemcpy from host");
   }
 
   Status CreateStream(int device, Stream* out) override {
-    QLINK_CUDA_SCOPE(device);
-    cudaStream_t s = nullptr;
-    QLINK_RETURN_IF_ERROR(Check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"));
+    QLINK_GPU_SCOPE(device);
+    gpuStream_t s = nullptr;
+    QLINK_RETURN_IF_ERROR(Check(gpuStreamCreateWithFlags(&s, gpuStreamNonBlocking), "gpuStreamCreate"));
     *out = s;
     return Status::Ok();
   }
   void DestroyStream(int device, Stream stream) override {
-    if (Activate(device).ok()) Check(cudaStreamDestroy(static_cast<cudaStream_t>(stream)), "cudaStreamDestroy");
+    if (Activate(device).ok()) Check(gpuStreamDestroy(static_cast<gpuStream_t>(stream)), "gpuStreamDestroy");
   }
   Status CreateEvent(int device, Event* out) override {
-    QLINK_CUDA_SCOPE(device);
-    cudaEvent_t e = nullptr;
-    QLINK_RETURN_IF_ERROR(Check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"));
+    QLINK_GPU_SCOPE(device);
+    gpuEvent_t e = nullptr;
+    QLINK_RETURN_IF_ERROR(Check(gpuEventCreateWithFlags(&e, gpuEventDisableTiming), "gpuEventCreate"));
     *out = e;
     return Status::Ok();
   }
   void DestroyEvent(int device, Event event) override {
-    if (Activate(device).ok()) Check(cudaEventDestroy(static_cast<cudaEvent_t>(event)), "cudaEventDestroy");
+    if (Activate(device).ok()) Check(gpuEventDestroy(static_cast<gpuEvent_t>(event)), "gpuEventDestroy");
   }
   Status RecordEvent(int device, Event event, Stream stream) override {
-    QLINK_CUDA_SCOPE(device);
-    return Check(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)),
-                 "cudaEventRecord");
+    QLINK_GPU_SCOPE(device);
+    return Check(gpuEventRecord(static_cast<gpuEvent_t>(event), static_cast<gpuStream_t>(stream)),
+                 "gpuEventRecord");
   }
   Status StreamWaitEvent(int device, Stream stream, Event event) override {
-    QLINK_CUDA_SCOPE(device);
-    return Check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0),
-                 "cudaStreamWaitEvent");
+    QLINK_GPU_SCOPE(device);
+    return Check(gpuStreamWaitEvent(static_cast<gpuStream_t>(stream), static_cast<gpuEvent_t>(event), 0),
+                 "gpuStreamWaitEvent");
   }
   Status SynchronizeStream(int device, Stream stream) override {
-    QLINK_CUDA_SCOPE(device);
-    return Check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+    QLINK_GPU_SCOPE(device);
+    return Check(gpuStreamSynchronize(static_cast<gpuStream_t>(stream)), "gpuStreamSynchronize");
   }
   bool StreamIdle(int device, Stream stream) override {
-    // cudaErrorNotReady is an answer, not an error: it leaves no last error behind.
-    return Activate(device).ok() && cudaStreamQuery(static_cast<cudaStream_t>(stream)) == cudaSuccess;
+    // gpuErrorNotReady is an answer, not an error: it leaves no last error behind.
+    return Activate(device).ok() && gpuStreamQuery(static_cast<gpuStream_t>(stream)) == gpuSuccess;
   }
 
   Status PullLeaves(int dst_device, const CopyLeaf* leaves, size_t count, Stream stream) override {
-    QLINK_CUDA_SCOPE(dst_device);
-    return Check(cuda::LaunchPullLeaves(leaves, count, sm_counts_[dst_device], static_cast<cudaStream_t>(stream)),
+    QLINK_GPU_SCOPE(dst_device);
+    return Check(gpu::LaunchPullLeaves(leaves, count, sm_counts_[dst_device], static_cast<gpuStream_t>(stream)),
                  "pull kernel launch");
   }
 
   Status CopyLeaves(int dst_device, int src_device, const CopyLeaf* leaves, size_t count, Stream stream) override {
-    QLINK_CUDA_SCOPE(dst_device);
-    auto s = static_cast<cudaStream_t>(stream);
+    QLINK_GPU_SCOPE(dst_device);
+    auto s = static_cast<gpuStream_t>(stream);
+#if defined(QLINK_GPU_HAS_BATCH_COPY)
     if (count > 1 && (src_device == dst_device || HasPeer(dst_device, src_device))) {
       if (s != nullptr) return CopyBatch(leaves, count, src_device, dst_device, s);
       return ForkedCopyBatch(leaves, count, src_device, dst_device);
     }
+#endif
     // One runtime peer copy per leaf: staged through host memory by the runtime when the
     // pair has no peer access.
     for (size_t i = 0; i < count; ++i) {
-      QLINK_RETURN_IF_ERROR(Check(cudaMemcpyPeerAsync(leaves[i].dst, dst_device, leaves[i].src, src_device,
+      QLINK_RETURN_IF_ERROR(Check(gpuMemcpyPeerAsync(leaves[i].dst, dst_device, leaves[i].src, src_device,
                                                       leaves[i].bytes, s),
-                                  "cudaMemcpyPeerAsync"));
+                                  "gpuMemcpyPeerAsync"));
     }
     return Status::Ok();
   }
@@ -186,24 +190,24 @@ class CudaBackend final : public DeviceBackend {
 
   Status ReduceSum(int device, void* out, const void* const* inputs, size_t num_inputs, bool input_bf16,
                    size_t count, float scale, bool signs, Stream stream) override {
-    QLINK_CUDA_SCOPE(device);
-    return Check(cuda::LaunchReduceSum(out, inputs, num_inputs, input_bf16, count, scale, signs, sm_counts_[device],
-                                       static_cast<cudaStream_t>(stream)),
+    QLINK_GPU_SCOPE(device);
+    return Check(gpu::LaunchReduceSum(out, inputs, num_inputs, input_bf16, count, scale, signs, sm_counts_[device],
+                                       static_cast<gpuStream_t>(stream)),
                  "reduce kernel launch");
   }
   Status CastToBf16(int device, uint16_t* out, const float* in, size_t count, Stream stream) override {
-    QLINK_CUDA_SCOPE(device);
-    return Check(cuda::LaunchCastToBf16(out, in, count, sm_counts_[device], static_cast<cudaStream_t>(stream)),
+    QLINK_GPU_SCOPE(device);
+    return Check(gpu::LaunchCastToBf16(out, in, count, sm_counts_[device], static_cast<gpuStream_t>(stream)),
                  "bf16 cast kernel launch");
   }
   bool HasOneShot() const override { return true; }
   Status OneShot(int device, const OneShotAllReduce& args, Stream stream) override {
-    QLINK_CUDA_SCOPE(device);
-    return Check(cuda::LaunchOneShot(args, static_cast<cudaStream_t>(stream)), "one-shot all-reduce launch");
+    QLINK_GPU_SCOPE(device);
+    return Check(gpu::LaunchOneShot(args, static_cast<gpuStream_t>(stream)), "one-shot all-reduce launch");
   }
   Status ExpandSigns(int device, float* out, const int8_t* signs, size_t count, Stream stream) override {
-    QLINK_CUDA_SCOPE(device);
-    return Check(cuda::LaunchExpandSigns(out, signs, count, sm_counts_[device], static_cast<cudaStream_t>(stream)),
+    QLINK_GPU_SCOPE(device);
+    return Check(gpu::LaunchExpandSigns(out, signs, count, sm_counts_[device], static_cast<gpuStream_t>(stream)),
                  "sign expansion kernel launch");
   }
 
@@ -213,8 +217,9 @@ class CudaBackend final : public DeviceBackend {
     return peers_.count({accessor, owner}) > 0;
   }
 
+#if defined(QLINK_GPU_HAS_BATCH_COPY)
   // All leaves in one cudaMemcpyBatchAsync call, stream-ordered.
-  Status CopyBatch(const CopyLeaf* leaves, size_t count, int src_device, int dst_device, cudaStream_t stream) {
+  Status CopyBatch(const CopyLeaf* leaves, size_t count, int src_device, int dst_device, gpuStream_t stream) {
     std::vector<void*> dsts(count);
     std::vector<const void*> srcs(count);
     std::vector<size_t> sizes(count);
@@ -237,28 +242,29 @@ class CudaBackend final : public DeviceBackend {
   // The batch API refuses the legacy default stream: fork onto a side stream of the
   // device and join back, so the copy stays ordered on the default stream.
   Status ForkedCopyBatch(const CopyLeaf* leaves, size_t count, int src_device, int dst_device) {
-    cudaStream_t side = nullptr;
+    gpuStream_t side = nullptr;
     QLINK_RETURN_IF_ERROR(SideStream(dst_device, &side));
-    cudaEvent_t fork = nullptr, join = nullptr;
-    Status s = Check(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), "cudaEventCreate");
-    if (s.ok()) s = Check(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), "cudaEventCreate");
-    if (s.ok()) s = Check(cudaEventRecord(fork, nullptr), "cudaEventRecord");
-    if (s.ok()) s = Check(cudaStreamWaitEvent(side, fork, 0), "cudaStreamWaitEvent");
+    gpuEvent_t fork = nullptr, join = nullptr;
+    Status s = Check(gpuEventCreateWithFlags(&fork, gpuEventDisableTiming), "gpuEventCreate");
+    if (s.ok()) s = Check(gpuEventCreateWithFlags(&join, gpuEventDisableTiming), "gpuEventCreate");
+    if (s.ok()) s = Check(gpuEventRecord(fork, nullptr), "gpuEventRecord");
+    if (s.ok()) s = Check(gpuStreamWaitEvent(side, fork, 0), "gpuStreamWaitEvent");
     if (s.ok()) s = CopyBatch(leaves, count, src_device, dst_device, side);
-    if (s.ok()) s = Check(cudaEventRecord(join, side), "cudaEventRecord");
-    if (s.ok()) s = Check(cudaStreamWaitEvent(nullptr, join, 0), "cudaStreamWaitEvent");
+    if (s.ok()) s = Check(gpuEventRecord(join, side), "gpuEventRecord");
+    if (s.ok()) s = Check(gpuStreamWaitEvent(nullptr, join, 0), "gpuStreamWaitEvent");
     // Destroying an event with pending waits is safe: its resources go once it completes.
-    if (fork != nullptr) cudaEventDestroy(fork);
-    if (join != nullptr) cudaEventDestroy(join);
+    if (fork != nullptr) gpuEventDestroy(fork);
+    if (join != nullptr) gpuEventDestroy(join);
     return s;
   }
+#endif
 
-  Status SideStream(int device, cudaStream_t* out) {
+  Status SideStream(int device, gpuStream_t* out) {
     std::lock_guard<std::mutex> lock(mu_);
     if (side_streams_.empty()) side_streams_.resize(sm_counts_.size(), nullptr);
     if (side_streams_[device] == nullptr) {
       QLINK_RETURN_IF_ERROR(
-          Check(cudaStreamCreateWithFlags(&side_streams_[device], cudaStreamNonBlocking), "cudaStreamCreate"));
+          Check(gpuStreamCreateWithFlags(&side_streams_[device], gpuStreamNonBlocking), "gpuStreamCreate"));
     }
     *out = side_streams_[device];
     return Status::Ok();
@@ -266,7 +272,7 @@ class CudaBackend final : public DeviceBackend {
 
   std::vector<int> sm_counts_;
   std::mutex mu_;
-  std::vector<cudaStream_t> side_streams_;  // per device, created on first use
+  std::vector<gpuStream_t> side_streams_;  // per device, created on first use
   std::set<std::pair<int, int>> peers_;  // (accessor, owner) pairs enabled through this backend
 };
 
@@ -274,7 +280,7 @@ class CudaBackend final : public DeviceBackend {
 }  // namespace qlink
 
 extern "C" qlink::DeviceBackend* qlink_backend_v1(const qlink::BackendOptions*, std::string* error) {
-  auto* backend = new (std::nothrow) qlink::CudaBackend();
+  auto* backend = new (std::nothrow) qlink::GpuBackend();
   if (backend == nullptr) *error = "cuda backend: out of host memory";
   return backend;
 }

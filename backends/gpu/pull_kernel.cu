@@ -1,13 +1,15 @@
 // Pulls a batch of leaves with one launch on the destination device, reading the sources
 // straight over the peer link. Descriptors travel in the kernel's parameter space (up to
 // 32 KiB since CUDA 12.1), so no host-to-device copy precedes the launch.
-#include "backends/cuda/pull_kernel.h"
+#include "backends/gpu/pull_kernel.h"
+
+#include "backends/gpu/gpu_device.h"
 
 #include <algorithm>
 #include <cstdint>
 
 namespace qlink {
-namespace cuda {
+namespace gpu {
 namespace {
 
 constexpr int kThreads = 256;
@@ -48,7 +50,7 @@ __device__ void CopyVectors(const int4* s, int4* d, uint64_t vectors) {
 }
 
 template <int kCapacity>
-__global__ void __launch_bounds__(kThreads) PullKernel(const __grid_constant__ Batch<kCapacity> batch) {
+__global__ void __launch_bounds__(kThreads) PullKernel(const QLINK_GRID_CONSTANT Batch<kCapacity> batch) {
   for (uint64_t chunk = blockIdx.x; chunk < batch.total_chunks; chunk += gridDim.x) {
     // The leaf owning this chunk: last leaf whose first_chunk <= chunk (uniform per block).
     uint32_t lo = 0, hi = batch.count - 1;
@@ -81,7 +83,7 @@ uint32_t ChunkShift(uint64_t total_bytes, int sm_count) {
 }
 
 template <int kCapacity>
-cudaError_t Launch(const CopyLeaf* leaves, size_t count, int sm_count, cudaStream_t stream) {
+gpuError_t Launch(const CopyLeaf* leaves, size_t count, int sm_count, gpuStream_t stream) {
   Batch<kCapacity> batch;
   batch.count = static_cast<uint32_t>(count);
   uint64_t total = 0;
@@ -97,27 +99,38 @@ cudaError_t Launch(const CopyLeaf* leaves, size_t count, int sm_count, cudaStrea
   const uint64_t max_blocks = uint64_t(sm_count) * kBlocksPerSm;
   const unsigned grid = static_cast<unsigned>(std::max<uint64_t>(1, std::min(chunks, max_blocks)));
   PullKernel<kCapacity><<<grid, kThreads, 0, stream>>>(batch);
-  return cudaGetLastError();
+  return gpuGetLastError();
 }
 
 // Parameter space grows with the capacity; small batches take a small instantiation.
-constexpr size_t kMaxLeavesPerLaunch = 1000;  // 32 + 1000 * 32 bytes < 32764
 
 }  // namespace
 
-cudaError_t LaunchPullLeaves(const CopyLeaf* leaves, size_t count, int sm_count, cudaStream_t stream) {
+gpuError_t LaunchPullLeaves(const CopyLeaf* leaves, size_t count, int sm_count, gpuStream_t stream) {
   while (count > 0) {
     const size_t n = std::min(count, kMaxLeavesPerLaunch);
-    cudaError_t e = n <= 16    ? Launch<16>(leaves, n, sm_count, stream)
-                    : n <= 64  ? Launch<64>(leaves, n, sm_count, stream)
-                    : n <= 256 ? Launch<256>(leaves, n, sm_count, stream)
-                               : Launch<kMaxLeavesPerLaunch>(leaves, n, sm_count, stream);
-    if (e != cudaSuccess) return e;
+    gpuError_t e;
+    if (n <= 16) {
+      e = Launch<16>(leaves, n, sm_count, stream);
+#if defined(QLINK_GPU_HIP)  // n <= kMaxLeavesPerLaunch = 64
+    } else {
+      e = Launch<64>(leaves, n, sm_count, stream);
+    }
+#else
+    } else if (n <= 64) {
+      e = Launch<64>(leaves, n, sm_count, stream);
+    } else if (n <= 256) {
+      e = Launch<256>(leaves, n, sm_count, stream);
+    } else {
+      e = Launch<kMaxLeavesPerLaunch>(leaves, n, sm_count, stream);
+    }
+#endif
+    if (e != gpuSuccess) return e;
     leaves += n;
     count -= n;
   }
-  return cudaSuccess;
+  return gpuSuccess;
 }
 
-}  // namespace cuda
+}  // namespace gpu
 }  // namespace qlink

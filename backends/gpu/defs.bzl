@@ -1,0 +1,87 @@
+"""The GPU backend built once per vendor from one source: nvcc for CUDA, hipcc for HIP,
+each defined only where its toolkit was found (no rules_cuda: a genrule per kernel)."""
+
+load("@local_cuda//:defs.bzl", "CUDA_FOUND", "NVCC")
+load("@local_hip//:defs.bzl", "HIP_FOUND", "HIPCC")
+
+_KERNELS = ["pull_kernel", "collective_kernels"]
+
+_HDRS = [
+    "//backends/gpu:collective_kernels.h",
+    "//backends/gpu:gpu_device.h",
+    "//backends/gpu:gpu_runtime.h",
+    "//backends/gpu:pull_kernel.h",
+    "//backends:device_backend.h",
+    "//core:status.h",
+    "//plugin_api:qlink.h",
+]
+
+# sm_80 (A100), sm_90 (H100/H200) and PTX for later NVIDIA GPUs.
+_NVCC_FLAGS = [
+    "-O3",
+    "-std=c++17",
+    "-Xcompiler -fPIC",
+    "-DQLINK_GPU_CUDA",
+    "-gencode=arch=compute_80,code=sm_80",
+    "-gencode=arch=compute_90,code=sm_90",
+    "-gencode=arch=compute_90,code=compute_90",
+]
+
+# MI100 (gfx908), MI200 (gfx90a) and RDNA2 (gfx1030): what Debian's ROCm 5.2 device
+# libraries cover.
+_HIPCC_FLAGS = [
+    "-O3",
+    "-std=c++17",
+    "-fPIC",
+    "-DQLINK_GPU_HIP",
+    "-D__HIP_PLATFORM_AMD__",
+    "--offload-arch=gfx908",
+    "--offload-arch=gfx90a",
+    "--offload-arch=gfx1030",
+    "-x hip",
+]
+
+_VENDORS = {
+    "cuda": struct(found = CUDA_FOUND, compiler = NVCC, flags = _NVCC_FLAGS, define = "QLINK_GPU_CUDA",
+                   deps = ["@local_cuda//:cuda_headers", "@local_cuda//:cudart_static"]),
+    "hip": struct(found = HIP_FOUND, compiler = HIPCC, flags = _HIPCC_FLAGS, define = "QLINK_GPU_HIP",
+                  deps = ["@local_hip//:hip_runtime"]),
+}
+
+def gpu_backend(vendor):
+    """cc_library `<vendor>_backend`: the shared host code plus the vendor's kernel objects."""
+    v = _VENDORS[vendor]
+    if not v.found:
+        return
+    for kernel in _KERNELS:
+        src = "//backends/gpu:%s.cu" % kernel
+        native.genrule(
+            name = "%s_%s" % (vendor, kernel),
+            srcs = [src] + _HDRS,
+            outs = ["%s_%s.o" % (vendor, kernel)],
+            # The compiler by absolute path: it finds its sibling tools there. Headers are
+            # listed because a genrule has no include scanning.
+            cmd = "%s -c -I. %s $(location %s) -o $@" % (v.compiler, " ".join(v.flags), src),
+        )
+    native.cc_library(
+        name = vendor + "_backend",
+        srcs = ["//backends/gpu:gpu_backend.cc"] + [":%s_%s" % (vendor, k) for k in _KERNELS],
+        hdrs = _HDRS,
+        local_defines = [v.define],
+        deps = ["//backends:device_backend"] + v.deps,
+        alwayslink = True,
+    )
+
+def backend_library(name, vendor, deps):
+    """The backend .so of `vendor`, where its toolkit was found."""
+    if _VENDORS[vendor].found:
+        native.cc_binary(
+            name = name,
+            additional_linker_inputs = ["//backends:backend.lds"],
+            linkopts = ["-Wl,--version-script=$(location //backends:backend.lds)"],
+            linkshared = True,
+            deps = deps,
+        )
+
+def if_found(vendor, targets):
+    return targets if _VENDORS[vendor].found else []
