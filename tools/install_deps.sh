@@ -4,7 +4,8 @@
 set -euo pipefail
 packages=(bazel-bootstrap libboost1.81-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libdlpack-dev
           python3-torch python3-pytest python3-numpy
-          clang libclang-rt-14-dev)  # clang and its libFuzzer runtime: the fuzz targets
+          clang libclang-rt-14-dev   # clang and its libFuzzer runtime: the fuzz targets
+          libamdhip64-dev hipcc)     # the HIP backend: runtime headers, and hipcc for its kernels
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
