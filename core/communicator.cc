@@ -71,16 +71,13 @@ Status Communicator::AllReduce(const DLTensor* buffer, int op, Stream stream) {
   if (op < QLINK_REDUCE_SUM || op > QLINK_REDUCE_SIGN) {
     return InvalidArgument("op = " + std::to_string(op) + " is not a qlink_reduce_op");
   }
-  uint64_t bytes = 0;
-  QLINK_RETURN_IF_ERROR(CheckBuffer(buffer, true, &bytes));
-  if (bytes == 0) return Status::Ok();
-  std::lock_guard<std::mutex> lock(mu_);
-  ctx_.backend().MakeCurrent(device_);
-  float* data = reinterpret_cast<float*>(const_cast<char*>(TensorBytes(*buffer)));
-  if (op == QLINK_REDUCE_SIGN) return SignAllReduce(data, bytes / 4, stream);
-  return nccl_.Check(nccl_.AllReduce(data, data, bytes / 4, NcclApi::kFloat32,
-                                     op == QLINK_REDUCE_AVG ? NcclApi::kAvg : NcclApi::kSum, comm_, stream),
-                     "ncclAllReduce");
+  return OnBuffer(buffer, true, [&](char* bytes_at, uint64_t bytes) {
+    float* data = reinterpret_cast<float*>(bytes_at);
+    if (op == QLINK_REDUCE_SIGN) return SignAllReduce(data, bytes / 4, stream);
+    return nccl_.Check(nccl_.AllReduce(data, data, bytes / 4, NcclApi::kFloat32,
+                                       op == QLINK_REDUCE_AVG ? NcclApi::kAvg : NcclApi::kSum, comm_, stream),
+                       "ncclAllReduce");
+  });
 }
 
 // HOSTS.md's sign-cast: reduce-scatter, sign of the owned chunk as int8, all-gather of
@@ -117,29 +114,23 @@ Status Communicator::SignAllReduce(float* data, size_t count, Stream stream) {
 
 Status Communicator::Broadcast(const DLTensor* buffer, int root, Stream stream) {
   if (root < 0 || root >= nranks_) return InvalidArgument("root = " + std::to_string(root) + " is not a rank");
-  uint64_t bytes = 0;
-  QLINK_RETURN_IF_ERROR(CheckBuffer(buffer, false, &bytes));
-  if (bytes == 0) return Status::Ok();
-  std::lock_guard<std::mutex> lock(mu_);
-  ctx_.backend().MakeCurrent(device_);
-  void* data = const_cast<char*>(TensorBytes(*buffer));
-  return nccl_.Check(nccl_.Broadcast(data, data, bytes, NcclApi::kInt8, root, comm_, stream), "ncclBroadcast");
+  return OnBuffer(buffer, false, [&](char* data, uint64_t bytes) {
+    return nccl_.Check(nccl_.Broadcast(data, data, bytes, NcclApi::kInt8, root, comm_, stream), "ncclBroadcast");
+  });
 }
 
 Status Communicator::Reduce(const DLTensor* buffer, int root, double scale, Stream stream) {
   if (root < 0 || root >= nranks_) return InvalidArgument("root = " + std::to_string(root) + " is not a rank");
   if (!std::isfinite(scale)) return InvalidArgument("scale is not finite");
-  uint64_t bytes = 0;
-  QLINK_RETURN_IF_ERROR(CheckBuffer(buffer, true, &bytes));
-  if (bytes == 0) return Status::Ok();
-  std::lock_guard<std::mutex> lock(mu_);
-  ctx_.backend().MakeCurrent(device_);
-  float* data = reinterpret_cast<float*>(const_cast<char*>(TensorBytes(*buffer)));
-  QLINK_RETURN_IF_ERROR(nccl_.Check(
-      nccl_.Reduce(data, data, bytes / 4, NcclApi::kFloat32, NcclApi::kSum, root, comm_, stream), "ncclReduce"));
-  if (rank_ != root || scale == 1.0) return Status::Ok();
-  const void* in = data;
-  return ctx_.backend().ReduceSum(device_, data, &in, 1, false, bytes / 4, static_cast<float>(scale), false, stream);
+  return OnBuffer(buffer, true, [&](char* bytes_at, uint64_t bytes) {
+    float* data = reinterpret_cast<float*>(bytes_at);
+    QLINK_RETURN_IF_ERROR(nccl_.Check(
+        nccl_.Reduce(data, data, bytes / 4, NcclApi::kFloat32, NcclApi::kSum, root, comm_, stream), "ncclReduce"));
+    if (rank_ != root || scale == 1.0) return Status::Ok();
+    const void* in = data;
+    return ctx_.backend().ReduceSum(device_, data, &in, 1, false, bytes / 4, static_cast<float>(scale), false,
+                                    stream);
+  });
 }
 
 }  // namespace qlink

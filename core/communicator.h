@@ -8,6 +8,7 @@
 
 #include "core/context.h"
 #include "core/nccl_api.h"
+#include "core/tensor_check.h"
 
 namespace qlink {
 
@@ -30,6 +31,17 @@ class Communicator {
   // Checks `buffer` lives on this rank's device (and is fp32 when `fp32`); gives its size.
   Status CheckBuffer(const DLTensor* buffer, bool fp32, uint64_t* bytes) const;
   Status SignAllReduce(float* data, size_t count, Stream stream);
+  // Checks `buffer`, then runs body(data, bytes) with this rank's device current, one call
+  // at a time per communicator. Empty buffers are done before any NCCL call.
+  template <typename Body>
+  Status OnBuffer(const DLTensor* buffer, bool fp32, Body&& body) {
+    uint64_t bytes = 0;
+    QLINK_RETURN_IF_ERROR(CheckBuffer(buffer, fp32, &bytes));
+    if (bytes == 0) return Status::Ok();
+    std::lock_guard<std::mutex> lock(mu_);
+    ctx_.backend().MakeCurrent(device_);
+    return body(const_cast<char*>(TensorBytes(*buffer)), bytes);
+  }
 
   Context& ctx_;
   const NcclApi& nccl_;

@@ -239,5 +239,57 @@ TEST_F(Faults, SourceOverwrittenInStreamOrderAfterASlowReader) {
   EXPECT_EQ(source, next);
 }
 
+// Collectives on slow asynchronous streams: each device's part must wait for that device's
+// producer, and the relayed broadcast for the replica it reads from.
+TEST_F(Faults, CollectivesWaitForSlowProducersOnEveryDevice) {
+  Context ctx(plugin_, FaultConfig(R"({"devices": 3, "stream_delay_ms": [60, 0, 30]})"));
+  ASSERT_EQ(ctx.status(), QLINK_OK) << LastError();
+  const int32_t all[] = {0, 1, 2};
+  ASSERT_EQ(api_.enable_peer_access(ctx.get(), all, 3), QLINK_OK) << LastError();
+  constexpr size_t kCount = 5000;
+  constexpr DLDataType kF32{kDLFloat, 32, 1};
+  for (int32_t transport : {QLINK_TRANSPORT_FP32, QLINK_TRANSPORT_BF16}) {
+    // Each device's buffer is produced on its own stream by a same-device copy from `fresh`.
+    std::vector<std::vector<float>> fresh(3, std::vector<float>(kCount)), buf(3, std::vector<float>(kCount, 0.0f));
+    std::deque<Tensor> t;
+    std::vector<DLTensor> bufs;
+    for (int d = 0; d < 3; ++d) {
+      for (size_t i = 0; i < kCount; ++i) fresh[d][i] = static_cast<float>((d + 1) * (i % 7));  // exact in bf16
+      const DLTensor& from = t.emplace_back(fresh[d].data(), kCount * 4, kDLCPU, d, kF32).dl;
+      const DLTensor& to = t.emplace_back(buf[d].data(), kCount * 4, kDLCPU, d, kF32).dl;
+      const qlink_copy_args produce{QLINK_COPY_ARGS_STRUCT_SIZE, &from, &to, 1, nullptr, 0};
+      ASSERT_EQ(api_.copy_batch(ctx.get(), &produce), QLINK_OK) << LastError();
+      bufs.push_back(to);
+    }
+    qlink_all_reduce_args args{QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE, bufs.data(), 3, QLINK_REDUCE_SUM, transport,
+                               nullptr, 0};
+    ASSERT_EQ(api_.all_reduce(ctx.get(), &args), QLINK_OK) << LastError();
+    SynchronizeAll(ctx, 3);
+    for (int d = 0; d < 3; ++d) {
+      for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(buf[d][i], 6.0f * (i % 7)) << "device " << d << " element " << i;
+    }
+  }
+  // Reduce into device 1 while device 0's partial is still being produced.
+  std::vector<float> fresh(kCount, 2.0f), partial0(kCount, 0.0f), partial2(kCount, 1.0f), out(kCount, 0.0f);
+  Tensor from(fresh.data(), kCount * 4, kDLCPU, 0, kF32), p0(partial0.data(), kCount * 4, kDLCPU, 0, kF32);
+  Tensor p2(partial2.data(), kCount * 4, kDLCPU, 2, kF32), o(out.data(), kCount * 4, kDLCPU, 1, kF32);
+  const qlink_copy_args produce{QLINK_COPY_ARGS_STRUCT_SIZE, &from.dl, &p0.dl, 1, nullptr, 0};
+  ASSERT_EQ(api_.copy_batch(ctx.get(), &produce), QLINK_OK) << LastError();
+  const DLTensor inputs[] = {p2.dl, p0.dl};
+  qlink_reduce_args reduce{QLINK_REDUCE_ARGS_STRUCT_SIZE, inputs, 2, &o.dl, 0.5, nullptr, 0};
+  ASSERT_EQ(api_.reduce(ctx.get(), &reduce), QLINK_OK) << LastError();
+  SynchronizeAll(ctx, 3);
+  EXPECT_EQ(out, std::vector<float>(kCount, 1.5f));
+  // Broadcast 0 -> {1, 2}: the second round relays from a replica on a slow stream.
+  std::vector<uint8_t> src = Pattern(1 << 16, 9), r1(1 << 16, 0), r2(1 << 16, 0);
+  Tensor s(src.data(), src.size(), kDLCPU, 0), d1(r1.data(), r1.size(), kDLCPU, 1), d2(r2.data(), r2.size(), kDLCPU, 2);
+  const DLTensor replicas[] = {d2.dl, d1.dl};
+  qlink_broadcast_args bcast{QLINK_BROADCAST_ARGS_STRUCT_SIZE, &s.dl, 1, replicas, 2, nullptr, 0};
+  ASSERT_EQ(api_.broadcast(ctx.get(), &bcast), QLINK_OK) << LastError();
+  SynchronizeAll(ctx, 3);
+  EXPECT_EQ(r1, src);
+  EXPECT_EQ(r2, src);
+}
+
 }  // namespace
 }  // namespace qlink_test
