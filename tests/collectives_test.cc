@@ -101,7 +101,9 @@ TEST_P(Collectives, SignCastLeavesEveryReplicaBitIdentical) {
     EXPECT_EQ(std::memcmp(data_[d].data(), data_[0].data(), data_[0].size() * 4), 0) << "replica " << d;
     for (size_t i = 0; i < exact.size(); ++i) {
       ASSERT_TRUE(data_[d][i] == 0.0f || data_[d][i] == 1.0f || data_[d][i] == -1.0f);
-      if (std::abs(exact[i]) > 0.05) ASSERT_EQ(data_[d][i], exact[i] > 0 ? 1.0f : -1.0f) << "element " << i;
+      if (std::abs(exact[i]) > 0.05) {
+        ASSERT_EQ(data_[d][i], exact[i] > 0 ? 1.0f : -1.0f) << "element " << i;
+      }
     }
   }
 }
@@ -129,7 +131,9 @@ TEST_P(Collectives, ReduceIsBitIdenticalForEveryArrivalOrder) {
     std::shuffle(perm.begin(), perm.end(), rng);
   }
   const std::vector<double> exact = ExactSum();
-  if (world() >= 3) EXPECT_EQ(out[0], 0.5f);  // (1e20 - 1e20 + 1) * 0.5, in device order
+  if (world() >= 3) {
+    EXPECT_EQ(out[0], 0.5f);  // (1e20 - 1e20 + 1) * 0.5, in device order
+  }
   for (size_t i = 1; i < out.size(); ++i) ASSERT_NEAR(out[i], 0.5 * exact[i], 1e-5 * (1 + std::abs(exact[i])));
 }
 

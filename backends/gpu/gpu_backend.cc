@@ -22,7 +22,7 @@ namespace {
 // framework's next launch does not fail on our leftovers.
 Status Check(gpuError_t e, const char* what) {
   if (e == gpuSuccess) return Status::Ok();
-  gpuGetLastError();
+  (void)gpuGetLastError();
   std::string message = std::string(QLINK_GPU_BACKEND_NAME ": ") + what + ": " + gpuGetErrorName(e) + " (" + gpuGetErrorString(e) + ")";
   return e == gpuErrorMemoryAllocation ? OutOfMemory(message) : RuntimeError(message);
 }
@@ -42,17 +42,17 @@ class GpuBackend final : public DeviceBackend {
   GpuBackend() {
     int n = 0;
     if (gpuGetDeviceCount(&n) != gpuSuccess) {
-      gpuGetLastError();
+      (void)gpuGetLastError();
       n = 0;
     }
     sm_counts_.resize(n);
-    for (int d = 0; d < n; ++d) gpuDeviceGetAttribute(&sm_counts_[d], gpuDevAttrMultiProcessorCount, d);
+    for (int d = 0; d < n; ++d) (void)gpuDeviceGetAttribute(&sm_counts_[d], gpuDevAttrMultiProcessorCount, d);
   }
 
   ~GpuBackend() override {
     const int host_device = side_streams_.empty() ? -1 : CurrentDevice();
     for (size_t d = 0; d < side_streams_.size(); ++d) {
-      if (side_streams_[d] != nullptr && Activate(static_cast<int>(d)).ok()) gpuStreamDestroy(side_streams_[d]);
+      if (side_streams_[d] != nullptr && Activate(static_cast<int>(d)).ok()) (void)gpuStreamDestroy(side_streams_[d]);
     }
     if (host_device >= 0) Activate(host_device);
   }
@@ -75,7 +75,7 @@ class GpuBackend final : public DeviceBackend {
 
   int CurrentDevice() override {
     int device = 0;
-    gpuGetDevice(&device);
+    (void)gpuGetDevice(&device);
     return device;
   }
   void MakeCurrent(int device) override { Activate(device); }
@@ -91,7 +91,7 @@ class GpuBackend final : public DeviceBackend {
     QLINK_GPU_SCOPE(accessor);
     gpuError_t e = gpuDeviceEnablePeerAccess(owner, 0);
     if (e == gpuErrorPeerAccessAlreadyEnabled) {
-      gpuGetLastError();
+      (void)gpuGetLastError();
       e = gpuSuccess;
     }
     QLINK_RETURN_IF_ERROR(Check(e, "gpuDeviceEnablePeerAccess"));
@@ -253,8 +253,8 @@ class GpuBackend final : public DeviceBackend {
     if (s.ok()) s = Check(gpuEventRecord(join, side), "gpuEventRecord");
     if (s.ok()) s = Check(gpuStreamWaitEvent(nullptr, join, 0), "gpuStreamWaitEvent");
     // Destroying an event with pending waits is safe: its resources go once it completes.
-    if (fork != nullptr) gpuEventDestroy(fork);
-    if (join != nullptr) gpuEventDestroy(join);
+    if (fork != nullptr) (void)gpuEventDestroy(fork);
+    if (join != nullptr) (void)gpuEventDestroy(join);
     return s;
   }
 #endif
