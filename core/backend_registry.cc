@@ -1,5 +1,7 @@
 #include "core/backend_registry.h"
 
+#include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -12,18 +14,40 @@ boost::dll::fs::path BundledBackendPath(const std::string& name) {
   return boost::dll::this_line_location().parent_path() / ("libqlink_backend_" + name + ".so");
 }
 
+// Backend libraries stay loaded for the life of the process once opened: GPU runtimes
+// (the static CUDA runtime, libamdhip64) keep global state that does not survive being
+// unmapped, and reloading them for every context would leak it each time.
+Status Open(const boost::dll::fs::path& path, std::shared_ptr<boost::dll::shared_library>* out) {
+  static std::mutex mu;
+  // Never destroyed: no library is unmapped at exit either, under runtimes still tearing down.
+  static auto* opened = new std::map<std::string, std::shared_ptr<boost::dll::shared_library>>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = (*opened)[path.string()];
+  if (!slot) {
+    boost::dll::fs::error_code ec;
+    auto library = std::make_shared<boost::dll::shared_library>(
+        path, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local, ec);
+    if (ec) {
+      opened->erase(path.string());
+      return Unavailable("backend library '" + path.string() + "' cannot be loaded: " + ec.message());
+    }
+    slot = std::move(library);
+  }
+  *out = slot;
+  return Status::Ok();
+}
+
 Status LoadFrom(const boost::dll::fs::path& path, const Config& config, LoadedBackend* out) {
-  boost::dll::fs::error_code ec;
-  boost::dll::shared_library library(path, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local, ec);
-  if (ec) return Unavailable("backend library '" + path.string() + "' cannot be loaded: " + ec.message());
-  if (!library.has(QLINK_BACKEND_ENTRY_V1)) {
+  std::shared_ptr<boost::dll::shared_library> library;
+  QLINK_RETURN_IF_ERROR(Open(path, &library));
+  if (!library->has(QLINK_BACKEND_ENTRY_V1)) {
     return Unavailable("backend library '" + path.string() + "' does not export " QLINK_BACKEND_ENTRY_V1);
   }
   BackendOptions options;
   options.virtual_devices = config.cpu_devices;
   options.options_json = config.backend_options.c_str();
   std::string error;
-  DeviceBackend* backend = library.get<qlink_backend_factory_v1>(QLINK_BACKEND_ENTRY_V1)(&options, &error);
+  DeviceBackend* backend = library->get<qlink_backend_factory_v1>(QLINK_BACKEND_ENTRY_V1)(&options, &error);
   if (backend == nullptr) return Unavailable("backend library '" + path.string() + "' refused to start: " + error);
   out->backend.reset(backend);
   out->library = std::move(library);

@@ -11,10 +11,9 @@
 
 namespace qlink {
 
-// A backend and the library its code lives in. Members are destroyed in reverse order,
-// so the backend goes before its library is unmapped.
+// A backend and the library its code lives in (kept loaded for the life of the process).
 struct LoadedBackend {
-  boost::dll::shared_library library;
+  std::shared_ptr<boost::dll::shared_library> library;
   std::unique_ptr<DeviceBackend> backend;
 };
 

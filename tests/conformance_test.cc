@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <numeric>
 #include <random>
 #include <string>
@@ -39,7 +40,12 @@ std::vector<std::string>& BackendPaths() {
 class Conformance : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    library_.load(GetParam(), boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+    // Loaded once per process, as core does: GPU runtimes do not survive being unmapped.
+    static auto* libraries = new std::map<std::string, boost::dll::shared_library>();
+    boost::dll::shared_library& library_ = (*libraries)[GetParam()];
+    if (!library_.is_loaded()) {
+      library_.load(GetParam(), boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+    }
     qlink::BackendOptions options;
     options.virtual_devices = 3;
     std::string error;
@@ -74,7 +80,6 @@ class Conformance : public ::testing::TestWithParam<std::string> {
     allocations_.clear();
   }
 
-  boost::dll::shared_library library_;
   std::unique_ptr<DeviceBackend> backend_;
   std::vector<std::pair<int, void*>> allocations_;
 };
