@@ -88,15 +88,16 @@ class GpuBackend final : public DeviceBackend {
     return Status::Ok();
   }
   Status EnablePeerAccess(int accessor, int owner) override {
+    if (HasPeer(accessor, owner)) return Status::Ok();  // asks the runtime nothing, so it reports nothing
     QLINK_GPU_SCOPE(accessor);
     gpuError_t e = gpuDeviceEnablePeerAccess(owner, 0);
-    if (e == gpuErrorPeerAccessAlreadyEnabled) {
+    if (e == gpuErrorPeerAccessAlreadyEnabled) {  // by the host framework, say
       (void)gpuGetLastError();
       e = gpuSuccess;
     }
     QLINK_RETURN_IF_ERROR(Check(e, "gpuDeviceEnablePeerAccess"));
-    std::lock_guard<std::mutex> lock(mu_);
-    peers_.insert({accessor, owner});
+    std::lock_guard<std::mutex> lock(PeersMutex());
+    Peers().insert({accessor, owner});
     return Status::Ok();
   }
 
@@ -212,9 +213,19 @@ class GpuBackend final : public DeviceBackend {
   }
 
  private:
-  bool HasPeer(int accessor, int owner) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return peers_.count({accessor, owner}) > 0;
+  // Peer access belongs to the process (its primary contexts), not to one backend object:
+  // every context of the process shares what was enabled.
+  static std::set<std::pair<int, int>>& Peers() {
+    static auto* peers = new std::set<std::pair<int, int>>();  // (accessor, owner)
+    return *peers;
+  }
+  static std::mutex& PeersMutex() {
+    static auto* mu = new std::mutex();
+    return *mu;
+  }
+  static bool HasPeer(int accessor, int owner) {
+    std::lock_guard<std::mutex> lock(PeersMutex());
+    return Peers().count({accessor, owner}) > 0;
   }
 
 #if defined(QLINK_GPU_HAS_BATCH_COPY)
@@ -273,7 +284,6 @@ class GpuBackend final : public DeviceBackend {
   std::vector<int> sm_counts_;
   std::mutex mu_;
   std::vector<gpuStream_t> side_streams_;  // per device, created on first use
-  std::set<std::pair<int, int>> peers_;  // (accessor, owner) pairs enabled through this backend
 };
 
 }  // namespace
