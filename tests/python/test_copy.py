@@ -84,3 +84,10 @@ def test_many_threads_copy_at_once(cpu4):
     for t in threads:
         t.join()
     assert failures == []
+
+
+def test_a_leaf_that_is_not_a_tensor_is_named(cpu4):
+    with pytest.raises(TypeError, match="leaf 1 is a str"):
+        cpu4.copy([torch.ones(2), "weights"], [torch.zeros(2), torch.zeros(2)])
+    with pytest.raises(TypeError, match="leaf 20 is a int"):
+        cpu4.copy([torch.ones(2)] * 20 + [3], [torch.zeros(2) for _ in range(21)])
