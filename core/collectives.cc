@@ -118,6 +118,16 @@ Status JoinAll(StreamJoins& joins, const std::vector<int>& devices, const std::v
   return Status::Ok();
 }
 
+// The ranks of one all-reduce: rank k is the k-th device in index order.
+struct Ranks {
+  std::vector<int> dev;
+  std::vector<char*> buf;
+  std::vector<Stream> stream;
+  size_t count = 0;  // fp32 elements per buffer
+  bool bf16 = false, signs = false;
+  float scale = 1.0f;
+};
+
 // Latency-bound sizes: one kernel per rank, synchronized through flags in peer memory
 // (no stream events), when every rank can reach every other over a peer link.
 bool OneShotApplies(Context& ctx, const std::vector<int>& dev, uint64_t bytes) {
@@ -130,10 +140,10 @@ bool OneShotApplies(Context& ctx, const std::vector<int>& dev, uint64_t bytes) {
   return true;
 }
 
-Status OneShot(Context& ctx, const std::vector<int>& dev, const std::vector<char*>& buf,
-               const std::vector<Stream>& stream, size_t count, bool bf16, float scale, bool signs) {
+Status OneShot(Context& ctx, const Ranks& r) {
+  const std::vector<int>& dev = r.dev;
   OneShotWorkspaces::Workspace* ws = nullptr;
-  QLINK_RETURN_IF_ERROR(ctx.one_shot().Get(dev, stream, &ws));
+  QLINK_RETURN_IF_ERROR(ctx.one_shot().Get(dev, r.stream, &ws));
   std::lock_guard<std::mutex> lock(ws->mu);
   const uint64_t epoch = ++ws->epoch;
   const size_t slot = OneShotWorkspaces::kFlagBytes + (epoch % 2) * OneShotWorkspaces::kMaxBytes;
@@ -145,19 +155,181 @@ Status OneShot(Context& ctx, const std::vector<int>& dev, const std::vector<char
   }
   OneShotAllReduce args;
   args.world = static_cast<int>(dev.size());
-  args.count = count;
+  args.count = r.count;
   args.staging = staging.data();
   args.flags = flags.data();
   args.epoch = epoch;
-  args.bf16 = bf16;
-  args.scale = scale;
-  args.signs = signs;
+  args.bf16 = r.bf16;
+  args.scale = r.scale;
+  args.signs = r.signs;
   for (size_t k = 0; k < dev.size(); ++k) {
     args.rank = static_cast<int>(k);
-    args.input = args.output = reinterpret_cast<float*>(buf[k]);
-    QLINK_RETURN_IF_ERROR(ctx.backend().OneShot(dev[k], args, stream[k]));
+    args.input = args.output = reinterpret_cast<float*>(r.buf[k]);
+    QLINK_RETURN_IF_ERROR(ctx.backend().OneShot(dev[k], args, r.stream[k]));
   }
   return Status::Ok();
+}
+
+// Reduce-scatter, then all-gather: rank k owns elements [begin(k), begin(k+1)), sums that
+// chunk of every partial in rank order (reading peers directly), and every rank gathers
+// the owners' chunks, so all end bit-identical.
+Status TwoShot(Context& ctx, const Ranks& r) {
+  DeviceBackend& b = ctx.backend();
+  const size_t world = r.dev.size(), count = r.count;
+  const bool bf16 = r.bf16, signs = r.signs;
+  const float scale = r.scale;
+  const std::vector<int>& dev = r.dev;
+  const std::vector<char*>& buf = r.buf;
+  const std::vector<Stream>& stream = r.stream;
+  const size_t chunk = ((count + world - 1) / world + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
+  auto begin = [&](size_t k) { return std::min(count, k * chunk); };
+  auto length = [&](size_t k) { return begin(k + 1) - begin(k); };
+
+  StreamJoins joins(ctx);
+  std::vector<ScratchPool::Block*> scratch;  // with the stream each was last used on
+  std::vector<Stream> scratch_stream;
+  std::vector<void*> half(world, nullptr), sign(world, nullptr);
+  Status s;
+  // Phase 0: the partials as they travel (bf16 halves the bytes of the reduce-scatter).
+  for (size_t k = 0; s.ok() && k < world; ++k) {
+    ScratchPool::Block* block = nullptr;
+    if (bf16 && (s = ctx.scratch().Acquire(dev[k], count * 2, stream[k], &block)).ok()) {
+      scratch.push_back(block);
+      scratch_stream.push_back(stream[k]);
+      half[k] = block->ptr;
+      s = b.CastToBf16(dev[k], static_cast<uint16_t*>(half[k]), reinterpret_cast<const float*>(buf[k]), count,
+                       stream[k]);
+    }
+    if (s.ok() && signs && (s = ctx.scratch().Acquire(dev[k], chunk, stream[k], &block)).ok()) {
+      scratch.push_back(block);
+      scratch_stream.push_back(stream[k]);
+      sign[k] = block->ptr;
+    }
+  }
+  if (s.ok()) s = JoinAll(joins, dev, stream);
+  // Phase 1: each owner sums its chunk of every partial in rank order.
+  for (size_t k = 0; s.ok() && k < world; ++k) {
+    if (length(k) == 0) continue;
+    std::vector<const void*> partials(world);
+    for (size_t j = 0; s.ok() && j < world; ++j) {
+      const char* base = bf16 ? static_cast<const char*>(half[j]) + begin(k) * 2 : buf[j] + begin(k) * 4;
+      s = Readable(ctx, dev[k], dev[j], base, length(k) * (bf16 ? 2 : 4), stream[k], &scratch, &partials[j]);
+      while (scratch_stream.size() < scratch.size()) scratch_stream.push_back(stream[k]);
+    }
+    if (s.ok()) {
+      s = b.ReduceSum(dev[k], signs ? sign[k] : buf[k] + begin(k) * 4, partials.data(), world, bf16, length(k), scale,
+                      signs, stream[k]);
+    }
+  }
+  if (s.ok()) s = JoinAll(joins, dev, stream);
+  // Phase 2: every rank gathers the owners' chunks (bit-identical everywhere).
+  for (size_t k = 0; s.ok() && k < world; ++k) {
+    std::vector<CopyLeaf> pulled;
+    for (size_t j = 0; s.ok() && j < world; ++j) {
+      if (length(j) == 0 || (j == k && !signs)) continue;
+      float* to = reinterpret_cast<float*>(buf[k] + begin(j) * 4);
+      if (signs) {
+        const void* from = nullptr;
+        s = Readable(ctx, dev[k], dev[j], sign[j], length(j), stream[k], &scratch, &from);
+        while (scratch_stream.size() < scratch.size()) scratch_stream.push_back(stream[k]);
+        if (s.ok()) s = b.ExpandSigns(dev[k], to, static_cast<const int8_t*>(from), length(j), stream[k]);
+      } else if (dev[k] == dev[j] || !b.HasPeerAccess() || ctx.topology().PeerEnabled(dev[j], dev[k])) {
+        pulled.push_back(CopyLeaf{buf[j] + begin(j) * 4, to, length(j) * 4});
+      } else {
+        const CopyLeaf leaf{buf[j] + begin(j) * 4, to, length(j) * 4};
+        s = b.CopyLeaves(dev[k], dev[j], &leaf, 1, stream[k]);
+      }
+    }
+    if (s.ok() && !pulled.empty()) s = b.PullLeaves(dev[k], pulled.data(), pulled.size(), stream[k]);
+  }
+  // Backward join: nobody touches a buffer or scratch block others still read.
+  if (s.ok()) s = JoinAll(joins, dev, stream);
+  Status released = ReleaseAll(ctx, &scratch, scratch_stream);
+  QLINK_RETURN_IF_ERROR(s);
+  return released;
+}
+
+// Recursive halving (reduce-scatter), then recursive doubling (all-gather), for a
+// power-of-two number of ranks: log2(world) pairwise exchanges each way. In step d, rank k
+// and k ^ d share a segment; each keeps one half and sums it with the partner's copy of
+// that half (lower rank's value first), so every element ends owned by one rank; owners
+// apply the scale or sign, then pairs swap their segments back until all hold everything.
+Status HalvingDoubling(Context& ctx, const Ranks& r) {
+  DeviceBackend& b = ctx.backend();
+  const size_t world = r.dev.size();
+  StreamJoins joins(ctx);
+  std::vector<ScratchPool::Block*> scratch;
+  std::vector<Stream> scratch_stream;
+  std::vector<size_t> lo(world, 0), hi(world, r.count);  // each rank's segment, in elements
+  // Every rank waits for its partner's work so far: its data is ready, its reads are done.
+  auto join_pairs = [&](size_t d) -> Status {
+    std::vector<Event> marks(world);
+    for (size_t k = 0; k < world; ++k) QLINK_RETURN_IF_ERROR(joins.Record(r.dev[k], r.stream[k], &marks[k]));
+    for (size_t k = 0; k < world; ++k) QLINK_RETURN_IF_ERROR(joins.Wait(r.dev[k], r.stream[k], marks[k ^ d]));
+    return Status::Ok();
+  };
+  auto keep = [&](size_t ragged) { return (ragged + kChunkAlign - 1) / kChunkAlign * kChunkAlign; };
+  Status s;
+  for (size_t d = world / 2; s.ok() && d >= 1; d /= 2) {
+    s = join_pairs(d);
+    std::vector<size_t> next_lo(lo), next_hi(hi);
+    for (size_t k = 0; s.ok() && k < world; ++k) {
+      const size_t p = k ^ d, mid = std::min(hi[k], lo[k] + keep((hi[k] - lo[k]) / 2));
+      next_lo[k] = (k & d) == 0 ? lo[k] : mid;
+      next_hi[k] = (k & d) == 0 ? mid : hi[k];
+      const size_t n = next_hi[k] - next_lo[k];
+      if (n == 0) continue;
+      const void* partials[2];
+      const size_t first = std::min(k, p), second = std::max(k, p);
+      s = Readable(ctx, r.dev[k], r.dev[first], r.buf[first] + next_lo[k] * 4, n * 4, r.stream[k], &scratch, &partials[0]);
+      if (s.ok()) {
+        s = Readable(ctx, r.dev[k], r.dev[second], r.buf[second] + next_lo[k] * 4, n * 4, r.stream[k], &scratch,
+                     &partials[1]);
+      }
+      while (scratch_stream.size() < scratch.size()) scratch_stream.push_back(r.stream[k]);
+      if (s.ok()) s = b.ReduceSum(r.dev[k], r.buf[k] + next_lo[k] * 4, partials, 2, false, n, 1.0f, false, r.stream[k]);
+    }
+    lo.swap(next_lo);
+    hi.swap(next_hi);
+  }
+  // Owners finish their segment: the average's scale, or the sign (as -1, 0, 1 floats).
+  for (size_t k = 0; s.ok() && k < world && (r.signs || r.scale != 1.0f); ++k) {
+    const size_t n = hi[k] - lo[k];
+    if (n == 0) continue;
+    float* own = reinterpret_cast<float*>(r.buf[k] + lo[k] * 4);
+    const void* in = own;
+    if (!r.signs) {
+      s = b.ReduceSum(r.dev[k], own, &in, 1, false, n, r.scale, false, r.stream[k]);
+      continue;
+    }
+    ScratchPool::Block* block = nullptr;
+    s = ctx.scratch().Acquire(r.dev[k], n, r.stream[k], &block);
+    if (!s.ok()) break;
+    scratch.push_back(block);
+    scratch_stream.push_back(r.stream[k]);
+    s = b.ReduceSum(r.dev[k], block->ptr, &in, 1, false, n, r.scale, true, r.stream[k]);
+    if (s.ok()) s = b.ExpandSigns(r.dev[k], own, static_cast<const int8_t*>(block->ptr), n, r.stream[k]);
+  }
+  for (size_t d = 1; s.ok() && d < world; d *= 2) {
+    s = join_pairs(d);
+    std::vector<size_t> next_lo(lo), next_hi(hi);
+    for (size_t k = 0; s.ok() && k < world; ++k) {
+      const size_t p = k ^ d, n = hi[p] - lo[p];
+      next_lo[k] = std::min(lo[k], lo[p]);
+      next_hi[k] = std::max(hi[k], hi[p]);
+      if (n == 0) continue;
+      const CopyLeaf leaf{r.buf[p] + lo[p] * 4, r.buf[k] + lo[p] * 4, n * 4};
+      const bool direct = !b.HasPeerAccess() || ctx.topology().PeerEnabled(r.dev[p], r.dev[k]);
+      s = direct ? b.PullLeaves(r.dev[k], &leaf, 1, r.stream[k]) : b.CopyLeaves(r.dev[k], r.dev[p], &leaf, 1, r.stream[k]);
+    }
+    lo.swap(next_lo);
+    hi.swap(next_hi);
+  }
+  // Backward join: nobody touches a buffer or scratch block others still read.
+  if (s.ok()) s = JoinAll(joins, r.dev, r.stream);
+  Status released = ReleaseAll(ctx, &scratch, scratch_stream);
+  QLINK_RETURN_IF_ERROR(s);
+  return released;
 }
 
 }  // namespace
@@ -305,92 +477,45 @@ Status AllReduce(Context& ctx, const qlink_all_reduce_args* a) {
   if (a->transport != QLINK_TRANSPORT_FP32 && a->transport != QLINK_TRANSPORT_BF16) {
     return InvalidArgument("args.transport = " + std::to_string(a->transport) + " is not a qlink_transport");
   }
+  // Appended in 1.1: a host that does not know the field gets the automatic choice.
+  const int32_t algorithm =
+      a->struct_size >= QLINK_STRUCT_SIZE(qlink_all_reduce_args, algorithm) ? a->algorithm : QLINK_ALL_REDUCE_AUTO;
+  if (algorithm < QLINK_ALL_REDUCE_AUTO || algorithm > QLINK_ALL_REDUCE_HALVING_DOUBLING) {
+    return InvalidArgument("args.algorithm = " + std::to_string(algorithm) + " is not a qlink_all_reduce_algorithm");
+  }
   uint64_t bytes = 0;
   std::vector<size_t> order;
   QLINK_RETURN_IF_ERROR(CheckPerDevice(ctx, a->buffers, a->num_buffers, "buffers", &bytes, &order));
-  const size_t world = order.size(), count = bytes / 4;
-  if (count == 0) return Status::Ok();
-
-  DeviceBackend& b = ctx.backend();
-  const bool bf16 = a->transport == QLINK_TRANSPORT_BF16, signs = a->op == QLINK_REDUCE_SIGN;
-  const float scale = a->op == QLINK_REDUCE_AVG ? 1.0f / static_cast<float>(world) : 1.0f;
-  // Rank k is the k-th device in index order and owns elements [begin(k), begin(k+1)).
-  std::vector<int> dev(world);
-  std::vector<char*> buf(world);
-  std::vector<Stream> stream(world);
-  for (size_t k = 0; k < world; ++k) {
+  const size_t world = order.size();
+  if (algorithm == QLINK_ALL_REDUCE_HALVING_DOUBLING) {
+    if ((world & (world - 1)) != 0) {
+      return InvalidArgument("args.algorithm is halving-doubling, which needs a power-of-two number of buffers, got " +
+                             std::to_string(world));
+    }
+    if (a->transport != QLINK_TRANSPORT_FP32) {
+      return InvalidArgument("args.algorithm is halving-doubling, which carries fp32 partial sums: use transport fp32");
+    }
+  }
+  Ranks r;
+  r.count = bytes / 4;
+  if (r.count == 0) return Status::Ok();
+  r.bf16 = a->transport == QLINK_TRANSPORT_BF16;
+  r.signs = a->op == QLINK_REDUCE_SIGN;
+  r.scale = a->op == QLINK_REDUCE_AVG ? 1.0f / static_cast<float>(world) : 1.0f;
+  for (size_t k = 0; k < world; ++k) {  // rank k is the k-th device in index order
     const DLTensor& t = a->buffers[order[k]];
-    dev[k] = t.device.device_id;
-    buf[k] = const_cast<char*>(TensorBytes(t));
-    stream[k] = StreamFor(dev[k], a->streams, a->num_streams);
+    r.dev.push_back(t.device.device_id);
+    r.buf.push_back(const_cast<char*>(TensorBytes(t)));
+    r.stream.push_back(StreamFor(r.dev[k], a->streams, a->num_streams));
   }
-  if (OneShotApplies(ctx, dev, bytes)) return OneShot(ctx, dev, buf, stream, count, bf16, scale, signs);
-  const size_t chunk = ((count + world - 1) / world + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
-  auto begin = [&](size_t k) { return std::min(count, k * chunk); };
-  auto length = [&](size_t k) { return begin(k + 1) - begin(k); };
-
-  StreamJoins joins(ctx);
-  std::vector<ScratchPool::Block*> scratch;  // with the stream each was last used on
-  std::vector<Stream> scratch_stream;
-  std::vector<void*> half(world, nullptr), sign(world, nullptr);
-  Status s;
-  // Phase 0: the partials as they travel (bf16 halves the bytes of the reduce-scatter).
-  for (size_t k = 0; s.ok() && k < world; ++k) {
-    ScratchPool::Block* block = nullptr;
-    if (bf16 && (s = ctx.scratch().Acquire(dev[k], count * 2, stream[k], &block)).ok()) {
-      scratch.push_back(block);
-      scratch_stream.push_back(stream[k]);
-      half[k] = block->ptr;
-      s = b.CastToBf16(dev[k], static_cast<uint16_t*>(half[k]), reinterpret_cast<const float*>(buf[k]), count,
-                       stream[k]);
-    }
-    if (s.ok() && signs && (s = ctx.scratch().Acquire(dev[k], chunk, stream[k], &block)).ok()) {
-      scratch.push_back(block);
-      scratch_stream.push_back(stream[k]);
-      sign[k] = block->ptr;
-    }
+  switch (algorithm) {
+    case QLINK_ALL_REDUCE_HALVING_DOUBLING:
+      return HalvingDoubling(ctx, r);
+    case QLINK_ALL_REDUCE_TWO_SHOT:
+      return TwoShot(ctx, r);
+    default:
+      return OneShotApplies(ctx, r.dev, bytes) ? OneShot(ctx, r) : TwoShot(ctx, r);
   }
-  if (s.ok()) s = JoinAll(joins, dev, stream);
-  // Phase 1: each owner sums its chunk of every partial in rank order.
-  for (size_t k = 0; s.ok() && k < world; ++k) {
-    if (length(k) == 0) continue;
-    std::vector<const void*> partials(world);
-    for (size_t j = 0; s.ok() && j < world; ++j) {
-      const char* base = bf16 ? static_cast<const char*>(half[j]) + begin(k) * 2 : buf[j] + begin(k) * 4;
-      s = Readable(ctx, dev[k], dev[j], base, length(k) * (bf16 ? 2 : 4), stream[k], &scratch, &partials[j]);
-      while (scratch_stream.size() < scratch.size()) scratch_stream.push_back(stream[k]);
-    }
-    if (s.ok()) {
-      s = b.ReduceSum(dev[k], signs ? sign[k] : buf[k] + begin(k) * 4, partials.data(), world, bf16, length(k), scale,
-                      signs, stream[k]);
-    }
-  }
-  if (s.ok()) s = JoinAll(joins, dev, stream);
-  // Phase 2: every rank gathers the owners' chunks (bit-identical everywhere).
-  for (size_t k = 0; s.ok() && k < world; ++k) {
-    std::vector<CopyLeaf> pulled;
-    for (size_t j = 0; s.ok() && j < world; ++j) {
-      if (length(j) == 0 || (j == k && !signs)) continue;
-      float* to = reinterpret_cast<float*>(buf[k] + begin(j) * 4);
-      if (signs) {
-        const void* from = nullptr;
-        s = Readable(ctx, dev[k], dev[j], sign[j], length(j), stream[k], &scratch, &from);
-        while (scratch_stream.size() < scratch.size()) scratch_stream.push_back(stream[k]);
-        if (s.ok()) s = b.ExpandSigns(dev[k], to, static_cast<const int8_t*>(from), length(j), stream[k]);
-      } else if (dev[k] == dev[j] || !b.HasPeerAccess() || ctx.topology().PeerEnabled(dev[j], dev[k])) {
-        pulled.push_back(CopyLeaf{buf[j] + begin(j) * 4, to, length(j) * 4});
-      } else {
-        const CopyLeaf leaf{buf[j] + begin(j) * 4, to, length(j) * 4};
-        s = b.CopyLeaves(dev[k], dev[j], &leaf, 1, stream[k]);
-      }
-    }
-    if (s.ok() && !pulled.empty()) s = b.PullLeaves(dev[k], pulled.data(), pulled.size(), stream[k]);
-  }
-  // Backward join: nobody touches a buffer or scratch block others still read.
-  if (s.ok()) s = JoinAll(joins, dev, stream);
-  Status released = ReleaseAll(ctx, &scratch, scratch_stream);
-  QLINK_RETURN_IF_ERROR(s);
-  return released;
 }
 
 }  // namespace qlink

@@ -173,9 +173,17 @@ typedef struct qlink_reduce_args {
 } qlink_reduce_args;
 #define QLINK_REDUCE_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_reduce_args, num_streams)
 
-/* Every buffer becomes op(sum of all buffers), in place. Each device owns one chunk:
- * it sums that chunk of every buffer in device-index order (reading peers directly),
- * then every device gathers the owners' chunks, so all end bit-identical. With
+typedef enum qlink_all_reduce_algorithm {
+  QLINK_ALL_REDUCE_AUTO = 0,             /* one-shot up to 256 KiB where every pair has peer
+                                            access, else two-shot */
+  QLINK_ALL_REDUCE_TWO_SHOT = 1,         /* reduce-scatter by chunk owners, then all-gather */
+  QLINK_ALL_REDUCE_HALVING_DOUBLING = 2  /* recursive halving, then doubling: power-of-two
+                                            buffer counts, fp32 transport */
+} qlink_all_reduce_algorithm;
+
+/* Every buffer becomes op(sum of all buffers), in place, and all end bit-identical: each
+ * element is summed by one owner and then gathered. Two-shot: each device owns one chunk
+ * and sums that chunk of every buffer in device-index order (reading peers directly); with
  * QLINK_REDUCE_SIGN the gathered chunks are int8 signs. */
 typedef struct qlink_all_reduce_args {
   size_t struct_size;
@@ -186,6 +194,8 @@ typedef struct qlink_all_reduce_args {
   int32_t transport;            /* qlink_transport */
   const qlink_stream* streams;  /* borrowed array of num_streams; may be NULL */
   size_t num_streams;
+  int32_t algorithm;            /* qlink_all_reduce_algorithm; read only when struct_size
+                                   covers it, else QLINK_ALL_REDUCE_AUTO */
 } qlink_all_reduce_args;
 #define QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_all_reduce_args, num_streams)
 

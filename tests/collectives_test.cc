@@ -75,6 +75,30 @@ TEST_P(Collectives, AllReduceSumAndAverageMatchTheFp64Reference) {
   }
 }
 
+TEST_P(Collectives, HalvingDoublingMatchesTheFp64ReferenceOnPowerOfTwoWorlds) {
+  if ((world() & (world() - 1)) != 0) GTEST_SKIP() << "halving-doubling needs a power-of-two world";
+  for (int32_t op : {QLINK_REDUCE_SUM, QLINK_REDUCE_AVG, QLINK_REDUCE_SIGN}) {
+    MakeBuffers(3000 + 11, 21);
+    const std::vector<double> exact = ExactSum();
+    qlink_all_reduce_args args{sizeof(qlink_all_reduce_args), dl_.data(), dl_.size(), op, QLINK_TRANSPORT_FP32,
+                               nullptr, 0, QLINK_ALL_REDUCE_HALVING_DOUBLING};
+    ASSERT_EQ(api_.all_reduce(ctx_.get(), &args), QLINK_OK) << api_.last_error();
+    const double div = op == QLINK_REDUCE_AVG ? world() : 1.0;
+    for (int d = 0; d < world(); ++d) {
+      ASSERT_EQ(std::memcmp(data_[d].data(), data_[0].data(), data_[0].size() * 4), 0) << "replica " << d;
+    }
+    for (size_t i = 0; i < exact.size(); ++i) {
+      if (op == QLINK_REDUCE_SIGN) {
+        if (std::abs(exact[i]) > 0.05) {
+          ASSERT_EQ(data_[0][i], exact[i] > 0 ? 1.0f : -1.0f) << "element " << i;
+        }
+      } else {
+        ASSERT_NEAR(data_[0][i], exact[i] / div, 1e-5 * (1 + std::abs(exact[i]))) << "element " << i;
+      }
+    }
+  }
+}
+
 TEST_P(Collectives, AllReduceWithBf16TransportStaysWithinBf16Rounding) {
   MakeBuffers(4096, 12);
   std::vector<double> bound(data_[0].size(), 0.0);
@@ -202,6 +226,17 @@ TEST_F(CollectiveRefusals, NamesTheCulpritAndWritesNothing) {
   EXPECT_THAT(api_.last_error(), HasSubstr("args.op = 7"));
   EXPECT_EQ(all_reduce(dl_, 0, 9), QLINK_INVALID_ARGUMENT);
   EXPECT_THAT(api_.last_error(), HasSubstr("args.transport = 9"));
+  qlink_all_reduce_args hd{sizeof(qlink_all_reduce_args), dl_.data(), 3, QLINK_REDUCE_SUM, QLINK_TRANSPORT_FP32,
+                           nullptr, 0, QLINK_ALL_REDUCE_HALVING_DOUBLING};
+  EXPECT_EQ(api_.all_reduce(ctx_.get(), &hd), QLINK_INVALID_ARGUMENT);
+  EXPECT_THAT(api_.last_error(), HasSubstr("needs a power-of-two number of buffers, got 3"));
+  hd.num_buffers = 2;
+  hd.transport = QLINK_TRANSPORT_BF16;
+  EXPECT_EQ(api_.all_reduce(ctx_.get(), &hd), QLINK_INVALID_ARGUMENT);
+  EXPECT_THAT(api_.last_error(), HasSubstr("use transport fp32"));
+  hd.algorithm = 5;
+  EXPECT_EQ(api_.all_reduce(ctx_.get(), &hd), QLINK_INVALID_ARGUMENT);
+  EXPECT_THAT(api_.last_error(), HasSubstr("args.algorithm = 5"));
   EXPECT_EQ(all_reduce(with(1, [&](DLTensor& t) { t.data = data_[0].data() + 8; }), 0, 0), QLINK_INVALID_ARGUMENT);
   EXPECT_THAT(api_.last_error(), HasSubstr("buffers[1] overlaps buffers[0]"));
 

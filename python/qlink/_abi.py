@@ -64,7 +64,8 @@ class ReduceArgs(ctypes.Structure):
 
 class AllReduceArgs(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t), ("buffers", POINTER(DLTensor)), ("num_buffers", c_size_t), ("op", c_int32),
-                ("transport", c_int32), ("streams", POINTER(Stream)), ("num_streams", c_size_t)]
+                ("transport", c_int32), ("streams", POINTER(Stream)), ("num_streams", c_size_t),
+                ("algorithm", c_int32)]
 
 
 class UniqueId(ctypes.Structure):
@@ -73,6 +74,7 @@ class UniqueId(ctypes.Structure):
 
 REDUCE_OPS = {"sum": 0, "avg": 1, "sign": 2}
 TRANSPORTS = {"fp32": 0, "bf16": 1}
+ALL_REDUCE_ALGORITHMS = {"auto": 0, "two_shot": 1, "halving_doubling": 2}
 
 _S = c_int32  # qlink_status
 _F = ctypes.CFUNCTYPE

@@ -49,17 +49,19 @@ def reduce(inputs, output, scale=1.0, ctx=None, input_devices=None, output_devic
     ctx._check(ctx._api.reduce(ctx._handle, ctypes.byref(args)))
 
 
-def all_reduce(buffers, op="sum", transport="fp32", ctx=None, devices=None):
+def all_reduce(buffers, op="sum", transport="fp32", ctx=None, devices=None, algorithm="auto"):
     """Every buffer becomes op(sum of buffers) in place; op: sum | avg | sign, transport:
-    fp32 | bf16. All buffers end bit-identical."""
-    if op not in _abi.REDUCE_OPS:
-        raise ValueError("op must be one of %s, got %r" % (sorted(_abi.REDUCE_OPS), op))
-    if transport not in _abi.TRANSPORTS:
-        raise ValueError("transport must be one of %s, got %r" % (sorted(_abi.TRANSPORTS), transport))
+    fp32 | bf16, algorithm: auto | two_shot | halving_doubling. All buffers end
+    bit-identical."""
+    for name, value, choices in (("op", op, _abi.REDUCE_OPS), ("transport", transport, _abi.TRANSPORTS),
+                                 ("algorithm", algorithm, _abi.ALL_REDUCE_ALGORITHMS)):
+        if value not in choices:
+            raise ValueError("%s must be one of %s, got %r" % (name, sorted(choices), value))
     ctx = ctx or default_context()
     bufs = pack(buffers, devices, exact=True)
     args = _abi.AllReduceArgs(ctypes.sizeof(_abi.AllReduceArgs), bufs.pointer, bufs.count, _abi.REDUCE_OPS[op],
-                              _abi.TRANSPORTS[transport], *_streams(ctx, bufs.devices))
+                              _abi.TRANSPORTS[transport], *_streams(ctx, bufs.devices),
+                              _abi.ALL_REDUCE_ALGORITHMS[algorithm])
     ctx._check(ctx._api.all_reduce(ctx._handle, ctypes.byref(args)))
 
 

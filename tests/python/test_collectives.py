@@ -28,6 +28,17 @@ def test_all_reduce_matches_fp64(cpu8, world, op):
         assert torch.allclose(b.double(), exact, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("world", [1, 2, 4, 8])
+@pytest.mark.parametrize("algorithm", ["two_shot", "halving_doubling"])
+def test_explicit_algorithms_agree_with_fp64(cpu8, world, algorithm):
+    gen = torch.Generator().manual_seed(50 + world)
+    bufs = [torch.randn(2049, generator=gen) for _ in range(world)]
+    exact = torch.stack([b.double() for b in bufs]).sum(0)
+    qlink.all_reduce(bufs, ctx=cpu8, devices=list(range(world)), algorithm=algorithm)
+    assert all(torch.equal(b, bufs[0]) for b in bufs)
+    assert torch.allclose(bufs[0].double(), exact, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("world", WORLDS)
 def test_sign_cast_replicas_bit_identical(cpu8, world):
     gen = torch.Generator().manual_seed(100 + world)
