@@ -75,34 +75,25 @@ Status CheckPerDevice(const Context& ctx, const DLTensor* t, size_t n, const cha
   return Status::Ok();
 }
 
-// Where `reader` reads `bytes` of `owner`'s memory at `ptr`: in place over a peer link,
-// on the same device, or in host memory shared by a backend without peer access (the
-// CPU backend's virtual devices); else from a scratch copy staged by the runtime on
-// `stream` (of reader).
+// Whether `reader` may read `owner`'s memory in place: the same device, a peer link, or
+// host memory shared by a backend without peer access (the CPU backend's virtual devices).
+bool DirectlyReadable(Context& ctx, int reader, int owner) {
+  return reader == owner || !ctx.backend().HasPeerAccess() || ctx.topology().PeerEnabled(owner, reader);
+}
+
+// Where `reader` reads `bytes` of `owner`'s memory at `ptr`: in place where it directly
+// can, else from a scratch copy staged by the runtime on `stream` (of reader).
 Status Readable(Context& ctx, int reader, int owner, const void* ptr, size_t bytes, Stream stream,
-                std::vector<ScratchPool::Block*>* staged, const void** out) {
-  DeviceBackend& b = ctx.backend();
-  if (reader == owner || !b.HasPeerAccess() || ctx.topology().PeerEnabled(owner, reader)) {
+                BorrowedScratch* scratch, const void** out) {
+  if (DirectlyReadable(ctx, reader, owner)) {
     *out = ptr;
     return Status::Ok();
   }
-  ScratchPool::Block* block = nullptr;
-  QLINK_RETURN_IF_ERROR(ctx.scratch().Acquire(reader, bytes, stream, &block));
-  staged->push_back(block);
-  const CopyLeaf leaf{ptr, block->ptr, bytes};
-  *out = block->ptr;
-  return b.CopyLeaves(reader, owner, &leaf, 1, stream);
-}
-
-// Gives every scratch block back, marking its last use on `stream` of its device.
-Status ReleaseAll(Context& ctx, std::vector<ScratchPool::Block*>* blocks, const std::vector<Stream>& stream_of_block) {
-  Status first;
-  for (size_t i = 0; i < blocks->size(); ++i) {
-    Status s = ctx.scratch().Release((*blocks)[i], stream_of_block[i]);
-    if (first.ok()) first = s;
-  }
-  blocks->clear();
-  return first;
+  void* staged = nullptr;
+  QLINK_RETURN_IF_ERROR(scratch->Take(reader, bytes, stream, &staged));
+  const CopyLeaf leaf{ptr, staged, bytes};
+  *out = staged;
+  return ctx.backend().CopyLeaves(reader, owner, &leaf, 1, stream);
 }
 
 // Every stream of `devices` waits for the work enqueued so far on every other one.
@@ -132,9 +123,9 @@ struct Ranks {
 // (no stream events), when every rank can reach every other over a peer link.
 bool OneShotApplies(Context& ctx, const std::vector<int>& dev, uint64_t bytes) {
   if (!ctx.backend().HasOneShot() || dev.size() < 2 || bytes > OneShotWorkspaces::kMaxBytes) return false;
-  for (int a : dev) {
-    for (int b : dev) {
-      if (a != b && !ctx.topology().PeerEnabled(a, b)) return false;
+  for (int reader : dev) {
+    for (int owner : dev) {
+      if (!DirectlyReadable(ctx, reader, owner)) return false;
     }
   }
   return true;
@@ -186,25 +177,16 @@ Status TwoShot(Context& ctx, const Ranks& r) {
   auto length = [&](size_t k) { return begin(k + 1) - begin(k); };
 
   StreamJoins joins(ctx);
-  std::vector<ScratchPool::Block*> scratch;  // with the stream each was last used on
-  std::vector<Stream> scratch_stream;
+  BorrowedScratch scratch(ctx.scratch());
   std::vector<void*> half(world, nullptr), sign(world, nullptr);
   Status s;
   // Phase 0: the partials as they travel (bf16 halves the bytes of the reduce-scatter).
   for (size_t k = 0; s.ok() && k < world; ++k) {
-    ScratchPool::Block* block = nullptr;
-    if (bf16 && (s = ctx.scratch().Acquire(dev[k], count * 2, stream[k], &block)).ok()) {
-      scratch.push_back(block);
-      scratch_stream.push_back(stream[k]);
-      half[k] = block->ptr;
+    if (bf16 && (s = scratch.Take(dev[k], count * 2, stream[k], &half[k])).ok()) {
       s = b.CastToBf16(dev[k], static_cast<uint16_t*>(half[k]), reinterpret_cast<const float*>(buf[k]), count,
                        stream[k]);
     }
-    if (s.ok() && signs && (s = ctx.scratch().Acquire(dev[k], chunk, stream[k], &block)).ok()) {
-      scratch.push_back(block);
-      scratch_stream.push_back(stream[k]);
-      sign[k] = block->ptr;
-    }
+    if (s.ok() && signs) s = scratch.Take(dev[k], chunk, stream[k], &sign[k]);
   }
   if (s.ok()) s = JoinAll(joins, dev, stream);
   // Phase 1: each owner sums its chunk of every partial in rank order.
@@ -214,7 +196,6 @@ Status TwoShot(Context& ctx, const Ranks& r) {
     for (size_t j = 0; s.ok() && j < world; ++j) {
       const char* base = bf16 ? static_cast<const char*>(half[j]) + begin(k) * 2 : buf[j] + begin(k) * 4;
       s = Readable(ctx, dev[k], dev[j], base, length(k) * (bf16 ? 2 : 4), stream[k], &scratch, &partials[j]);
-      while (scratch_stream.size() < scratch.size()) scratch_stream.push_back(stream[k]);
     }
     if (s.ok()) {
       s = b.ReduceSum(dev[k], signs ? sign[k] : buf[k] + begin(k) * 4, partials.data(), world, bf16, length(k), scale,
@@ -231,9 +212,8 @@ Status TwoShot(Context& ctx, const Ranks& r) {
       if (signs) {
         const void* from = nullptr;
         s = Readable(ctx, dev[k], dev[j], sign[j], length(j), stream[k], &scratch, &from);
-        while (scratch_stream.size() < scratch.size()) scratch_stream.push_back(stream[k]);
         if (s.ok()) s = b.ExpandSigns(dev[k], to, static_cast<const int8_t*>(from), length(j), stream[k]);
-      } else if (dev[k] == dev[j] || !b.HasPeerAccess() || ctx.topology().PeerEnabled(dev[j], dev[k])) {
+      } else if (DirectlyReadable(ctx, dev[k], dev[j])) {
         pulled.push_back(CopyLeaf{buf[j] + begin(j) * 4, to, length(j) * 4});
       } else {
         const CopyLeaf leaf{buf[j] + begin(j) * 4, to, length(j) * 4};
@@ -244,7 +224,7 @@ Status TwoShot(Context& ctx, const Ranks& r) {
   }
   // Backward join: nobody touches a buffer or scratch block others still read.
   if (s.ok()) s = JoinAll(joins, dev, stream);
-  Status released = ReleaseAll(ctx, &scratch, scratch_stream);
+  Status released = scratch.GiveBack();
   QLINK_RETURN_IF_ERROR(s);
   return released;
 }
@@ -258,8 +238,7 @@ Status HalvingDoubling(Context& ctx, const Ranks& r) {
   DeviceBackend& b = ctx.backend();
   const size_t world = r.dev.size();
   StreamJoins joins(ctx);
-  std::vector<ScratchPool::Block*> scratch;
-  std::vector<Stream> scratch_stream;
+  BorrowedScratch scratch(ctx.scratch());
   std::vector<size_t> lo(world, 0), hi(world, r.count);  // each rank's segment, in elements
   // Every rank waits for its partner's work so far: its data is ready, its reads are done.
   auto join_pairs = [&](size_t d) -> Status {
@@ -286,7 +265,6 @@ Status HalvingDoubling(Context& ctx, const Ranks& r) {
         s = Readable(ctx, r.dev[k], r.dev[second], r.buf[second] + next_lo[k] * 4, n * 4, r.stream[k], &scratch,
                      &partials[1]);
       }
-      while (scratch_stream.size() < scratch.size()) scratch_stream.push_back(r.stream[k]);
       if (s.ok()) s = b.ReduceSum(r.dev[k], r.buf[k] + next_lo[k] * 4, partials, 2, false, n, 1.0f, false, r.stream[k]);
     }
     lo.swap(next_lo);
@@ -302,13 +280,10 @@ Status HalvingDoubling(Context& ctx, const Ranks& r) {
       s = b.ReduceSum(r.dev[k], own, &in, 1, false, n, r.scale, false, r.stream[k]);
       continue;
     }
-    ScratchPool::Block* block = nullptr;
-    s = ctx.scratch().Acquire(r.dev[k], n, r.stream[k], &block);
-    if (!s.ok()) break;
-    scratch.push_back(block);
-    scratch_stream.push_back(r.stream[k]);
-    s = b.ReduceSum(r.dev[k], block->ptr, &in, 1, false, n, r.scale, true, r.stream[k]);
-    if (s.ok()) s = b.ExpandSigns(r.dev[k], own, static_cast<const int8_t*>(block->ptr), n, r.stream[k]);
+    void* sign = nullptr;
+    s = scratch.Take(r.dev[k], n, r.stream[k], &sign);
+    if (s.ok()) s = b.ReduceSum(r.dev[k], sign, &in, 1, false, n, r.scale, true, r.stream[k]);
+    if (s.ok()) s = b.ExpandSigns(r.dev[k], own, static_cast<const int8_t*>(sign), n, r.stream[k]);
   }
   for (size_t d = 1; s.ok() && d < world; d *= 2) {
     s = join_pairs(d);
@@ -319,15 +294,14 @@ Status HalvingDoubling(Context& ctx, const Ranks& r) {
       next_hi[k] = std::max(hi[k], hi[p]);
       if (n == 0) continue;
       const CopyLeaf leaf{r.buf[p] + lo[p] * 4, r.buf[k] + lo[p] * 4, n * 4};
-      const bool direct = !b.HasPeerAccess() || ctx.topology().PeerEnabled(r.dev[p], r.dev[k]);
-      s = direct ? b.PullLeaves(r.dev[k], &leaf, 1, r.stream[k]) : b.CopyLeaves(r.dev[k], r.dev[p], &leaf, 1, r.stream[k]);
+      s = DirectlyReadable(ctx, r.dev[k], r.dev[p]) ? b.PullLeaves(r.dev[k], &leaf, 1, r.stream[k]) : b.CopyLeaves(r.dev[k], r.dev[p], &leaf, 1, r.stream[k]);
     }
     lo.swap(next_lo);
     hi.swap(next_hi);
   }
   // Backward join: nobody touches a buffer or scratch block others still read.
   if (s.ok()) s = JoinAll(joins, r.dev, r.stream);
-  Status released = ReleaseAll(ctx, &scratch, scratch_stream);
+  Status released = scratch.GiveBack();
   QLINK_RETURN_IF_ERROR(s);
   return released;
 }
@@ -441,7 +415,7 @@ Status Reduce(Context& ctx, const qlink_reduce_args* a) {
     QLINK_RETURN_IF_ERROR(joins.Record(d, ds, &e));
     QLINK_RETURN_IF_ERROR(joins.Wait(o, os, e));
   }
-  std::vector<ScratchPool::Block*> staged;
+  BorrowedScratch staged(ctx.scratch());
   std::vector<const void*> partials;
   Status s;
   for (size_t k = 0; s.ok() && k < order.size(); ++k) {
@@ -454,7 +428,7 @@ Status Reduce(Context& ctx, const qlink_reduce_args* a) {
     s = b.ReduceSum(o, const_cast<char*>(out), partials.data(), partials.size(), false, bytes / 4,
                     static_cast<float>(a->scale), false, os);
   }
-  Status released = ReleaseAll(ctx, &staged, std::vector<Stream>(staged.size(), os));
+  Status released = staged.GiveBack();
   QLINK_RETURN_IF_ERROR(s);
   QLINK_RETURN_IF_ERROR(released);
   // Backward join: the partials may be reused on their streams once read.

@@ -85,12 +85,13 @@ Status Communicator::AllReduce(const DLTensor* buffer, int op, Stream stream) {
 Status Communicator::SignAllReduce(float* data, size_t count, Stream stream) {
   DeviceBackend& b = ctx_.backend();
   const size_t chunk = (count + nranks_ - 1) / nranks_, padded = chunk * nranks_;
-  ScratchPool::Block* sums = nullptr;
-  ScratchPool::Block* signs = nullptr;
-  QLINK_RETURN_IF_ERROR(ctx_.scratch().Acquire(device_, padded * 4, stream, &sums));
-  Status s = ctx_.scratch().Acquire(device_, padded, stream, &signs);
-  float* partial = static_cast<float*>(sums->ptr);
-  int8_t* sign = signs != nullptr ? static_cast<int8_t*>(signs->ptr) : nullptr;
+  BorrowedScratch scratch(ctx_.scratch());
+  void* sums = nullptr;
+  void* signs = nullptr;
+  Status s = scratch.Take(device_, padded * 4, stream, &sums);
+  if (s.ok()) s = scratch.Take(device_, padded, stream, &signs);
+  float* partial = static_cast<float*>(sums);
+  int8_t* sign = static_cast<int8_t*>(signs);
   const CopyLeaf leaf{data, partial, count * 4};
   if (s.ok()) s = b.CopyLeaves(device_, device_, &leaf, 1, stream);
   if (s.ok() && padded > count) s = b.Memset(device_, partial + count, 0, (padded - count) * 4, stream);
@@ -105,11 +106,9 @@ Status Communicator::SignAllReduce(float* data, size_t count, Stream stream) {
     s = nccl_.Check(nccl_.AllGather(sign + rank_ * chunk, sign, chunk, NcclApi::kInt8, comm_, stream), "ncclAllGather");
   }
   if (s.ok()) s = b.ExpandSigns(device_, data, sign, count, stream);
-  Status r1 = ctx_.scratch().Release(sums, stream);
-  Status r2 = signs != nullptr ? ctx_.scratch().Release(signs, stream) : Status::Ok();
+  Status released = scratch.GiveBack();
   QLINK_RETURN_IF_ERROR(s);
-  QLINK_RETURN_IF_ERROR(r1);
-  return r2;
+  return released;
 }
 
 Status Communicator::Broadcast(const DLTensor* buffer, int root, Stream stream) {

@@ -47,4 +47,22 @@ Status ScratchPool::Release(Block* block, Stream stream) {
   return s;
 }
 
+Status BorrowedScratch::Take(int device, size_t bytes, Stream stream, void** out) {
+  ScratchPool::Block* block = nullptr;
+  QLINK_RETURN_IF_ERROR(pool_.Acquire(device, bytes, stream, &block));
+  taken_.emplace_back(block, stream);
+  *out = block->ptr;
+  return Status::Ok();
+}
+
+Status BorrowedScratch::GiveBack() {
+  Status first;
+  for (auto& [block, stream] : taken_) {
+    Status s = pool_.Release(block, stream);
+    if (first.ok()) first = s;
+  }
+  taken_.clear();
+  return first;
+}
+
 }  // namespace qlink

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "backends/device_backend.h"
@@ -35,6 +36,22 @@ class ScratchPool {
   DeviceBackend& backend_;
   std::mutex mu_;
   std::vector<std::unique_ptr<Block>> blocks_;
+};
+
+// The scratch blocks one call takes, each given back marked with the stream of its last
+// use on its device.
+class BorrowedScratch {
+ public:
+  explicit BorrowedScratch(ScratchPool& pool) : pool_(pool) {}
+
+  // A block of at least `bytes` on `device`, used on `stream` (of that device) from now on.
+  Status Take(int device, size_t bytes, Stream stream, void** out);
+  // Gives every block back; the first failure, if any.
+  Status GiveBack();
+
+ private:
+  ScratchPool& pool_;
+  std::vector<std::pair<ScratchPool::Block*, Stream>> taken_;
 };
 
 }  // namespace qlink
