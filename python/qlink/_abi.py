@@ -116,6 +116,3 @@ class Api(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t), ("abi_major", c_uint32), ("abi_minor", c_uint32)] + [
         (name, _F(restype, *argtypes)) for name, restype, argtypes in _TABLE]
 
-
-def struct_size(struct_type):
-    return ctypes.sizeof(struct_type)

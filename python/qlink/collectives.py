@@ -6,7 +6,6 @@ Each device's part is ordered on that device's current stream, like the copies."
 import copy
 import ctypes
 
-import numpy as np
 import torch
 
 from . import _abi

@@ -133,27 +133,32 @@ class Context:
         self._check(self._api.measure_link(self._handle, int(src), int(dst), int(nbytes), ctypes.byref(m)))
         return {"bytes": m.bytes, "gbps": m.gbps, "latency_us": m.latency_us, "used_peer": bool(m.used_peer)}
 
-    def _copy_args(self, sources, targets, source_devices, target_devices):
+    def _pack_pair(self, sources, targets, source_devices, target_devices):
         if len(sources) != len(targets):
             raise ValueError("sources has %d leaves but targets has %d" % (len(sources), len(targets)))
-        src = pack(sources, source_devices)
-        dst = pack(targets, target_devices)
-        args = _abi.CopyArgs(ctypes.sizeof(_abi.CopyArgs), src.pointer, dst.pointer, src.count, None, 0)
-        return args, (src, dst)
+        return pack(sources, source_devices), pack(targets, target_devices)
+
+    def _copy_args(self, src, dst, streams):
+        """qlink_copy_args over packed leaves; streams as for copy()."""
+        return _abi.CopyArgs(ctypes.sizeof(_abi.CopyArgs), src.pointer, dst.pointer, src.count, *self._streams(streams))
 
     def copy(self, sources, targets, source_devices=None, target_devices=None, streams=None):
         """Enqueues sources[i] -> targets[i] for every leaf (see qlink_copy_args).
 
         streams: {device index: vendor stream handle}; devices not listed use their
         default stream. *_devices override the tensors' device indices (CPU virtual devices)."""
-        args, keep = self._copy_args(sources, targets, source_devices, target_devices)
-        args.streams, args.num_streams = self._streams(streams)
+        src, dst = self._pack_pair(sources, targets, source_devices, target_devices)
+        self.copy_packed(src, dst, streams)
+
+    def copy_packed(self, src, dst, streams=None):
+        """copy() of leaves already packed (qlink._dlpack.pack)."""
+        args = self._copy_args(src, dst, streams)
         self._check(self._api.copy_batch(self._handle, ctypes.byref(args)))
-        del keep
 
     def prepare(self, sources, targets, source_devices=None, target_devices=None):
         """A CopyPlan: validated and planned once, replayed with run()."""
-        args, keep = self._copy_args(sources, targets, source_devices, target_devices)
+        src, dst = self._pack_pair(sources, targets, source_devices, target_devices)
+        args = self._copy_args(src, dst, None)
         plan = ctypes.c_void_p()
         self._check(self._api.copy_plan_create(self._handle, ctypes.byref(args), ctypes.byref(plan)))
         return CopyPlan(self, plan, list(sources), list(targets))

@@ -9,15 +9,12 @@ it out while it is still being read (no record_stream per leaf). Nothing blocks 
 
 Only GPU-to-GPU leaves go through qlink; host tensors take PyTorch's regular path (P2P is
 an accelerator concept)."""
-import collections
-import ctypes
 import operator
 import threading
 
 import numpy as np
 import torch
 
-from . import _abi
 from ._dlpack import _DATA_PTR, _GET_DEVICE, _IS_CONTIGUOUS, _NBYTES, byte_vectors, device_type_of, pack
 from .context import Context
 
@@ -55,9 +52,7 @@ def default_context():
 
 def _enqueue(ctx, src, dst):
     """One copy_batch of packed leaves on the current streams of every device involved."""
-    streams = ctx._streams({d: _raw_stream(d) for d in src.devices | dst.devices})
-    args = _abi.CopyArgs(_abi.struct_size(_abi.CopyArgs), src.pointer, dst.pointer, src.count, *streams)
-    ctx._check(ctx._api.copy_batch(ctx._handle, ctypes.byref(args)))
+    ctx.copy_packed(src, dst, {d: _raw_stream(d) for d in src.devices | dst.devices})
 
 
 def peer_copy_batch(sources, targets, ctx=None):

@@ -21,3 +21,13 @@ def cpu4(library):
     import qlink
     with qlink.load({"backend": "cpu", "cpu_devices": 4, "log_level": "off"}, library=library) as ctx:
         yield ctx
+
+
+@pytest.fixture(scope="module")
+def ctx(library):
+    """The CUDA backend as the process default context, every pair's peer access enabled
+    (GPU tests only: they skip before asking for it where there is no GPU)."""
+    import qlink
+    ctx = qlink.configure({"backend": "cuda", "log_level": "warn"}, library=library)
+    ctx.enable_peer_access()
+    return ctx

@@ -9,13 +9,6 @@ import qlink
 pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 
 
-@pytest.fixture(scope="module")
-def ctx(library):
-    ctx = qlink.configure({"backend": "cuda", "log_level": "warn"}, library=library)
-    ctx.enable_peer_access()
-    return ctx
-
-
 def _devices():
     return list(range(torch.cuda.device_count()))
 

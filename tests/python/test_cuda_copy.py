@@ -19,13 +19,6 @@ if hasattr(torch, "float8_e4m3fn"):
     DTYPES.append(torch.float8_e4m3fn)
 
 
-@pytest.fixture(scope="module")
-def ctx(library):
-    ctx = qlink.configure({"backend": "cuda", "log_level": "warn"}, library=library)
-    ctx.enable_peer_access()
-    return ctx
-
-
 def _pairs():
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return [(0, 0)] + ([(0, 1), (1, 0)] if n >= 2 else [])

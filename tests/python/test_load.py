@@ -1,5 +1,4 @@
 """qlink.load: finding the plugin, negotiating the ABI, configs and their refusals."""
-import ctypes
 import threading
 
 import pytest
