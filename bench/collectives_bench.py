@@ -9,43 +9,15 @@ synchronized, as torch_bench.py."""
 import argparse
 import os
 import sys
-import time
 
 import torch
 import torch.cuda.comm
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import qlink  # noqa: E402
+from timing import best_us, mean_us  # noqa: E402
 
 SIZES = [1 << 16, 1 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30]
-
-
-def sync_all():
-    for d in range(torch.cuda.device_count()):
-        torch.cuda.synchronize(d)
-
-
-def mean_us(fn, reps=20):
-    for _ in range(3):
-        fn()
-    sync_all()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    sync_all()
-    return (time.perf_counter() - t0) / reps * 1e6
-
-
-def best_us(fn, reps=10):
-    fn()
-    sync_all()
-    best = 1e30
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        sync_all()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e6
 
 
 def main():
@@ -81,9 +53,9 @@ def main():
     for size in (4 << 20, 64 << 20, 256 << 20):
         parts = [torch.randn(size // 4, device=d) for d in devs]
         out = torch.empty_like(parts[0])
-        q = best_us(lambda: qlink.reduce(parts, out, scale=1.0))
-        ra = best_us(lambda: torch.cuda.comm.reduce_add(parts, destination=0))
-        ta = best_us(lambda: parts[0].add(parts[1].to("cuda:0", non_blocking=True)))
+        q = best_us(lambda: qlink.reduce(parts, out, scale=1.0), reps=10)
+        ra = best_us(lambda: torch.cuda.comm.reduce_add(parts, destination=0), reps=10)
+        ta = best_us(lambda: parts[0].add(parts[1].to("cuda:0", non_blocking=True)), reps=10)
         line = "| %d MiB | %.1f (%.0f) | %.1f | %.1f |" % (size >> 20, q, size * (n - 1) / q / 1e3, ra, ta)
         print(line)
         lines.append(line)

@@ -1,48 +1,31 @@
 """Module moves GPU0 -> GPU1: qlink against the paths hosts use today, in one run.
 
 Host wall time per move including enqueue and a final synchronize, best of 30 (the
-method of ../shared/baselines/torch_bench.py). Usage:
+method of ../shared/baselines/torch_bench.py): synchronizing the current device (GPU0)
+covers every path timed here, since PyTorch's copy_ makes the source stream wait for a
+cross-device copy and so does qlink's backward join; the ctypes per-leaf path has no such
+join and synchronizes GPU1. Usage:
     python3 bench/copy_bench.py --library DIST/libqlink.so [--markdown OUT.md]
 """
 import argparse
 import ctypes
+import functools
 import glob
 import os
 import sys
-import time
 
 import torch
 import torch.cuda.comm
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import qlink  # noqa: E402
+import timing  # noqa: E402
+
+# Timed as the baseline scripts are: synchronizing GPU0 (see the module docstring).
+best_us = functools.partial(timing.best_us, sync=torch.cuda.synchronize)
 
 SHAPES = [(8, 32768), (64, 32768), (8, 262144), (64, 262144), (256, 65536), (8, 2 << 20), (64, 2 << 20),
           (16, 16 << 20), (4, 64 << 20)]
-
-
-def sync_all():
-    for d in range(torch.cuda.device_count()):
-        torch.cuda.synchronize(d)
-
-
-def best_us(fn, reps=30, reset=None, sync=torch.cuda.synchronize):
-    """As the baseline scripts: synchronize the current device (GPU0) after each move.
-    That covers every path timed here: PyTorch's copy_ makes the source stream wait for
-    a cross-device copy, and so does qlink's backward join. The ctypes per-leaf path has
-    no such join and passes sync= for GPU1."""
-    fn()
-    sync_all()
-    best = 1e30
-    for _ in range(reps):
-        if reset:
-            reset()
-            sync_all()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e6
 
 
 def cudart():

@@ -1,0 +1,39 @@
+"""Host wall-time measurement shared by the benchmarks, in the manner of the baseline
+scripts (../shared/baselines): best of N synchronized runs, or the mean of back-to-back
+runs as nccl_bench.py does."""
+import time
+
+import torch
+
+
+def sync_all():
+    for d in range(torch.cuda.device_count()):
+        torch.cuda.synchronize(d)
+
+
+def best_us(fn, reps=30, reset=None, sync=sync_all):
+    """Best of `reps` runs of fn() followed by sync(); reset() runs untimed before each."""
+    fn()
+    sync_all()
+    best = 1e30
+    for _ in range(reps):
+        if reset:
+            reset()
+            sync_all()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e6
+
+
+def mean_us(fn, reps=20):
+    """Mean of `reps` back-to-back runs after three warm-ups, synchronized once at the end."""
+    for _ in range(3):
+        fn()
+    sync_all()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    sync_all()
+    return (time.perf_counter() - t0) / reps * 1e6
