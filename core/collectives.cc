@@ -16,8 +16,6 @@ namespace {
 constexpr size_t kMaxParticipants = 64;  // partials one reduce launch takes
 constexpr size_t kChunkAlign = 64;       // elements: owned chunks start 256-byte aligned
 
-std::string Name(const char* side, size_t i) { return std::string(side) + "[" + std::to_string(i) + "]"; }
-
 Status CheckArgsSize(size_t got, size_t want, const char* what) {
   if (got >= want) return Status::Ok();
   return InvalidArgument(std::string(what) + ".struct_size " + std::to_string(got) + " is below the 1.1 size " +
@@ -26,7 +24,7 @@ Status CheckArgsSize(size_t got, size_t want, const char* what) {
 
 Status CheckFp32(const DLTensor& t, const char* side, size_t i) {
   if (t.dtype.code == kDLFloat && t.dtype.bits == 32 && t.dtype.lanes == 1) return Status::Ok();
-  return InvalidArgument(Name(side, i) + ": dtype must be float32, got code " + std::to_string(t.dtype.code) + " with " +
+  return InvalidArgument(ArgName(side, i) + ": dtype must be float32, got code " + std::to_string(t.dtype.code) + " with " +
                          std::to_string(t.dtype.bits) + " bits x " + std::to_string(t.dtype.lanes) + " lanes");
 }
 
@@ -47,7 +45,7 @@ Status CheckPerDevice(const Context& ctx, const DLTensor* t, size_t n, const cha
     QLINK_RETURN_IF_ERROR(CheckFp32(t[i], side, i));
     if (i == 0) *bytes = got;
     if (got != *bytes) {
-      return InvalidArgument(Name(side, i) + " has " + std::to_string(got) + " bytes but " + Name(side, 0) + " has " +
+      return InvalidArgument(ArgName(side, i) + " has " + std::to_string(got) + " bytes but " + ArgName(side, 0) + " has " +
                              std::to_string(*bytes));
     }
   }
@@ -58,8 +56,8 @@ Status CheckPerDevice(const Context& ctx, const DLTensor* t, size_t n, const cha
   for (size_t k = 1; k < n; ++k) {
     const size_t a = std::min((*order)[k - 1], (*order)[k]), c = std::max((*order)[k - 1], (*order)[k]);
     if (t[a].device.device_id == t[c].device.device_id) {
-      return InvalidArgument(Name(side, c) + " is on device " + std::to_string(t[c].device.device_id) + " like " +
-                             Name(side, a) + ": one buffer per device");
+      return InvalidArgument(ArgName(side, c) + " is on device " + std::to_string(t[c].device.device_id) + " like " +
+                             ArgName(side, a) + ": one buffer per device");
     }
   }
   // Virtual CPU devices share one address space, so distinct devices do not imply
@@ -68,8 +66,8 @@ Status CheckPerDevice(const Context& ctx, const DLTensor* t, size_t n, const cha
   std::sort(by_address.begin(), by_address.end(), [&](size_t x, size_t y) { return TensorBytes(t[x]) < TensorBytes(t[y]); });
   for (size_t k = 1; k < n && *bytes > 0; ++k) {
     if (TensorBytes(t[by_address[k]]) < TensorBytes(t[by_address[k - 1]]) + *bytes) {
-      return InvalidArgument(Name(side, std::max(by_address[k], by_address[k - 1])) + " overlaps " +
-                             Name(side, std::min(by_address[k], by_address[k - 1])));
+      return InvalidArgument(ArgName(side, std::max(by_address[k], by_address[k - 1])) + " overlaps " +
+                             ArgName(side, std::min(by_address[k], by_address[k - 1])));
     }
   }
   return Status::Ok();
@@ -318,7 +316,7 @@ Status Broadcast(Context& ctx, const qlink_broadcast_args* a) {
   const int root = a->sources[0].device.device_id;
   for (size_t i = 1; i < leaves; ++i) {
     if (a->sources[i].device.device_id != root) {
-      return InvalidArgument(Name("sources", i) + " is on device " + std::to_string(a->sources[i].device.device_id) +
+      return InvalidArgument(ArgName("sources", i) + " is on device " + std::to_string(a->sources[i].device.device_id) +
                              ", not the broadcast root " + std::to_string(root) + " of sources[0]");
     }
   }
@@ -329,7 +327,7 @@ Status Broadcast(Context& ctx, const qlink_broadcast_args* a) {
     for (size_t i = 0; i < leaves; ++i) {
       const int dev = d[i].device.device_id;
       if (dev != replica_device[r] || dev == root) {
-        return InvalidArgument(Name("destinations", r * leaves + i) + " is on device " + std::to_string(dev) +
+        return InvalidArgument(ArgName("destinations", r * leaves + i) + " is on device " + std::to_string(dev) +
                                (dev == root ? ", the root's" : ", not replica " + std::to_string(r) + "'s device " +
                                                                    std::to_string(replica_device[r])));
       }
@@ -398,7 +396,7 @@ Status Reduce(Context& ctx, const qlink_reduce_args* a) {
     const char* in = TensorBytes(a->inputs[i]);
     const bool in_place = in == out && a->inputs[i].device.device_id == o;
     if (!in_place && bytes > 0 && in < out + bytes && out < in + bytes) {
-      return InvalidArgument("output overlaps " + Name("inputs", i) + " (only the input of the output's own device "
+      return InvalidArgument("output overlaps " + ArgName("inputs", i) + " (only the input of the output's own device "
                              "may be the output itself)");
     }
   }

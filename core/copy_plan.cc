@@ -16,8 +16,6 @@ struct Span {
   size_t index;
 };
 
-std::string Name(const char* side, size_t i) { return std::string(side) + "[" + std::to_string(i) + "]"; }
-
 // Destinations must not overlap each other or any source: the result would depend on
 // the order leaves run in. Addresses are unique across devices (UVA; one host space for
 // the CPU backend), so plain intervals decide.
@@ -28,7 +26,7 @@ Status CheckOverlaps(const std::vector<Span>& sources, std::vector<Span> destina
     if (destinations[k].begin < destinations[k - 1].end) {
       size_t a = std::min(destinations[k - 1].index, destinations[k].index);
       size_t b = std::max(destinations[k - 1].index, destinations[k].index);
-      return InvalidArgument(Name("destinations", a) + " overlaps " + Name("destinations", b));
+      return InvalidArgument(ArgName("destinations", a) + " overlaps " + ArgName("destinations", b));
     }
   }
   for (const Span& s : sources) {
@@ -36,7 +34,7 @@ Status CheckOverlaps(const std::vector<Span>& sources, std::vector<Span> destina
     auto it = std::upper_bound(destinations.begin(), destinations.end(), s.begin,
                                [](uintptr_t v, const Span& d) { return v < d.end; });
     if (it != destinations.end() && it->begin < s.end) {
-      return InvalidArgument(Name("destinations", it->index) + " overlaps " + Name("sources", s.index));
+      return InvalidArgument(ArgName("destinations", it->index) + " overlaps " + ArgName("sources", s.index));
     }
   }
   return Status::Ok();
@@ -57,13 +55,13 @@ Status CheckStreams(const Context& ctx, const qlink_stream* streams, size_t num_
   for (size_t k = 0; k < num_streams; ++k) {
     const DLDevice& d = streams[k].device;
     if (d.device_type != b.device_type() || d.device_id < 0 || d.device_id >= b.device_count()) {
-      return InvalidArgument(Name("streams", k) + ": device (type " + std::to_string(d.device_type) + ", id " +
+      return InvalidArgument(ArgName("streams", k) + ": device (type " + std::to_string(d.device_type) + ", id " +
                              std::to_string(d.device_id) + ") is not a device of the context");
     }
     for (size_t j = 0; j < k; ++j) {
       if (streams[j].device.device_id == d.device_id) {
-        return InvalidArgument(Name("streams", k) + ": device " + std::to_string(d.device_id) +
-                               " already has a stream in " + Name("streams", j));
+        return InvalidArgument(ArgName("streams", k) + ": device " + std::to_string(d.device_id) +
+                               " already has a stream in " + ArgName("streams", j));
       }
     }
   }
@@ -93,8 +91,8 @@ Status CopyPlan::Build(Context& ctx, const qlink_copy_args* args, CopyPlan* out)
     QLINK_RETURN_IF_ERROR(CheckTensor(args->sources[i], "sources", i, type, count, &src_bytes));
     QLINK_RETURN_IF_ERROR(CheckTensor(args->destinations[i], "destinations", i, type, count, &dst_bytes));
     if (src_bytes != dst_bytes) {
-      return InvalidArgument(Name("destinations", i) + " has " + std::to_string(dst_bytes) + " bytes but " +
-                             Name("sources", i) + " has " + std::to_string(src_bytes));
+      return InvalidArgument(ArgName("destinations", i) + " has " + std::to_string(dst_bytes) + " bytes but " +
+                             ArgName("sources", i) + " has " + std::to_string(src_bytes));
     }
     sizes[i] = src_bytes;
     if (src_bytes == 0) continue;

@@ -19,7 +19,7 @@ const char* DeviceTypeName(int type) {
 Status CheckTensor(const DLTensor& t, const char* side, size_t index, DLDeviceType device_type, int device_count,
                    uint64_t* bytes) {
   // Named only on refusal: the hot path builds no strings.
-  auto what = [&] { return std::string(side) + "[" + std::to_string(index) + "]"; };
+  auto what = [&] { return ArgName(side, index); };
   if (t.device.device_type != device_type) {
     return InvalidArgument(what() + ": device type " + std::to_string(t.device.device_type) + " (" +
                            DeviceTypeName(t.device.device_type) + ") is not the context's " +

@@ -10,6 +10,11 @@
 
 namespace qlink {
 
+// How refusals name one element of an argument array: "sources[3]".
+inline std::string ArgName(const char* side, size_t index) {
+  return std::string(side) + "[" + std::to_string(index) + "]";
+}
+
 // Checks that `t` (named side[index] in a refusal, e.g. "sources[3]") is a contiguous
 // tensor of a device of `device_type` with an id below `device_count`, and gives its size
 // in bytes.
