@@ -13,7 +13,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <dlpack/dlpack.h>
 
@@ -50,6 +52,13 @@ struct OneShotAllReduce {
   bool bf16 = false;   // staged partials are bf16
   float scale = 1.0f;
   bool signs = false;  // output sign(scale * sum) as -1, 0, 1
+};
+
+// A pull batch laid out once for repeated launches (prepared copy plans).
+class PreparedPull {
+ public:
+  virtual ~PreparedPull() = default;
+  virtual Status Launch(Stream dst_stream) = 0;
 };
 
 struct BackendOptions {
@@ -108,6 +117,11 @@ class DeviceBackend {
   // pair has no peer access.
   virtual Status CopyLeaves(int dst_device, int src_device, const CopyLeaf* leaves,
                             size_t count, Stream dst_stream) = 0;
+  // PullLeaves over leaves fixed once: the GPU backend keeps their descriptors in
+  // device memory, so each launch passes one pointer instead of every descriptor. By
+  // default the leaves stay on the host and each launch is a PullLeaves.
+  virtual Status PreparePull(int dst_device, const CopyLeaf* leaves, size_t count,
+                             std::unique_ptr<PreparedPull>* out);
   // Leaves of at least this many bytes go to CopyLeaves even over a peer link: the
   // measured point where the copy engines overtake the pull kernel.
   virtual uint64_t PullCrossoverBytes() const = 0;
@@ -131,6 +145,26 @@ class DeviceBackend {
   // order into output.
   virtual Status OneShot(int device, const OneShotAllReduce& args, Stream stream) = 0;
 };
+
+namespace internal {
+class HostPreparedPull final : public PreparedPull {
+ public:
+  HostPreparedPull(DeviceBackend& backend, int device, const CopyLeaf* leaves, size_t count)
+      : backend_(backend), device_(device), leaves_(leaves, leaves + count) {}
+  Status Launch(Stream stream) override { return backend_.PullLeaves(device_, leaves_.data(), leaves_.size(), stream); }
+
+ private:
+  DeviceBackend& backend_;
+  int device_;
+  std::vector<CopyLeaf> leaves_;
+};
+}  // namespace internal
+
+inline Status DeviceBackend::PreparePull(int dst_device, const CopyLeaf* leaves, size_t count,
+                                         std::unique_ptr<PreparedPull>* out) {
+  *out = std::make_unique<internal::HostPreparedPull>(*this, dst_device, leaves, count);
+  return Status::Ok();
+}
 
 }  // namespace qlink
 

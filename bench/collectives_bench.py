@@ -4,8 +4,9 @@ same run). Usage:
     python3 bench/collectives_bench.py --library DIST/libqlink.so [--markdown OUT.md]
 
 all-reduce and broadcast: mean of 20 back-to-back calls after warm-up, as nccl_bench.py;
-busbw = algbw * 2(n-1)/n for all-reduce, algbw for broadcast. reduce: best of 10, each
-synchronized, as torch_bench.py."""
+busbw = algbw * 2(n-1)/n for all-reduce, algbw for broadcast; "prepared" replays one
+qlink.PreparedAllReduce. reduce: best of 10, each synchronizing the output's device (GPU0),
+as torch_bench.py does for reduce_add."""
 import argparse
 import os
 import sys
@@ -28,22 +29,31 @@ def main():
     qlink.configure({"backend": "cuda", "log_level": "warn"}, library=a.library).enable_peer_access()
     n = torch.cuda.device_count()
     devs = list(range(n))
-    lines = ["| bytes | all-reduce fp32 us (busbw GB/s) | all-reduce bf16 transport | all-reduce sign-cast | "
-             "broadcast us (GB/s) | torch broadcast_coalesced |", "|---|---|---|---|---|---|"]
+    lines = ["| bytes | all-reduce fp32 us (busbw GB/s) | prepared fp32 | halving-doubling fp32 | "
+             "all-reduce bf16 transport | prepared bf16 | all-reduce sign-cast | prepared sign-cast | "
+             "broadcast us (GB/s) | torch broadcast_coalesced |", "|---" * 10 + "|"]
     print("world", n, torch.cuda.get_device_name(0))
     for size in SIZES:
         bufs = [torch.randn(size // 4, device=d) for d in devs]
-        ar = {}
+        bus = lambda us: size / us / 1e3 * 2 * (n - 1) / n  # noqa: E731
+        cells = []
         for op, tr in [("sum", "fp32"), ("sum", "bf16"), ("sign", "bf16")]:
-            ar[(op, tr)] = mean_us(lambda: qlink.all_reduce(bufs, op=op, transport=tr))
+            once = mean_us(lambda: qlink.all_reduce(bufs, op=op, transport=tr))
+            plan = qlink.PreparedAllReduce(bufs, op=op, transport=tr)
+            prepared = mean_us(plan.run)
+            cells += ["%.1f (%.0f)" % (once, bus(once)), "%.1f (%.0f)" % (prepared, bus(prepared))]
+            if tr == "fp32" and n & (n - 1) == 0:
+                hd = mean_us(lambda: qlink.all_reduce(bufs, algorithm="halving_doubling"))
+                cells.append("%.1f (%.0f)" % (hd, bus(hd)))
+            elif tr == "fp32":
+                cells.append("n/a")
+            del plan
         src = bufs[0]
         replicas = [[b] for b in bufs[1:]]
         bc = mean_us(lambda: qlink.broadcast([src], replicas))
         tb = mean_us(lambda: torch.cuda.comm.broadcast_coalesced([src], devs))
-        bus = lambda us: size / us / 1e3 * 2 * (n - 1) / n  # noqa: E731
-        line = "| %d | %.1f (%.0f) | %.1f (%.0f) | %.1f (%.0f) | %.1f (%.0f) | %.1f (%.0f) |" % (
-            size, ar[("sum", "fp32")], bus(ar[("sum", "fp32")]), ar[("sum", "bf16")], bus(ar[("sum", "bf16")]),
-            ar[("sign", "bf16")], bus(ar[("sign", "bf16")]), bc, size / bc / 1e3, tb, size / tb / 1e3)
+        cells += ["%.1f (%.0f)" % (bc, size / bc / 1e3), "%.1f (%.0f)" % (tb, size / tb / 1e3)]
+        line = "| %d | " % size + " | ".join(cells) + " |"
         print(line)
         lines.append(line)
         del bufs, replicas, src
@@ -53,9 +63,10 @@ def main():
     for size in (4 << 20, 64 << 20, 256 << 20):
         parts = [torch.randn(size // 4, device=d) for d in devs]
         out = torch.empty_like(parts[0])
-        q = best_us(lambda: qlink.reduce(parts, out, scale=1.0), reps=10)
-        ra = best_us(lambda: torch.cuda.comm.reduce_add(parts, destination=0), reps=10)
-        ta = best_us(lambda: parts[0].add(parts[1].to("cuda:0", non_blocking=True)), reps=10)
+        on_gpu0 = lambda: torch.cuda.synchronize(0)  # noqa: E731
+        q = best_us(lambda: qlink.reduce(parts, out, scale=1.0), reps=10, sync=on_gpu0)
+        ra = best_us(lambda: torch.cuda.comm.reduce_add(parts, destination=0), reps=10, sync=on_gpu0)
+        ta = best_us(lambda: parts[0].add(parts[1].to("cuda:0", non_blocking=True)), reps=10, sync=on_gpu0)
         line = "| %d MiB | %.1f (%.0f) | %.1f | %.1f |" % (size >> 20, q, size * (n - 1) / q / 1e3, ra, ta)
         print(line)
         lines.append(line)

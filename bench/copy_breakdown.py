@@ -51,22 +51,25 @@ def profile_python():
     src = [torch.randn(16384, device="cuda:0") for _ in range(256)]
     dst = [torch.empty_like(t, device="cuda:1") for t in src]
     print("pack(256 leaves): %.1f us" % (enqueue_us(lambda: pack(src), 200)))
-    module = torch.nn.Module()
-    for i in range(64):
-        module.register_parameter("p%d" % i, torch.nn.Parameter(torch.randn(65536, device="cuda:0")))
-    for label, fn in [("module.to", lambda: module.to("cuda:1")),
-                      ("move_module_to_device", lambda: qlink.move_module_to_device(module, "cuda:1"))]:
-        host = sync = 1e30
-        for _ in range(20):
-            module.to("cuda:0")
-            torch.cuda.synchronize(0)
-            torch.cuda.synchronize(1)
-            t0 = time.perf_counter()
-            fn()
-            t1 = time.perf_counter()
-            torch.cuda.synchronize()
-            host, sync = min(host, t1 - t0), min(sync, time.perf_counter() - t1)
-        print("%s of 64 x 256 KiB: host %.1f us, then synchronize %.1f us" % (label, host * 1e6, sync * 1e6))
+    for leaves, floats in [(8, 8192), (4, 16 << 20), (64, 65536)]:
+        module = torch.nn.Module()
+        for i in range(leaves):
+            module.register_parameter("p%d" % i, torch.nn.Parameter(torch.randn(floats, device="cuda:0")))
+        for label, fn in [("module.to", lambda: module.to("cuda:1")),
+                          ("move_module_to_device", lambda: qlink.move_module_to_device(module, "cuda:1"))]:
+            host = sync = 1e30
+            for _ in range(20):
+                module.to("cuda:0")
+                torch.cuda.synchronize(0)
+                torch.cuda.synchronize(1)
+                t0 = time.perf_counter()
+                fn()
+                t1 = time.perf_counter()
+                torch.cuda.synchronize(0)
+                torch.cuda.synchronize(1)
+                host, sync = min(host, t1 - t0), min(sync, time.perf_counter() - t1)
+            print("%s of %d x %d KiB: host %.1f us, then synchronize %.1f us" % (
+                label, leaves, floats * 4 >> 10, host * 1e6, sync * 1e6))
 
     def moves():
         for _ in range(50):

@@ -28,6 +28,11 @@ struct qlink_copy_plan {
   qlink::CopyPlan plan;
 };
 
+struct qlink_all_reduce_plan {
+  qlink::Context* ctx;
+  qlink::AllReducePlan plan;
+};
+
 namespace qlink {
 namespace {
 
@@ -209,9 +214,11 @@ qlink_status CopyPlanCreate(qlink_context* ctx, const qlink_copy_args* args, qli
     QLINK_RETURN_IF_ERROR(CheckNotNull(ctx, "ctx"));
     QLINK_RETURN_IF_ERROR(CheckNotNull(out, "plan"));
     *out = nullptr;
+    DeviceRestore restore(ctx->impl->backend());  // outlives `handle`, which may free tables
     auto handle = std::make_unique<qlink_copy_plan>();
     handle->ctx = ctx->impl.get();
     QLINK_RETURN_IF_ERROR(CopyPlan::Build(*ctx->impl, args, &handle->plan));
+    QLINK_RETURN_IF_ERROR(handle->plan.Prepare(*ctx->impl));
     *out = handle.release();
     return Status::Ok();
   });
@@ -228,6 +235,8 @@ qlink_status CopyPlanExecute(qlink_copy_plan* plan, const qlink_stream* streams,
 
 qlink_status CopyPlanDestroy(qlink_copy_plan* plan) {
   return Guard([&] {
+    if (plan == nullptr) return Status::Ok();
+    DeviceRestore restore(plan->ctx->backend());  // prepared pulls free device memory
     delete plan;
     return Status::Ok();
   });
@@ -312,6 +321,35 @@ qlink_status AllReduceEntry(qlink_context* ctx, const qlink_all_reduce_args* arg
     QLINK_RETURN_IF_ERROR(CheckNotNull(ctx, "ctx"));
     DeviceRestore restore(ctx->impl->backend());
     return AllReduce(*ctx->impl, args);
+  });
+}
+
+qlink_status AllReducePlanCreate(qlink_context* ctx, const qlink_all_reduce_args* args, qlink_all_reduce_plan** out) {
+  return Guard([&] {
+    QLINK_RETURN_IF_ERROR(CheckNotNull(ctx, "ctx"));
+    QLINK_RETURN_IF_ERROR(CheckNotNull(out, "plan"));
+    *out = nullptr;
+    auto handle = std::make_unique<qlink_all_reduce_plan>();
+    handle->ctx = ctx->impl.get();
+    QLINK_RETURN_IF_ERROR(AllReducePlan::Build(*ctx->impl, args, &handle->plan));
+    *out = handle.release();
+    return Status::Ok();
+  });
+}
+
+qlink_status AllReducePlanExecute(qlink_all_reduce_plan* plan, const qlink_stream* streams, size_t num_streams) {
+  return Guard([&] {
+    QLINK_RETURN_IF_ERROR(CheckNotNull(plan, "plan"));
+    DeviceRestore restore(plan->ctx->backend());
+    QLINK_RETURN_IF_ERROR(CheckStreams(*plan->ctx, streams, num_streams));
+    return plan->plan.Execute(*plan->ctx, streams, num_streams);
+  });
+}
+
+qlink_status AllReducePlanDestroy(qlink_all_reduce_plan* plan) {
+  return Guard([&] {
+    delete plan;
+    return Status::Ok();
   });
 }
 
@@ -401,6 +439,9 @@ const qlink_api kApi = {
     &CommAllReduce,
     &CommBroadcast,
     &CommReduce,
+    &AllReducePlanCreate,
+    &AllReducePlanExecute,
+    &AllReducePlanDestroy,
 };
 
 }  // namespace

@@ -107,15 +107,7 @@ Status JoinAll(StreamJoins& joins, const std::vector<int>& devices, const std::v
   return Status::Ok();
 }
 
-// The ranks of one all-reduce: rank k is the k-th device in index order.
-struct Ranks {
-  std::vector<int> dev;
-  std::vector<char*> buf;
-  std::vector<Stream> stream;
-  size_t count = 0;  // fp32 elements per buffer
-  bool bf16 = false, signs = false;
-  float scale = 1.0f;
-};
+using Ranks = AllReduceRanks;
 
 // Latency-bound sizes: one kernel per rank, synchronized through flags in peer memory
 // (no stream events), when every rank can reach every other over a peer link.
@@ -439,7 +431,7 @@ Status Reduce(Context& ctx, const qlink_reduce_args* a) {
   return Status::Ok();
 }
 
-Status AllReduce(Context& ctx, const qlink_all_reduce_args* a) {
+Status AllReducePlan::Build(Context& ctx, const qlink_all_reduce_args* a, AllReducePlan* out) {
   if (a == nullptr) return InvalidArgument("args is NULL");
   QLINK_RETURN_IF_ERROR(CheckArgsSize(a->struct_size, QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE, "args"));
   QLINK_RETURN_IF_ERROR(CheckStreams(ctx, a->streams, a->num_streams));
@@ -470,7 +462,6 @@ Status AllReduce(Context& ctx, const qlink_all_reduce_args* a) {
   }
   Ranks r;
   r.count = bytes / 4;
-  if (r.count == 0) return Status::Ok();
   r.bf16 = a->transport == QLINK_TRANSPORT_BF16;
   r.signs = a->op == QLINK_REDUCE_SIGN;
   r.scale = a->op == QLINK_REDUCE_AVG ? 1.0f / static_cast<float>(world) : 1.0f;
@@ -478,16 +469,30 @@ Status AllReduce(Context& ctx, const qlink_all_reduce_args* a) {
     const DLTensor& t = a->buffers[order[k]];
     r.dev.push_back(t.device.device_id);
     r.buf.push_back(const_cast<char*>(TensorBytes(t)));
-    r.stream.push_back(StreamFor(r.dev[k], a->streams, a->num_streams));
   }
-  switch (algorithm) {
+  out->ranks_ = std::move(r);
+  out->algorithm_ = algorithm;
+  return Status::Ok();
+}
+
+Status AllReducePlan::Execute(Context& ctx, const qlink_stream* streams, size_t num_streams) const {
+  if (ranks_.count == 0) return Status::Ok();
+  Ranks r = ranks_;
+  for (int d : r.dev) r.stream.push_back(StreamFor(d, streams, num_streams));
+  switch (algorithm_) {
     case QLINK_ALL_REDUCE_HALVING_DOUBLING:
       return HalvingDoubling(ctx, r);
     case QLINK_ALL_REDUCE_TWO_SHOT:
       return TwoShot(ctx, r);
     default:
-      return OneShotApplies(ctx, r.dev, bytes) ? OneShot(ctx, r) : TwoShot(ctx, r);
+      return OneShotApplies(ctx, r.dev, r.count * 4) ? OneShot(ctx, r) : TwoShot(ctx, r);
   }
+}
+
+Status AllReduce(Context& ctx, const qlink_all_reduce_args* a) {
+  AllReducePlan plan;
+  QLINK_RETURN_IF_ERROR(AllReducePlan::Build(ctx, a, &plan));
+  return plan.Execute(ctx, a->streams, a->num_streams);
 }
 
 }  // namespace qlink

@@ -78,6 +78,12 @@ Status CopyPlan::Build(Context& ctx, const qlink_copy_args* args, CopyPlan* out)
   if (n > 0 && args->sources == nullptr) return InvalidArgument("args.sources is NULL with num_leaves > 0");
   if (n > 0 && args->destinations == nullptr) return InvalidArgument("args.destinations is NULL with num_leaves > 0");
   QLINK_RETURN_IF_ERROR(CheckStreams(ctx, args->streams, args->num_streams));
+  // Appended in 1.2: a host that does not know the field gets every join.
+  const uint32_t flags = args->struct_size >= QLINK_STRUCT_SIZE(qlink_copy_args, flags) ? args->flags : 0;
+  constexpr uint32_t kKnownFlags = QLINK_COPY_SOURCES_READY | QLINK_COPY_SOURCES_HELD;
+  if ((flags & ~kKnownFlags) != 0) {
+    return InvalidArgument("args.flags = " + std::to_string(flags) + " has bits that are not qlink_copy_flags");
+  }
 
   DeviceBackend& backend = ctx.backend();
   const DLDeviceType type = backend.device_type();
@@ -128,6 +134,7 @@ Status CopyPlan::Build(Context& ctx, const qlink_copy_args* args, CopyPlan* out)
   }
   out->work_.clear();
   out->source_devices_.clear();
+  out->flags_ = flags;
   for (auto& [dst, w] : by_dst) {
     for (int src : w.joined_sources) {
       if (std::find(out->source_devices_.begin(), out->source_devices_.end(), src) == out->source_devices_.end()) {
@@ -139,6 +146,14 @@ Status CopyPlan::Build(Context& ctx, const qlink_copy_args* args, CopyPlan* out)
   return Status::Ok();
 }
 
+Status CopyPlan::Prepare(Context& ctx) {
+  for (DestinationWork& w : work_) {
+    if (w.pulled.empty()) continue;
+    QLINK_RETURN_IF_ERROR(ctx.backend().PreparePull(w.device, w.pulled.data(), w.pulled.size(), &w.prepared));
+  }
+  return Status::Ok();
+}
+
 Status CopyPlan::Execute(Context& ctx, const qlink_stream* streams, size_t num_streams) const {
   DeviceBackend& backend = ctx.backend();
   StreamJoins joins(ctx);
@@ -146,6 +161,7 @@ Status CopyPlan::Execute(Context& ctx, const qlink_stream* streams, size_t num_s
   // destinations. An idle stream has nothing to wait for.
   std::vector<std::pair<int, Event>> ready;
   for (int src : source_devices_) {
+    if (flags_ & QLINK_COPY_SOURCES_READY) break;
     Stream stream = StreamFor(src, streams, num_streams);
     if (backend.StreamIdle(src, stream)) continue;
     Event e = nullptr;
@@ -158,13 +174,17 @@ Status CopyPlan::Execute(Context& ctx, const qlink_stream* streams, size_t num_s
       auto it = std::find_if(ready.begin(), ready.end(), [&](const auto& r) { return r.first == src; });
       if (it != ready.end()) QLINK_RETURN_IF_ERROR(joins.Wait(w.device, stream, it->second));
     }
-    if (!w.pulled.empty()) QLINK_RETURN_IF_ERROR(backend.PullLeaves(w.device, w.pulled.data(), w.pulled.size(), stream));
+    if (w.prepared) {
+      QLINK_RETURN_IF_ERROR(w.prepared->Launch(stream));
+    } else if (!w.pulled.empty()) {
+      QLINK_RETURN_IF_ERROR(backend.PullLeaves(w.device, w.pulled.data(), w.pulled.size(), stream));
+    }
     for (const auto& [src, leaves] : w.runtime) {
       QLINK_RETURN_IF_ERROR(backend.CopyLeaves(w.device, src, leaves.data(), leaves.size(), stream));
     }
     // Backward join: later work on a source stream (a producer overwriting the leaf, or
     // the host's caching allocator reusing it once freed) waits for this copy's reads.
-    if (w.joined_sources.empty()) continue;
+    if (w.joined_sources.empty() || (flags_ & QLINK_COPY_SOURCES_HELD)) continue;
     Event done = nullptr;
     QLINK_RETURN_IF_ERROR(joins.Record(w.device, stream, &done));
     for (int src : w.joined_sources) QLINK_RETURN_IF_ERROR(joins.Wait(src, StreamFor(src, streams, num_streams), done));

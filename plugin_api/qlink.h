@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 #define QLINK_ABI_MAJOR 1
-#define QLINK_ABI_MINOR 1
+#define QLINK_ABI_MINOR 2
 
 /* Size of a struct up to and including `last_field`: what a host built against the
  * minor that introduced `last_field` passes as struct_size. */
@@ -56,6 +56,7 @@ typedef enum qlink_status {
 typedef struct qlink_context qlink_context;
 typedef struct qlink_copy_plan qlink_copy_plan;
 typedef struct qlink_comm qlink_comm; /* 1.1: one rank of a multi-process communicator */
+typedef struct qlink_all_reduce_plan qlink_all_reduce_plan; /* 1.2 */
 
 typedef struct qlink_device_info {
   size_t struct_size;
@@ -117,7 +118,8 @@ typedef struct qlink_stream {
  * stream, so anything enqueued there afterwards sees it; and work enqueued afterwards on
  * the source device's stream waits until the leaf has been read, so sources may be
  * overwritten or freed in stream order as soon as the call returns (as with PyTorch's
- * own cross-device copy_). The call does not block the host. */
+ * own cross-device copy_). The call does not block the host. qlink_copy_args.flags (1.2)
+ * hands either join to a host that orders the work itself. */
 typedef struct qlink_copy_args {
   size_t struct_size;
   const DLTensor* sources;      /* borrowed array of num_leaves */
@@ -125,8 +127,22 @@ typedef struct qlink_copy_args {
   size_t num_leaves;
   const qlink_stream* streams;  /* borrowed array of num_streams; may be NULL */
   size_t num_streams;           /* devices not listed use their default stream */
+  uint32_t flags;               /* 1.2: qlink_copy_flags, or-ed; read only when
+                                   struct_size covers it, else 0 */
 } qlink_copy_args;
 #define QLINK_COPY_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_copy_args, num_streams)
+
+/* 1.2: promises by which a host takes over part of a copy's ordering. Each saves a
+ * cross-device event join (a few microseconds of enqueue, and of waiting on the GPU). */
+typedef enum qlink_copy_flags {
+  /* Whatever produced the sources is already ordered before the destination streams
+   * (the host synchronized, or joined the streams itself): no wait on the source streams. */
+  QLINK_COPY_SOURCES_READY = 1,
+  /* The host keeps every source alive and unmodified until the copy has completed on the
+   * destination stream (a prepared plan over frozen weights, say): later work on the
+   * source streams does not wait for the copy. */
+  QLINK_COPY_SOURCES_HELD = 2
+} qlink_copy_flags;
 
 /* ---- 1.1: collectives over one buffer per device, in process ---------------------- */
 
@@ -294,9 +310,22 @@ typedef struct qlink_api {
   /* fp32; root's buffer becomes scale * sum of every rank's buffer. */
   qlink_status (*comm_reduce)(qlink_comm* comm, const DLTensor* buffer, int32_t root,
                               double scale, void* stream);
+
+  /* 1.2. An all-reduce over fixed buffers (SignRound's gradients, every iteration):
+   * validated and planned once here, each all_reduce_plan_execute only enqueues, as
+   * all_reduce would. args->streams is ignored here.
+   * *plan: owned by the caller, released with all_reduce_plan_destroy, before ctx. */
+  qlink_status (*all_reduce_plan_create)(qlink_context* ctx, const qlink_all_reduce_args* args,
+                                         qlink_all_reduce_plan** plan);
+  /* streams: borrowed array of num_streams (may be NULL), as in qlink_all_reduce_args. */
+  qlink_status (*all_reduce_plan_execute)(qlink_all_reduce_plan* plan,
+                                          const qlink_stream* streams, size_t num_streams);
+  /* plan: owned, released here (NULL is a no-op). */
+  qlink_status (*all_reduce_plan_destroy)(qlink_all_reduce_plan* plan);
 } qlink_api;
 #define QLINK_API_STRUCT_SIZE_1_0 QLINK_STRUCT_SIZE(qlink_api, stream_synchronize)
 #define QLINK_API_STRUCT_SIZE_1_1 QLINK_STRUCT_SIZE(qlink_api, comm_reduce)
+#define QLINK_API_STRUCT_SIZE_1_2 QLINK_STRUCT_SIZE(qlink_api, all_reduce_plan_destroy)
 
 /* The one exported symbol. Returns the table of ABI `major` if this library provides
  * at least `min_minor`, else NULL with *error (when error is non-NULL) pointing at a

@@ -132,6 +132,35 @@ TEST_P(Collectives, SignCastLeavesEveryReplicaBitIdentical) {
   }
 }
 
+// A plan validated once, replayed over new contents: every replay equals a one-off
+// all_reduce of the same data, bit for bit.
+TEST_P(Collectives, AllReducePlanReplaysLikeAllReduce) {
+  for (int32_t op : {QLINK_REDUCE_AVG, QLINK_REDUCE_SIGN}) {
+    MakeBuffers(1500, 21);
+    qlink_all_reduce_args args{QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE, dl_.data(), dl_.size(), op, QLINK_TRANSPORT_BF16,
+                               nullptr, 0};
+    qlink_all_reduce_plan* plan = nullptr;
+    ASSERT_EQ(api_.all_reduce_plan_create(ctx_.get(), &args, &plan), QLINK_OK) << api_.last_error();
+    for (unsigned round = 0; round < 3; ++round) {
+      std::mt19937 rng(100 + round);
+      std::normal_distribution<float> normal;
+      for (auto& v : data_) {
+        for (auto& x : v) x = normal(rng);
+      }
+      const auto inputs = data_;
+      ASSERT_EQ(api_.all_reduce_plan_execute(plan, nullptr, 0), QLINK_OK) << api_.last_error();
+      const auto replayed = data_;
+      data_ = inputs;
+      Describe();
+      qlink_all_reduce_args once{QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE, dl_.data(), dl_.size(), op, QLINK_TRANSPORT_BF16,
+                                 nullptr, 0};
+      ASSERT_EQ(api_.all_reduce(ctx_.get(), &once), QLINK_OK) << api_.last_error();
+      EXPECT_EQ(replayed, data_) << "round " << round;
+    }
+    EXPECT_EQ(api_.all_reduce_plan_destroy(plan), QLINK_OK);
+  }
+}
+
 TEST_P(Collectives, ReduceIsBitIdenticalForEveryArrivalOrder) {
   MakeBuffers(513, 14);
   if (world() >= 3) {  // partials whose sum cancels: only device order gives exactly 1
@@ -224,6 +253,17 @@ TEST_F(CollectiveRefusals, NamesTheCulpritAndWritesNothing) {
   EXPECT_THAT(api_.last_error(), HasSubstr("buffers[2] has 128 bytes but buffers[0] has 256"));
   EXPECT_EQ(all_reduce(dl_, 7, 0), QLINK_INVALID_ARGUMENT);
   EXPECT_THAT(api_.last_error(), HasSubstr("args.op = 7"));
+  {
+    std::vector<DLTensor> b = with(1, [](DLTensor& t) { t.dtype = DLDataType{kDLBfloat, 16, 1}; });
+    qlink_all_reduce_args args{QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE, b.data(), b.size(), 0, 0, nullptr, 0};
+    qlink_all_reduce_plan* plan = nullptr;
+    EXPECT_EQ(api_.all_reduce_plan_create(ctx_.get(), &args, &plan), QLINK_INVALID_ARGUMENT);
+    EXPECT_THAT(api_.last_error(), HasSubstr("buffers[1]: dtype must be float32"));
+    EXPECT_EQ(plan, nullptr);
+    EXPECT_EQ(api_.all_reduce_plan_execute(nullptr, nullptr, 0), QLINK_INVALID_ARGUMENT);
+    EXPECT_THAT(api_.last_error(), HasSubstr("plan is NULL"));
+    EXPECT_EQ(api_.all_reduce_plan_destroy(nullptr), QLINK_OK);
+  }
   EXPECT_EQ(all_reduce(dl_, 0, 9), QLINK_INVALID_ARGUMENT);
   EXPECT_THAT(api_.last_error(), HasSubstr("args.transport = 9"));
   qlink_all_reduce_args hd{sizeof(qlink_all_reduce_args), dl_.data(), 3, QLINK_REDUCE_SUM, QLINK_TRANSPORT_FP32,

@@ -239,6 +239,43 @@ TEST_F(Faults, SourceOverwrittenInStreamOrderAfterASlowReader) {
   EXPECT_EQ(source, next);
 }
 
+// The promises of qlink_copy_args.flags hand a join to the host: with SOURCES_READY the
+// destination no longer waits for a slow producer on the source stream, with SOURCES_HELD
+// the source stream no longer waits for a slow reader (each outcome is the race the join
+// prevents, decided by a 100 ms delay).
+TEST_F(Faults, CopyFlagsHandEachJoinToTheHost) {
+  const size_t n = 4096;
+  {
+    Context ctx(plugin_, FaultConfig(R"({"devices": 2, "stream_delay_ms": [100, 0]})"));
+    ASSERT_EQ(ctx.status(), QLINK_OK) << LastError();
+    std::vector<uint8_t> produced = Pattern(n, 3), staged(n, 0), result(n, 0);
+    Tensor p(produced.data(), n, kDLCPU, 0), s0(staged.data(), n, kDLCPU, 0);
+    Tensor s1(staged.data(), n, kDLCPU, 0), r(result.data(), n, kDLCPU, 1);
+    const qlink_copy_args produce{QLINK_COPY_ARGS_STRUCT_SIZE, &p.dl, &s0.dl, 1, nullptr, 0};
+    const qlink_copy_args read{sizeof(qlink_copy_args), &s1.dl, &r.dl, 1, nullptr, 0, QLINK_COPY_SOURCES_READY};
+    ASSERT_EQ(api_.copy_batch(ctx.get(), &produce), QLINK_OK) << LastError();
+    ASSERT_EQ(api_.copy_batch(ctx.get(), &read), QLINK_OK) << LastError();
+    ASSERT_EQ(api_.stream_synchronize(ctx.get(), 1, nullptr), QLINK_OK);
+    EXPECT_EQ(result, std::vector<uint8_t>(n, 0)) << "device 1 waited for device 0 although the host said not to";
+    SynchronizeAll(ctx, 2);
+  }
+  {
+    Context ctx(plugin_, FaultConfig(R"({"devices": 2, "stream_delay_ms": [0, 100]})"));
+    ASSERT_EQ(ctx.status(), QLINK_OK) << LastError();
+    std::vector<uint8_t> source = Pattern(n, 5), result(n, 0), next = Pattern(n, 77);
+    Tensor s(source.data(), n, kDLCPU, 0), r(result.data(), n, kDLCPU, 1);
+    Tensor from(next.data(), n, kDLCPU, 0), over(source.data(), n, kDLCPU, 0);
+    const qlink_copy_args read{sizeof(qlink_copy_args), &s.dl, &r.dl, 1, nullptr, 0, QLINK_COPY_SOURCES_HELD};
+    const qlink_copy_args overwrite{QLINK_COPY_ARGS_STRUCT_SIZE, &from.dl, &over.dl, 1, nullptr, 0};
+    ASSERT_EQ(api_.copy_batch(ctx.get(), &read), QLINK_OK) << LastError();
+    ASSERT_EQ(api_.copy_batch(ctx.get(), &overwrite), QLINK_OK) << LastError();
+    ASSERT_EQ(api_.stream_synchronize(ctx.get(), 0, nullptr), QLINK_OK);
+    EXPECT_EQ(source, next);
+    SynchronizeAll(ctx, 2);
+    EXPECT_EQ(result, next) << "device 0 waited for device 1's read although the host said not to";
+  }
+}
+
 // Collectives on slow asynchronous streams: each device's part must wait for that device's
 // producer, and the relayed broadcast for the replica it reads from.
 TEST_F(Faults, CollectivesWaitForSlowProducersOnEveryDevice) {

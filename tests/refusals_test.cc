@@ -205,6 +205,19 @@ TEST_F(RefusedBatch, StreamOfAnUnknownDevice) {
   EXPECT_EQ(b, std::vector<uint8_t>(8, 0));
 }
 
+TEST_F(RefusedBatch, UnknownCopyFlags) {
+  std::vector<uint8_t> a(8, 1), b(8, 0);
+  Tensor s(a.data(), 8, kDLCPU, 0), d(b.data(), 8, kDLCPU, 1);
+  qlink_copy_args args{sizeof(qlink_copy_args), &s.dl, &d.dl, 1, nullptr, 0, QLINK_COPY_SOURCES_HELD | 8u};
+  EXPECT_EQ(api_.copy_batch(ctx_.get(), &args), QLINK_INVALID_ARGUMENT);
+  EXPECT_THAT(api_.last_error(), HasSubstr("args.flags = 10 has bits that are not qlink_copy_flags"));
+  EXPECT_EQ(b, std::vector<uint8_t>(8, 0));
+  // A 1.0/1.1 host's struct ends before the field: whatever follows it is not read.
+  args.struct_size = QLINK_COPY_ARGS_STRUCT_SIZE;
+  EXPECT_EQ(api_.copy_batch(ctx_.get(), &args), QLINK_OK) << api_.last_error();
+  EXPECT_EQ(b, a);
+}
+
 TEST_F(RefusedBatch, PeerAccessForAnUnknownOrRepeatedDevice) {
   const int32_t unknown[] = {0, 5};
   EXPECT_EQ(api_.enable_peer_access(ctx_.get(), unknown, 2), QLINK_INVALID_ARGUMENT);

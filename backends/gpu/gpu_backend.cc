@@ -3,6 +3,7 @@
 // build links the HIP runtime. Without a driver or GPU either loads and reports zero
 // devices.
 
+#include <memory>
 #include <mutex>
 #include <new>
 #include <set>
@@ -36,6 +37,24 @@ Status Activate(int device) {
 }
 
 #define QLINK_GPU_SCOPE(device) QLINK_RETURN_IF_ERROR(Activate(device))
+
+// A pull batch whose descriptors live in the destination device's memory.
+class TablePull final : public PreparedPull {
+ public:
+  TablePull(int device, void* table, unsigned grid) : device_(device), table_(table), grid_(grid) {}
+  ~TablePull() override {
+    if (Activate(device_).ok()) (void)Check(gpuFree(table_), "gpuFree");
+  }
+  Status Launch(Stream stream) override {
+    QLINK_GPU_SCOPE(device_);
+    return Check(gpu::LaunchPullTable(table_, grid_, static_cast<gpuStream_t>(stream)), "pull kernel launch");
+  }
+
+ private:
+  int device_;
+  void* table_;
+  unsigned grid_;
+};
 
 class GpuBackend final : public DeviceBackend {
  public:
@@ -164,6 +183,18 @@ class GpuBackend final : public DeviceBackend {
     QLINK_GPU_SCOPE(dst_device);
     return Check(gpu::LaunchPullLeaves(leaves, count, sm_counts_[dst_device], static_cast<gpuStream_t>(stream)),
                  "pull kernel launch");
+  }
+
+  Status PreparePull(int dst_device, const CopyLeaf* leaves, size_t count,
+                     std::unique_ptr<PreparedPull>* out) override {
+    std::vector<char> host(gpu::PullTableBytes(count));
+    const unsigned grid = gpu::DescribePullTable(leaves, count, sm_counts_[dst_device], host.data());
+    void* table = nullptr;
+    QLINK_RETURN_IF_ERROR(Allocate(dst_device, host.size(), &table));
+    auto pull = std::make_unique<TablePull>(dst_device, table, grid);  // frees the table from here on
+    QLINK_RETURN_IF_ERROR(CopyFromHost(dst_device, table, host.data(), host.size()));
+    *out = std::move(pull);
+    return Status::Ok();
   }
 
   Status CopyLeaves(int dst_device, int src_device, const CopyLeaf* leaves, size_t count, Stream stream) override {

@@ -1,6 +1,7 @@
 // Pulls a batch of leaves with one launch on the destination device, reading the sources
 // straight over the peer link. Descriptors travel in the kernel's parameter space (up to
-// 32 KiB since CUDA 12.1), so no host-to-device copy precedes the launch.
+// 32 KiB since CUDA 12.1), so no host-to-device copy precedes the launch; a prepared
+// batch keeps them in device memory instead, written once, and passes one pointer.
 #include "backends/gpu/pull_kernel.h"
 
 #include "backends/gpu/gpu_device.h"
@@ -25,11 +26,15 @@ struct LeafDesc {
   uint64_t first_chunk;  // prefix sum of chunks before this leaf
 };
 
-template <int kCapacity>
-struct Batch {
+struct BatchHeader {
   uint32_t count;
   uint32_t chunk_shift;  // chunk = 1 << chunk_shift bytes
   uint64_t total_chunks;
+};
+
+template <int kCapacity>
+struct Batch {
+  BatchHeader header;
   LeafDesc leaves[kCapacity];
 };
 
@@ -49,16 +54,15 @@ __device__ void CopyVectors(const int4* s, int4* d, uint64_t vectors) {
   for (; i < vectors; i += kThreads) d[i] = s[i];
 }
 
-template <int kCapacity>
-__global__ void __launch_bounds__(kThreads) PullKernel(const QLINK_GRID_CONSTANT Batch<kCapacity> batch) {
+__device__ __forceinline__ void PullChunks(const BatchHeader& batch, const LeafDesc* leaves) {
   for (uint64_t chunk = blockIdx.x; chunk < batch.total_chunks; chunk += gridDim.x) {
     // The leaf owning this chunk: last leaf whose first_chunk <= chunk (uniform per block).
     uint32_t lo = 0, hi = batch.count - 1;
     while (lo < hi) {
       uint32_t mid = (lo + hi + 1) / 2;
-      if (batch.leaves[mid].first_chunk <= chunk) lo = mid; else hi = mid - 1;
+      if (leaves[mid].first_chunk <= chunk) lo = mid; else hi = mid - 1;
     }
-    const LeafDesc& leaf = batch.leaves[lo];
+    const LeafDesc& leaf = leaves[lo];
     const uint64_t begin = (chunk - leaf.first_chunk) << batch.chunk_shift;
     const uint64_t n = min(uint64_t{1} << batch.chunk_shift, leaf.bytes - begin);
     const char* src = leaf.src + begin;
@@ -73,6 +77,16 @@ __global__ void __launch_bounds__(kThreads) PullKernel(const QLINK_GRID_CONSTANT
   }
 }
 
+template <int kCapacity>
+__global__ void __launch_bounds__(kThreads) PullKernel(const QLINK_GRID_CONSTANT Batch<kCapacity> batch) {
+  PullChunks(batch.header, batch.leaves);
+}
+
+// The batch in device memory: a BatchHeader followed by its LeafDescs.
+__global__ void __launch_bounds__(kThreads) PullTableKernel(const BatchHeader* table) {
+  PullChunks(*table, reinterpret_cast<const LeafDesc*>(table + 1));
+}
+
 // Chunks sized so the batch fills about one wave of blocks: small batches still spread
 // over many SMs, large ones move 64 KiB per block step.
 uint32_t ChunkShift(uint64_t total_bytes, int sm_count) {
@@ -82,22 +96,27 @@ uint32_t ChunkShift(uint64_t total_bytes, int sm_count) {
   return shift;
 }
 
+// Fills a batch's header and descriptors; returns the grid to launch it with.
+unsigned Describe(const CopyLeaf* leaves, size_t count, int sm_count, BatchHeader* header, LeafDesc* descs) {
+  header->count = static_cast<uint32_t>(count);
+  uint64_t total = 0;
+  for (size_t i = 0; i < count; ++i) total += leaves[i].bytes;
+  header->chunk_shift = ChunkShift(total, sm_count);
+  uint64_t chunks = 0;
+  for (size_t i = 0; i < count; ++i) {
+    descs[i] = LeafDesc{static_cast<const char*>(leaves[i].src), static_cast<char*>(leaves[i].dst), leaves[i].bytes,
+                        chunks};
+    chunks += (leaves[i].bytes + (uint64_t{1} << header->chunk_shift) - 1) >> header->chunk_shift;
+  }
+  header->total_chunks = chunks;
+  const uint64_t max_blocks = uint64_t(sm_count) * kBlocksPerSm;
+  return static_cast<unsigned>(std::max<uint64_t>(1, std::min(chunks, max_blocks)));
+}
+
 template <int kCapacity>
 gpuError_t Launch(const CopyLeaf* leaves, size_t count, int sm_count, gpuStream_t stream) {
   Batch<kCapacity> batch;
-  batch.count = static_cast<uint32_t>(count);
-  uint64_t total = 0;
-  for (size_t i = 0; i < count; ++i) total += leaves[i].bytes;
-  batch.chunk_shift = ChunkShift(total, sm_count);
-  uint64_t chunks = 0;
-  for (size_t i = 0; i < count; ++i) {
-    batch.leaves[i] = LeafDesc{static_cast<const char*>(leaves[i].src), static_cast<char*>(leaves[i].dst),
-                               leaves[i].bytes, chunks};
-    chunks += (leaves[i].bytes + (uint64_t{1} << batch.chunk_shift) - 1) >> batch.chunk_shift;
-  }
-  batch.total_chunks = chunks;
-  const uint64_t max_blocks = uint64_t(sm_count) * kBlocksPerSm;
-  const unsigned grid = static_cast<unsigned>(std::max<uint64_t>(1, std::min(chunks, max_blocks)));
+  const unsigned grid = Describe(leaves, count, sm_count, &batch.header, batch.leaves);
   PullKernel<kCapacity><<<grid, kThreads, 0, stream>>>(batch);
   return gpuGetLastError();
 }
@@ -130,6 +149,18 @@ gpuError_t LaunchPullLeaves(const CopyLeaf* leaves, size_t count, int sm_count, 
     count -= n;
   }
   return gpuSuccess;
+}
+
+size_t PullTableBytes(size_t count) { return sizeof(BatchHeader) + count * sizeof(LeafDesc); }
+
+unsigned DescribePullTable(const CopyLeaf* leaves, size_t count, int sm_count, void* host_table) {
+  auto* header = static_cast<BatchHeader*>(host_table);
+  return Describe(leaves, count, sm_count, header, reinterpret_cast<LeafDesc*>(header + 1));
+}
+
+gpuError_t LaunchPullTable(const void* device_table, unsigned grid, gpuStream_t stream) {
+  PullTableKernel<<<grid, kThreads, 0, stream>>>(static_cast<const BatchHeader*>(device_table));
+  return gpuGetLastError();
 }
 
 }  // namespace gpu

@@ -15,5 +15,12 @@ namespace gpu {
 // split into consecutive launches on the same stream.
 gpuError_t LaunchPullLeaves(const CopyLeaf* leaves, size_t count, int sm_count, gpuStream_t stream);
 
+// The same batch as a table in device memory, for prepared plans: PullTableBytes(count)
+// bytes filled on the host by DescribePullTable (which returns the grid), copied to the
+// device once, then launched as often as wanted. One launch whatever the count.
+size_t PullTableBytes(size_t count);
+unsigned DescribePullTable(const CopyLeaf* leaves, size_t count, int sm_count, void* host_table);
+gpuError_t LaunchPullTable(const void* device_table, unsigned grid, gpuStream_t stream);
+
 }  // namespace gpu
 }  // namespace qlink

@@ -5,7 +5,7 @@
     ctx.enable_peer_access()
     ctx.copy(sources, targets)
 """
-from .collectives import all_reduce, broadcast, mirror_module, reduce
+from .collectives import PreparedAllReduce, all_reduce, broadcast, mirror_module, reduce
 from .comm import Communicator, torch_nccl_library, unique_id
 from .config import P2PConfig
 from .context import Context, CopyPlan, DeviceInfo, PeerStatus
@@ -22,6 +22,6 @@ def load(config=None, library=None):
     return Context(config, library)
 
 
-__all__ = ["load", "Communicator", "unique_id", "torch_nccl_library", "broadcast", "reduce", "all_reduce", "mirror_module", "configure", "default_context", "peer_copy_batch", "move_module_to_device",
+__all__ = ["load", "Communicator", "unique_id", "torch_nccl_library", "broadcast", "reduce", "all_reduce", "PreparedAllReduce", "mirror_module", "configure", "default_context", "peer_copy_batch", "move_module_to_device",
            "move_nested_to_device", "PreparedCopy", "Context", "CopyPlan", "DeviceInfo", "PeerStatus", "P2PConfig", "QlinkError",
            "InvalidArgumentError", "UnavailableError", "VersionMismatchError"]

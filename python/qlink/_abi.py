@@ -1,9 +1,9 @@
-"""ctypes mirror of plugin_api/qlink.h (ABI 1.0). Keep in step with the header."""
+"""ctypes mirror of plugin_api/qlink.h (ABI 1.2). Keep in step with the header."""
 import ctypes
 from ctypes import POINTER, c_char, c_char_p, c_double, c_int32, c_size_t, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p
 
 ABI_MAJOR = 1
-ABI_MINOR = 1
+ABI_MINOR = 2
 
 OK, INVALID_ARGUMENT, UNAVAILABLE, VERSION_MISMATCH, OUT_OF_MEMORY, RUNTIME_ERROR, INTERNAL = range(7)
 
@@ -47,7 +47,11 @@ class Stream(ctypes.Structure):
 
 class CopyArgs(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t), ("sources", POINTER(DLTensor)), ("destinations", POINTER(DLTensor)),
-                ("num_leaves", c_size_t), ("streams", POINTER(Stream)), ("num_streams", c_size_t)]
+                ("num_leaves", c_size_t), ("streams", POINTER(Stream)), ("num_streams", c_size_t),
+                ("flags", c_uint32)]
+
+
+COPY_SOURCES_READY, COPY_SOURCES_HELD = 1, 2  # qlink_copy_flags
 
 
 class BroadcastArgs(ctypes.Structure):
@@ -109,6 +113,10 @@ _TABLE = [
     ("comm_all_reduce", _S, [c_void_p, POINTER(DLTensor), c_int32, c_void_p]),
     ("comm_broadcast", _S, [c_void_p, POINTER(DLTensor), c_int32, c_void_p]),
     ("comm_reduce", _S, [c_void_p, POINTER(DLTensor), c_int32, c_double, c_void_p]),
+    # 1.2
+    ("all_reduce_plan_create", _S, [c_void_p, POINTER(AllReduceArgs), POINTER(c_void_p)]),
+    ("all_reduce_plan_execute", _S, [c_void_p, POINTER(Stream), c_size_t]),
+    ("all_reduce_plan_destroy", _S, [c_void_p]),
 ]
 
 

@@ -48,20 +48,54 @@ def reduce(inputs, output, scale=1.0, ctx=None, input_devices=None, output_devic
     ctx._check(ctx._api.reduce(ctx._handle, ctypes.byref(args)))
 
 
-def all_reduce(buffers, op="sum", transport="fp32", ctx=None, devices=None, algorithm="auto"):
-    """Every buffer becomes op(sum of buffers) in place; op: sum | avg | sign, transport:
-    fp32 | bf16, algorithm: auto | two_shot | halving_doubling. All buffers end
-    bit-identical."""
+def _all_reduce_args(ctx, buffers, op, transport, devices, algorithm, streams):
     for name, value, choices in (("op", op, _abi.REDUCE_OPS), ("transport", transport, _abi.TRANSPORTS),
                                  ("algorithm", algorithm, _abi.ALL_REDUCE_ALGORITHMS)):
         if value not in choices:
             raise ValueError("%s must be one of %s, got %r" % (name, sorted(choices), value))
-    ctx = ctx or default_context()
     bufs = pack(buffers, devices, exact=True)
+    array, n = _streams(ctx, bufs.devices) if streams else (None, 0)
     args = _abi.AllReduceArgs(ctypes.sizeof(_abi.AllReduceArgs), bufs.pointer, bufs.count, _abi.REDUCE_OPS[op],
-                              _abi.TRANSPORTS[transport], *_streams(ctx, bufs.devices),
-                              _abi.ALL_REDUCE_ALGORITHMS[algorithm])
+                              _abi.TRANSPORTS[transport], array, n, _abi.ALL_REDUCE_ALGORITHMS[algorithm])
+    return args, (bufs, array)  # the second keeps what args points into alive
+
+
+def all_reduce(buffers, op="sum", transport="fp32", ctx=None, devices=None, algorithm="auto"):
+    """Every buffer becomes op(sum of buffers) in place; op: sum | avg | sign, transport:
+    fp32 | bf16, algorithm: auto | two_shot | halving_doubling. All buffers end
+    bit-identical."""
+    ctx = ctx or default_context()
+    args, _keep = _all_reduce_args(ctx, buffers, op, transport, devices, algorithm, streams=True)
     ctx._check(ctx._api.all_reduce(ctx._handle, ctypes.byref(args)))
+
+
+class PreparedAllReduce:
+    """all_reduce over fixed buffers, validated once and replayed with run() (a tuning
+    loop's gradients every iteration). Holds the buffers so they outlive the plan."""
+
+    def __init__(self, buffers, op="sum", transport="fp32", ctx=None, devices=None, algorithm="auto"):
+        self._ctx = ctx or default_context()
+        self.buffers = list(buffers)
+        args, keep = _all_reduce_args(self._ctx, self.buffers, op, transport, devices, algorithm, streams=False)
+        plan = ctypes.c_void_p()
+        self._ctx._check(self._ctx._api.all_reduce_plan_create(self._ctx._handle, ctypes.byref(args),
+                                                               ctypes.byref(plan)))
+        self._handle = plan
+        self._devices = sorted(keep[0].devices)
+        gpu = self._ctx.backend != "cpu"
+        self._streams, self._count = self._ctx._streams({d: None for d in self._devices}) if gpu else (None, 0)
+
+    def run(self):
+        for k, d in enumerate(self._devices[:self._count]):
+            self._streams[k].stream = _raw_stream(d)
+        self._ctx._check(self._ctx._api.all_reduce_plan_execute(self._handle, self._streams, self._count))
+
+    def close(self):
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle and self._ctx._handle:
+            self._ctx._api.all_reduce_plan_destroy(handle)
+
+    __del__ = close
 
 
 def mirror_module(module, devices, ctx=None):

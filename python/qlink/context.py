@@ -138,27 +138,34 @@ class Context:
             raise ValueError("sources has %d leaves but targets has %d" % (len(sources), len(targets)))
         return pack(sources, source_devices), pack(targets, target_devices)
 
-    def _copy_args(self, src, dst, streams):
-        """qlink_copy_args over packed leaves; streams as for copy()."""
-        return _abi.CopyArgs(ctypes.sizeof(_abi.CopyArgs), src.pointer, dst.pointer, src.count, *self._streams(streams))
+    def _copy_args(self, src, dst, streams, sources_ready, sources_held):
+        """qlink_copy_args over packed leaves; streams and promises as for copy()."""
+        flags = (_abi.COPY_SOURCES_READY if sources_ready else 0) | (_abi.COPY_SOURCES_HELD if sources_held else 0)
+        return _abi.CopyArgs(ctypes.sizeof(_abi.CopyArgs), src.pointer, dst.pointer, src.count,
+                             *self._streams(streams), flags)
 
-    def copy(self, sources, targets, source_devices=None, target_devices=None, streams=None):
+    def copy(self, sources, targets, source_devices=None, target_devices=None, streams=None, sources_ready=False,
+             sources_held=False):
         """Enqueues sources[i] -> targets[i] for every leaf (see qlink_copy_args).
 
         streams: {device index: vendor stream handle}; devices not listed use their
-        default stream. *_devices override the tensors' device indices (CPU virtual devices)."""
+        default stream. *_devices override the tensors' device indices (CPU virtual devices).
+        sources_ready: the sources' producers are already ordered before the destination
+        streams (no wait on the source streams). sources_held: the caller keeps the sources
+        alive and unmodified until the copy completes (the source streams do not wait)."""
         src, dst = self._pack_pair(sources, targets, source_devices, target_devices)
-        self.copy_packed(src, dst, streams)
+        self.copy_packed(src, dst, streams, sources_ready, sources_held)
 
-    def copy_packed(self, src, dst, streams=None):
+    def copy_packed(self, src, dst, streams=None, sources_ready=False, sources_held=False):
         """copy() of leaves already packed (qlink._dlpack.pack)."""
-        args = self._copy_args(src, dst, streams)
+        args = self._copy_args(src, dst, streams, sources_ready, sources_held)
         self._check(self._api.copy_batch(self._handle, ctypes.byref(args)))
 
-    def prepare(self, sources, targets, source_devices=None, target_devices=None):
-        """A CopyPlan: validated and planned once, replayed with run()."""
+    def prepare(self, sources, targets, source_devices=None, target_devices=None, sources_ready=False,
+                sources_held=False):
+        """A CopyPlan: validated and planned once, replayed with run(); promises as for copy()."""
         src, dst = self._pack_pair(sources, targets, source_devices, target_devices)
-        args = self._copy_args(src, dst, None)
+        args = self._copy_args(src, dst, None, sources_ready, sources_held)
         plan = ctypes.c_void_p()
         self._check(self._api.copy_plan_create(self._handle, ctypes.byref(args), ctypes.byref(plan)))
         return CopyPlan(self, plan, list(sources), list(targets))

@@ -21,6 +21,7 @@ from .context import Context
 _default = None
 _default_lock = threading.Lock()
 _ALIGN = 256  # bytes: leaves packed into one destination allocation start on this boundary
+_FEW = 8  # leaves up to which a move is planned in plain Python
 _DTYPE = operator.attrgetter("dtype")
 _SHAPE = operator.attrgetter("shape")
 
@@ -77,11 +78,17 @@ def peer_copy_batch(sources, targets, ctx=None):
 
 class PreparedCopy:
     """A batch validated and planned once, replayed with run() (replica mirrors,
-    calibration staging). Holds its tensors so they outlive the plan."""
+    calibration staging). Holds its tensors so they outlive the plan.
 
-    def __init__(self, sources, targets, ctx=None):
+    Each run() is ordered like peer_copy_batch unless the caller takes part of it over:
+    sources_held=True when the sources stay unmodified until the copy has completed (frozen
+    weights mirrored again and again): later work on the source devices then does not wait
+    for the copy; sources_ready=True when their producers are already ordered before the
+    destination streams."""
+
+    def __init__(self, sources, targets, ctx=None, sources_ready=False, sources_held=False):
         self._ctx = ctx or default_context()
-        self._plan = self._ctx.prepare(sources, targets)
+        self._plan = self._ctx.prepare(sources, targets, sources_ready=sources_ready, sources_held=sources_held)
         devices = sorted({t.get_device() for t in list(sources) + list(targets)})
         self._streams, self._count = self._ctx._streams({d: None for d in devices})
         self._devices = devices
@@ -116,6 +123,43 @@ def _move_storage(t, device, moved):
     return torch.empty(0, dtype=t.dtype, device=device).set_(moved[key], t.storage_offset(), t.size(), t.stride())
 
 
+def _move_few(tensors, target, ctx):
+    """_move_tensors for a handful of leaves, in plain Python: numpy's fixed costs would
+    outweigh the per-leaf work."""
+    out = list(tensors)
+    spans = [(t.data_ptr(), t.data_ptr() + _NBYTES(t)) if t.is_cuda else None for t in tensors]
+    fast = []
+    for i, t in enumerate(tensors):
+        if t.get_device() == target.index:
+            continue
+        s = spans[i]
+        if (s is None or s[0] == s[1] or not t.is_contiguous()
+                or any(o is not None and j != i and o[0] < s[1] and s[0] < o[1] for j, o in enumerate(spans))):
+            continue  # host, empty, non-contiguous or tied: the regular path below
+        fast.append(i)
+    if fast:
+        sizes = [spans[i][1] - spans[i][0] for i in fast]
+        offsets, total = [], 0
+        for size in sizes:
+            offsets.append(total)
+            total += (size + _ALIGN - 1) // _ALIGN * _ALIGN
+        flat = torch.empty(total, dtype=torch.uint8, device=target)
+        typed = {}
+        for i, off in zip(fast, offsets):
+            t = tensors[i]
+            view = typed.get(t.dtype)
+            if view is None:
+                view = typed[t.dtype] = flat.view(t.dtype)
+            out[i] = view.as_strided(t.shape, t.stride(), off // t.element_size())
+        _enqueue(ctx or default_context(), pack([tensors[i] for i in fast]), pack([out[i] for i in fast]))
+    moved = {}
+    chosen = set(fast)
+    for i, t in enumerate(tensors):
+        if i not in chosen and t.get_device() != target.index:
+            out[i] = _move_storage(t, target, moved) if t.is_cuda else t.to(target)
+    return out
+
+
 def _move_tensors(tensors, device, ctx):
     """Copies of `tensors` on `device`, in order; those already there are returned as is.
 
@@ -127,6 +171,10 @@ def _move_tensors(tensors, device, ctx):
     if n == 0:
         return out
     target = torch.device(device)
+    if target.type == "cuda" and target.index is None:
+        target = torch.device("cuda", torch.cuda.current_device())
+    if target.type == "cuda" and n <= _FEW:
+        return _move_few(tensors, target, ctx)
     ids = np.fromiter(map(_GET_DEVICE, tensors), np.int32, n)
     target_id = target.index if target.type == "cuda" else -1
     move = ids != target_id

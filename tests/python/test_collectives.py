@@ -40,6 +40,21 @@ def test_explicit_algorithms_agree_with_fp64(cpu8, world, algorithm):
 
 
 @pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("op, transport", [("avg", "fp32"), ("sign", "bf16")])
+def test_prepared_all_reduce_replays_like_all_reduce(cpu8, world, op, transport):
+    bufs = [torch.empty(777) for _ in range(world)]
+    plan = qlink.PreparedAllReduce(bufs, op=op, transport=transport, ctx=cpu8, devices=list(range(world)))
+    for seed in range(3):
+        gen = torch.Generator().manual_seed(seed)
+        for b in bufs:
+            b.copy_(torch.randn(777, generator=gen))
+        expected = [b.clone() for b in bufs]
+        qlink.all_reduce(expected, op=op, transport=transport, ctx=cpu8, devices=list(range(world)))
+        plan.run()
+        assert all(torch.equal(b, e) for b, e in zip(bufs, expected)), seed
+
+
+@pytest.mark.parametrize("world", WORLDS)
 def test_sign_cast_replicas_bit_identical(cpu8, world):
     gen = torch.Generator().manual_seed(100 + world)
     bufs = [torch.randn(999, generator=gen) for _ in range(world)]

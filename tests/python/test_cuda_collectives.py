@@ -30,6 +30,20 @@ def test_all_reduce(ctx, op, transport, n):
         assert torch.allclose(host[0].double(), ref, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("n", [1000, 1 << 20])  # one-shot, two-shot
+@pytest.mark.parametrize("op, transport", [("sum", "fp32"), ("sign", "bf16")])
+def test_prepared_all_reduce_replays_like_all_reduce(ctx, n, op, transport):
+    bufs = [torch.empty(n, device=d) for d in _devices()]
+    plan = qlink.PreparedAllReduce(bufs, op=op, transport=transport)
+    for step in range(20):
+        for b in bufs:
+            b.normal_()
+        expected = [b.clone() for b in bufs]
+        qlink.all_reduce(expected, op=op, transport=transport)
+        plan.run()
+        assert all(torch.equal(b, e) for b, e in zip(bufs, expected)), step
+
+
 def test_reduce_bit_identical_for_every_arrival_order(ctx):
     parts = [torch.randn(4 << 20, device=d) for d in _devices()]
     outs = []

@@ -124,6 +124,21 @@ def test_prepared_copy_replays(ctx):
         assert all(torch.equal(s.cpu(), t.cpu()) for s, t in zip(sources, targets))
 
 
+@pytest.mark.parametrize("promises", [{"sources_held": True}, {"sources_ready": True, "sources_held": True}])
+def test_prepared_copy_with_host_promises(ctx, promises):
+    # Small leaves take the pull kernel (descriptors in device memory), the 9 MiB one the copy engines.
+    sources = [torch.randn(n, device="cuda:0") for n in (1, 17, 4096, 65536, 9 << 18)]
+    targets = [torch.empty_like(s, device="cuda:1") for s in sources]
+    prepared = qlink.PreparedCopy(sources, targets, **promises)
+    for _ in range(3):
+        for s in sources:
+            s.normal_()
+        torch.cuda.synchronize(0)  # what sources_ready promises
+        prepared.run()
+        torch.cuda.synchronize(1)  # what sources_held promises: no write before the copy is done
+        assert all(torch.equal(s.cpu(), t.cpu()) for s, t in zip(sources, targets))
+
+
 class Block(torch.nn.Module):
     def __init__(self):
         super().__init__()
