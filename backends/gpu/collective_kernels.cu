@@ -94,33 +94,51 @@ __global__ void ExpandKernel(float* out, const int8_t* signs, size_t count) {
   }
 }
 
+template <int kWorld>
 struct OneShotParams {
   int rank, world;
   const float* input;
   float* output;
   size_t count;
-  void* staging[kMaxReduceInputs];
-  unsigned long long* flags[kMaxReduceInputs];
+  void* staging[kWorld];
+  unsigned long long* flags[kWorld];
   unsigned long long epoch;
-  bool bf16, signs;
+  bool bf16, signs, vectorized;
   float scale;
 };
 
 constexpr long long kSpinTimeout = 20 * kClockTicksPerSecond;  // a missing peer ends the wait, not the process
 
+__device__ __forceinline__ uint2 ToBf16x4(float4 x) {
+  return make_uint2(FloatToBf16(x.x) | (uint32_t(FloatToBf16(x.y)) << 16),
+                    FloatToBf16(x.z) | (uint32_t(FloatToBf16(x.w)) << 16));
+}
+
 // Block b of every rank owns slice b of the buffer: it stages that slice, raises flag
 // (rank, b) on every rank, waits for flag (j, b) of every rank j, then sums slice b of
-// every staged partial. Blocks never wait for each other, so many blocks share the
-// latency of the peer reads.
-__global__ void __launch_bounds__(kThreads) OneShotKernel(const QLINK_GRID_CONSTANT OneShotParams p) {
-  const size_t per_block = (p.count + gridDim.x - 1) / gridDim.x;
-  const size_t begin = min(p.count, blockIdx.x * per_block), end = min(p.count, begin + per_block);
-  if (p.bf16) {
-    uint16_t* slot = static_cast<uint16_t*>(p.staging[p.rank]);
-    for (size_t i = begin + threadIdx.x; i < end; i += kThreads) slot[i] = FloatToBf16(p.input[i]);
-  } else {
-    float* slot = static_cast<float*>(p.staging[p.rank]);
-    for (size_t i = begin + threadIdx.x; i < end; i += kThreads) slot[i] = p.input[i];
+// every staged partial. Blocks never wait for each other, and a buffer of up to 256 KiB
+// spreads so that each thread moves one 16-byte vector: every peer read of the sum is in
+// flight at once instead of one latency after another.
+template <int kWorld>
+__global__ void __launch_bounds__(kThreads) OneShotKernel(const QLINK_GRID_CONSTANT OneShotParams<kWorld> p) {
+  const size_t unit = p.vectorized ? 4 : 1;  // elements per step
+  const size_t units = p.count / unit;
+  const size_t per_block = (units + gridDim.x - 1) / gridDim.x;
+  const size_t begin = min(units, blockIdx.x * per_block), end = min(units, begin + per_block);
+  void* slot = p.staging[p.rank];
+  for (size_t u = begin + threadIdx.x; u < end; u += kThreads) {
+    if (p.vectorized) {
+      const float4 x = reinterpret_cast<const float4*>(p.input)[u];
+      if (p.bf16) {
+        static_cast<uint2*>(slot)[u] = ToBf16x4(x);
+      } else {
+        static_cast<float4*>(slot)[u] = x;
+      }
+    } else if (p.bf16) {
+      static_cast<uint16_t*>(slot)[u] = FloatToBf16(p.input[u]);
+    } else {
+      static_cast<float*>(slot)[u] = p.input[u];
+    }
   }
   __syncthreads();
   const int flag = p.rank * kOneShotMaxBlocks + blockIdx.x;
@@ -137,12 +155,55 @@ __global__ void __launch_bounds__(kThreads) OneShotKernel(const QLINK_GRID_CONST
   __syncthreads();
   __threadfence_system();
   // Rank order: the same result on every rank.
-  for (size_t i = begin + threadIdx.x; i < end; i += kThreads) {
-    float acc = Load(p.staging[0], i, p.bf16);
-    for (int j = 1; j < p.world; ++j) acc += Load(p.staging[j], i, p.bf16);
-    acc *= p.scale;
-    p.output[i] = p.signs ? static_cast<float>(Sign(acc)) : acc;
+  for (size_t u = begin + threadIdx.x; u < end; u += kThreads) {
+    if (p.vectorized) {
+      float4 x[kWorld];
+#pragma unroll
+      for (int j = 0; j < kWorld; ++j) {
+        if (j < p.world) x[j] = Load4(p.staging[j], u, p.bf16);
+      }
+      float4 acc = x[0];
+#pragma unroll
+      for (int j = 1; j < kWorld; ++j) {
+        if (j < p.world) {
+          acc.x += x[j].x; acc.y += x[j].y; acc.z += x[j].z; acc.w += x[j].w;
+        }
+      }
+      acc.x *= p.scale; acc.y *= p.scale; acc.z *= p.scale; acc.w *= p.scale;
+      if (p.signs) acc = make_float4(Sign(acc.x), Sign(acc.y), Sign(acc.z), Sign(acc.w));
+      reinterpret_cast<float4*>(p.output)[u] = acc;
+    } else {
+      float acc = Load(p.staging[0], u, p.bf16);
+      for (int j = 1; j < p.world; ++j) acc += Load(p.staging[j], u, p.bf16);
+      acc *= p.scale;
+      p.output[u] = p.signs ? static_cast<float>(Sign(acc)) : acc;
+    }
   }
+}
+
+template <int kWorld>
+gpuError_t LaunchOneShotOf(const OneShotAllReduce& a, gpuStream_t stream) {
+  OneShotParams<kWorld> p;
+  p.rank = a.rank;
+  p.world = a.world;
+  p.input = a.input;
+  p.output = a.output;
+  p.count = a.count;
+  for (int j = 0; j < kWorld; ++j) {
+    p.staging[j] = j < a.world ? a.staging[j] : a.staging[0];
+    p.flags[j] = reinterpret_cast<unsigned long long*>(j < a.world ? a.flags[j] : a.flags[0]);
+  }
+  p.epoch = a.epoch;
+  p.bf16 = a.bf16;
+  p.signs = a.signs;
+  p.scale = a.scale;
+  // Staging slots are 256-byte aligned; the host's buffers decide.
+  p.vectorized = a.count % 4 == 0 && reinterpret_cast<uintptr_t>(a.input) % 16 == 0 &&
+                 reinterpret_cast<uintptr_t>(a.output) % 16 == 0;
+  const size_t units = p.vectorized ? a.count / 4 : a.count;
+  const size_t blocks = std::min<size_t>(kOneShotMaxBlocks, std::max<size_t>(1, (units + kThreads - 1) / kThreads));
+  OneShotKernel<kWorld><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+  return gpuGetLastError();
 }
 
 unsigned Grid(size_t work, int sm_count) {
@@ -189,24 +250,10 @@ gpuError_t LaunchExpandSigns(float* out, const int8_t* signs, size_t count, int 
 
 gpuError_t LaunchOneShot(const OneShotAllReduce& a, gpuStream_t stream) {
   if (a.world < 1 || a.world > static_cast<int>(kMaxReduceInputs)) return gpuErrorInvalidValue;
-  OneShotParams p;
-  p.rank = a.rank;
-  p.world = a.world;
-  p.input = a.input;
-  p.output = a.output;
-  p.count = a.count;
-  for (int j = 0; j < a.world; ++j) {
-    p.staging[j] = a.staging[j];
-    p.flags[j] = reinterpret_cast<unsigned long long*>(a.flags[j]);
-  }
-  p.epoch = a.epoch;
-  p.bf16 = a.bf16;
-  p.signs = a.signs;
-  p.scale = a.scale;
-  // About 16 elements per thread: enough blocks that peer-read latency overlaps.
-  const size_t blocks = std::min<size_t>(kOneShotMaxBlocks, std::max<size_t>(1, a.count / (kThreads * 16)));
-  OneShotKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
-  return gpuGetLastError();
+  // Parameter space grows with the world; the usual worlds take a small instantiation.
+  if (a.world <= 2) return LaunchOneShotOf<2>(a, stream);
+  if (a.world <= 8) return LaunchOneShotOf<8>(a, stream);
+  return LaunchOneShotOf<kMaxReduceInputs>(a, stream);
 }
 
 }  // namespace gpu

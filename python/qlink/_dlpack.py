@@ -37,10 +37,13 @@ else:  # PyTorch < 2.1
         return t.numel() * t.element_size()
 
 
+_GPU_TYPE = _abi.KDL_ROCM if torch.version.hip else _abi.KDL_CUDA  # ROCm builds of PyTorch call their GPUs "cuda"
+
+
 def device_type_of(device):
     """DLDeviceType of a torch.device; ROCm builds of PyTorch call their GPUs "cuda"."""
     if device.type == "cuda":
-        return _abi.KDL_ROCM if torch.version.hip else _abi.KDL_CUDA
+        return _GPU_TYPE
     if device.type == "cpu":
         return _abi.KDL_CPU
     raise ValueError("qlink does not handle %s tensors" % device.type)
@@ -48,7 +51,8 @@ def device_type_of(device):
 
 def _dtype_of(dtype):
     # Bytes are copied, not converted: a dtype DLPack 0.6 cannot name travels as unsigned bytes.
-    return _DTYPES.get(dtype, (1, torch.empty((), dtype=dtype).element_size() * 8))
+    code_bits = _DTYPES.get(dtype)
+    return code_bits if code_bits is not None else (1, torch.empty((), dtype=dtype).element_size() * 8)
 
 
 class Packed:
@@ -136,10 +140,12 @@ def _small(tensors, device_ids, exact):
     """A few contiguous tensors as 1-D DLTensors: bytes, or their own dtype when exact."""
     n = len(tensors)
     try:
-        dev_type = device_type_of(tensors[0].device)
+        host = not tensors[0].is_cuda
+        dev_type = _abi.KDL_CPU if host else _GPU_TYPE
     except AttributeError:
         return _exact(tensors, device_ids)  # not a tensor: TensorArray names the leaf
-    host = dev_type == _abi.KDL_CPU
+    if host and tensors[0].device.type != "cpu":
+        device_type_of(tensors[0].device)  # raises: neither a CPU nor a GPU tensor
     buf = (ctypes.c_char * (56 * n))()  # the DLTensors, then one int64 shape each
     shapes = ctypes.addressof(buf) + 48 * n
     devices = set()
@@ -152,6 +158,18 @@ def _small(tensors, device_ids, exact):
         _SHAPE_STRUCT.pack_into(buf, 48 * n + 8 * i, t.numel() if exact else _NBYTES(t))
         devices.add(dev)
     return Packed(ctypes.cast(buf, ctypes.POINTER(_abi.DLTensor)), buf, devices, host, n)
+
+
+def byte_runs(data, nbytes, device_type, device_id):
+    """A few contiguous byte runs on one device as DLTensors (byte_vectors without numpy's
+    fixed costs)."""
+    n = len(data)
+    buf = (ctypes.c_char * (56 * n))()
+    shapes = ctypes.addressof(buf) + 48 * n
+    for i, (ptr, size) in enumerate(zip(data, nbytes)):
+        _DL_STRUCT.pack_into(buf, 48 * i, ptr, device_type, device_id, 1, 1, 8, 1, shapes + 8 * i, 0, 0)
+        _SHAPE_STRUCT.pack_into(buf, 48 * n + 8 * i, size)
+    return Packed(ctypes.cast(buf, ctypes.POINTER(_abi.DLTensor)), buf, {device_id}, device_type == _abi.KDL_CPU, n)
 
 
 def _typed(tensors, device_ids=None):

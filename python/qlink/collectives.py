@@ -84,11 +84,16 @@ class PreparedAllReduce:
         self._devices = sorted(keep[0].devices)
         gpu = self._ctx.backend != "cpu"
         self._streams, self._count = self._ctx._streams({d: None for d in self._devices}) if gpu else (None, 0)
+        # Per run: each device's current stream into its slot, then one C call.
+        self._slots = [(self._streams[k], d) for k, d in enumerate(self._devices[:self._count])]
+        self._execute = self._ctx._api.all_reduce_plan_execute
 
     def run(self):
-        for k, d in enumerate(self._devices[:self._count]):
-            self._streams[k].stream = _raw_stream(d)
-        self._ctx._check(self._ctx._api.all_reduce_plan_execute(self._handle, self._streams, self._count))
+        for slot, d in self._slots:
+            slot.stream = _raw_stream(d)
+        status = self._execute(self._handle, self._streams, self._count)
+        if status:
+            self._ctx._check(status)
 
     def close(self):
         handle, self._handle = getattr(self, "_handle", None), None

@@ -2,6 +2,7 @@
 import ctypes
 import dataclasses
 import os
+import sys
 import threading
 
 import numpy as np
@@ -39,6 +40,23 @@ def _negotiate(path):
         api = table.contents
         _LIBRARIES[path] = (lib, api)
         return lib, api
+
+
+def _grant_torch_segments(pairs):
+    """Lets each enabled pair's reader map PyTorch's memory of the other device.
+
+    Peer access enabled through the runtime does not reach memory PyTorch's caching
+    allocator maps itself (expandable_segments: cuMemCreate + cuMemMap): a kernel reading
+    it over the link faults. PyTorch grants a device its peer's segments the first time
+    it copies between the two, so a tiny copy each way per pair does it."""
+    torch = sys.modules.get("torch")
+    if torch is None or not pairs or not torch.cuda.is_available():
+        return
+    for a, b in {tuple(sorted(p)) for p in pairs}:
+        if max(a, b) < torch.cuda.device_count():
+            x, y = torch.empty(1, device="cuda:%d" % a), torch.empty(1, device="cuda:%d" % b)
+            x.copy_(y)
+            y.copy_(x)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +130,9 @@ class Context:
         devices = list(range(self.device_count)) if devices is None else [int(d) for d in devices]
         array = (ctypes.c_int32 * max(len(devices), 1))(*devices)
         self._check(self._api.enable_peer_access(self._handle, array, len(devices)))
-        return self.peer_matrix(devices)
+        matrix = self.peer_matrix(devices)
+        _grant_torch_segments([(s, d) for (s, d), st in matrix.items() if st.enabled])
+        return matrix
 
     def peer_info(self, src, dst):
         info = _abi.PeerInfo(struct_size=ctypes.sizeof(_abi.PeerInfo))

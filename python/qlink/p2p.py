@@ -15,7 +15,8 @@ import threading
 import numpy as np
 import torch
 
-from ._dlpack import _DATA_PTR, _GET_DEVICE, _IS_CONTIGUOUS, _NBYTES, byte_vectors, device_type_of, pack
+from ._dlpack import (_DATA_PTR, _GET_DEVICE, _GPU_TYPE, _IS_CONTIGUOUS, _NBYTES, byte_runs, byte_vectors,
+                      device_type_of, pack)
 from .context import Context
 
 _default = None
@@ -91,12 +92,16 @@ class PreparedCopy:
         self._plan = self._ctx.prepare(sources, targets, sources_ready=sources_ready, sources_held=sources_held)
         devices = sorted({t.get_device() for t in list(sources) + list(targets)})
         self._streams, self._count = self._ctx._streams({d: None for d in devices})
-        self._devices = devices
+        # Per run: each device's current stream into its slot, then one C call.
+        self._slots = [(self._streams[k], d) for k, d in enumerate(devices)]
+        self._execute = self._ctx._api.copy_plan_execute
 
     def run(self):
-        for k, d in enumerate(self._devices):
-            self._streams[k].stream = _raw_stream(d)
-        self._ctx._check(self._ctx._api.copy_plan_execute(self._plan._handle, self._streams, self._count))
+        for slot, d in self._slots:
+            slot.stream = _raw_stream(d)
+        status = self._execute(self._plan._handle, self._streams, self._count)
+        if status:
+            self._ctx._check(status)
 
 
 def _overlapping(ptrs, nbytes):
@@ -144,14 +149,16 @@ def _move_few(tensors, target, ctx):
             offsets.append(total)
             total += (size + _ALIGN - 1) // _ALIGN * _ALIGN
         flat = torch.empty(total, dtype=torch.uint8, device=target)
-        typed = {}
+        base = flat.data_ptr()
+        _enqueue(ctx or default_context(), pack([tensors[i] for i in fast]),
+                 byte_runs([base + off for off in offsets], sizes, _GPU_TYPE, target.index))
+        typed = {}  # the views are built while the copy runs
         for i, off in zip(fast, offsets):
             t = tensors[i]
             view = typed.get(t.dtype)
             if view is None:
                 view = typed[t.dtype] = flat.view(t.dtype)
             out[i] = view.as_strided(t.shape, t.stride(), off // t.element_size())
-        _enqueue(ctx or default_context(), pack([tensors[i] for i in fast]), pack([out[i] for i in fast]))
     moved = {}
     chosen = set(fast)
     for i, t in enumerate(tensors):

@@ -235,3 +235,36 @@ def test_sixteen_threads_of_mixed_copies(library, process):
                             timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "failures 0" in result.stdout
+
+
+EXPANDABLE = textwrap.dedent("""
+    import sys, torch
+    sys.path.insert(0, sys.argv[2])
+    import qlink
+    early = [torch.randn(n, device="cuda:0") for n in (17, 65536)]  # mapped before peer access
+    qlink.configure({"backend": "cuda", "log_level": "warn"}, library=sys.argv[1]).enable_peer_access()
+    late = [torch.randn(n, device="cuda:0") for n in (4096, 1 << 20)]  # mapped after
+    dst = [torch.empty_like(t, device="cuda:1") for t in early + late]
+    qlink.peer_copy_batch(early + late, dst)
+    assert all(torch.equal(s.cpu(), d.cpu()) for s, d in zip(early + late, dst))
+    parts = [torch.randn(1 << 20, device=d) for d in (0, 1)]
+    out = torch.empty_like(parts[0])
+    qlink.reduce(parts, out)
+    assert torch.equal(out.cpu(), parts[0].cpu() + parts[1].cpu())
+    bufs = [torch.randn(4096, device=d) for d in (0, 1)]
+    expected = bufs[0].cpu() + bufs[1].cpu()
+    qlink.all_reduce(bufs)
+    assert all(torch.equal(b.cpu(), expected) for b in bufs)
+    print("ok")
+""")
+
+
+@two_gpus
+def test_pytorch_expandable_segments_are_readable_over_the_link(library):
+    """PyTorch maps expandable segments itself (cuMemMap): runtime peer access does not
+    cover them, so enable_peer_access also has PyTorch grant them to the peer."""
+    package = os.path.join(os.path.dirname(__file__), "..", "..", "python")
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+    result = subprocess.run([sys.executable, "-c", EXPANDABLE, library, package], capture_output=True, text=True,
+                            timeout=120, env=env)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stdout + result.stderr
