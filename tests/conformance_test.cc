@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -154,7 +155,8 @@ TEST_P(Conformance, CopiesAreByteExactAndOrderedByEvents) {
     ASSERT_OK(backend_->CreateStream(s, &src_stream));
     ASSERT_OK(backend_->CreateStream(d, &dst_stream));
     ASSERT_OK(backend_->CreateEvent(s, &ready));
-    for (bool pull : {true, false}) {
+    for (const char* path : {"pull", "prepared pull", "runtime"}) {
+      const bool pull = std::string(path) != "runtime";
       if (pull && s != d && backend_->HasPeerAccess()) {
         bool can = false;
         ASSERT_OK(backend_->CanAccessPeer(d, s, &can));
@@ -175,14 +177,21 @@ TEST_P(Conformance, CopiesAreByteExactAndOrderedByEvents) {
       }
       ASSERT_OK(backend_->RecordEvent(s, ready, src_stream));
       ASSERT_OK(backend_->StreamWaitEvent(d, dst_stream, ready));
-      ASSERT_OK(pull ? backend_->PullLeaves(d, leaves.data(), leaves.size(), dst_stream)
-                     : backend_->CopyLeaves(d, s, leaves.data(), leaves.size(), dst_stream));
+      std::unique_ptr<qlink::PreparedPull> prepared;
+      if (std::string(path) == "prepared pull") {
+        ASSERT_OK(backend_->PreparePull(d, leaves.data(), leaves.size(), &prepared));
+        ASSERT_OK(prepared->Launch(dst_stream));
+      } else {
+        ASSERT_OK(pull ? backend_->PullLeaves(d, leaves.data(), leaves.size(), dst_stream)
+                       : backend_->CopyLeaves(d, s, leaves.data(), leaves.size(), dst_stream));
+      }
       ASSERT_OK(backend_->SynchronizeStream(d, dst_stream));
+      prepared.reset();
       for (size_t k = 0; k < leaves.size(); ++k) {
         auto got = Read(d, static_cast<char*>(leaves[k].dst) - 5, leaves[k].bytes + 32);
         EXPECT_TRUE(std::all_of(got.begin(), got.begin() + 5, [](uint8_t b) { return b == 0; }));
         EXPECT_TRUE(std::equal(expected[k].begin(), expected[k].end(), got.begin() + 5))
-            << (pull ? "pull" : "runtime") << " copy " << s << "->" << d << " leaf " << k;
+            << path << " copy " << s << "->" << d << " leaf " << k;
         EXPECT_TRUE(std::all_of(got.begin() + 5 + leaves[k].bytes, got.end(), [](uint8_t b) { return b == 0; }));
       }
       Free();
