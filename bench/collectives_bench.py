@@ -31,7 +31,7 @@ def main():
     devs = list(range(n))
     lines = ["| bytes | all-reduce fp32 us (busbw GB/s) | prepared fp32 | halving-doubling fp32 | "
              "all-reduce bf16 transport | prepared bf16 | all-reduce sign-cast | prepared sign-cast | "
-             "broadcast us (GB/s) | torch broadcast_coalesced |", "|---" * 10 + "|"]
+             "broadcast us (GB/s) | broadcast, sources held | torch broadcast_coalesced |", "|---" * 11 + "|"]
     print("world", n, torch.cuda.get_device_name(0))
     for size in SIZES:
         bufs = [torch.randn(size // 4, device=d) for d in devs]
@@ -51,8 +51,9 @@ def main():
         src = bufs[0]
         replicas = [[b] for b in bufs[1:]]
         bc = mean_us(lambda: qlink.broadcast([src], replicas))
+        held = mean_us(lambda: qlink.broadcast([src], replicas, sources_held=True))
         tb = mean_us(lambda: torch.cuda.comm.broadcast_coalesced([src], devs))
-        cells += ["%.1f (%.0f)" % (bc, size / bc / 1e3), "%.1f (%.0f)" % (tb, size / tb / 1e3)]
+        cells += ["%.1f (%.0f)" % (us, size / us / 1e3) for us in (bc, held, tb)]
         line = "| %d | " % size + " | ".join(cells) + " |"
         print(line)
         lines.append(line)

@@ -6,8 +6,9 @@ carries the copy, as the baselines do: GPU0 for PyTorch's paths (its cross-devic
 runs on the source's stream), GPU1 for the ctypes per-leaf peer copies, the raw C++ paths
 of p2p_bench.cu and qlink's copies (the pull kernel runs on the destination). qlink's
 backward join makes GPU0's stream wait for the copy too; "both synced" also waits for
-GPU0, so it includes that join's cross-device latency. Module moves synchronize every
-device for both paths. Usage:
+GPU0, so it includes that join's cross-device latency; "host-ordered" is a plan made with
+sources_ready and sources_held (no joins: the host orders the work, as the raw paths
+assume). Module moves synchronize every device for both paths. Usage:
     python3 bench/copy_bench.py --library DIST/libqlink.so [--markdown OUT.md]
 """
 import argparse
@@ -55,7 +56,7 @@ def main():
     cols = [("to", "Tensor.to"), ("copy_", "copy_"), ("bcast", "broadcast_coalesced"),
             ("peer", "cudaMemcpyPeerAsync/leaf (ctypes)"), ("fresh", "qlink fresh lists"),
             ("prepared", "qlink prepared"), ("prepared_both", "qlink prepared, both synced"),
-            ("held", "qlink prepared, sources held"), ("module_to", "module.to"),
+            ("held", "qlink prepared, host-ordered"), ("module_to", "module.to"),
             ("move", "qlink move_module_to_device"), ("speedup", "move speedup")]
     print(("%5s %9s" + " %12s" * len(cols)) % (("N", "S") + tuple(k[:12] for k, _ in cols)))
     for n, s in SHAPES:
@@ -80,7 +81,7 @@ def main():
         prepared = qlink.PreparedCopy(src, dst)
         r["prepared"] = on_gpu1(prepared.run)
         r["prepared_both"] = on_both(prepared.run)
-        held = qlink.PreparedCopy(src, dst, sources_held=True)
+        held = qlink.PreparedCopy(src, dst, sources_ready=True, sources_held=True)  # timing syncs before each run
         r["held"] = on_gpu1(held.run)
         module = torch.nn.Module()
         for i, t in enumerate(src):

@@ -305,6 +305,7 @@ Status Broadcast(Context& ctx, const qlink_broadcast_args* a) {
   if (leaves == 0 || replicas == 0) return Status::Ok();
   if (a->sources == nullptr) return InvalidArgument("args.sources is NULL with num_leaves > 0");
   if (a->destinations == nullptr) return InvalidArgument("args.destinations is NULL with num_replicas > 0");
+  const uint32_t flags = a->struct_size >= QLINK_STRUCT_SIZE(qlink_broadcast_args, flags) ? a->flags : 0;
   const int root = a->sources[0].device.device_id;
   for (size_t i = 1; i < leaves; ++i) {
     if (a->sources[i].device.device_id != root) {
@@ -335,8 +336,8 @@ Status Broadcast(Context& ctx, const qlink_broadcast_args* a) {
   std::vector<DLTensor> all_sources;
   all_sources.reserve(leaves * replicas);
   for (size_t r = 0; r < replicas; ++r) all_sources.insert(all_sources.end(), a->sources, a->sources + leaves);
-  qlink_copy_args whole{QLINK_COPY_ARGS_STRUCT_SIZE, all_sources.data(), a->destinations, leaves * replicas,
-                        a->streams, a->num_streams};
+  qlink_copy_args whole{sizeof(qlink_copy_args), all_sources.data(), a->destinations, leaves * replicas,
+                        a->streams, a->num_streams, flags};
   CopyPlan check;
   QLINK_RETURN_IF_ERROR(CopyPlan::Build(ctx, &whole, &check));
 
@@ -357,7 +358,9 @@ Status Broadcast(Context& ctx, const qlink_broadcast_args* a) {
       dst.insert(dst.end(), to, to + leaves);
       next.push_back(to);
     }
-    qlink_copy_args round{QLINK_COPY_ARGS_STRUCT_SIZE, src.data(), dst.data(), src.size(), a->streams, a->num_streams};
+    // The host's promises cover the root's sources: only the first round reads nothing else.
+    qlink_copy_args round{sizeof(qlink_copy_args), src.data(), dst.data(), src.size(), a->streams, a->num_streams,
+                          rounds.empty() ? flags : 0u};
     rounds.emplace_back();
     QLINK_RETURN_IF_ERROR(CopyPlan::Build(ctx, &round, &rounds.back()));
     holders = std::move(next);

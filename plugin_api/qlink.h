@@ -169,6 +169,9 @@ typedef struct qlink_broadcast_args {
   size_t num_replicas;          /* each replica on its own device, not the source's */
   const qlink_stream* streams;  /* borrowed array of num_streams; may be NULL */
   size_t num_streams;
+  uint32_t flags;               /* 1.2: qlink_copy_flags for the root's sources (relays from
+                                   replicas keep their joins); read only when struct_size
+                                   covers it, else 0 */
 } qlink_broadcast_args;
 #define QLINK_BROADCAST_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_broadcast_args, num_streams)
 
@@ -190,7 +193,7 @@ typedef struct qlink_reduce_args {
 #define QLINK_REDUCE_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_reduce_args, num_streams)
 
 typedef enum qlink_all_reduce_algorithm {
-  QLINK_ALL_REDUCE_AUTO = 0,             /* one-shot up to 256 KiB where every pair has peer
+  QLINK_ALL_REDUCE_AUTO = 0,             /* one-shot up to 1 MiB where every pair has peer
                                             access, else two-shot */
   QLINK_ALL_REDUCE_TWO_SHOT = 1,         /* reduce-scatter by chunk owners, then all-gather */
   QLINK_ALL_REDUCE_HALVING_DOUBLING = 2  /* recursive halving, then doubling: power-of-two

@@ -216,10 +216,17 @@ TEST_P(Collectives, BroadcastMirrorsEveryLeafToEveryReplica) {
       d.push_back(t.emplace_back(dst.back().data(), n, kDLCPU, r).dl);
     }
   }
-  qlink_broadcast_args args{QLINK_BROADCAST_ARGS_STRUCT_SIZE, s.data(), sizes.size(), d.data(),
-                            static_cast<size_t>(world() - 1), nullptr, 0};
-  ASSERT_EQ(api_.broadcast(ctx_.get(), &args), QLINK_OK) << api_.last_error();
-  for (size_t k = 0; k < dst.size(); ++k) EXPECT_EQ(dst[k], src[k % sizes.size()]) << "destination " << k;
+  qlink_broadcast_args args{sizeof(qlink_broadcast_args), s.data(), sizes.size(), d.data(),
+                            static_cast<size_t>(world() - 1), nullptr, 0, 4u};
+  EXPECT_EQ(api_.broadcast(ctx_.get(), &args), QLINK_INVALID_ARGUMENT);
+  EXPECT_THAT(api_.last_error(), HasSubstr("args.flags = 4 has bits that are not qlink_copy_flags"));
+  for (size_t k = 0; k < dst.size(); ++k) ASSERT_EQ(dst[k], std::vector<uint8_t>(dst[k].size(), 0)) << k;
+  for (uint32_t flags : {0u, uint32_t{QLINK_COPY_SOURCES_READY | QLINK_COPY_SOURCES_HELD}}) {
+    for (auto& v : dst) std::fill(v.begin(), v.end(), 0);
+    args.flags = flags;
+    ASSERT_EQ(api_.broadcast(ctx_.get(), &args), QLINK_OK) << api_.last_error();
+    for (size_t k = 0; k < dst.size(); ++k) EXPECT_EQ(dst[k], src[k % sizes.size()]) << "destination " << k;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(World, Collectives, ::testing::Values(1, 2, 3, 4, 8),

@@ -117,8 +117,8 @@ __device__ __forceinline__ uint2 ToBf16x4(float4 x) {
 // Block b of every rank owns slice b of the buffer: it stages that slice, raises flag
 // (rank, b) on every rank, waits for flag (j, b) of every rank j, then sums slice b of
 // every staged partial. Blocks never wait for each other, and a buffer of up to 256 KiB
-// spreads so that each thread moves one 16-byte vector: every peer read of the sum is in
-// flight at once instead of one latency after another.
+// spreads so that each thread moves one 16-byte vector (a few, up to 1 MiB): the peer
+// reads of the sum are in flight together instead of one latency after another.
 template <int kWorld>
 __global__ void __launch_bounds__(kThreads) OneShotKernel(const QLINK_GRID_CONSTANT OneShotParams<kWorld> p) {
   const size_t unit = p.vectorized ? 4 : 1;  // elements per step

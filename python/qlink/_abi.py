@@ -57,7 +57,7 @@ COPY_SOURCES_READY, COPY_SOURCES_HELD = 1, 2  # qlink_copy_flags
 class BroadcastArgs(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t), ("sources", POINTER(DLTensor)), ("num_leaves", c_size_t),
                 ("destinations", POINTER(DLTensor)), ("num_replicas", c_size_t), ("streams", POINTER(Stream)),
-                ("num_streams", c_size_t)]
+                ("num_streams", c_size_t), ("flags", c_uint32)]
 
 
 class ReduceArgs(ctypes.Structure):

@@ -19,10 +19,11 @@ def _streams(ctx, devices):
     return ctx._streams({d: _raw_stream(d) for d in devices})
 
 
-def broadcast(sources, replicas, ctx=None, source_device=None, replica_devices=None):
+def broadcast(sources, replicas, ctx=None, source_device=None, replica_devices=None, sources_ready=False,
+              sources_held=False):
     """replicas[r][i].copy_(sources[i]) for every replica r, relayed along a binary tree of
     peer links. source_device / replica_devices override device indices (CPU virtual
-    devices)."""
+    devices); sources_ready / sources_held as for qlink.Context.copy, for the sources."""
     ctx = ctx or default_context()
     n = len(sources)
     src = pack(sources, None if source_device is None else [source_device] * n)
@@ -32,8 +33,9 @@ def broadcast(sources, replicas, ctx=None, source_device=None, replica_devices=N
     for r in replicas:
         if len(r) != n:
             raise ValueError("every replica needs %d leaves, one has %d" % (n, len(r)))
+    flags = (_abi.COPY_SOURCES_READY if sources_ready else 0) | (_abi.COPY_SOURCES_HELD if sources_held else 0)
     args = _abi.BroadcastArgs(ctypes.sizeof(_abi.BroadcastArgs), src.pointer, n, dst.pointer, len(replicas),
-                              *_streams(ctx, src.devices | dst.devices))
+                              *_streams(ctx, src.devices | dst.devices), flags)
     ctx._check(ctx._api.broadcast(ctx._handle, ctypes.byref(args)))
 
 
