@@ -109,7 +109,15 @@ Status CopyPlan::Build(Context& ctx, const qlink_copy_args* args, CopyPlan* out)
   }
   QLINK_RETURN_IF_ERROR(CheckOverlaps(src_spans, std::move(dst_spans)));
 
+  // The copy engines overtake the pull kernel above the backend's crossover when several
+  // large leaves run on them at once; one large leaf alone still goes faster through the
+  // kernel up to about four times that (bench/RESULTS.md: 16 MiB 48.5 vs 53.1 us).
   const uint64_t crossover = backend.PullCrossoverBytes();
+  const uint64_t lone_crossover = crossover <= UINT64_MAX / 4 ? crossover * 4 : UINT64_MAX;
+  std::map<int, int> large_leaves;  // per destination: leaves in [crossover, lone_crossover)
+  for (size_t i = 0; i < n; ++i) {
+    if (sizes[i] >= crossover && sizes[i] < lone_crossover) ++large_leaves[args->destinations[i].device.device_id];
+  }
   std::map<int, DestinationWork> by_dst;
   std::map<std::pair<int, int>, size_t> runtime_slot;  // (dst, src) -> index into work.runtime
   for (size_t i = 0; i < n; ++i) {
@@ -123,7 +131,8 @@ Status CopyPlan::Build(Context& ctx, const qlink_copy_args* args, CopyPlan* out)
       w.joined_sources.push_back(src);
     }
     CopyLeaf leaf{TensorBytes(s), const_cast<char*>(TensorBytes(d)), sizes[i]};
-    const bool pull = sizes[i] < crossover && (src == dst || ctx.topology().PeerEnabled(src, dst));
+    const bool pull_size = sizes[i] < crossover || (sizes[i] < lone_crossover && large_leaves[dst] == 1);
+    const bool pull = pull_size && (src == dst || ctx.topology().PeerEnabled(src, dst));
     if (pull) {
       w.pulled.push_back(leaf);
       continue;

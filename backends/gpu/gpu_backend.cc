@@ -69,9 +69,9 @@ class GpuBackend final : public DeviceBackend {
   }
 
   ~GpuBackend() override {
-    const int host_device = side_streams_.empty() ? -1 : CurrentDevice();
-    for (size_t d = 0; d < side_streams_.size(); ++d) {
-      if (side_streams_[d] != nullptr && Activate(static_cast<int>(d)).ok()) (void)gpuStreamDestroy(side_streams_[d]);
+    const int host_device = sides_.empty() ? -1 : CurrentDevice();
+    for (size_t d = 0; d < sides_.size(); ++d) {
+      if (sides_[d] && Activate(static_cast<int>(d)).ok()) DestroySide(*sides_[d]);
     }
     if (host_device >= 0) Activate(host_device);
   }
@@ -282,39 +282,57 @@ class GpuBackend final : public DeviceBackend {
   }
 
   // The batch API refuses the legacy default stream: fork onto a side stream of the
-  // device and join back, so the copy stays ordered on the default stream.
+  // device and join back, so the copy stays ordered on the default stream. The side
+  // stream's fork and join events are reused: a wait captures the event's state when it
+  // is enqueued, and the device's lock keeps two forks from interleaving.
   Status ForkedCopyBatch(const CopyLeaf* leaves, size_t count, int src_device, int dst_device) {
-    gpuStream_t side = nullptr;
-    QLINK_RETURN_IF_ERROR(SideStream(dst_device, &side));
-    gpuEvent_t fork = nullptr, join = nullptr;
-    Status s = Check(gpuEventCreateWithFlags(&fork, gpuEventDisableTiming), "gpuEventCreate");
-    if (s.ok()) s = Check(gpuEventCreateWithFlags(&join, gpuEventDisableTiming), "gpuEventCreate");
-    if (s.ok()) s = Check(gpuEventRecord(fork, nullptr), "gpuEventRecord");
-    if (s.ok()) s = Check(gpuStreamWaitEvent(side, fork, 0), "gpuStreamWaitEvent");
-    if (s.ok()) s = CopyBatch(leaves, count, src_device, dst_device, side);
-    if (s.ok()) s = Check(gpuEventRecord(join, side), "gpuEventRecord");
-    if (s.ok()) s = Check(gpuStreamWaitEvent(nullptr, join, 0), "gpuStreamWaitEvent");
-    // Destroying an event with pending waits is safe: its resources go once it completes.
-    if (fork != nullptr) (void)gpuEventDestroy(fork);
-    if (join != nullptr) (void)gpuEventDestroy(join);
+    Side* side = nullptr;
+    QLINK_RETURN_IF_ERROR(SideOf(dst_device, &side));
+    std::lock_guard<std::mutex> lock(side->mu);
+    Status s = Check(gpuEventRecord(side->fork, nullptr), "gpuEventRecord");
+    if (s.ok()) s = Check(gpuStreamWaitEvent(side->stream, side->fork, 0), "gpuStreamWaitEvent");
+    if (s.ok()) s = CopyBatch(leaves, count, src_device, dst_device, side->stream);
+    if (s.ok()) s = Check(gpuEventRecord(side->join, side->stream), "gpuEventRecord");
+    if (s.ok()) s = Check(gpuStreamWaitEvent(nullptr, side->join, 0), "gpuStreamWaitEvent");
     return s;
   }
 #endif
 
-  Status SideStream(int device, gpuStream_t* out) {
+  // Per device: a stream beside the host's and the events that fork onto it and join back.
+  struct Side {
+    std::mutex mu;
+    gpuStream_t stream = nullptr;
+    gpuEvent_t fork = nullptr, join = nullptr;
+  };
+
+  Status SideOf(int device, Side** out) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (side_streams_.empty()) side_streams_.resize(sm_counts_.size(), nullptr);
-    if (side_streams_[device] == nullptr) {
-      QLINK_RETURN_IF_ERROR(
-          Check(gpuStreamCreateWithFlags(&side_streams_[device], gpuStreamNonBlocking), "gpuStreamCreate"));
+    if (sides_.empty()) sides_.resize(sm_counts_.size());
+    if (!sides_[device]) {
+      auto side = std::make_unique<Side>();
+      QLINK_GPU_SCOPE(device);
+      Status s = Check(gpuStreamCreateWithFlags(&side->stream, gpuStreamNonBlocking), "gpuStreamCreate");
+      if (s.ok()) s = Check(gpuEventCreateWithFlags(&side->fork, gpuEventDisableTiming), "gpuEventCreate");
+      if (s.ok()) s = Check(gpuEventCreateWithFlags(&side->join, gpuEventDisableTiming), "gpuEventCreate");
+      if (!s.ok()) {
+        DestroySide(*side);
+        return s;
+      }
+      sides_[device] = std::move(side);
     }
-    *out = side_streams_[device];
+    *out = sides_[device].get();
     return Status::Ok();
+  }
+
+  static void DestroySide(Side& side) {
+    if (side.join != nullptr) (void)gpuEventDestroy(side.join);
+    if (side.fork != nullptr) (void)gpuEventDestroy(side.fork);
+    if (side.stream != nullptr) (void)gpuStreamDestroy(side.stream);
   }
 
   std::vector<int> sm_counts_;
   std::mutex mu_;
-  std::vector<gpuStream_t> side_streams_;  // per device, created on first use
+  std::vector<std::unique_ptr<Side>> sides_;  // per device, created on first use
 };
 
 }  // namespace

@@ -79,7 +79,12 @@ def test_odd_sizes_and_unaligned_offsets(ctx, src_dev, dst_dev):
 
 @pytest.mark.parametrize("src_dev, dst_dev", _pairs())
 def test_large_leaves_take_the_copy_engines_byte_exact(ctx, src_dev, dst_dev):
+    # 64 MiB: copy engines; a lone 20 MiB leaf: the pull kernel; then two of 20 MiB: copy engines.
     sources = [torch.randn(n, device="cuda:%d" % src_dev) for n in (16 << 20, 5 << 20, 3)]
+    targets = [torch.empty_like(s, device="cuda:%d" % dst_dev) for s in sources]
+    qlink.peer_copy_batch(sources, targets)
+    assert all(torch.equal(s.cpu(), t.cpu()) for s, t in zip(sources, targets))
+    sources = [torch.randn(n, device="cuda:%d" % src_dev) for n in (5 << 20, 5 << 20)]
     targets = [torch.empty_like(s, device="cuda:%d" % dst_dev) for s in sources]
     qlink.peer_copy_batch(sources, targets)
     assert all(torch.equal(s.cpu(), t.cpu()) for s, t in zip(sources, targets))
@@ -126,8 +131,8 @@ def test_prepared_copy_replays(ctx):
 
 @pytest.mark.parametrize("promises", [{"sources_held": True}, {"sources_ready": True, "sources_held": True}])
 def test_prepared_copy_with_host_promises(ctx, promises):
-    # Small leaves take the pull kernel (descriptors in device memory), the 9 MiB one the copy engines.
-    sources = [torch.randn(n, device="cuda:0") for n in (1, 17, 4096, 65536, 9 << 18)]
+    # Small leaves take the pull kernel (descriptors in device memory), the two 9 MiB ones the copy engines.
+    sources = [torch.randn(n, device="cuda:0") for n in (1, 17, 4096, 65536, 9 << 18, 9 << 18)]
     targets = [torch.empty_like(s, device="cuda:1") for s in sources]
     prepared = qlink.PreparedCopy(sources, targets, **promises)
     for _ in range(3):
