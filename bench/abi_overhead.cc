@@ -91,7 +91,12 @@ int main(int argc, char** argv) {
   h.Check(h.api->enable_peer_access(h.ctx, devices, 2), "enable_peer_access");
 
   std::printf("%-44s %12s %14s\n", "call", "enqueue_us", "completion_us");
-  for (auto [n, size] : std::vector<std::pair<int, int64_t>>{{8, 32768}, {256, 65536}}) {
+  // The module-move shapes of BASELINES.md, as p2p_bench.cu times its raw paths (best of 30,
+  // synchronizing the destination's stream).
+  const std::vector<std::pair<int, int64_t>> shapes = {{8, 32768},      {64, 32768},    {8, 262144},
+                                                       {64, 262144},    {256, 65536},   {8, 2 << 20},
+                                                       {64, 2 << 20},   {16, 16 << 20}, {4, 64 << 20}};
+  for (auto [n, size] : shapes) {
     void *src = nullptr, *dst = nullptr;
     h.Check(h.api->memory_allocate(h.ctx, 0, n * size, &src), "memory_allocate");
     h.Check(h.api->memory_allocate(h.ctx, 1, n * size, &dst), "memory_allocate");

@@ -260,20 +260,24 @@ Status HalvingDoubling(Context& ctx, const Ranks& r) {
     lo.swap(next_lo);
     hi.swap(next_hi);
   }
-  // Owners finish their segment: the average's scale, or the sign (as -1, 0, 1 floats).
+  // Owners finish their segment: the average's scale in place, or the sign as int8 into a
+  // per-rank sign buffer, whose segments the doubling then gathers (a quarter of the bytes
+  // of fp32) before each rank expands all of it.
+  std::vector<char*> gathered(r.buf);  // what the doubling exchanges
+  size_t element = 4;
+  if (r.signs) {
+    element = 1;
+    for (size_t k = 0; s.ok() && k < world; ++k) {
+      void* signs = nullptr;
+      s = scratch.Take(r.dev[k], r.count, r.stream[k], &signs);
+      gathered[k] = static_cast<char*>(signs);
+    }
+  }
   for (size_t k = 0; s.ok() && k < world && (r.signs || r.scale != 1.0f); ++k) {
     const size_t n = hi[k] - lo[k];
     if (n == 0) continue;
-    float* own = reinterpret_cast<float*>(r.buf[k] + lo[k] * 4);
-    const void* in = own;
-    if (!r.signs) {
-      s = b.ReduceSum(r.dev[k], own, &in, 1, false, n, r.scale, false, r.stream[k]);
-      continue;
-    }
-    void* sign = nullptr;
-    s = scratch.Take(r.dev[k], n, r.stream[k], &sign);
-    if (s.ok()) s = b.ReduceSum(r.dev[k], sign, &in, 1, false, n, r.scale, true, r.stream[k]);
-    if (s.ok()) s = b.ExpandSigns(r.dev[k], own, static_cast<const int8_t*>(sign), n, r.stream[k]);
+    const void* own = r.buf[k] + lo[k] * 4;
+    s = b.ReduceSum(r.dev[k], gathered[k] + lo[k] * element, &own, 1, false, n, r.scale, r.signs, r.stream[k]);
   }
   for (size_t d = 1; s.ok() && d < world; d *= 2) {
     s = join_pairs(d);
@@ -283,11 +287,16 @@ Status HalvingDoubling(Context& ctx, const Ranks& r) {
       next_lo[k] = std::min(lo[k], lo[p]);
       next_hi[k] = std::max(hi[k], hi[p]);
       if (n == 0) continue;
-      const CopyLeaf leaf{r.buf[p] + lo[p] * 4, r.buf[k] + lo[p] * 4, n * 4};
-      s = DirectlyReadable(ctx, r.dev[k], r.dev[p]) ? b.PullLeaves(r.dev[k], &leaf, 1, r.stream[k]) : b.CopyLeaves(r.dev[k], r.dev[p], &leaf, 1, r.stream[k]);
+      const CopyLeaf leaf{gathered[p] + lo[p] * element, gathered[k] + lo[p] * element, n * element};
+      s = DirectlyReadable(ctx, r.dev[k], r.dev[p]) ? b.PullLeaves(r.dev[k], &leaf, 1, r.stream[k])
+                                                    : b.CopyLeaves(r.dev[k], r.dev[p], &leaf, 1, r.stream[k]);
     }
     lo.swap(next_lo);
     hi.swap(next_hi);
+  }
+  for (size_t k = 0; s.ok() && r.signs && k < world; ++k) {
+    s = b.ExpandSigns(r.dev[k], reinterpret_cast<float*>(r.buf[k]), reinterpret_cast<const int8_t*>(gathered[k]),
+                      r.count, r.stream[k]);
   }
   // Backward join: nobody touches a buffer or scratch block others still read.
   if (s.ok()) s = JoinAll(joins, r.dev, r.stream);

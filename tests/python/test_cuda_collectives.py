@@ -14,7 +14,7 @@ def _devices():
 
 
 @pytest.mark.parametrize("op, transport", [("sum", "fp32"), ("avg", "fp32"), ("sum", "bf16"), ("sign", "bf16")])
-@pytest.mark.parametrize("n", [1, 1000, 1 << 20, (16 << 20) + 3])
+@pytest.mark.parametrize("n", [1, 1000, 200000, 200003, 1 << 20, (16 << 20) + 3])
 def test_all_reduce(ctx, op, transport, n):
     bufs = [torch.randn(n, device=d) for d in _devices()]
     exact = torch.stack([b.double().cpu() for b in bufs]).sum(0)
@@ -28,6 +28,25 @@ def test_all_reduce(ctx, op, transport, n):
         ref = exact / (len(bufs) if op == "avg" else 1)
         tol = 1e-5 if transport == "fp32" else 2e-2
         assert torch.allclose(host[0].double(), ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "sign"])
+@pytest.mark.parametrize("n", [1000, (4 << 20) + 5])
+def test_halving_doubling_agrees_with_fp64(ctx, op, n):
+    devs = _devices()
+    if len(devs) & (len(devs) - 1):
+        pytest.skip("halving-doubling needs a power-of-two number of GPUs")
+    bufs = [torch.randn(n, device=d) for d in devs]
+    exact = torch.stack([b.double().cpu() for b in bufs]).sum(0)
+    qlink.all_reduce(bufs, op=op, algorithm="halving_doubling")
+    host = [b.cpu() for b in bufs]
+    assert all(torch.equal(h, host[0]) for h in host)
+    if op == "sign":
+        clear = exact.abs() > 0.05
+        assert torch.equal(host[0][clear], exact[clear].sign().float())
+    else:
+        ref = exact / (len(bufs) if op == "avg" else 1)
+        assert torch.allclose(host[0].double(), ref, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("n", [1000, 1 << 20])  # one-shot, two-shot
