@@ -160,16 +160,16 @@ def _small(tensors, device_ids, exact):
     return Packed(ctypes.cast(buf, ctypes.POINTER(_abi.DLTensor)), buf, devices, host, n)
 
 
-def byte_runs(data, nbytes, device_type, device_id):
-    """A few contiguous byte runs on one device as DLTensors (byte_vectors without numpy's
-    fixed costs)."""
+def byte_runs(data, nbytes, device_type, device_ids):
+    """A few contiguous byte runs as DLTensors, one device id each (byte_vectors without
+    numpy's fixed costs)."""
     n = len(data)
     buf = (ctypes.c_char * (56 * n))()
     shapes = ctypes.addressof(buf) + 48 * n
-    for i, (ptr, size) in enumerate(zip(data, nbytes)):
-        _DL_STRUCT.pack_into(buf, 48 * i, ptr, device_type, device_id, 1, 1, 8, 1, shapes + 8 * i, 0, 0)
+    for i, (ptr, size, dev) in enumerate(zip(data, nbytes, device_ids)):
+        _DL_STRUCT.pack_into(buf, 48 * i, ptr, device_type, dev, 1, 1, 8, 1, shapes + 8 * i, 0, 0)
         _SHAPE_STRUCT.pack_into(buf, 48 * n + 8 * i, size)
-    return Packed(ctypes.cast(buf, ctypes.POINTER(_abi.DLTensor)), buf, {device_id}, device_type == _abi.KDL_CPU, n)
+    return Packed(ctypes.cast(buf, ctypes.POINTER(_abi.DLTensor)), buf, set(device_ids), device_type == _abi.KDL_CPU, n)
 
 
 def _typed(tensors, device_ids=None):

@@ -132,15 +132,14 @@ def _move_few(tensors, target, ctx):
     """_move_tensors for a handful of leaves, in plain Python: numpy's fixed costs would
     outweigh the per-leaf work."""
     out = list(tensors)
-    spans = [(t.data_ptr(), t.data_ptr() + _NBYTES(t)) if t.is_cuda else None for t in tensors]
+    devices = [t.get_device() for t in tensors]  # -1: host
+    spans = [(t.data_ptr(), t.data_ptr() + _NBYTES(t)) if d >= 0 else None for t, d in zip(tensors, devices)]
     fast = []
     for i, t in enumerate(tensors):
-        if t.get_device() == target.index:
-            continue
         s = spans[i]
-        if (s is None or s[0] == s[1] or not t.is_contiguous()
+        if (devices[i] == target.index or s is None or s[0] == s[1] or not t.is_contiguous()
                 or any(o is not None and j != i and o[0] < s[1] and s[0] < o[1] for j, o in enumerate(spans))):
-            continue  # host, empty, non-contiguous or tied: the regular path below
+            continue  # already there, host, empty, non-contiguous or tied: the regular path below
         fast.append(i)
     if fast:
         sizes = [spans[i][1] - spans[i][0] for i in fast]
@@ -150,8 +149,9 @@ def _move_few(tensors, target, ctx):
             total += (size + _ALIGN - 1) // _ALIGN * _ALIGN
         flat = torch.empty(total, dtype=torch.uint8, device=target)
         base = flat.data_ptr()
-        _enqueue(ctx or default_context(), pack([tensors[i] for i in fast]),
-                 byte_runs([base + off for off in offsets], sizes, _GPU_TYPE, target.index))
+        _enqueue(ctx or default_context(),
+                 byte_runs([spans[i][0] for i in fast], sizes, _GPU_TYPE, [devices[i] for i in fast]),
+                 byte_runs([base + off for off in offsets], sizes, _GPU_TYPE, [target.index] * len(fast)))
         typed = {}  # the views are built while the copy runs
         for i, off in zip(fast, offsets):
             t = tensors[i]
@@ -162,7 +162,7 @@ def _move_few(tensors, target, ctx):
     moved = {}
     chosen = set(fast)
     for i, t in enumerate(tensors):
-        if i not in chosen and t.get_device() != target.index:
+        if i not in chosen and devices[i] != target.index:
             out[i] = _move_storage(t, target, moved) if t.is_cuda else t.to(target)
     return out
 
