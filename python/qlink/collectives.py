@@ -10,13 +10,13 @@ import torch
 
 from . import _abi
 from ._dlpack import pack
-from .p2p import _raw_stream, default_context
+from .p2p import current_streams, default_context
 
 
 def _streams(ctx, devices):
     if ctx.backend == "cpu":
         return None, 0
-    return ctx._streams({d: _raw_stream(d) for d in devices})
+    return ctx._streams(current_streams(ctx, devices))
 
 
 def broadcast(sources, replicas, ctx=None, source_device=None, replica_devices=None, sources_ready=False,
@@ -83,17 +83,12 @@ class PreparedAllReduce:
         self._ctx._check(self._ctx._api.all_reduce_plan_create(self._ctx._handle, ctypes.byref(args),
                                                                ctypes.byref(plan)))
         self._handle = plan
-        self._devices = sorted(keep[0].devices)
-        gpu = self._ctx.backend != "cpu"
-        self._streams, self._count = self._ctx._streams({d: None for d in self._devices}) if gpu else (None, 0)
-        # Per run: each device's current stream into its slot, then one C call.
-        self._slots = [(self._streams[k], d) for k, d in enumerate(self._devices[:self._count])]
+        self._devices = keep[0].devices
         self._execute = self._ctx._api.all_reduce_plan_execute
 
     def run(self):
-        for slot, d in self._slots:
-            slot.stream = _raw_stream(d)
-        status = self._execute(self._handle, self._streams, self._count)
+        streams, count = _streams(self._ctx, self._devices)
+        status = self._execute(self._handle, streams, count)
         if status:
             self._ctx._check(status)
 

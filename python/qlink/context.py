@@ -191,7 +191,10 @@ class Context:
         return CopyPlan(self, plan, list(sources), list(targets))
 
     def _streams(self, streams):
-        """{device index: stream handle} as a C array of qlink_stream and its length."""
+        """{device index: stream handle}, or a StreamArray, as a C array of qlink_stream and
+        its length."""
+        if isinstance(streams, StreamArray):
+            return streams.pointer, streams.count
         if not streams:
             return None, 0
         words = np.empty((len(streams), 2), np.uint64)
@@ -201,6 +204,24 @@ class Context:
 
     def synchronize(self, device, stream=None):
         self._check(self._api.stream_synchronize(self._handle, int(device), stream))
+
+
+class StreamArray:
+    """qlink_stream entries for a fixed list of devices, refilled in place before each call
+    (a hot path pays a few attribute writes instead of building an array)."""
+
+    def __init__(self, device_type, devices):
+        self.devices = list(devices)
+        self.count = len(self.devices)
+        self._array = (_abi.Stream * max(self.count, 1))()
+        for entry, d in zip(self._array, self.devices):
+            entry.device.device_type, entry.device.device_id = device_type, d
+        self._entries = list(self._array)[:self.count]
+        self.pointer = ctypes.cast(self._array, ctypes.POINTER(_abi.Stream))
+
+    def fill(self, handles):
+        for entry, handle in zip(self._entries, handles):
+            entry.stream = handle
 
 
 class CopyPlan:

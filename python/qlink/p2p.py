@@ -17,7 +17,7 @@ import torch
 
 from ._dlpack import (_DATA_PTR, _GET_DEVICE, _GPU_TYPE, _IS_CONTIGUOUS, _NBYTES, byte_runs, byte_vectors,
                       device_type_of, pack)
-from .context import Context
+from .context import Context, StreamArray
 
 _default = None
 _default_lock = threading.Lock()
@@ -52,9 +52,24 @@ def default_context():
         return _default
 
 
+_local = threading.local()
+
+
+def current_streams(ctx, devices):
+    """The calling thread's current stream of each device, as a StreamArray reused by this
+    thread for that device list."""
+    key = (ctx._device_type, tuple(sorted(devices)))
+    arrays = _local.__dict__.setdefault("arrays", {})
+    array = arrays.get(key)
+    if array is None:
+        array = arrays[key] = StreamArray(*key)
+    array.fill([_raw_stream(d) for d in array.devices])
+    return array
+
+
 def _enqueue(ctx, src, dst):
     """One copy_batch of packed leaves on the current streams of every device involved."""
-    ctx.copy_packed(src, dst, {d: _raw_stream(d) for d in src.devices | dst.devices})
+    ctx.copy_packed(src, dst, current_streams(ctx, src.devices | dst.devices))
 
 
 def peer_copy_batch(sources, targets, ctx=None):
@@ -90,16 +105,12 @@ class PreparedCopy:
     def __init__(self, sources, targets, ctx=None, sources_ready=False, sources_held=False):
         self._ctx = ctx or default_context()
         self._plan = self._ctx.prepare(sources, targets, sources_ready=sources_ready, sources_held=sources_held)
-        devices = sorted({t.get_device() for t in list(sources) + list(targets)})
-        self._streams, self._count = self._ctx._streams({d: None for d in devices})
-        # Per run: each device's current stream into its slot, then one C call.
-        self._slots = [(self._streams[k], d) for k, d in enumerate(devices)]
+        self._devices = {t.get_device() for t in list(sources) + list(targets)}
         self._execute = self._ctx._api.copy_plan_execute
 
     def run(self):
-        for slot, d in self._slots:
-            slot.stream = _raw_stream(d)
-        status = self._execute(self._plan._handle, self._streams, self._count)
+        streams = current_streams(self._ctx, self._devices)
+        status = self._execute(self._plan._handle, streams.pointer, streams.count)
         if status:
             self._ctx._check(status)
 

@@ -5,7 +5,7 @@ import concurrent.futures
 
 import torch
 
-from ..p2p import default_context
+from ..p2p import current_streams, default_context
 
 
 def shard_sizes(total, world):
@@ -40,10 +40,8 @@ class Placement:
     def copy(self, sources, targets, source_ranks, target_ranks):
         """targets[i].copy_(sources[i]) between ranks, through qlink."""
         self.ctx.copy(sources, targets, [self.ids[r] for r in source_ranks], [self.ids[r] for r in target_ranks],
-                      streams=None if self.cpu else self._streams(source_ranks + target_ranks))
-
-    def _streams(self, ranks):
-        return {self.ids[r]: torch.cuda.current_stream(self.ids[r]).cuda_stream for r in set(ranks)}
+                      streams=None if self.cpu else current_streams(self.ctx, {self.ids[r] for r in
+                                                                              source_ranks + target_ranks}))
 
     def run(self, fn):
         """fn(rank) on every rank at once, each in its own thread with its device current;

@@ -132,9 +132,8 @@ def sign_round(block, inputs, placement, iters=200, lr=None, bits=4, group_size=
         reduce_signs.run()
         rate = lr0 * (1.0 - t / iters)
         placement.run(lambda r: update(r, rate))
-    placement.synchronize()
     for r in range(1, world):  # the invariant sign-cast buys: replicas never drift apart
-        if not all(torch.equal(p.cpu(), q.cpu()) for p, q in zip(params[0], params[r])):
+        if not all(torch.equal(p, q.to(p.device)) for p, q in zip(params[0], params[r])):
             raise RuntimeError("replica %d's tuning parameters differ from home's" % r)
     with torch.no_grad():
         if best is not None:
