@@ -150,9 +150,12 @@ def _small(tensors, device_ids, exact):
     shapes = ctypes.addressof(buf) + 48 * n
     devices = set()
     for i, t in enumerate(tensors):
-        if not isinstance(t, torch.Tensor) or not t.is_contiguous() or (t.get_device() < 0) != host:
+        if not isinstance(t, torch.Tensor) or not t.is_contiguous():
             return _exact(tensors, device_ids)  # the plugin or TensorArray names the culprit
-        dev = device_ids[i] if device_ids is not None else 0 if host else t.get_device()
+        own = t.get_device()
+        if (own < 0) != host:
+            return _exact(tensors, device_ids)
+        dev = device_ids[i] if device_ids is not None else 0 if host else own
         code, bits = _dtype_of(t.dtype) if exact else (1, 8)
         _DL_STRUCT.pack_into(buf, 48 * i, t.data_ptr(), dev_type, dev, 1, code, bits, 1, shapes + 8 * i, 0, 0)
         _SHAPE_STRUCT.pack_into(buf, 48 * n + 8 * i, t.numel() if exact else _NBYTES(t))
