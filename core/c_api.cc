@@ -23,15 +23,17 @@ struct qlink_comm {
   std::unique_ptr<qlink::Communicator> impl;
 };
 
-struct qlink_copy_plan {
-  qlink::Context* ctx;
-  qlink::CopyPlan plan;
+namespace qlink {
+// A prepared plan as the ABI hands it out: the plan and the context it belongs to.
+template <typename Plan>
+struct PlanHandle {
+  Context* ctx = nullptr;
+  Plan plan;
 };
+}  // namespace qlink
 
-struct qlink_all_reduce_plan {
-  qlink::Context* ctx;
-  qlink::AllReducePlan plan;
-};
+struct qlink_copy_plan : qlink::PlanHandle<qlink::CopyPlan> {};
+struct qlink_all_reduce_plan : qlink::PlanHandle<qlink::AllReducePlan> {};
 
 namespace qlink {
 namespace {
@@ -209,22 +211,32 @@ qlink_status CopyBatch(qlink_context* ctx, const qlink_copy_args* args) {
   });
 }
 
-qlink_status CopyPlanCreate(qlink_context* ctx, const qlink_copy_args* args, qlink_copy_plan** out) {
+// Validates and plans once; copy plans also lay their pulled leaves out on the devices.
+Status MakePlan(Context& ctx, const qlink_copy_args* args, CopyPlan* plan) {
+  QLINK_RETURN_IF_ERROR(CopyPlan::Build(ctx, args, plan));
+  return plan->Prepare(ctx);
+}
+Status MakePlan(Context& ctx, const qlink_all_reduce_args* args, AllReducePlan* plan) {
+  return AllReducePlan::Build(ctx, args, plan);
+}
+
+template <typename Handle, typename Args>
+qlink_status PlanCreate(qlink_context* ctx, const Args* args, Handle** out) {
   return Guard([&] {
     QLINK_RETURN_IF_ERROR(CheckNotNull(ctx, "ctx"));
     QLINK_RETURN_IF_ERROR(CheckNotNull(out, "plan"));
     *out = nullptr;
-    DeviceRestore restore(ctx->impl->backend());  // outlives `handle`, which may free tables
-    auto handle = std::make_unique<qlink_copy_plan>();
+    DeviceRestore restore(ctx->impl->backend());  // outlives `handle`, which may free device memory
+    auto handle = std::make_unique<Handle>();
     handle->ctx = ctx->impl.get();
-    QLINK_RETURN_IF_ERROR(CopyPlan::Build(*ctx->impl, args, &handle->plan));
-    QLINK_RETURN_IF_ERROR(handle->plan.Prepare(*ctx->impl));
+    QLINK_RETURN_IF_ERROR(MakePlan(*ctx->impl, args, &handle->plan));
     *out = handle.release();
     return Status::Ok();
   });
 }
 
-qlink_status CopyPlanExecute(qlink_copy_plan* plan, const qlink_stream* streams, size_t num_streams) {
+template <typename Handle>
+qlink_status PlanExecute(Handle* plan, const qlink_stream* streams, size_t num_streams) {
   return Guard([&] {
     QLINK_RETURN_IF_ERROR(CheckNotNull(plan, "plan"));
     DeviceRestore restore(plan->ctx->backend());
@@ -233,7 +245,8 @@ qlink_status CopyPlanExecute(qlink_copy_plan* plan, const qlink_stream* streams,
   });
 }
 
-qlink_status CopyPlanDestroy(qlink_copy_plan* plan) {
+template <typename Handle>
+qlink_status PlanDestroy(Handle* plan) {
   return Guard([&] {
     if (plan == nullptr) return Status::Ok();
     DeviceRestore restore(plan->ctx->backend());  // prepared pulls free device memory
@@ -324,35 +337,6 @@ qlink_status AllReduceEntry(qlink_context* ctx, const qlink_all_reduce_args* arg
   });
 }
 
-qlink_status AllReducePlanCreate(qlink_context* ctx, const qlink_all_reduce_args* args, qlink_all_reduce_plan** out) {
-  return Guard([&] {
-    QLINK_RETURN_IF_ERROR(CheckNotNull(ctx, "ctx"));
-    QLINK_RETURN_IF_ERROR(CheckNotNull(out, "plan"));
-    *out = nullptr;
-    auto handle = std::make_unique<qlink_all_reduce_plan>();
-    handle->ctx = ctx->impl.get();
-    QLINK_RETURN_IF_ERROR(AllReducePlan::Build(*ctx->impl, args, &handle->plan));
-    *out = handle.release();
-    return Status::Ok();
-  });
-}
-
-qlink_status AllReducePlanExecute(qlink_all_reduce_plan* plan, const qlink_stream* streams, size_t num_streams) {
-  return Guard([&] {
-    QLINK_RETURN_IF_ERROR(CheckNotNull(plan, "plan"));
-    DeviceRestore restore(plan->ctx->backend());
-    QLINK_RETURN_IF_ERROR(CheckStreams(*plan->ctx, streams, num_streams));
-    return plan->plan.Execute(*plan->ctx, streams, num_streams);
-  });
-}
-
-qlink_status AllReducePlanDestroy(qlink_all_reduce_plan* plan) {
-  return Guard([&] {
-    delete plan;
-    return Status::Ok();
-  });
-}
-
 qlink_status CommUniqueId(qlink_context* ctx, qlink_unique_id* out) {
   return Guard([&] {
     QLINK_RETURN_IF_ERROR(CheckNotNull(ctx, "ctx"));
@@ -422,9 +406,9 @@ const qlink_api kApi = {
     &PeerInfo,
     &MeasureLink,
     &CopyBatch,
-    &CopyPlanCreate,
-    &CopyPlanExecute,
-    &CopyPlanDestroy,
+    &PlanCreate<qlink_copy_plan, qlink_copy_args>,
+    &PlanExecute<qlink_copy_plan>,
+    &PlanDestroy<qlink_copy_plan>,
     &MemoryAllocate,
     &MemoryFree,
     &MemoryToHost,
@@ -439,9 +423,9 @@ const qlink_api kApi = {
     &CommAllReduce,
     &CommBroadcast,
     &CommReduce,
-    &AllReducePlanCreate,
-    &AllReducePlanExecute,
-    &AllReducePlanDestroy,
+    &PlanCreate<qlink_all_reduce_plan, qlink_all_reduce_args>,
+    &PlanExecute<qlink_all_reduce_plan>,
+    &PlanDestroy<qlink_all_reduce_plan>,
 };
 
 }  // namespace
