@@ -2,6 +2,7 @@
 // clear status and message, a refused batch writes nothing, the context keeps working
 // afterwards, and (under ASan) nothing leaks. The backend's streams are asynchronous, so
 // the ordering tests fail with wrong bytes if core forgets a stream join.
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <numeric>
@@ -239,40 +240,44 @@ TEST_F(Faults, SourceOverwrittenInStreamOrderAfterASlowReader) {
   EXPECT_EQ(source, next);
 }
 
-// The promises of qlink_copy_args.flags hand a join to the host: with SOURCES_READY the
-// destination no longer waits for a slow producer on the source stream, with SOURCES_HELD
-// the source stream no longer waits for a slow reader (each outcome is the race the join
-// prevents, decided by a 100 ms delay).
+// The promises of qlink_copy_args.flags hand a join to the host. Device `slow`'s stream
+// takes 200 ms per operation; a copy between other buffers then either waits for it (the
+// join) or not (the promise), which shows in how long synchronizing the other side takes.
+// The buffers are disjoint, so skipping a join races with nothing.
 TEST_F(Faults, CopyFlagsHandEachJoinToTheHost) {
+  using Clock = std::chrono::steady_clock;
   const size_t n = 4096;
-  {
-    Context ctx(plugin_, FaultConfig(R"({"devices": 2, "stream_delay_ms": [100, 0]})"));
-    ASSERT_EQ(ctx.status(), QLINK_OK) << LastError();
-    std::vector<uint8_t> produced = Pattern(n, 3), staged(n, 0), result(n, 0);
-    Tensor p(produced.data(), n, kDLCPU, 0), s0(staged.data(), n, kDLCPU, 0);
-    Tensor s1(staged.data(), n, kDLCPU, 0), r(result.data(), n, kDLCPU, 1);
-    const qlink_copy_args produce{QLINK_COPY_ARGS_STRUCT_SIZE, &p.dl, &s0.dl, 1, nullptr, 0};
-    const qlink_copy_args read{sizeof(qlink_copy_args), &s1.dl, &r.dl, 1, nullptr, 0, QLINK_COPY_SOURCES_READY};
-    ASSERT_EQ(api_.copy_batch(ctx.get(), &produce), QLINK_OK) << LastError();
-    ASSERT_EQ(api_.copy_batch(ctx.get(), &read), QLINK_OK) << LastError();
-    ASSERT_EQ(api_.stream_synchronize(ctx.get(), 1, nullptr), QLINK_OK);
-    EXPECT_EQ(result, std::vector<uint8_t>(n, 0)) << "device 1 waited for device 0 although the host said not to";
-    SynchronizeAll(ctx, 2);
-  }
-  {
-    Context ctx(plugin_, FaultConfig(R"({"devices": 2, "stream_delay_ms": [0, 100]})"));
-    ASSERT_EQ(ctx.status(), QLINK_OK) << LastError();
-    std::vector<uint8_t> source = Pattern(n, 5), result(n, 0), next = Pattern(n, 77);
-    Tensor s(source.data(), n, kDLCPU, 0), r(result.data(), n, kDLCPU, 1);
-    Tensor from(next.data(), n, kDLCPU, 0), over(source.data(), n, kDLCPU, 0);
-    const qlink_copy_args read{sizeof(qlink_copy_args), &s.dl, &r.dl, 1, nullptr, 0, QLINK_COPY_SOURCES_HELD};
-    const qlink_copy_args overwrite{QLINK_COPY_ARGS_STRUCT_SIZE, &from.dl, &over.dl, 1, nullptr, 0};
-    ASSERT_EQ(api_.copy_batch(ctx.get(), &read), QLINK_OK) << LastError();
-    ASSERT_EQ(api_.copy_batch(ctx.get(), &overwrite), QLINK_OK) << LastError();
-    ASSERT_EQ(api_.stream_synchronize(ctx.get(), 0, nullptr), QLINK_OK);
-    EXPECT_EQ(source, next);
-    SynchronizeAll(ctx, 2);
-    EXPECT_EQ(result, next) << "device 0 waited for device 1's read although the host said not to";
+  struct Case {
+    int slow;            // the device whose stream is slow
+    uint32_t flag;       // the promise that skips the join through that stream
+    int synchronized;    // the device timed after the copy
+  };
+  for (const Case c : {Case{0, QLINK_COPY_SOURCES_READY, 1}, Case{1, QLINK_COPY_SOURCES_HELD, 0}}) {
+    for (uint32_t flags : {0u, c.flag}) {
+      const std::string delays = c.slow == 0 ? "[200, 0]" : "[0, 200]";
+      Context ctx(plugin_, FaultConfig(R"({"devices": 2, "stream_delay_ms": )" + delays + "}"));
+      ASSERT_EQ(ctx.status(), QLINK_OK) << LastError();
+      std::vector<uint8_t> a = Pattern(n, 1), b(n, 0), src = Pattern(n, 2), dst(n, 0);
+      Tensor busy_from(a.data(), n, kDLCPU, c.slow), busy_to(b.data(), n, kDLCPU, c.slow);
+      Tensor s(src.data(), n, kDLCPU, 0), d(dst.data(), n, kDLCPU, 1);
+      // Slow work on `slow`'s stream (a copy within it), then the copy 0 -> 1.
+      const qlink_copy_args busy{QLINK_COPY_ARGS_STRUCT_SIZE, &busy_from.dl, &busy_to.dl, 1, nullptr, 0};
+      const qlink_copy_args copy{sizeof(qlink_copy_args), &s.dl, &d.dl, 1, nullptr, 0, flags};
+      if (c.slow == 0) ASSERT_EQ(api_.copy_batch(ctx.get(), &busy), QLINK_OK) << LastError();
+      ASSERT_EQ(api_.copy_batch(ctx.get(), &copy), QLINK_OK) << LastError();
+      if (c.slow == 1) ASSERT_EQ(api_.copy_batch(ctx.get(), &busy), QLINK_OK) << LastError();
+      const auto start = Clock::now();
+      ASSERT_EQ(api_.stream_synchronize(ctx.get(), c.synchronized, nullptr), QLINK_OK);
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+      if (flags == 0) {
+        EXPECT_GE(waited, 150) << "device " << c.synchronized << " did not wait for device " << c.slow;
+      } else {
+        EXPECT_LT(waited, 150) << "device " << c.synchronized << " waited for device " << c.slow
+                               << " although flags " << flags << " said not to";
+      }
+      SynchronizeAll(ctx, 2);
+      EXPECT_EQ(dst, src);
+    }
   }
 }
 
