@@ -19,22 +19,41 @@ except ImportError:  # PyTorch < 2.0
     from torch.nn.utils.stateless import functional_call
 
 
-def _round_ste(x):
-    return x + (torch.round(x) - x).detach()
+class _RoundSte(torch.autograd.Function):
+    """Rounding whose gradient passes straight through: one kernel forward, none backward
+    (x + (round(x) - x).detach() computes the same values with three)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.round(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
 
 
-def _qdq(w, v, alpha, beta, bits, group_size):
-    """Fake-quantized w: asymmetric min-max per group of `group_size` input columns, the
-    range scaled by alpha (min) and beta (max), rounding shifted by v."""
-    rows, cols = w.shape
-    maxq = 2 ** bits - 1
-    g = w.reshape(rows, cols // group_size, group_size)
-    wmin = torch.clamp(g.amin(dim=-1), max=0) * alpha
-    wmax = torch.clamp(g.amax(dim=-1), min=0) * beta
-    scale = torch.clamp((wmax - wmin) / maxq, min=1e-9).unsqueeze(-1)
-    zero = _round_ste(-wmin.unsqueeze(-1) / scale)
-    q = torch.clamp(_round_ste(g / scale + v.reshape_as(g)) + zero, 0, maxq)
-    return ((q - zero) * scale).reshape(rows, cols)
+_round_ste = _RoundSte.apply
+
+
+class _Grouped:
+    """A frozen weight split into groups of `group_size` input columns, with what fake
+    quantization needs of it computed once: fp32 values and each group's min and max."""
+
+    def __init__(self, w, group_size):
+        self.shape, self.dtype = w.shape, w.dtype
+        self.g = w.detach().float().reshape(w.shape[0], w.shape[1] // group_size, group_size)
+        self.wmin = torch.clamp(self.g.amin(dim=-1), max=0)
+        self.wmax = torch.clamp(self.g.amax(dim=-1), min=0)
+
+    def qdq(self, v, alpha, beta, bits):
+        """Asymmetric min-max fake quantization, the range scaled by alpha (min) and beta
+        (max), rounding shifted by v."""
+        maxq = 2 ** bits - 1
+        wmin = self.wmin * alpha
+        scale = torch.clamp((self.wmax * beta - wmin) / maxq, min=1e-9).unsqueeze(-1)
+        zero = _round_ste(-wmin.unsqueeze(-1) / scale)
+        q = torch.clamp(_round_ste(self.g / scale + v.reshape_as(self.g)) + zero, 0, maxq)
+        return ((q - zero) * scale).reshape(self.shape).to(self.dtype)
 
 
 @dataclasses.dataclass
@@ -79,7 +98,7 @@ def sign_round(block, inputs, placement, iters=200, lr=None, bits=4, group_size=
         state = []
         for name, m in _linears(blocks[r]):
             groups = m.in_features // group_size
-            state.append((name + ".weight", m.weight.detach(),
+            state.append((name + ".weight", _Grouped(m.weight, group_size),
                           torch.zeros_like(m.weight, dtype=torch.float32, requires_grad=True),
                           torch.ones(m.out_features, groups, device=dev[r], requires_grad=True),
                           torch.ones(m.out_features, groups, device=dev[r], requires_grad=True)))
@@ -95,9 +114,8 @@ def sign_round(block, inputs, placement, iters=200, lr=None, bits=4, group_size=
     nsamples = inputs.shape[0]
     elements = targets[0][:batch_size].numel()
 
-    def quantized(r, hard=False):
-        return {key: _qdq(w.float(), v if not hard else v.detach(), a, b, bits, group_size).to(w.dtype)
-                for key, w, v, a, b in states[r]}
+    def quantized(r):
+        return {key: w.qdq(v, a, b, bits) for key, w, v, a, b in states[r]}
 
     def step(r, batch):
         share = shard_sizes(len(batch), world)
@@ -139,7 +157,7 @@ def sign_round(block, inputs, placement, iters=200, lr=None, bits=4, group_size=
         if best is not None:
             for p, b in zip(params[0], best):
                 p.copy_(b)
-        final = quantized(0, hard=True)
+        final = quantized(0)
         out = functional_call(block, final, (inputs,))
         loss = float(((out.float() - targets[0].float()) ** 2).mean())
     return SignRoundResult({key[:-len(".weight")]: w for key, w in final.items()}, loss, losses)
