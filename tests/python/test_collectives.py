@@ -98,3 +98,26 @@ def test_multi_process_transport_is_refused_on_cpu(cpu8):
         qlink.unique_id(cpu8)
     with pytest.raises(ValueError, match="unique id must be 128 bytes"):
         qlink.Communicator(cpu8, b"short", 2, 0, 0)
+
+
+def test_prepared_all_reduces_from_many_threads(cpu8):
+    """Each thread replays its own plan; plans of one context run side by side."""
+    import threading
+    failures = []
+
+    def worker(seed):
+        bufs = [torch.empty(333) for _ in range(4)]
+        plan = qlink.PreparedAllReduce(bufs, ctx=cpu8, devices=[0, 1, 2, 3])
+        for step in range(200):
+            for d, b in enumerate(bufs):
+                b.fill_(float(seed + step + d))
+            plan.run()
+            if not all(torch.equal(b, torch.full((333,), float(4 * (seed + step) + 6))) for b in bufs):
+                failures.append((seed, step))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
