@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import qlink
-from qlink.quant import Placement, gptq_quantize, hessian, parallel_gptq, parallel_hessian, shard_sizes, sign_round
+from qlink.quant import (Placement, gptq_quantize, hessian, parallel_devices, parallel_gptq, parallel_hessian,
+                         shard_sizes, sign_round)
 
 WORLDS = [1, 2, 3, 4, 8]
 
@@ -89,9 +90,34 @@ def test_sign_round_replicas_agree_and_match_serial(cpu8, world):
         assert agree > 0.99, (name, agree)
 
 
+def test_parallel_devices_follow_autoround(cpu8):
+    devs = [3, 0, 1, 2, 4]
+    assert parallel_devices("off", devs, iters=200, batch_size=8, home=3) == [3]
+    assert parallel_devices("auto", devs, iters=200, batch_size=8, home=3) == [3, 0, 1, 2]  # power of two
+    assert parallel_devices("auto", devs, iters=0, batch_size=8, home=3) == [3, 0, 1, 2, 4]  # all at iters=0
+    assert parallel_devices("auto", devs, iters=200, batch_size=3, home=3) == [3, 0]  # batch demotes
+    assert parallel_devices(2, devs, iters=200, batch_size=8) == [3, 0]
+    gpus = ["cuda:10", "cuda:2", "cuda:0"]
+    assert parallel_devices("auto", gpus, iters=0, batch_size=8, home="cuda:0") == ["cuda:0", "cuda:2", "cuda:10"]
+    with pytest.raises(ValueError) as refused:
+        parallel_devices(6, devs, iters=200, batch_size=8)
+    assert "6 replicas asked, 5 devices visible" in str(refused.value)
+    assert "power-of-two world" in str(refused.value)
+    with pytest.raises(ValueError, match="at least 2 replicas, got 1"):
+        parallel_devices(1, devs, iters=0, batch_size=8)
+    with pytest.raises(ValueError, match="must be 'off', 'auto' or an int"):
+        parallel_devices("on", devs, iters=0, batch_size=8)
+
+
+def test_sign_round_demotes_a_world_larger_than_the_batch(cpu8):
+    torch.manual_seed(1)
+    block, inputs = Mlp(), torch.randn(8, 128)
+    serial = sign_round(block, inputs, Placement([0], ctx=cpu8), iters=5, batch_size=2)
+    demoted = sign_round(block, inputs, Placement(range(4), ctx=cpu8), iters=5, batch_size=2)  # runs at world 2
+    assert abs(demoted.loss - serial.loss) <= 0.05 * serial.loss
+
+
 def test_sign_round_refuses_what_cannot_engage(cpu8):
-    with pytest.raises(ValueError, match="batch_size 2 is below the world 4"):
-        sign_round(Mlp(), torch.randn(8, 128), Placement(range(4), ctx=cpu8), iters=1, batch_size=2)
     with pytest.raises(ValueError, match="in_features 100 is not a multiple of group_size 128"):
         sign_round(torch.nn.Linear(100, 8), torch.randn(8, 100), Placement([0], ctx=cpu8), iters=1)
     with pytest.raises(ValueError, match="each replica needs its own device"):

@@ -2,8 +2,8 @@
 summed in device order, rows quantized on every replica) and SignRound (sign-cast
 gradient all-reduce). The math is PyTorch's; qlink moves the data (HOSTS.md)."""
 from .gptq import GPTQResult, gptq_quantize, hessian, parallel_gptq, parallel_hessian
-from .placement import Placement, shard_sizes
+from .placement import Placement, parallel_devices, shard_sizes
 from .signround import SignRoundResult, sign_round
 
 __all__ = ["GPTQResult", "gptq_quantize", "hessian", "parallel_gptq", "parallel_hessian", "Placement",
-           "shard_sizes", "SignRoundResult", "sign_round"]
+           "parallel_devices", "shard_sizes", "SignRoundResult", "sign_round"]

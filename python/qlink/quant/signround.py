@@ -11,7 +11,7 @@ import torch
 
 from .. import collectives
 from ..p2p import move_nested_to_device
-from .placement import shard_sizes
+from .placement import _power_of_two_at_most, shard_sizes
 
 try:
     from torch.func import functional_call
@@ -72,9 +72,11 @@ def sign_round(block, inputs, placement, iters=200, lr=None, bits=4, group_size=
     """Tunes V, alpha, beta of every Linear in `block` (on home) against its full-precision
     outputs on `inputs` (nsamples, ...), on placement.world replicas. Returns the best
     iterate's fake-quantized weights."""
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1, got %d" % batch_size)
+    if batch_size < placement.world:  # every replica needs a sample: demote, as AutoRound does
+        placement = placement.subset(_power_of_two_at_most(batch_size))
     world = placement.world
-    if batch_size < world:
-        raise ValueError("batch_size %d is below the world %d: every replica needs a sample" % (batch_size, world))
     dev = placement.torch_devices
     layers = _linears(block)
     if not layers:
