@@ -54,6 +54,11 @@ class CopyArgs(ctypes.Structure):
 COPY_SOURCES_READY, COPY_SOURCES_HELD = 1, 2  # qlink_copy_flags
 
 
+def copy_flags(sources_ready, sources_held):
+    """The qlink_copy_flags for the host's two promises."""
+    return (COPY_SOURCES_READY if sources_ready else 0) | (COPY_SOURCES_HELD if sources_held else 0)
+
+
 class BroadcastArgs(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t), ("sources", POINTER(DLTensor)), ("num_leaves", c_size_t),
                 ("destinations", POINTER(DLTensor)), ("num_replicas", c_size_t), ("streams", POINTER(Stream)),

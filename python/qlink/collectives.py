@@ -33,9 +33,8 @@ def broadcast(sources, replicas, ctx=None, source_device=None, replica_devices=N
     for r in replicas:
         if len(r) != n:
             raise ValueError("every replica needs %d leaves, one has %d" % (n, len(r)))
-    flags = (_abi.COPY_SOURCES_READY if sources_ready else 0) | (_abi.COPY_SOURCES_HELD if sources_held else 0)
     args = _abi.BroadcastArgs(ctypes.sizeof(_abi.BroadcastArgs), src.pointer, n, dst.pointer, len(replicas),
-                              *_streams(ctx, src.devices | dst.devices), flags)
+                              *_streams(ctx, src.devices | dst.devices), _abi.copy_flags(sources_ready, sources_held))
     ctx._check(ctx._api.broadcast(ctx._handle, ctypes.byref(args)))
 
 

@@ -160,9 +160,8 @@ class Context:
 
     def _copy_args(self, src, dst, streams, sources_ready, sources_held):
         """qlink_copy_args over packed leaves; streams and promises as for copy()."""
-        flags = (_abi.COPY_SOURCES_READY if sources_ready else 0) | (_abi.COPY_SOURCES_HELD if sources_held else 0)
         return _abi.CopyArgs(ctypes.sizeof(_abi.CopyArgs), src.pointer, dst.pointer, src.count,
-                             *self._streams(streams), flags)
+                             *self._streams(streams), _abi.copy_flags(sources_ready, sources_held))
 
     def copy(self, sources, targets, source_devices=None, target_devices=None, streams=None, sources_ready=False,
              sources_held=False):
@@ -188,7 +187,7 @@ class Context:
         args = self._copy_args(src, dst, None, sources_ready, sources_held)
         plan = ctypes.c_void_p()
         self._check(self._api.copy_plan_create(self._handle, ctypes.byref(args), ctypes.byref(plan)))
-        return CopyPlan(self, plan, list(sources), list(targets))
+        return CopyPlan(self, plan, list(sources), list(targets), src.devices | dst.devices)
 
     def _streams(self, streams):
         """{device index: stream handle}, or a StreamArray, as a C array of qlink_stream and
@@ -227,9 +226,10 @@ class StreamArray:
 class CopyPlan:
     """A prepared batch over fixed memory; holds its tensors so they outlive the plan."""
 
-    def __init__(self, ctx, handle, sources, targets):
+    def __init__(self, ctx, handle, sources, targets, devices):
         self._ctx, self._handle = ctx, handle
         self.sources, self.targets = sources, targets
+        self.devices = devices  # every device a leaf is on
 
     def run(self, streams=None):
         array, n = self._ctx._streams(streams)

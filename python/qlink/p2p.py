@@ -9,7 +9,6 @@ it out while it is still being read (no record_stream per leaf). Nothing blocks 
 
 Only GPU-to-GPU leaves go through qlink; host tensors take PyTorch's regular path (P2P is
 an accelerator concept)."""
-import operator
 import threading
 
 import numpy as np
@@ -23,8 +22,6 @@ _default = None
 _default_lock = threading.Lock()
 _ALIGN = 256  # bytes: leaves packed into one destination allocation start on this boundary
 _FEW = 8  # leaves up to which a move is planned in plain Python
-_DTYPE = operator.attrgetter("dtype")
-_SHAPE = operator.attrgetter("shape")
 
 # The raw handle of a device's current stream; the private binding skips building a
 # torch.cuda.Stream object per call (about 10x cheaper).
@@ -105,11 +102,10 @@ class PreparedCopy:
     def __init__(self, sources, targets, ctx=None, sources_ready=False, sources_held=False):
         self._ctx = ctx or default_context()
         self._plan = self._ctx.prepare(sources, targets, sources_ready=sources_ready, sources_held=sources_held)
-        self._devices = {t.get_device() for t in list(sources) + list(targets)}
         self._execute = self._ctx._api.copy_plan_execute
 
     def run(self):
-        streams = current_streams(self._ctx, self._devices)
+        streams = current_streams(self._ctx, self._plan.devices)
         status = self._execute(self._plan._handle, streams.pointer, streams.count)
         if status:
             self._ctx._check(status)
@@ -139,6 +135,26 @@ def _move_storage(t, device, moved):
     return torch.empty(0, dtype=t.dtype, device=device).set_(moved[key], t.storage_offset(), t.size(), t.stride())
 
 
+def _place_views(out, tensors, indices, flat, offsets):
+    """out[i] = the bytes of `flat` at offsets[k] viewed as tensors[i] is (dtype, shape,
+    strides), for i = indices[k]."""
+    typed = {}
+    for i, off in zip(indices, offsets):
+        t = tensors[i]
+        view = typed.get(t.dtype)
+        if view is None:
+            view = typed[t.dtype] = flat.view(t.dtype)
+        out[i] = view.as_strided(t.shape, t.stride(), off // t.element_size())
+
+
+def _move_regular(out, tensors, indices, target):
+    """out[i] = tensors[i] moved by PyTorch, keeping storage ties, for i in indices."""
+    moved = {}
+    for i in indices:
+        t = tensors[i]
+        out[i] = _move_storage(t, target, moved) if t.is_cuda else t.to(target)
+
+
 def _move_few(tensors, target, ctx):
     """_move_tensors for a handful of leaves, in plain Python: numpy's fixed costs would
     outweigh the per-leaf work."""
@@ -163,18 +179,10 @@ def _move_few(tensors, target, ctx):
         _enqueue(ctx or default_context(),
                  byte_runs([spans[i][0] for i in fast], sizes, _GPU_TYPE, [devices[i] for i in fast]),
                  byte_runs([base + off for off in offsets], sizes, _GPU_TYPE, [target.index] * len(fast)))
-        typed = {}  # the views are built while the copy runs
-        for i, off in zip(fast, offsets):
-            t = tensors[i]
-            view = typed.get(t.dtype)
-            if view is None:
-                view = typed[t.dtype] = flat.view(t.dtype)
-            out[i] = view.as_strided(t.shape, t.stride(), off // t.element_size())
-    moved = {}
+        _place_views(out, tensors, fast, flat, offsets)  # while the copy runs
     chosen = set(fast)
-    for i, t in enumerate(tensors):
-        if i not in chosen and devices[i] != target.index:
-            out[i] = _move_storage(t, target, moved) if t.is_cuda else t.to(target)
+    _move_regular(out, tensors, [i for i in range(len(tensors)) if i not in chosen and devices[i] != target.index],
+                  target)
     return out
 
 
@@ -214,17 +222,8 @@ def _move_tensors(tensors, device, ctx):
         dev_type = device_type_of(target)
         _enqueue(ctx, byte_vectors(ptrs[idx], sizes, dev_type, ids[idx]),
                  byte_vectors(flat.data_ptr() + offsets.astype(np.uint64), sizes, dev_type, target_id))
-        chosen = [tensors[i] for i in idx.tolist()]
-        dtypes = list(map(_DTYPE, chosen))
-        typed = {dt: flat.view(dt) for dt in set(dtypes)}
-        itemsize = {dt: v.element_size() for dt, v in typed.items()}
-        for i, dt, shape, stride, off in zip(idx.tolist(), dtypes, map(_SHAPE, chosen),
-                                             map(torch.Tensor.stride, chosen), offsets.tolist()):
-            out[i] = typed[dt].as_strided(shape, stride, off // itemsize[dt])
-    moved = {}
-    for i in np.nonzero(move & ~fast)[0]:
-        t = tensors[i]
-        out[i] = _move_storage(t, target, moved) if t.is_cuda else t.to(target)
+        _place_views(out, tensors, idx.tolist(), flat, offsets.tolist())  # while the copy runs
+    _move_regular(out, tensors, np.nonzero(move & ~fast)[0].tolist(), target)
     return out
 
 
