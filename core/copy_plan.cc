@@ -159,6 +159,7 @@ Status CopyPlan::Prepare(Context& ctx) {
   for (DestinationWork& w : work_) {
     if (w.pulled.empty()) continue;
     QLINK_RETURN_IF_ERROR(ctx.backend().PreparePull(w.device, w.pulled.data(), w.pulled.size(), &w.prepared));
+    w.pulled = {};  // the prepared pull holds them now
   }
   return Status::Ok();
 }
