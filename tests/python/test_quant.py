@@ -59,9 +59,14 @@ def test_parallel_gptq_matches_serial(cpu8, world):
     serial = gptq_quantize(w, h)
     dp = parallel_gptq(w, h, Placement(range(world), ctx=cpu8))
     # Rows are independent given H, but BLAS may round a matmul over a subset of rows
-    # differently: the same grid, nearly every weight on the same level.
+    # differently, and GPTQ's error feedback carries one flipped level along its row: the
+    # same grid, every weight on it, and the layer's output error of serial GPTQ.
     assert torch.allclose(dp.scales, serial.scales, rtol=1e-5, atol=1e-7)
-    assert (dp.weight == serial.weight).float().mean() > 0.995
+    levels = dp.weight / dp.scales.repeat_interleave(128, 1) + dp.zeros.repeat_interleave(128, 1)
+    assert torch.allclose(levels, levels.round(), atol=1e-3)
+    err = lambda wq: ((x @ (wq - w).t()) ** 2).mean()  # noqa: E731
+    assert abs(err(dp.weight) / err(serial.weight) - 1) < 0.02
+    assert (dp.weight == serial.weight).float().mean() > 0.9
 
 
 class Mlp(torch.nn.Module):
