@@ -41,18 +41,20 @@ Status Activate(int device) {
 // A pull batch whose descriptors live in the destination device's memory.
 class TablePull final : public PreparedPull {
  public:
-  TablePull(int device, void* table, unsigned grid) : device_(device), table_(table), grid_(grid) {}
+  TablePull(int device, void* table, size_t bytes, unsigned grid)
+      : device_(device), table_(table), bytes_(bytes), grid_(grid) {}
   ~TablePull() override {
     if (Activate(device_).ok()) (void)Check(gpuFree(table_), "gpuFree");
   }
   Status Launch(Stream stream) override {
     QLINK_GPU_SCOPE(device_);
-    return Check(gpu::LaunchPullTable(table_, grid_, static_cast<gpuStream_t>(stream)), "pull kernel launch");
+    return Check(gpu::LaunchPullTable(table_, bytes_, grid_, static_cast<gpuStream_t>(stream)), "pull kernel launch");
   }
 
  private:
   int device_;
   void* table_;
+  size_t bytes_;
   unsigned grid_;
 };
 
@@ -187,11 +189,11 @@ class GpuBackend final : public DeviceBackend {
 
   Status PreparePull(int dst_device, const CopyLeaf* leaves, size_t count,
                      std::unique_ptr<PreparedPull>* out) override {
-    std::vector<char> host(gpu::PullTableBytes(count));
-    const unsigned grid = gpu::DescribePullTable(leaves, count, sm_counts_[dst_device], host.data());
+    std::vector<char> host;
+    const unsigned grid = gpu::DescribePullTable(leaves, count, sm_counts_[dst_device], &host);
     void* table = nullptr;
     QLINK_RETURN_IF_ERROR(Allocate(dst_device, host.size(), &table));
-    auto pull = std::make_unique<TablePull>(dst_device, table, grid);  // frees the table from here on
+    auto pull = std::make_unique<TablePull>(dst_device, table, host.size(), grid);  // frees the table from here on
     QLINK_RETURN_IF_ERROR(CopyFromHost(dst_device, table, host.data(), host.size()));
     *out = std::move(pull);
     return Status::Ok();

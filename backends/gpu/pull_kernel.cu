@@ -1,13 +1,15 @@
 // Pulls a batch of leaves with one launch on the destination device, reading the sources
 // straight over the peer link. Descriptors travel in the kernel's parameter space (up to
 // 32 KiB since CUDA 12.1), so no host-to-device copy precedes the launch; a prepared
-// batch keeps them in device memory instead, written once, and passes one pointer.
+// batch keeps one descriptor per chunk in device memory instead, written once, so each
+// block finds its bytes with a single load rather than a search through the leaves.
 #include "backends/gpu/pull_kernel.h"
 
 #include "backends/gpu/gpu_device.h"
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace qlink {
 namespace gpu {
@@ -18,6 +20,7 @@ constexpr int kUnroll = 4;  // 16-byte loads in flight per thread: peer reads ar
 constexpr uint32_t kMinChunkShift = 12;  // 4 KiB: one 16-byte vector per thread
 constexpr uint32_t kMaxChunkShift = 16;  // 64 KiB
 constexpr int kBlocksPerSm = 2048 / kThreads;
+constexpr uint64_t kMaxTableChunks = uint64_t{1} << 16;  // bounds a prepared table (1.5 MiB)
 
 struct LeafDesc {
   const char* src;
@@ -54,37 +57,44 @@ __device__ void CopyVectors(const int4* s, int4* d, uint64_t vectors) {
   for (; i < vectors; i += kThreads) d[i] = s[i];
 }
 
-__device__ __forceinline__ void PullChunks(const BatchHeader& batch, const LeafDesc* leaves) {
-  for (uint64_t chunk = blockIdx.x; chunk < batch.total_chunks; chunk += gridDim.x) {
+__device__ __forceinline__ void CopyChunk(const char* src, char* dst, uint64_t n) {
+  if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) != 0) {
+    CopyBytes(src, dst, n);  // unaligned views: correct, not fast
+    return;
+  }
+  const uint64_t vectors = n / 16;
+  CopyVectors(reinterpret_cast<const int4*>(src), reinterpret_cast<int4*>(dst), vectors);
+  CopyBytes(src + vectors * 16, dst + vectors * 16, n - vectors * 16);
+}
+
+template <int kCapacity>
+__global__ void __launch_bounds__(kThreads) PullKernel(const QLINK_GRID_CONSTANT Batch<kCapacity> batch) {
+  const LeafDesc* leaves = batch.leaves;
+  for (uint64_t chunk = blockIdx.x; chunk < batch.header.total_chunks; chunk += gridDim.x) {
     // The leaf owning this chunk: last leaf whose first_chunk <= chunk (uniform per block).
-    uint32_t lo = 0, hi = batch.count - 1;
+    uint32_t lo = 0, hi = batch.header.count - 1;
     while (lo < hi) {
       uint32_t mid = (lo + hi + 1) / 2;
       if (leaves[mid].first_chunk <= chunk) lo = mid; else hi = mid - 1;
     }
     const LeafDesc& leaf = leaves[lo];
-    const uint64_t begin = (chunk - leaf.first_chunk) << batch.chunk_shift;
-    const uint64_t n = min(uint64_t{1} << batch.chunk_shift, leaf.bytes - begin);
-    const char* src = leaf.src + begin;
-    char* dst = leaf.dst + begin;
-    if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) != 0) {
-      CopyBytes(src, dst, n);  // unaligned views: correct, not fast
-      continue;
-    }
-    const uint64_t vectors = n / 16;
-    CopyVectors(reinterpret_cast<const int4*>(src), reinterpret_cast<int4*>(dst), vectors);
-    CopyBytes(src + vectors * 16, dst + vectors * 16, n - vectors * 16);
+    const uint64_t begin = (chunk - leaf.first_chunk) << batch.header.chunk_shift;
+    CopyChunk(leaf.src + begin, leaf.dst + begin, min(uint64_t{1} << batch.header.chunk_shift, leaf.bytes - begin));
   }
 }
 
-template <int kCapacity>
-__global__ void __launch_bounds__(kThreads) PullKernel(const QLINK_GRID_CONSTANT Batch<kCapacity> batch) {
-  PullChunks(batch.header, batch.leaves);
-}
+// A prepared batch's unit of work: one block step's bytes within one leaf.
+struct ChunkDesc {
+  const char* src;
+  char* dst;
+  uint64_t bytes;
+};
 
-// The batch in device memory: a BatchHeader followed by its LeafDescs.
-__global__ void __launch_bounds__(kThreads) PullTableKernel(const BatchHeader* table) {
-  PullChunks(*table, reinterpret_cast<const LeafDesc*>(table + 1));
+__global__ void __launch_bounds__(kThreads) PullTableKernel(const ChunkDesc* chunks, uint64_t count) {
+  for (uint64_t c = blockIdx.x; c < count; c += gridDim.x) {
+    const ChunkDesc chunk = chunks[c];
+    CopyChunk(chunk.src, chunk.dst, chunk.bytes);
+  }
 }
 
 // Chunks sized so the batch fills about one wave of blocks: small batches still spread
@@ -94,6 +104,10 @@ uint32_t ChunkShift(uint64_t total_bytes, int sm_count) {
   uint32_t shift = kMinChunkShift;
   while (shift < kMaxChunkShift && (uint64_t{1} << shift) < per_block) ++shift;
   return shift;
+}
+
+unsigned GridFor(uint64_t chunks, int sm_count) {
+  return static_cast<unsigned>(std::max<uint64_t>(1, std::min(chunks, uint64_t(sm_count) * kBlocksPerSm)));
 }
 
 // Fills a batch's header and descriptors; returns the grid to launch it with.
@@ -109,8 +123,7 @@ unsigned Describe(const CopyLeaf* leaves, size_t count, int sm_count, BatchHeade
     chunks += (leaves[i].bytes + (uint64_t{1} << header->chunk_shift) - 1) >> header->chunk_shift;
   }
   header->total_chunks = chunks;
-  const uint64_t max_blocks = uint64_t(sm_count) * kBlocksPerSm;
-  return static_cast<unsigned>(std::max<uint64_t>(1, std::min(chunks, max_blocks)));
+  return GridFor(chunks, sm_count);
 }
 
 template <int kCapacity>
@@ -151,15 +164,32 @@ gpuError_t LaunchPullLeaves(const CopyLeaf* leaves, size_t count, int sm_count, 
   return gpuSuccess;
 }
 
-size_t PullTableBytes(size_t count) { return sizeof(BatchHeader) + count * sizeof(LeafDesc); }
-
-unsigned DescribePullTable(const CopyLeaf* leaves, size_t count, int sm_count, void* host_table) {
-  auto* header = static_cast<BatchHeader*>(host_table);
-  return Describe(leaves, count, sm_count, header, reinterpret_cast<LeafDesc*>(header + 1));
+unsigned DescribePullTable(const CopyLeaf* leaves, size_t count, int sm_count, std::vector<char>* table) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < count; ++i) total += leaves[i].bytes;
+  const auto chunks_of = [&](uint32_t shift) {
+    uint64_t chunks = 0;
+    for (size_t i = 0; i < count; ++i) chunks += (leaves[i].bytes + (uint64_t{1} << shift) - 1) >> shift;
+    return chunks;
+  };
+  uint32_t shift = ChunkShift(total, sm_count);
+  uint64_t chunks = chunks_of(shift);
+  while (chunks > kMaxTableChunks) chunks = chunks_of(++shift);
+  table->resize(chunks * sizeof(ChunkDesc));
+  auto* out = reinterpret_cast<ChunkDesc*>(table->data());
+  for (size_t i = 0; i < count; ++i) {
+    const auto* src = static_cast<const char*>(leaves[i].src);
+    auto* dst = static_cast<char*>(leaves[i].dst);
+    for (uint64_t begin = 0; begin < leaves[i].bytes; begin += uint64_t{1} << shift) {
+      *out++ = ChunkDesc{src + begin, dst + begin, std::min(uint64_t{1} << shift, leaves[i].bytes - begin)};
+    }
+  }
+  return GridFor(chunks, sm_count);
 }
 
-gpuError_t LaunchPullTable(const void* device_table, unsigned grid, gpuStream_t stream) {
-  PullTableKernel<<<grid, kThreads, 0, stream>>>(static_cast<const BatchHeader*>(device_table));
+gpuError_t LaunchPullTable(const void* device_table, size_t table_bytes, unsigned grid, gpuStream_t stream) {
+  PullTableKernel<<<grid, kThreads, 0, stream>>>(static_cast<const ChunkDesc*>(device_table),
+                                                 table_bytes / sizeof(ChunkDesc));
   return gpuGetLastError();
 }
 

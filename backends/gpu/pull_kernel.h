@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "backends/gpu/gpu_runtime.h"
 
@@ -15,12 +16,11 @@ namespace gpu {
 // split into consecutive launches on the same stream.
 gpuError_t LaunchPullLeaves(const CopyLeaf* leaves, size_t count, int sm_count, gpuStream_t stream);
 
-// The same batch as a table in device memory, for prepared plans: PullTableBytes(count)
-// bytes filled on the host by DescribePullTable (which returns the grid), copied to the
-// device once, then launched as often as wanted. One launch whatever the count.
-size_t PullTableBytes(size_t count);
-unsigned DescribePullTable(const CopyLeaf* leaves, size_t count, int sm_count, void* host_table);
-gpuError_t LaunchPullTable(const void* device_table, unsigned grid, gpuStream_t stream);
+// The same batch as a table of chunk descriptors in device memory, for prepared plans:
+// DescribePullTable fills the host copy of the table and returns the grid; the table is
+// copied to the device once, then launched as often as wanted. One launch whatever the count.
+unsigned DescribePullTable(const CopyLeaf* leaves, size_t count, int sm_count, std::vector<char>* table);
+gpuError_t LaunchPullTable(const void* device_table, size_t table_bytes, unsigned grid, gpuStream_t stream);
 
 }  // namespace gpu
 }  // namespace qlink
