@@ -1,7 +1,8 @@
 // Host cost of qlink's hot entry points, called from C++ through the ABI (no Python):
 // enqueue time per call (mean of back-to-back calls) and time to completion on the
-// destination (best of 30, each followed by stream_synchronize). Python's share of a
-// figure in copy_bench.py is the difference. Usage: abi_overhead PATH/libqlink.so
+// destination (best of 30, each followed by stream_synchronize; a QLINK_COPY_WAIT call
+// alone). Python's share of a figure in copy_bench.py is the difference.
+// Usage: abi_overhead PATH/libqlink.so
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -45,7 +46,7 @@ struct Harness {
     }
     return total / 1000;
   }
-  // Best of 30: the call, then synchronizing `device`.
+  // Best of 30: the call, then synchronizing `device` (none: -1, for a call that waits).
   double CompletionUs(const std::function<void()>& call, int device) const {
     call();
     Sync();
@@ -53,7 +54,7 @@ struct Harness {
     for (int r = 0; r < 30; ++r) {
       const double t0 = NowUs();
       call();
-      Check(api->stream_synchronize(ctx, device, nullptr), "stream_synchronize");
+      if (device >= 0) Check(api->stream_synchronize(ctx, device, nullptr), "stream_synchronize");
       best = std::min(best, NowUs() - t0);
       Sync();
     }
@@ -106,15 +107,19 @@ int main(int argc, char** argv) {
       s.push_back(Bytes(static_cast<char*>(src) + i * size, &shapes[i], 0));
       d.push_back(Bytes(static_cast<char*>(dst) + i * size, &shapes[i], 1));
     }
-    for (uint32_t flags : {0u, uint32_t{QLINK_COPY_SOURCES_HELD}, uint32_t{QLINK_COPY_SOURCES_READY | QLINK_COPY_SOURCES_HELD}}) {
+    constexpr uint32_t kHostOrdered = QLINK_COPY_SOURCES_READY | QLINK_COPY_SOURCES_HELD;
+    for (uint32_t flags : {0u, uint32_t{QLINK_COPY_SOURCES_HELD}, kHostOrdered, uint32_t{QLINK_COPY_WAIT},
+                           kHostOrdered | QLINK_COPY_WAIT}) {
+      const int synchronized = (flags & QLINK_COPY_WAIT) ? -1 : 1;
       const qlink_copy_args args{sizeof(qlink_copy_args), s.data(), d.data(), s.size(), nullptr, 0, flags};
       qlink_copy_plan* plan = nullptr;
       h.Check(h.api->copy_plan_create(h.ctx, &args, &plan), "copy_plan_create");
       auto run = [&] { h.Check(h.api->copy_plan_execute(plan, nullptr, 0), "copy_plan_execute"); };
       auto fresh = [&] { h.Check(h.api->copy_batch(h.ctx, &args), "copy_batch"); };
       const std::string shape = std::to_string(n) + " x " + std::to_string(size >> 10) + " KiB, flags " + std::to_string(flags);
-      std::printf("%-44s %12.1f %14.1f\n", ("prepared " + shape).c_str(), h.EnqueueUs(run), h.CompletionUs(run, 1));
-      std::printf("%-44s %12.1f %14.1f\n", ("fresh    " + shape).c_str(), h.EnqueueUs(fresh), h.CompletionUs(fresh, 1));
+      std::printf("%-44s %12.1f %14.1f\n", ("prepared " + shape).c_str(), h.EnqueueUs(run), h.CompletionUs(run, synchronized));
+      std::printf("%-44s %12.1f %14.1f\n", ("fresh    " + shape).c_str(), h.EnqueueUs(fresh),
+                  h.CompletionUs(fresh, synchronized));
       h.Check(h.api->copy_plan_destroy(plan), "copy_plan_destroy");
     }
     h.Check(h.api->memory_free(h.ctx, 0, src), "memory_free");

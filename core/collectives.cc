@@ -369,12 +369,17 @@ Status Broadcast(Context& ctx, const qlink_broadcast_args* a) {
     }
     // The host's promises cover the root's sources: only the first round reads nothing else.
     qlink_copy_args round{sizeof(qlink_copy_args), src.data(), dst.data(), src.size(), a->streams, a->num_streams,
-                          rounds.empty() ? flags : 0u};
+                          rounds.empty() ? flags & ~uint32_t{QLINK_COPY_WAIT} : 0u};
     rounds.emplace_back();
     QLINK_RETURN_IF_ERROR(CopyPlan::Build(ctx, &round, &rounds.back()));
     holders = std::move(next);
   }
   for (const CopyPlan& round : rounds) QLINK_RETURN_IF_ERROR(round.Execute(ctx, a->streams, a->num_streams));
+  if (flags & QLINK_COPY_WAIT) {  // a replica that relayed in an early round may still be receiving
+    for (int dev : replica_device) {
+      QLINK_RETURN_IF_ERROR(ctx.backend().SynchronizeStream(dev, StreamFor(dev, a->streams, a->num_streams)));
+    }
+  }
   return Status::Ok();
 }
 

@@ -80,7 +80,7 @@ Status CopyPlan::Build(Context& ctx, const qlink_copy_args* args, CopyPlan* out)
   QLINK_RETURN_IF_ERROR(CheckStreams(ctx, args->streams, args->num_streams));
   // Appended in 1.2: a host that does not know the field gets every join.
   const uint32_t flags = args->struct_size >= QLINK_STRUCT_SIZE(qlink_copy_args, flags) ? args->flags : 0;
-  constexpr uint32_t kKnownFlags = QLINK_COPY_SOURCES_READY | QLINK_COPY_SOURCES_HELD;
+  constexpr uint32_t kKnownFlags = QLINK_COPY_SOURCES_READY | QLINK_COPY_SOURCES_HELD | QLINK_COPY_WAIT;
   if ((flags & ~kKnownFlags) != 0) {
     return InvalidArgument("args.flags = " + std::to_string(flags) + " has bits that are not qlink_copy_flags");
   }
@@ -198,6 +198,11 @@ Status CopyPlan::Execute(Context& ctx, const qlink_stream* streams, size_t num_s
     Event done = nullptr;
     QLINK_RETURN_IF_ERROR(joins.Record(w.device, stream, &done));
     for (int src : w.joined_sources) QLINK_RETURN_IF_ERROR(joins.Wait(src, StreamFor(src, streams, num_streams), done));
+  }
+  if (flags_ & QLINK_COPY_WAIT) {
+    for (const DestinationWork& w : work_) {
+      QLINK_RETURN_IF_ERROR(backend.SynchronizeStream(w.device, StreamFor(w.device, streams, num_streams)));
+    }
   }
   return Status::Ok();
 }

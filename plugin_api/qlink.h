@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 #define QLINK_ABI_MAJOR 1
-#define QLINK_ABI_MINOR 2
+#define QLINK_ABI_MINOR 3
 
 /* Size of a struct up to and including `last_field`: what a host built against the
  * minor that introduced `last_field` passes as struct_size. */
@@ -118,8 +118,9 @@ typedef struct qlink_stream {
  * stream, so anything enqueued there afterwards sees it; and work enqueued afterwards on
  * the source device's stream waits until the leaf has been read, so sources may be
  * overwritten or freed in stream order as soon as the call returns (as with PyTorch's
- * own cross-device copy_). The call does not block the host. qlink_copy_args.flags (1.2)
- * hands either join to a host that orders the work itself. */
+ * own cross-device copy_). The call does not block the host unless asked to
+ * (QLINK_COPY_WAIT). qlink_copy_args.flags (1.2) hands either join to a host that orders
+ * the work itself. */
 typedef struct qlink_copy_args {
   size_t struct_size;
   const DLTensor* sources;      /* borrowed array of num_leaves */
@@ -141,7 +142,10 @@ typedef enum qlink_copy_flags {
   /* The host keeps every source alive and unmodified until the copy has completed on the
    * destination stream (a prepared plan over frozen weights, say): later work on the
    * source streams does not wait for the copy. */
-  QLINK_COPY_SOURCES_HELD = 2
+  QLINK_COPY_SOURCES_HELD = 2,
+  /* 1.3: the call returns once the copy has completed on every destination stream, as a
+   * blocking cudaMemcpy does: one call where a host would enqueue, then synchronize. */
+  QLINK_COPY_WAIT = 4
 } qlink_copy_flags;
 
 /* ---- 1.1: collectives over one buffer per device, in process ---------------------- */
@@ -170,8 +174,9 @@ typedef struct qlink_broadcast_args {
   const qlink_stream* streams;  /* borrowed array of num_streams; may be NULL */
   size_t num_streams;
   uint32_t flags;               /* 1.2: qlink_copy_flags for the root's sources (relays from
-                                   replicas keep their joins); read only when struct_size
-                                   covers it, else 0 */
+                                   replicas keep their joins; QLINK_COPY_WAIT waits for
+                                   every replica); read only when struct_size covers it,
+                                   else 0 */
 } qlink_broadcast_args;
 #define QLINK_BROADCAST_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_broadcast_args, num_streams)
 

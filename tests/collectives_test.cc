@@ -217,11 +217,11 @@ TEST_P(Collectives, BroadcastMirrorsEveryLeafToEveryReplica) {
     }
   }
   qlink_broadcast_args args{sizeof(qlink_broadcast_args), s.data(), sizes.size(), d.data(),
-                            static_cast<size_t>(world() - 1), nullptr, 0, 4u};
+                            static_cast<size_t>(world() - 1), nullptr, 0, 8u};
   EXPECT_EQ(api_.broadcast(ctx_.get(), &args), QLINK_INVALID_ARGUMENT);
-  EXPECT_THAT(api_.last_error(), HasSubstr("args.flags = 4 has bits that are not qlink_copy_flags"));
+  EXPECT_THAT(api_.last_error(), HasSubstr("args.flags = 8 has bits that are not qlink_copy_flags"));
   for (size_t k = 0; k < dst.size(); ++k) ASSERT_EQ(dst[k], std::vector<uint8_t>(dst[k].size(), 0)) << k;
-  for (uint32_t flags : {0u, uint32_t{QLINK_COPY_SOURCES_READY | QLINK_COPY_SOURCES_HELD}}) {
+  for (uint32_t flags : {0u, uint32_t{QLINK_COPY_SOURCES_READY | QLINK_COPY_SOURCES_HELD}, uint32_t{QLINK_COPY_WAIT}}) {
     for (auto& v : dst) std::fill(v.begin(), v.end(), 0);
     args.flags = flags;
     ASSERT_EQ(api_.broadcast(ctx_.get(), &args), QLINK_OK) << api_.last_error();

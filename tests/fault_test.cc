@@ -281,6 +281,47 @@ TEST_F(Faults, CopyFlagsHandEachJoinToTheHost) {
   }
 }
 
+// QLINK_COPY_WAIT: a copy, a prepared copy and a broadcast return with their destinations
+// written however slow the destination streams are; without the flag they return at once.
+TEST_F(Faults, WaitReturnsOnceTheDestinationsHoldTheData) {
+  using Clock = std::chrono::steady_clock;
+  Context ctx(plugin_, FaultConfig(R"({"devices": 3, "stream_delay_ms": [0, 100, 100]})"));
+  ASSERT_EQ(ctx.status(), QLINK_OK) << LastError();
+  const size_t n = 4096;
+  std::vector<uint8_t> src = Pattern(n, 9);
+  Tensor s(src.data(), n, kDLCPU, 0);
+  for (const char* call : {"copy_batch", "copy_plan_execute", "broadcast"}) {
+    for (uint32_t flags : {0u, uint32_t{QLINK_COPY_WAIT}}) {
+      std::vector<uint8_t> one(n, 0), two(n, 0);
+      Tensor d1(one.data(), n, kDLCPU, 1), d2(two.data(), n, kDLCPU, 2);
+      const DLTensor replicas[] = {d1.dl, d2.dl};
+      const qlink_copy_args copy{sizeof(qlink_copy_args), &s.dl, &d1.dl, 1, nullptr, 0, flags};
+      qlink_copy_plan* plan = nullptr;
+      if (std::string(call) == "copy_plan_execute") ASSERT_EQ(api_.copy_plan_create(ctx.get(), &copy, &plan), QLINK_OK);
+      const auto start = Clock::now();
+      if (std::string(call) == "copy_batch") {
+        ASSERT_EQ(api_.copy_batch(ctx.get(), &copy), QLINK_OK) << LastError();
+      } else if (plan != nullptr) {
+        ASSERT_EQ(api_.copy_plan_execute(plan, nullptr, 0), QLINK_OK) << LastError();
+      } else {
+        const qlink_broadcast_args bcast{sizeof(qlink_broadcast_args), &s.dl, 1, replicas, 2, nullptr, 0, flags};
+        ASSERT_EQ(api_.broadcast(ctx.get(), &bcast), QLINK_OK) << LastError();
+      }
+      const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+      if (flags == QLINK_COPY_WAIT) {
+        EXPECT_GE(took, 90) << call << " returned before the destination stream ran the copy";
+        EXPECT_EQ(one, src) << call;  // read before any synchronize: the call itself waited
+        if (std::string(call) == "broadcast") EXPECT_EQ(two, src) << call;
+      } else {
+        EXPECT_LT(took, 90) << call << " blocked without QLINK_COPY_WAIT";
+      }
+      SynchronizeAll(ctx, 3);
+      EXPECT_EQ(one, src) << call;
+      if (plan != nullptr) api_.copy_plan_destroy(plan);
+    }
+  }
+}
+
 // Collectives on slow asynchronous streams: each device's part must wait for that device's
 // producer, and the relayed broadcast for the replica it reads from.
 TEST_F(Faults, CollectivesWaitForSlowProducersOnEveryDevice) {

@@ -1,9 +1,9 @@
-"""ctypes mirror of plugin_api/qlink.h (ABI 1.2). Keep in step with the header."""
+"""ctypes mirror of plugin_api/qlink.h (ABI 1.3). Keep in step with the header."""
 import ctypes
 from ctypes import POINTER, c_char, c_char_p, c_double, c_int32, c_size_t, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p
 
 ABI_MAJOR = 1
-ABI_MINOR = 2
+ABI_MINOR = 3
 
 OK, INVALID_ARGUMENT, UNAVAILABLE, VERSION_MISMATCH, OUT_OF_MEMORY, RUNTIME_ERROR, INTERNAL = range(7)
 
@@ -45,34 +45,37 @@ class Stream(ctypes.Structure):
     _fields_ = [("device", DLDevice), ("stream", c_void_p)]
 
 
+# The argument structs hold their DLTensor arrays as plain addresses (ints), which ctypes
+# takes without building a pointer object per call.
 class CopyArgs(ctypes.Structure):
-    _fields_ = [("struct_size", c_size_t), ("sources", POINTER(DLTensor)), ("destinations", POINTER(DLTensor)),
+    _fields_ = [("struct_size", c_size_t), ("sources", c_void_p), ("destinations", c_void_p),
                 ("num_leaves", c_size_t), ("streams", POINTER(Stream)), ("num_streams", c_size_t),
                 ("flags", c_uint32)]
 
 
-COPY_SOURCES_READY, COPY_SOURCES_HELD = 1, 2  # qlink_copy_flags
+COPY_SOURCES_READY, COPY_SOURCES_HELD, COPY_WAIT = 1, 2, 4  # qlink_copy_flags
 
 
-def copy_flags(sources_ready, sources_held):
-    """The qlink_copy_flags for the host's two promises."""
-    return (COPY_SOURCES_READY if sources_ready else 0) | (COPY_SOURCES_HELD if sources_held else 0)
+def copy_flags(sources_ready, sources_held, wait):
+    """The qlink_copy_flags for the host's two promises and whether the call blocks."""
+    return ((COPY_SOURCES_READY if sources_ready else 0) | (COPY_SOURCES_HELD if sources_held else 0) |
+            (COPY_WAIT if wait else 0))
 
 
 class BroadcastArgs(ctypes.Structure):
-    _fields_ = [("struct_size", c_size_t), ("sources", POINTER(DLTensor)), ("num_leaves", c_size_t),
-                ("destinations", POINTER(DLTensor)), ("num_replicas", c_size_t), ("streams", POINTER(Stream)),
+    _fields_ = [("struct_size", c_size_t), ("sources", c_void_p), ("num_leaves", c_size_t),
+                ("destinations", c_void_p), ("num_replicas", c_size_t), ("streams", POINTER(Stream)),
                 ("num_streams", c_size_t), ("flags", c_uint32)]
 
 
 class ReduceArgs(ctypes.Structure):
-    _fields_ = [("struct_size", c_size_t), ("inputs", POINTER(DLTensor)), ("num_inputs", c_size_t),
-                ("output", POINTER(DLTensor)), ("scale", c_double), ("streams", POINTER(Stream)),
+    _fields_ = [("struct_size", c_size_t), ("inputs", c_void_p), ("num_inputs", c_size_t),
+                ("output", c_void_p), ("scale", c_double), ("streams", POINTER(Stream)),
                 ("num_streams", c_size_t)]
 
 
 class AllReduceArgs(ctypes.Structure):
-    _fields_ = [("struct_size", c_size_t), ("buffers", POINTER(DLTensor)), ("num_buffers", c_size_t), ("op", c_int32),
+    _fields_ = [("struct_size", c_size_t), ("buffers", c_void_p), ("num_buffers", c_size_t), ("op", c_int32),
                 ("transport", c_int32), ("streams", POINTER(Stream)), ("num_streams", c_size_t),
                 ("algorithm", c_int32)]
 
@@ -115,9 +118,9 @@ _TABLE = [
     ("comm_unique_id", _S, [c_void_p, POINTER(UniqueId)]),
     ("comm_create", _S, [c_void_p, POINTER(UniqueId), c_int32, c_int32, c_int32, POINTER(c_void_p)]),
     ("comm_destroy", _S, [c_void_p]),
-    ("comm_all_reduce", _S, [c_void_p, POINTER(DLTensor), c_int32, c_void_p]),
-    ("comm_broadcast", _S, [c_void_p, POINTER(DLTensor), c_int32, c_void_p]),
-    ("comm_reduce", _S, [c_void_p, POINTER(DLTensor), c_int32, c_double, c_void_p]),
+    ("comm_all_reduce", _S, [c_void_p, c_void_p, c_int32, c_void_p]),
+    ("comm_broadcast", _S, [c_void_p, c_void_p, c_int32, c_void_p]),
+    ("comm_reduce", _S, [c_void_p, c_void_p, c_int32, c_double, c_void_p]),
     # 1.2
     ("all_reduce_plan_create", _S, [c_void_p, POINTER(AllReduceArgs), POINTER(c_void_p)]),
     ("all_reduce_plan_execute", _S, [c_void_p, POINTER(Stream), c_size_t]),

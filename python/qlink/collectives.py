@@ -14,16 +14,17 @@ from .p2p import current_streams, default_context
 
 
 def _streams(ctx, devices):
-    if ctx.backend == "cpu":
+    if ctx._device_type == _abi.KDL_CPU:  # host memory (CPU and test backends): no torch streams
         return None, 0
     return ctx._streams(current_streams(ctx, devices))
 
 
 def broadcast(sources, replicas, ctx=None, source_device=None, replica_devices=None, sources_ready=False,
-              sources_held=False):
+              sources_held=False, wait=False):
     """replicas[r][i].copy_(sources[i]) for every replica r, relayed along a binary tree of
     peer links. source_device / replica_devices override device indices (CPU virtual
-    devices); sources_ready / sources_held as for qlink.Context.copy, for the sources."""
+    devices); sources_ready / sources_held as for qlink.Context.copy, for the sources;
+    wait: return once every replica holds the data."""
     ctx = ctx or default_context()
     n = len(sources)
     src = pack(sources, None if source_device is None else [source_device] * n)
@@ -34,7 +35,7 @@ def broadcast(sources, replicas, ctx=None, source_device=None, replica_devices=N
         if len(r) != n:
             raise ValueError("every replica needs %d leaves, one has %d" % (n, len(r)))
     args = _abi.BroadcastArgs(ctypes.sizeof(_abi.BroadcastArgs), src.pointer, n, dst.pointer, len(replicas),
-                              *_streams(ctx, src.devices | dst.devices), _abi.copy_flags(sources_ready, sources_held))
+                              *_streams(ctx, src.devices | dst.devices), _abi.copy_flags(sources_ready, sources_held, wait))
     ctx._check(ctx._api.broadcast(ctx._handle, ctypes.byref(args)))
 
 

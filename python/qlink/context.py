@@ -158,36 +158,40 @@ class Context:
             raise ValueError("sources has %d leaves but targets has %d" % (len(sources), len(targets)))
         return pack(sources, source_devices), pack(targets, target_devices)
 
-    def _copy_args(self, src, dst, streams, sources_ready, sources_held):
-        """qlink_copy_args over packed leaves; streams and promises as for copy()."""
+    def _copy_args(self, src, dst, streams, sources_ready, sources_held, wait):
+        """qlink_copy_args over packed leaves; streams, promises and wait as for copy()."""
         return _abi.CopyArgs(ctypes.sizeof(_abi.CopyArgs), src.pointer, dst.pointer, src.count,
-                             *self._streams(streams), _abi.copy_flags(sources_ready, sources_held))
+                             *self._streams(streams), _abi.copy_flags(sources_ready, sources_held, wait))
 
     def copy(self, sources, targets, source_devices=None, target_devices=None, streams=None, sources_ready=False,
-             sources_held=False):
+             sources_held=False, wait=False):
         """Enqueues sources[i] -> targets[i] for every leaf (see qlink_copy_args).
 
         streams: {device index: vendor stream handle}; devices not listed use their
         default stream. *_devices override the tensors' device indices (CPU virtual devices).
         sources_ready: the sources' producers are already ordered before the destination
         streams (no wait on the source streams). sources_held: the caller keeps the sources
-        alive and unmodified until the copy completes (the source streams do not wait)."""
+        alive and unmodified until the copy completes (the source streams do not wait).
+        wait: return once the destinations hold the data (a blocking copy)."""
         src, dst = self._pack_pair(sources, targets, source_devices, target_devices)
-        self.copy_packed(src, dst, streams, sources_ready, sources_held)
+        self.copy_packed(src, dst, streams, sources_ready, sources_held, wait)
 
-    def copy_packed(self, src, dst, streams=None, sources_ready=False, sources_held=False):
+    def copy_packed(self, src, dst, streams=None, sources_ready=False, sources_held=False, wait=False):
         """copy() of leaves already packed (qlink._dlpack.pack)."""
-        args = self._copy_args(src, dst, streams, sources_ready, sources_held)
+        args = self._copy_args(src, dst, streams, sources_ready, sources_held, wait)
         self._check(self._api.copy_batch(self._handle, ctypes.byref(args)))
 
     def prepare(self, sources, targets, source_devices=None, target_devices=None, sources_ready=False,
-                sources_held=False):
-        """A CopyPlan: validated and planned once, replayed with run(); promises as for copy()."""
+                sources_held=False, wait=False):
+        """A CopyPlan: validated and planned once, replayed with run(); promises and wait as
+        for copy()."""
         src, dst = self._pack_pair(sources, targets, source_devices, target_devices)
-        args = self._copy_args(src, dst, None, sources_ready, sources_held)
+        args = self._copy_args(src, dst, None, sources_ready, sources_held, wait)
         plan = ctypes.c_void_p()
         self._check(self._api.copy_plan_create(self._handle, ctypes.byref(args), ctypes.byref(plan)))
-        return CopyPlan(self, plan, list(sources), list(targets), src.devices | dst.devices)
+        # With both promises the source streams take no part: only the destinations' are read.
+        stream_devices = dst.devices if sources_ready and sources_held else src.devices | dst.devices
+        return CopyPlan(self, plan, list(sources), list(targets), stream_devices)
 
     def _streams(self, streams):
         """{device index: stream handle}, or a StreamArray, as a C array of qlink_stream and
@@ -226,10 +230,10 @@ class StreamArray:
 class CopyPlan:
     """A prepared batch over fixed memory; holds its tensors so they outlive the plan."""
 
-    def __init__(self, ctx, handle, sources, targets, devices):
+    def __init__(self, ctx, handle, sources, targets, stream_devices):
         self._ctx, self._handle = ctx, handle
         self.sources, self.targets = sources, targets
-        self.devices = devices  # every device a leaf is on
+        self.stream_devices = stream_devices  # the devices whose streams a run orders against
 
     def run(self, streams=None):
         array, n = self._ctx._streams(streams)

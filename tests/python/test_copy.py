@@ -1,5 +1,7 @@
 """Copies through the plugin on the CPU backend's virtual devices, torch tensors as DLPack."""
+import os
 import threading
+import time
 
 import pytest
 import torch
@@ -91,3 +93,27 @@ def test_a_leaf_that_is_not_a_tensor_is_named(cpu4):
         cpu4.copy([torch.ones(2), "weights"], [torch.zeros(2), torch.zeros(2)])
     with pytest.raises(TypeError, match="leaf 20 is a int"):
         cpu4.copy([torch.ones(2)] * 20 + [3], [torch.zeros(2) for _ in range(21)])
+
+
+def test_wait_returns_with_the_targets_written(library):
+    """wait=True on the fault backend, whose device 1 stream takes 100 ms per operation: the
+    copy, the prepared copy and the broadcast return with their targets written."""
+    fault = os.path.join(os.path.dirname(library), "libqlink_backend_fault.so")
+    if not os.path.exists(fault):
+        pytest.skip("no fault backend beside %s" % library)
+    config = {"backend": fault, "log_level": "off", "backend_options": {"devices": 2, "stream_delay_ms": [0, 100]}}
+    with qlink.load(config, library=library) as ctx:
+        src = [torch.randn(1000), torch.randn(7)]
+        calls = {
+            "copy": lambda dst: ctx.copy(src, dst, source_devices=[0, 0], target_devices=[1, 1], wait=True),
+            "prepared": lambda dst: ctx.prepare(src, dst, source_devices=[0, 0], target_devices=[1, 1],
+                                                wait=True).run(),
+            "broadcast": lambda dst: qlink.broadcast(src, [dst], ctx=ctx, source_device=0, replica_devices=[1],
+                                                     wait=True),
+        }
+        for name, call in calls.items():
+            dst = [torch.zeros(1000), torch.zeros(7)]
+            start = time.perf_counter()
+            call(dst)
+            assert time.perf_counter() - start > 0.09, name
+            assert all(torch.equal(s, d) for s, d in zip(src, dst)), name
