@@ -8,8 +8,10 @@ of p2p_bench.cu and qlink's copies (the pull kernel runs on the destination). ql
 backward join makes GPU0's stream wait for the copy too; "both synced" also waits for
 GPU0, so it includes that join's cross-device latency; "host-ordered" is a plan made with
 sources_ready and sources_held (no joins: the host orders the work, as the raw paths
-assume). Module moves synchronize every device for both paths. Usage:
-    python3 bench/copy_bench.py --library DIST/libqlink.so [--markdown OUT.md]
+assume); "wait" plans return once the targets hold the data, so nothing follows them. Module moves synchronize every device for both paths. "raw pull from Python" is that fastest raw path (bench/raw_pull.cu) launched through
+ctypes and timed the same way: what any native path pays for being called from Python.
+Usage:
+    python3 bench/copy_bench.py --library DIST/libqlink.so [--raw-pull raw_pull.so] [--markdown OUT.md]
 """
 import argparse
 import ctypes
@@ -46,17 +48,26 @@ def cudart():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--library", required=True)
+    ap.add_argument("--raw-pull", help="bench/raw_pull.cu built as a shared library")
     ap.add_argument("--markdown")
     a = ap.parse_args()
     ctx = qlink.configure({"backend": "cuda", "log_level": "warn"}, library=a.library)
     ctx.enable_peer_access([0, 1])
     rt = cudart()
+    raw = ctypes.CDLL(a.raw_pull) if a.raw_pull else None
+    if raw is not None:
+        raw.raw_pull_table.restype = ctypes.c_void_p
+        raw.raw_pull_table.argtypes = [ctypes.POINTER(ctypes.c_uint64)] * 2 + [ctypes.c_uint64, ctypes.c_int]
+        raw.raw_pull_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p]
+        raw.raw_pull_free.argtypes = [ctypes.c_void_p]
     rows = []
     print("torch", torch.__version__, torch.cuda.get_device_name(0), "x", torch.cuda.device_count())
     cols = [("to", "Tensor.to"), ("copy_", "copy_"), ("bcast", "broadcast_coalesced"),
-            ("peer", "cudaMemcpyPeerAsync/leaf (ctypes)"), ("fresh", "qlink fresh lists"),
+            ("peer", "cudaMemcpyPeerAsync/leaf (ctypes)"), ("raw_pull", "raw pull kernel from Python (ctypes)"),
+            ("fresh", "qlink fresh lists"),
             ("prepared", "qlink prepared"), ("prepared_both", "qlink prepared, both synced"),
-            ("held", "qlink prepared, host-ordered"), ("module_to", "module.to"),
+            ("held", "qlink prepared, host-ordered"), ("wait", "qlink prepared, wait"),
+            ("held_wait", "qlink prepared, host-ordered, wait"), ("module_to", "module.to"),
             ("move", "qlink move_module_to_device"), ("speedup", "move speedup")]
     print(("%5s %9s" + " %12s" * len(cols)) % (("N", "S") + tuple(k[:12] for k, _ in cols)))
     for n, s in SHAPES:
@@ -76,6 +87,15 @@ def main():
             r["peer"] = on_gpu1(per_leaf)
         else:
             r["peer"] = float("nan")
+        r["raw_pull"] = float("nan")
+        if raw is not None:
+            with torch.cuda.device(1):
+                words = ctypes.c_uint64 * n
+                table = raw.raw_pull_table(words(*[t.data_ptr() for t in src]), words(*[t.data_ptr() for t in dst]), s, n)
+                launch, stream = raw.raw_pull_launch, torch.cuda.current_stream(1).cuda_stream
+                r["raw_pull"] = on_gpu1(lambda: launch(table, n, s, stream))
+                assert all(torch.equal(d, t.to("cuda:1")) for d, t in zip(dst, src))
+                raw.raw_pull_free(table)
         r["fresh"] = on_gpu1(lambda: qlink.peer_copy_batch(src, dst))
         assert all(torch.equal(d, t.to("cuda:1")) for d, t in zip(dst, src))
         prepared = qlink.PreparedCopy(src, dst)
@@ -83,6 +103,11 @@ def main():
         r["prepared_both"] = on_both(prepared.run)
         held = qlink.PreparedCopy(src, dst, sources_ready=True, sources_held=True)  # timing syncs before each run
         r["held"] = on_gpu1(held.run)
+        # A plan made with wait=True returns once the targets hold the data: nothing to synchronize.
+        waiting = qlink.PreparedCopy(src, dst, wait=True)
+        r["wait"] = timing.best_us(waiting.run, sync=lambda: None)
+        held_waiting = qlink.PreparedCopy(src, dst, sources_ready=True, sources_held=True, wait=True)
+        r["held_wait"] = timing.best_us(held_waiting.run, sync=lambda: None)
         module = torch.nn.Module()
         for i, t in enumerate(src):
             module.register_parameter("p%d" % i, torch.nn.Parameter(t.clone(), requires_grad=False))
@@ -92,7 +117,7 @@ def main():
         r["speedup"] = r["module_to"] / r["move"]
         rows.append(r)
         print(("%5d %9d" + " %12.1f" * len(cols)) % ((n, s) + tuple(r[k] for k, _ in cols)))
-        del src, dst, module, prepared, held
+        del src, dst, module, prepared, held, waiting, held_waiting
         torch.cuda.empty_cache()
     if a.markdown:
         with open(a.markdown, "w") as f:

@@ -19,11 +19,7 @@ _DTYPES = {
     torch.uint8: (1, 8), torch.bool: (1, 8), torch.complex64: (5, 64), torch.complex128: (5, 128),
 }
 
-# The DLTensor layout of dlpack.h (48 bytes on 64-bit hosts).
-DLTENSOR = np.dtype([("data", "<u8"), ("device_type", "<i4"), ("device_id", "<i4"), ("ndim", "<i4"),
-                     ("code", "u1"), ("bits", "u1"), ("lanes", "<u2"), ("shape", "<u8"), ("strides", "<u8"),
-                     ("byte_offset", "<u8")])
-assert DLTENSOR.itemsize == ctypes.sizeof(_abi.DLTensor)
+assert ctypes.sizeof(_abi.DLTensor) == 48  # dlpack.h on 64-bit hosts: the six words byte_vectors writes
 
 _DATA_PTR = torch.Tensor.data_ptr
 _GET_DEVICE = torch.Tensor.get_device
@@ -56,21 +52,16 @@ def _dtype_of(dtype):
 
 
 class Packed:
-    """A C array of DLTensor plus everything its pointers point into, the device indices
-    it names, and whether any leaf is a host tensor."""
+    """A C array of `count` DLTensors at address `pointer` (an int, as the ABI structs take
+    it), kept alive with everything it points into by `keep`; the device indices it names,
+    and whether any leaf is a host tensor."""
 
-    def __init__(self, array, keep, devices, host, count=None):
-        self.array = array
-        self.count = count if count is not None else len(array) if isinstance(array, np.ndarray) else array._length_
+    def __init__(self, pointer, count, keep, devices, host):
+        self.pointer = pointer
+        self.count = count
         self._keep = keep
         self.devices = devices
         self.host = host
-
-    @property
-    def pointer(self):
-        if isinstance(self.array, np.ndarray):
-            return ctypes.cast(self.array.ctypes.data, ctypes.POINTER(_abi.DLTensor))
-        return self.array
 
 
 def pack(tensors, device_ids=None, exact=False):
@@ -79,7 +70,7 @@ def pack(tensors, device_ids=None, exact=False):
     (for calls that compute, not copy)."""
     n = len(tensors)
     if n == 0:
-        return Packed(np.zeros(0, DLTENSOR), None, set(), False)
+        return Packed(None, 0, None, set(), False)
     if n <= _SMALL:
         return _small(tensors, device_ids, exact)
     if exact:
@@ -108,24 +99,29 @@ def pack(tensors, device_ids=None, exact=False):
 _BYTE_VECTOR_WORD2 = 1 | (1 << 32) | (8 << 40) | (1 << 48)  # ndim 1, dtype kDLUInt x 8 bits x 1 lane
 
 
-def byte_vectors(data, nbytes, device_type, device_ids):
+def byte_vectors(data, nbytes, device_type, device_ids, dtype_words=_BYTE_VECTOR_WORD2):
     """DLTensors of contiguous byte runs: data pointers and byte sizes as arrays, device
-    ids as an array or one int for all."""
+    ids as an array or one int for all. dtype_words (ndim, dtype) makes them vectors of
+    another element type, nbytes then counting elements."""
     n = len(data)
     nbytes = np.ascontiguousarray(nbytes, dtype=np.int64)
-    words = np.empty((n, 6), np.uint64)
+    words = np.zeros((n, 6), np.uint64)  # strides NULL (compact), byte_offset 0
     words[:, 0] = data
     if isinstance(device_ids, (int, np.integer)):
         words[:, 1] = (int(device_ids) << 32) | device_type
         devices = {int(device_ids)}
     else:
-        words[:, 1] = (device_ids.astype(np.uint64) << np.uint64(32)) | np.uint64(device_type)
-        lo, hi = int(device_ids.min()), int(device_ids.max())
-        devices = {lo} if lo == hi else set(np.unique(device_ids).tolist())
-    words[:, 2] = _BYTE_VECTOR_WORD2
-    words[:, 3] = np.arange(nbytes.ctypes.data, nbytes.ctypes.data + 8 * n, 8, dtype=np.uint64)
-    words[:, 4:] = 0  # strides NULL (compact), byte_offset 0
-    return Packed(words.view(DLTENSOR).reshape(n), nbytes, devices, device_type == _abi.KDL_CPU)
+        first = int(device_ids[0])
+        if (device_ids == first).all():
+            words[:, 1] = (first << 32) | device_type
+            devices = {first}
+        else:
+            words[:, 1] = (device_ids.astype(np.uint64) << np.uint64(32)) | np.uint64(device_type)
+            devices = set(np.unique(device_ids).tolist())
+    words[:, 2] = dtype_words
+    shapes = nbytes.ctypes.data
+    words[:, 3] = np.arange(shapes, shapes + 8 * n, 8, dtype=np.uint64)
+    return Packed(words.ctypes.data, n, (words, nbytes), devices, device_type == _abi.KDL_CPU)
 
 
 # Up to this many leaves, one struct.pack_into per leaf beats numpy's fixed costs (which
@@ -160,7 +156,7 @@ def _small(tensors, device_ids, exact):
         _DL_STRUCT.pack_into(buf, 48 * i, t.data_ptr(), dev_type, dev, 1, code, bits, 1, shapes + 8 * i, 0, 0)
         _SHAPE_STRUCT.pack_into(buf, 48 * n + 8 * i, t.numel() if exact else _NBYTES(t))
         devices.add(dev)
-    return Packed(ctypes.cast(buf, ctypes.POINTER(_abi.DLTensor)), buf, devices, host, n)
+    return Packed(ctypes.addressof(buf), n, buf, devices, host)
 
 
 def byte_runs(data, nbytes, device_type, device_ids):
@@ -172,7 +168,7 @@ def byte_runs(data, nbytes, device_type, device_ids):
     for i, (ptr, size, dev) in enumerate(zip(data, nbytes, device_ids)):
         _DL_STRUCT.pack_into(buf, 48 * i, ptr, device_type, dev, 1, 1, 8, 1, shapes + 8 * i, 0, 0)
         _SHAPE_STRUCT.pack_into(buf, 48 * n + 8 * i, size)
-    return Packed(ctypes.cast(buf, ctypes.POINTER(_abi.DLTensor)), buf, set(device_ids), device_type == _abi.KDL_CPU, n)
+    return Packed(ctypes.addressof(buf), n, buf, set(device_ids), device_type == _abi.KDL_CPU)
 
 
 def _typed(tensors, device_ids=None):
@@ -194,17 +190,16 @@ def _typed(tensors, device_ids=None):
         device_ids = ids if dev_type != _abi.KDL_CPU else 0
     elif not isinstance(device_ids, int):
         device_ids = np.asarray(device_ids, dtype=np.int64)
-    packed = byte_vectors(np.fromiter(map(_DATA_PTR, tensors), np.uint64, n),
-                          np.fromiter(map(_NUMEL, tensors), np.int64, n), dev_type, device_ids)
-    words = packed.array.view(np.uint64).reshape(n, 6)
-    words[:, 2] = [1 | (code << 32) | (bits << 40) | (1 << 48) for code, bits in dtypes]
-    return packed
+    return byte_vectors(np.fromiter(map(_DATA_PTR, tensors), np.uint64, n),
+                        np.fromiter(map(_NUMEL, tensors), np.int64, n), dev_type, device_ids,
+                        [1 | (code << 32) | (bits << 40) | (1 << 48) for code, bits in dtypes])
 
 
 def _exact(tensors, device_ids=None):
     exact = TensorArray(tensors, device_ids)
     leaves = [exact.array[i].device for i in range(len(tensors))]
-    return Packed(exact.array, exact, {d.device_id for d in leaves}, any(d.device_type == _abi.KDL_CPU for d in leaves))
+    return Packed(ctypes.addressof(exact.array), len(tensors), exact, {d.device_id for d in leaves},
+                  any(d.device_type == _abi.KDL_CPU for d in leaves))
 
 
 class TensorArray:

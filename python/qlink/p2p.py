@@ -9,6 +9,7 @@ it out while it is still being read (no record_stream per leaf). Nothing blocks 
 
 Only GPU-to-GPU leaves go through qlink; host tensors take PyTorch's regular path (P2P is
 an accelerator concept)."""
+import itertools
 import threading
 
 import numpy as np
@@ -22,6 +23,8 @@ _default = None
 _default_lock = threading.Lock()
 _ALIGN = 256  # bytes: leaves packed into one destination allocation start on this boundary
 _FEW = 8  # leaves up to which a move is planned in plain Python
+_OWN = 8 << 20  # bytes from which a moved leaf gets an allocation of its own: it copies for
+                # longer than allocating takes, and frees its memory on its own
 
 # The raw handle of a device's current stream; the private binding skips building a
 # torch.cuda.Stream object per call (about 10x cheaper).
@@ -55,12 +58,16 @@ _local = threading.local()
 def current_streams(ctx, devices):
     """The calling thread's current stream of each device, as a StreamArray reused by this
     thread for that device list."""
-    key = (ctx._device_type, tuple(sorted(devices)))
-    arrays = _local.__dict__.setdefault("arrays", {})
-    array = arrays.get(key)
-    if array is None:
-        array = arrays[key] = StreamArray(*key)
-    array.fill([_raw_stream(d) for d in array.devices])
+    return _current_streams((ctx._device_type, tuple(sorted(devices))))
+
+
+def _current_streams(key):
+    """current_streams for a (device type, sorted devices) key."""
+    try:
+        array = _local.arrays[key]
+    except (AttributeError, KeyError):  # this thread's first call for these devices
+        array = _local.__dict__.setdefault("arrays", {})[key] = StreamArray(*key)
+    array.fill(map(_raw_stream, array.devices))
     return array
 
 
@@ -97,25 +104,31 @@ class PreparedCopy:
     sources_held=True when the sources stay unmodified until the copy has completed (frozen
     weights mirrored again and again): later work on the source devices then does not wait
     for the copy; sources_ready=True when their producers are already ordered before the
-    destination streams."""
+    destination streams. wait=True: each run() returns once the targets hold the data."""
 
-    def __init__(self, sources, targets, ctx=None, sources_ready=False, sources_held=False):
+    def __init__(self, sources, targets, ctx=None, sources_ready=False, sources_held=False, wait=False):
         self._ctx = ctx or default_context()
-        self._plan = self._ctx.prepare(sources, targets, sources_ready=sources_ready, sources_held=sources_held)
+        self._plan = self._ctx.prepare(sources, targets, sources_ready=sources_ready, sources_held=sources_held,
+                                       wait=wait)
         self._execute = self._ctx._api.copy_plan_execute
+        self._handle = self._plan._handle
+        self._streams_key = (self._ctx._device_type, tuple(sorted(self._plan.stream_devices)))
 
     def run(self):
-        streams = current_streams(self._ctx, self._plan.devices)
-        status = self._execute(self._plan._handle, streams.pointer, streams.count)
+        streams = _current_streams(self._streams_key)
+        status = self._execute(self._handle, streams.pointer, streams.count)
         if status:
             self._ctx._check(status)
 
 
 def _overlapping(ptrs, nbytes):
-    """Leaves whose bytes overlap another leaf's (tied through a shared storage)."""
+    """Leaves whose bytes overlap another leaf's (tied through a shared storage), or None
+    when no two do (the common case, settled by one sort)."""
     order = np.argsort(ptrs, kind="stable")
     start = ptrs[order].astype(np.int64)
     end = start + nbytes[order]
+    if (start[1:] >= end[:-1]).all():
+        return None
     first_of_cluster = np.ones(len(ptrs), bool)
     first_of_cluster[1:] = start[1:] >= np.maximum.accumulate(end)[:-1]
     cluster = np.cumsum(first_of_cluster)
@@ -135,16 +148,45 @@ def _move_storage(t, device, moved):
     return torch.empty(0, dtype=t.dtype, device=device).set_(moved[key], t.storage_offset(), t.size(), t.stride())
 
 
-def _place_views(out, tensors, indices, flat, offsets):
-    """out[i] = the bytes of `flat` at offsets[k] viewed as tensors[i] is (dtype, shape,
-    strides), for i = indices[k]."""
-    typed = {}
-    for i, off in zip(indices, offsets):
+def _runs(tensors, indices, data_only):
+    """indices as runs of leaves to view at once, [((dtype, shape, strides), members)]: the
+    leaves below data_only (parameters: their views only feed .data) that share dtype,
+    shape and strides form one run; every other leaf is a run of its own (a view handed out
+    must not come from a multi-output op, which forbids in-place autograd on it)."""
+    runs, shared = [], {}
+    for i in indices:
         t = tensors[i]
-        view = typed.get(t.dtype)
+        key = (t.dtype, t.shape, t.stride())
+        if i >= data_only:
+            runs.append((key, [i]))
+            continue
+        run = shared.get(key)
+        if run is None:
+            run = shared[key] = (key, [])
+            runs.append(run)
+        run[1].append(i)
+    return runs
+
+
+def _place_views(out, runs, flat, offsets):
+    """out[i] for every leaf of `runs`: the bytes of `flat` at its offset (offsets: bytes,
+    one per leaf in run order) viewed with its dtype, shape and strides. A run's leaves lie
+    evenly spaced, so one unbind views them all (half the cost of a view each)."""
+    typed = {}
+    k = 0
+    for (dtype, shape, stride), members in runs:
+        view = typed.get(dtype)
         if view is None:
-            view = typed[t.dtype] = flat.view(t.dtype)
-        out[i] = view.as_strided(t.shape, t.stride(), off // t.element_size())
+            view = typed[dtype] = flat.view(dtype)
+        size = view.element_size()
+        if len(members) == 1:
+            out[members[0]] = view.as_strided(shape, stride, offsets[k] // size)
+        else:
+            step = (offsets[k + 1] - offsets[k]) // size
+            block = view.as_strided((len(members),) + tuple(shape), (step,) + stride, offsets[k] // size)
+            for i, v in zip(members, block.unbind(0)):
+                out[i] = v
+        k += len(members)
 
 
 def _move_regular(out, tensors, indices, target):
@@ -155,7 +197,7 @@ def _move_regular(out, tensors, indices, target):
         out[i] = _move_storage(t, target, moved) if t.is_cuda else t.to(target)
 
 
-def _move_few(tensors, target, ctx):
+def _move_few(tensors, target, ctx, data_only):
     """_move_tensors for a handful of leaves, in plain Python: numpy's fixed costs would
     outweigh the per-leaf work."""
     out = list(tensors)
@@ -169,29 +211,37 @@ def _move_few(tensors, target, ctx):
             continue  # already there, host, empty, non-contiguous or tied: the regular path below
         fast.append(i)
     if fast:
-        sizes = [spans[i][1] - spans[i][0] for i in fast]
+        own = [i for i in fast if spans[i][1] - spans[i][0] >= _OWN]
+        for i in own:
+            out[i] = torch.empty_like(tensors[i], device=target)
+        runs = _runs(tensors, [i for i in fast if spans[i][1] - spans[i][0] < _OWN], data_only)
+        order = [i for _, members in runs for i in members]
         offsets, total = [], 0
-        for size in sizes:
+        for i in order:
             offsets.append(total)
-            total += (size + _ALIGN - 1) // _ALIGN * _ALIGN
-        flat = torch.empty(total, dtype=torch.uint8, device=target)
-        base = flat.data_ptr()
+            total += (spans[i][1] - spans[i][0] + _ALIGN - 1) // _ALIGN * _ALIGN
+        flat = torch.empty(total, dtype=torch.uint8, device=target) if order else None
+        targets = [flat.data_ptr() + off for off in offsets] + [out[i].data_ptr() for i in own]
+        order += own
+        sizes = [spans[i][1] - spans[i][0] for i in order]
         _enqueue(ctx or default_context(),
-                 byte_runs([spans[i][0] for i in fast], sizes, _GPU_TYPE, [devices[i] for i in fast]),
-                 byte_runs([base + off for off in offsets], sizes, _GPU_TYPE, [target.index] * len(fast)))
-        _place_views(out, tensors, fast, flat, offsets)  # while the copy runs
+                 byte_runs([spans[i][0] for i in order], sizes, _GPU_TYPE, [devices[i] for i in order]),
+                 byte_runs(targets, sizes, _GPU_TYPE, [target.index] * len(order)))
+        if flat is not None:
+            _place_views(out, runs, flat, offsets)  # while the copy runs
     chosen = set(fast)
     _move_regular(out, tensors, [i for i in range(len(tensors)) if i not in chosen and devices[i] != target.index],
                   target)
     return out
 
 
-def _move_tensors(tensors, device, ctx):
+def _move_tensors(tensors, device, ctx, data_only=0):
     """Copies of `tensors` on `device`, in order; those already there are returned as is.
+    The first data_only copies only serve as .data of parameters (see _runs).
 
     The fast path takes GPU leaves that are contiguous and overlap no other leaf: one
-    destination allocation holds them all, one copy_batch fills it, and the per-leaf
-    views are built while the copy runs."""
+    destination allocation holds all but the largest, one copy_batch fills every
+    destination, and the per-leaf views are built while the copy runs."""
     n = len(tensors)
     out = list(tensors)
     if n == 0:
@@ -200,7 +250,7 @@ def _move_tensors(tensors, device, ctx):
     if target.type == "cuda" and target.index is None:
         target = torch.device("cuda", torch.cuda.current_device())
     if target.type == "cuda" and n <= _FEW:
-        return _move_few(tensors, target, ctx)
+        return _move_few(tensors, target, ctx, data_only)
     ids = np.fromiter(map(_GET_DEVICE, tensors), np.int32, n)
     target_id = target.index if target.type == "cuda" else -1
     move = ids != target_id
@@ -211,18 +261,32 @@ def _move_tensors(tensors, device, ctx):
     ptrs = np.fromiter(map(_DATA_PTR, tensors), np.uint64, n)
     nbytes = np.fromiter(map(_NBYTES, tensors), np.int64, n)
     fast = move & (ids >= 0) & np.fromiter(map(_IS_CONTIGUOUS, tensors), bool, n) & (nbytes > 0)
-    fast &= ~_overlapping(ptrs, nbytes)
+    tied = _overlapping(ptrs, nbytes)
+    if tied is not None:
+        fast &= ~tied
     idx = np.nonzero(fast)[0]
     if len(idx):
-        sizes = nbytes[idx]
-        padded = (sizes + _ALIGN - 1) // _ALIGN * _ALIGN
-        offsets = np.concatenate(([0], np.cumsum(padded)[:-1]))
-        flat = torch.empty(int(padded.sum()), dtype=torch.uint8, device=target)
-        ctx = ctx or default_context()
+        large = nbytes[idx] >= _OWN
+        own = idx[large].tolist()
+        for i in own:
+            out[i] = torch.empty_like(tensors[i], device=target)
+        runs = _runs(tensors, idx[~large].tolist(), data_only)
+        packed = len(idx) - len(own)
+        order = np.array(list(itertools.chain.from_iterable(members for _, members in runs)) + own, np.int64)
+        sizes = nbytes[order]
+        targets = np.empty(len(idx), np.uint64)
+        if packed:
+            ends = np.cumsum((sizes[:packed] + _ALIGN - 1) // _ALIGN * _ALIGN)
+            offsets = ends - ends[0]
+            offsets[1:] = ends[:-1]
+            flat = torch.empty(int(ends[-1]), dtype=torch.uint8, device=target)
+            targets[:packed] = flat.data_ptr() + offsets.astype(np.uint64)
+        targets[packed:] = [out[i].data_ptr() for i in own]
         dev_type = device_type_of(target)
-        _enqueue(ctx, byte_vectors(ptrs[idx], sizes, dev_type, ids[idx]),
-                 byte_vectors(flat.data_ptr() + offsets.astype(np.uint64), sizes, dev_type, target_id))
-        _place_views(out, tensors, idx.tolist(), flat, offsets.tolist())  # while the copy runs
+        _enqueue(ctx or default_context(), byte_vectors(ptrs[order], sizes, dev_type, ids[order]),
+                 byte_vectors(targets, sizes, dev_type, target_id))
+        if packed:
+            _place_views(out, runs, flat, offsets.tolist())  # while the copy runs
     _move_regular(out, tensors, np.nonzero(move & ~fast)[0].tolist(), target)
     return out
 
@@ -239,7 +303,7 @@ def move_module_to_device(module, device, ctx=None):
             if b is not None:
                 buffers.setdefault(id(b), b)
     params, buffers = list(params.values()), list(buffers.values())
-    moved = _move_tensors(params + buffers, device, ctx)
+    moved = _move_tensors(params + buffers, device, ctx, data_only=len(params))
     with torch.no_grad():
         for p, new in zip(params, moved):
             if new is not p:

@@ -144,6 +144,22 @@ def test_prepared_copy_with_host_promises(ctx, promises):
         assert all(torch.equal(s.cpu(), t.cpu()) for s, t in zip(sources, targets))
 
 
+@two_gpus
+def test_wait_returns_once_the_targets_hold_the_data(ctx):
+    sources = [torch.randn(n, device="cuda:0") for n in (17, 65536, 9 << 18)]
+    targets = [torch.zeros_like(s, device="cuda:1") for s in sources]
+    prepared = qlink.PreparedCopy(sources, targets, wait=True)
+    for call in (lambda: ctx.copy(sources, targets, wait=True), prepared.run,
+                 lambda: qlink.broadcast(sources, [targets], wait=True)):
+        for t in targets:
+            t.zero_()
+        with torch.cuda.device(1):
+            torch.cuda._sleep(50_000_000)  # the destination stream busy for about 25 ms
+        call()
+        assert torch.cuda.current_stream(1).query(), "returned before the destination stream reached the copy"
+        assert all(torch.equal(s.cpu(), t.cpu()) for s, t in zip(sources, targets))
+
+
 class Block(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -171,6 +187,52 @@ def test_move_module_matches_module_to(ctx):
     assert [id(p) for p in model.parameters()] == ids
     assert model[1].b.weight is model[0].b.weight
     assert torch.equal(model(x.to("cuda:1")).cpu(), expected)
+
+
+@two_gpus
+@pytest.mark.parametrize("experts", [3, 40])  # the few-leaf path and the array path
+def test_move_module_of_alike_leaves(ctx, experts):
+    # Leaves of one shape are viewed together; each parameter still gets its own bytes and
+    # stays a plain leaf that trains as before.
+    torch.manual_seed(0)
+    model = torch.nn.ModuleList(torch.nn.Linear(32, 48) for _ in range(experts)).to("cuda:0", torch.bfloat16)
+    expected = [p.detach().cpu() for p in model.parameters()]
+    qlink.move_module_to_device(model, "cuda:1")
+    params = list(model.parameters())
+    assert all(p.device == torch.device("cuda:1") and not p._is_view() for p in params)
+    assert all(torch.equal(p.detach().cpu(), e) for p, e in zip(params, expected))
+    spans = sorted((p.data_ptr(), p.data_ptr() + p.nbytes) for p in params)
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    model[0](torch.ones(2, 32, device="cuda:1", dtype=torch.bfloat16)).sum().backward()
+    with torch.no_grad():
+        model[0].weight.sub_(model[0].weight.grad)
+    assert torch.equal(model[0].weight.cpu(), expected[0] - 2)
+
+
+@two_gpus
+@pytest.mark.parametrize("small", [2, 20])
+def test_move_module_gives_large_leaves_their_own_memory(ctx, small):
+    sizes = [9 << 18] + [1000 + i for i in range(small)] + [9 << 18]  # two 9 MiB leaves among small ones
+    params = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(n, device="cuda:0")) for n in sizes)
+    expected = [p.detach().cpu() for p in params]
+    qlink.move_module_to_device(params, "cuda:1")
+    assert all(torch.equal(p.detach().cpu(), e) for p, e in zip(params, expected))
+    assert params[0].untyped_storage().nbytes() == params[0].nbytes  # not a view into the shared block
+    assert params[-1].untyped_storage().nbytes() == params[-1].nbytes
+    assert params[1].untyped_storage().nbytes() > params[1].nbytes
+
+
+@two_gpus
+def test_moved_nested_leaves_take_in_place_autograd(ctx):
+    # Values handed out (activations) are single views: in-place ops that autograd records
+    # work on them, as on tensors moved by Tensor.to.
+    leaves = [torch.randn(16, device="cuda:0") for _ in range(12)]
+    moved = qlink.move_nested_to_device(leaves, "cuda:1")
+    scale = torch.ones(16, device="cuda:1", requires_grad=True)
+    moved[3].add_(scale)
+    moved[3].sum().backward()
+    assert torch.equal(scale.grad.cpu(), torch.ones(16))
+    assert torch.equal(moved[3].detach().cpu(), leaves[3].cpu() + 1)
 
 
 @two_gpus
