@@ -80,7 +80,7 @@ class Mlp(torch.nn.Module):
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])
-def test_sign_round_replicas_agree_and_match_serial(cpu8, world):
+def test_sign_round_with_sharded_rows_matches_serial(cpu8, world):
     torch.manual_seed(0)
     block = Mlp()
     inputs = torch.randn(16, 4, 128)
@@ -93,6 +93,17 @@ def test_sign_round_replicas_agree_and_match_serial(cpu8, world):
     for name, w in serial.weights.items():
         agree = (dp.weights[name] == w).float().mean().item()
         assert agree > 0.99, (name, agree)
+    again = sign_round(block, inputs, Placement(range(world), ctx=cpu8), iters=30, batch_size=8)
+    assert all(torch.equal(again.weights[name], w) for name, w in dp.weights.items())  # gradients summed in device order
+
+
+def test_sign_round_with_fewer_rows_than_replicas(cpu8):
+    torch.manual_seed(2)
+    block = torch.nn.Linear(128, 3)  # 3 rows over 8 replicas: five own none
+    inputs = torch.randn(16, 128)
+    serial = sign_round(block, inputs, Placement([0], ctx=cpu8), iters=10, batch_size=8)
+    dp = sign_round(block, inputs, Placement(range(8), ctx=cpu8), iters=10, batch_size=8)
+    assert abs(dp.loss - serial.loss) <= 0.05 * serial.loss
 
 
 def test_parallel_devices_follow_autoround(cpu8):

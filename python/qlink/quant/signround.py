@@ -1,9 +1,14 @@
-"""SignRound (AutoRound), data-parallel as HOSTS.md describes: every replica holds a
-mirror of the block and the same rounding offsets V and range factors alpha, beta per
-linear layer; each iteration draws the same batch everywhere, each replica forwards and
-backwards its contiguous share (sum-reduced loss), the gradients are flattened in a fixed
-order and all-reduced with sign-cast (each element's sign computed once by its owner and
-gathered), so every replica applies the same SignSGD step and they never drift apart."""
+"""SignRound (AutoRound), data-parallel: every replica holds a mirror of the block and
+draws the same batch each iteration, forwarding and backwarding its contiguous share of
+it (sum-reduced loss). The tuning state (rounding offsets V, range factors alpha, beta)
+is sharded by output rows: each replica owns a contiguous share of every layer's rows,
+fake-quantizes only those, and the fake-quantized rows are gathered to every replica
+over the peer links. The gradients of the gathered weights are summed into their rows'
+owners (qlink.reduce, in device-index order, so the result is the same whatever order
+they arrive in), and each owner backpropagates them through its own fake quantization
+and takes the SignSGD step for its rows. Fake quantization, which a replicated state
+would repeat on every replica, is thus divided among them, and every parameter exists
+once, so replicas cannot drift apart."""
 import copy
 import dataclasses
 
@@ -63,12 +68,32 @@ class SignRoundResult:
     losses: list        # per iteration, the mean over that iteration's batch
 
 
+@dataclasses.dataclass
+class _Rows:
+    """One replica's share of one layer: rows [lo, lo + count) of its weight, their frozen
+    groups, and the tuning parameters of those rows."""
+    key: str            # "<layer>.weight", as functional_call names it
+    lo: int
+    count: int
+    weight: _Grouped
+    v: torch.Tensor
+    alpha: torch.Tensor
+    beta: torch.Tensor
+
+    def qdq(self, bits):
+        return self.weight.qdq(self.v, self.alpha, self.beta, bits)
+
+
 def _linears(block):
     return [(name, m) for name, m in block.named_modules() if isinstance(m, torch.nn.Linear)]
 
 
-def sign_round(block, inputs, placement, iters=200, lr=None, bits=4, group_size=128, batch_size=8, seed=0,
-               transport="fp32"):
+def _weight_key(name):
+    """What functional_call calls a layer's weight ("weight" when the block is the layer)."""
+    return name + ".weight" if name else "weight"
+
+
+def sign_round(block, inputs, placement, iters=200, lr=None, bits=4, group_size=128, batch_size=8, seed=0):
     """Tunes V, alpha, beta of every Linear in `block` (on home) against its full-precision
     outputs on `inputs` (nsamples, ...), on placement.world replicas. Returns the best
     iterate's fake-quantized weights."""
@@ -96,70 +121,104 @@ def sign_round(block, inputs, placement, iters=200, lr=None, bits=4, group_size=
             return blocks[r](xs[r])
     targets = placement.run(reference)
 
-    def tuning_state(r):
-        state = []
+    counts = {name: shard_sizes(m.out_features, world) for name, m in layers}
+    def owned(r):
+        rows = []
         for name, m in _linears(blocks[r]):
-            groups = m.in_features // group_size
-            state.append((name + ".weight", _Grouped(m.weight, group_size),
-                          torch.zeros_like(m.weight, dtype=torch.float32, requires_grad=True),
-                          torch.ones(m.out_features, groups, device=dev[r], requires_grad=True),
-                          torch.ones(m.out_features, groups, device=dev[r], requires_grad=True)))
-        return state
-    states = [tuning_state(r) for r in range(world)]
-    params = [[p for _, _, v, a, b in st for p in (v, a, b)] for st in states]  # the fixed flattening order
-    sizes = [p.numel() for p in params[0]]
-    grads = [torch.zeros(sum(sizes), device=dev[r]) for r in range(world)]
-    reduce_signs = collectives.PreparedAllReduce(grads, op="sign", transport=transport, ctx=placement.ctx,
-                                                 devices=placement.device_ids())
+            lo, count = sum(counts[name][:r]), counts[name][r]
+            if count:
+                shape = (count, m.in_features // group_size)
+                rows.append(_Rows(_weight_key(name), lo, count, _Grouped(m.weight[lo:lo + count], group_size),
+                                  torch.zeros(count, m.in_features, device=dev[r], requires_grad=True),
+                                  torch.ones(shape, device=dev[r], requires_grad=True),
+                                  torch.ones(shape, device=dev[r], requires_grad=True)))
+        return rows
+    shards = [owned(r) for r in range(world)]
+    params = [[p for rows in shard for p in (rows.v, rows.alpha, rows.beta)] for shard in shards]
+    # Each replica's whole fake-quantized weights: filled by every owner each iteration, the
+    # leaves its forward differentiates.
+    weights = [{_weight_key(name): torch.empty_like(m.weight, requires_grad=True) for name, m in _linears(blocks[r])}
+               for r in range(world)]
+    # Weight gradients laid out owner by owner (each owner's rows of every layer, in layer
+    # order), so one contiguous slice per owner goes to the reduction.
+    spans = [sum(rows.count * rows.v.shape[1] for rows in shard) for shard in shards]
+    starts = [sum(spans[:r]) for r in range(world)]
+    grads = [torch.empty(sum(spans), device=dev[r]) for r in range(world)]
+    summed = [grads[r][starts[r]:starts[r] + spans[r]] if world == 1 else torch.empty(spans[r], device=dev[r])
+              for r in range(world)]
+    # The gather: (owner, index of its rows, receiving replica) for every owned share.
+    gather = [(o, j, d) for o in range(world) for j in range(len(shards[o])) for d in range(world)]
+    gather_targets = [weights[d][shards[o][j].key].detach()[shards[o][j].lo:shards[o][j].lo + shards[o][j].count]
+                      for o, j, d in gather]
     lr0 = lr if lr is not None else 1.0 / max(iters, 1)
     draws = torch.Generator().manual_seed(seed)
     nsamples = inputs.shape[0]
     elements = targets[0][:batch_size].numel()
 
-    def quantized(r):
-        return {key: w.qdq(v, a, b, bits) for key, w, v, a, b in states[r]}
+    def fake_quantize(r):  # this replica's rows, kept on the autograd tape for the owner's step
+        return [rows.qdq(bits) for rows in shards[r]]
 
-    def step(r, batch):
+    def share_rows(quantized):  # every owner's rows into every replica's weights
+        placement.copy([quantized[o][j].detach() for o, j, _ in gather], gather_targets, [o for o, _, _ in gather],
+                       [d for _, _, d in gather])
+
+    def forward_backward(r, batch):
         share = shard_sizes(len(batch), world)
         lo = sum(share[:r])
         idx = batch[lo:lo + share[r]].to(dev[r])
-        for p in params[r]:
-            p.grad = None
-        out = functional_call(blocks[r], quantized(r), (xs[r][idx],))
+        for w in weights[r].values():
+            w.grad = None
+        out = functional_call(blocks[r], weights[r], (xs[r][idx],))
         loss = ((out.float() - targets[r][idx].float()) ** 2).sum()
         loss.backward()
-        torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), device=dev[r])
-                   for p in params[r]], out=grads[r])
+        grad = {key: w.grad if w.grad is not None else torch.zeros_like(w) for key, w in weights[r].items()}
+        grads[r].copy_(torch.cat([grad[rows.key][rows.lo:rows.lo + rows.count].reshape(-1)
+                                  for o in range(world) for rows in shards[o]]))
         return loss.item()
 
-    def update(r, rate):
+    def owner_step(r, quantized, rate):
+        offset, upstream = 0, []
+        for rows, q in zip(shards[r], quantized[r]):
+            upstream.append(summed[r][offset:offset + q.numel()].view_as(q).to(q.dtype))
+            offset += q.numel()
+        for p in params[r]:
+            p.grad = None
+        if quantized[r]:
+            torch.autograd.backward(quantized[r], upstream)
         with torch.no_grad():
-            offset = 0
-            for p, n in zip(params[r], sizes):
-                p -= rate * grads[r][offset:offset + n].view_as(p)
-                offset += n
-            for _, _, _, a, b in states[r]:
-                a.clamp_(0, 1)
-                b.clamp_(0, 1)
+            for p in params[r]:
+                p -= rate * torch.sign(p.grad)
+            for rows in shards[r]:
+                rows.alpha.clamp_(0, 1)
+                rows.beta.clamp_(0, 1)
 
     losses, best_loss, best = [], float("inf"), None  # the best iterate: strictly lower loss
     for t in range(iters):
         batch = torch.randperm(nsamples, generator=draws)[:batch_size]
-        loss = sum(placement.run(lambda r: step(r, batch))) / elements  # shard sums in rank order
+        quantized = placement.run(fake_quantize)
+        share_rows(quantized)
+        loss = sum(placement.run(lambda r: forward_backward(r, batch))) / elements  # shard sums in rank order
         losses.append(loss)
         if loss < best_loss:  # the iterate just measured: before this step's update
-            best_loss, best = loss, [p.detach().clone() for p in params[0]]
-        reduce_signs.run()
+            best_loss, best = loss, [[p.detach().clone() for p in ps] for ps in params]
+        if world > 1:
+            for o in range(world):  # each owner's rows, summed over every replica's share of the batch
+                collectives.reduce([g[starts[o]:starts[o] + spans[o]] for g in grads], summed[o], ctx=placement.ctx,
+                                   input_devices=placement.device_ids(),
+                                   output_device=placement.ids[o] if placement.cpu else None)
         rate = lr0 * (1.0 - t / iters)
-        placement.run(lambda r: update(r, rate))
-    for r in range(1, world):  # the invariant sign-cast buys: replicas never drift apart
-        if not all(torch.equal(p, q.to(p.device)) for p, q in zip(params[0], params[r])):
-            raise RuntimeError("replica %d's tuning parameters differ from home's" % r)
+        placement.run(lambda r: owner_step(r, quantized, rate))
     with torch.no_grad():
         if best is not None:
-            for p, b in zip(params[0], best):
-                p.copy_(b)
-        final = quantized(0)
+            for ps, bs in zip(params, best):
+                for p, b in zip(ps, bs):
+                    p.copy_(b)
+        def final_rows(r):
+            with torch.no_grad():
+                return [rows.qdq(bits) for rows in shards[r]]
+        share_rows(placement.run(final_rows))
+        placement.synchronize()
+        final = {key: w.detach() for key, w in weights[0].items()}
         out = functional_call(block, final, (inputs,))
         loss = float(((out.float() - targets[0].float()) ** 2).mean())
-    return SignRoundResult({key[:-len(".weight")]: w for key, w in final.items()}, loss, losses)
+    return SignRoundResult({name: final[_weight_key(name)] for name, _ in layers}, loss, losses)
