@@ -168,15 +168,16 @@ Status CopyPlan::Execute(Context& ctx, const qlink_stream* streams, size_t num_s
   DeviceBackend& backend = ctx.backend();
   StreamJoins joins(ctx);
   // Forward join: each busy source device's stream up to now, waited for by the
-  // destinations. An idle stream has nothing to wait for.
+  // destinations. An idle stream has nothing to wait for, nor one the host has ordered.
   std::vector<std::pair<int, Event>> ready;
-  for (int src : source_devices_) {
-    if (flags_ & QLINK_COPY_SOURCES_READY) break;
-    Stream stream = StreamFor(src, streams, num_streams);
-    if (backend.StreamIdle(src, stream)) continue;
-    Event e = nullptr;
-    QLINK_RETURN_IF_ERROR(joins.Record(src, stream, &e));
-    ready.emplace_back(src, e);
+  if (!(flags_ & QLINK_COPY_SOURCES_READY)) {
+    for (int src : source_devices_) {
+      Stream stream = StreamFor(src, streams, num_streams);
+      if (backend.StreamIdle(src, stream)) continue;
+      Event e = nullptr;
+      QLINK_RETURN_IF_ERROR(joins.Record(src, stream, &e));
+      ready.emplace_back(src, e);
+    }
   }
   for (const DestinationWork& w : work_) {
     Stream stream = StreamFor(w.device, streams, num_streams);
