@@ -263,9 +263,13 @@ TEST_F(Faults, CopyFlagsHandEachJoinToTheHost) {
       // Slow work on `slow`'s stream (a copy within it), then the copy 0 -> 1.
       const qlink_copy_args busy{QLINK_COPY_ARGS_STRUCT_SIZE, &busy_from.dl, &busy_to.dl, 1, nullptr, 0};
       const qlink_copy_args copy{sizeof(qlink_copy_args), &s.dl, &d.dl, 1, nullptr, 0, flags};
-      if (c.slow == 0) ASSERT_EQ(api_.copy_batch(ctx.get(), &busy), QLINK_OK) << LastError();
+      if (c.slow == 0) {
+        ASSERT_EQ(api_.copy_batch(ctx.get(), &busy), QLINK_OK) << LastError();
+      }
       ASSERT_EQ(api_.copy_batch(ctx.get(), &copy), QLINK_OK) << LastError();
-      if (c.slow == 1) ASSERT_EQ(api_.copy_batch(ctx.get(), &busy), QLINK_OK) << LastError();
+      if (c.slow == 1) {
+        ASSERT_EQ(api_.copy_batch(ctx.get(), &busy), QLINK_OK) << LastError();
+      }
       const auto start = Clock::now();
       ASSERT_EQ(api_.stream_synchronize(ctx.get(), c.synchronized, nullptr), QLINK_OK);
       const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
@@ -297,7 +301,9 @@ TEST_F(Faults, WaitReturnsOnceTheDestinationsHoldTheData) {
       const DLTensor replicas[] = {d1.dl, d2.dl};
       const qlink_copy_args copy{sizeof(qlink_copy_args), &s.dl, &d1.dl, 1, nullptr, 0, flags};
       qlink_copy_plan* plan = nullptr;
-      if (std::string(call) == "copy_plan_execute") ASSERT_EQ(api_.copy_plan_create(ctx.get(), &copy, &plan), QLINK_OK);
+      if (std::string(call) == "copy_plan_execute") {
+        ASSERT_EQ(api_.copy_plan_create(ctx.get(), &copy, &plan), QLINK_OK) << LastError();
+      }
       const auto start = Clock::now();
       if (std::string(call) == "copy_batch") {
         ASSERT_EQ(api_.copy_batch(ctx.get(), &copy), QLINK_OK) << LastError();
@@ -311,7 +317,9 @@ TEST_F(Faults, WaitReturnsOnceTheDestinationsHoldTheData) {
       if (flags == QLINK_COPY_WAIT) {
         EXPECT_GE(took, 90) << call << " returned before the destination stream ran the copy";
         EXPECT_EQ(one, src) << call;  // read before any synchronize: the call itself waited
-        if (std::string(call) == "broadcast") EXPECT_EQ(two, src) << call;
+        if (std::string(call) == "broadcast") {
+          EXPECT_EQ(two, src) << call;
+        }
       } else {
         EXPECT_LT(took, 90) << call << " blocked without QLINK_COPY_WAIT";
       }
