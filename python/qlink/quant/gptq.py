@@ -3,6 +3,7 @@ qlink sums the partials in device-index order (bit-identical whatever order they
 in), and every replica quantizes its share of the output rows with the merged Hessian
 (rows are independent given H)."""
 import dataclasses
+import inspect
 
 import torch
 
@@ -90,7 +91,6 @@ class _GraphedBlock:
 
 
 def _graphs_usable(device):
-    import inspect
     return device.type == "cuda" and "capture_error_mode" in inspect.signature(torch.cuda.graph).parameters
 
 
