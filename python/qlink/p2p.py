@@ -189,6 +189,27 @@ def _place_views(out, runs, flat, offsets):
         k += len(members)
 
 
+def _destinations(out, tensors, fast, sizes, target, data_only):
+    """Where the fast leaves (indices `fast`, byte sizes `sizes[i]`) land on `target`:
+    leaves of _OWN bytes and more in allocations of their own (out[i] set here), the rest
+    in one allocation laid out run by run (see _runs). Returns the leaves in copy order,
+    their destination addresses, and place(), which sets out[i] to the views into the
+    shared allocation (call it once the copy is enqueued: it runs meanwhile)."""
+    own = [i for i in fast if sizes[i] >= _OWN]
+    for i in own:
+        out[i] = torch.empty_like(tensors[i], device=target)
+    runs = _runs(tensors, [i for i in fast if sizes[i] < _OWN], data_only)
+    order = [i for _, members in runs for i in members]
+    offsets = list(itertools.accumulate(((sizes[i] + _ALIGN - 1) // _ALIGN * _ALIGN for i in order), initial=0))
+    flat = torch.empty(offsets.pop(), dtype=torch.uint8, device=target) if order else None
+    addresses = ([flat.data_ptr() + off for off in offsets] if order else []) + [out[i].data_ptr() for i in own]
+
+    def place():
+        if flat is not None:
+            _place_views(out, runs, flat, offsets)
+    return order + own, addresses, place
+
+
 def _move_regular(out, tensors, indices, target):
     """out[i] = tensors[i] moved by PyTorch, keeping storage ties, for i in indices."""
     moved = {}
@@ -211,24 +232,13 @@ def _move_few(tensors, target, ctx, data_only):
             continue  # already there, host, empty, non-contiguous or tied: the regular path below
         fast.append(i)
     if fast:
-        own = [i for i in fast if spans[i][1] - spans[i][0] >= _OWN]
-        for i in own:
-            out[i] = torch.empty_like(tensors[i], device=target)
-        runs = _runs(tensors, [i for i in fast if spans[i][1] - spans[i][0] < _OWN], data_only)
-        order = [i for _, members in runs for i in members]
-        offsets, total = [], 0
-        for i in order:
-            offsets.append(total)
-            total += (spans[i][1] - spans[i][0] + _ALIGN - 1) // _ALIGN * _ALIGN
-        flat = torch.empty(total, dtype=torch.uint8, device=target) if order else None
-        targets = [flat.data_ptr() + off for off in offsets] + [out[i].data_ptr() for i in own]
-        order += own
-        sizes = [spans[i][1] - spans[i][0] for i in order]
+        sizes = [s[1] - s[0] if s is not None else 0 for s in spans]
+        order, addresses, place = _destinations(out, tensors, fast, sizes, target, data_only)
+        copied = [sizes[i] for i in order]
         _enqueue(ctx or default_context(),
-                 byte_runs([spans[i][0] for i in order], sizes, _GPU_TYPE, [devices[i] for i in order]),
-                 byte_runs(targets, sizes, _GPU_TYPE, [target.index] * len(order)))
-        if flat is not None:
-            _place_views(out, runs, flat, offsets)  # while the copy runs
+                 byte_runs([spans[i][0] for i in order], copied, _GPU_TYPE, [devices[i] for i in order]),
+                 byte_runs(addresses, copied, _GPU_TYPE, [target.index] * len(order)))
+        place()
     chosen = set(fast)
     _move_regular(out, tensors, [i for i in range(len(tensors)) if i not in chosen and devices[i] != target.index],
                   target)
@@ -266,27 +276,12 @@ def _move_tensors(tensors, device, ctx, data_only=0):
         fast &= ~tied
     idx = np.nonzero(fast)[0]
     if len(idx):
-        large = nbytes[idx] >= _OWN
-        own = idx[large].tolist()
-        for i in own:
-            out[i] = torch.empty_like(tensors[i], device=target)
-        runs = _runs(tensors, idx[~large].tolist(), data_only)
-        packed = len(idx) - len(own)
-        order = np.array(list(itertools.chain.from_iterable(members for _, members in runs)) + own, np.int64)
-        sizes = nbytes[order]
-        targets = np.empty(len(idx), np.uint64)
-        if packed:
-            ends = np.cumsum((sizes[:packed] + _ALIGN - 1) // _ALIGN * _ALIGN)
-            offsets = ends - ends[0]
-            offsets[1:] = ends[:-1]
-            flat = torch.empty(int(ends[-1]), dtype=torch.uint8, device=target)
-            targets[:packed] = flat.data_ptr() + offsets.astype(np.uint64)
-        targets[packed:] = [out[i].data_ptr() for i in own]
-        dev_type = device_type_of(target)
-        _enqueue(ctx or default_context(), byte_vectors(ptrs[order], sizes, dev_type, ids[order]),
-                 byte_vectors(targets, sizes, dev_type, target_id))
-        if packed:
-            _place_views(out, runs, flat, offsets.tolist())  # while the copy runs
+        order, addresses, place = _destinations(out, tensors, idx.tolist(), nbytes.tolist(), target, data_only)
+        order = np.array(order, np.int64)
+        copied, dev_type = nbytes[order], device_type_of(target)
+        _enqueue(ctx or default_context(), byte_vectors(ptrs[order], copied, dev_type, ids[order]),
+                 byte_vectors(np.array(addresses, np.uint64), copied, dev_type, target_id))
+        place()
     _move_regular(out, tensors, np.nonzero(move & ~fast)[0].tolist(), target)
     return out
 
