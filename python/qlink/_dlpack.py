@@ -73,11 +73,10 @@ def pack(tensors, device_ids=None, exact=False):
         return Packed(None, 0, None, set(), False)
     if n <= _SMALL:
         return _small(tensors, device_ids, exact)
-    if exact:
-        return _typed(tensors, device_ids)
     try:
         contiguous = all(map(_IS_CONTIGUOUS, tensors))
-    except TypeError:
+        dtypes = [_dtype_of(d) for d in map(_DTYPE, tensors)] if exact else None
+    except (TypeError, AttributeError):
         contiguous = False  # not all tensors: TensorArray names the culprit
     if not contiguous:
         return _exact(tensors, device_ids)
@@ -89,14 +88,22 @@ def pack(tensors, device_ids=None, exact=False):
         device_ids = ids if dev_type != _abi.KDL_CPU else 0
     elif not isinstance(device_ids, int):
         device_ids = np.asarray(device_ids, dtype=np.int64)
-    return byte_vectors(np.fromiter(map(_DATA_PTR, tensors), np.uint64, n),
-                        np.fromiter(map(_NBYTES, tensors), np.int64, n), dev_type, device_ids)
+    data = np.fromiter(map(_DATA_PTR, tensors), np.uint64, n)
+    if not exact:
+        return byte_vectors(data, np.fromiter(map(_NBYTES, tensors), np.int64, n), dev_type, device_ids)
+    return byte_vectors(data, np.fromiter(map(_NUMEL, tensors), np.int64, n), dev_type, device_ids,
+                        [_dtype_word(code, bits) for code, bits in dtypes])
 
 
 # A DLTensor as six little-endian 64-bit words: data | device_type, device_id |
 # ndim, dtype | shape | strides | byte_offset. Filling whole columns of a (n, 6) array is
 # several times cheaper than assigning the fields of a structured array.
-_BYTE_VECTOR_WORD2 = 1 | (1 << 32) | (8 << 40) | (1 << 48)  # ndim 1, dtype kDLUInt x 8 bits x 1 lane
+def _dtype_word(code, bits):
+    """Word 2 of a 1-D DLTensor: ndim 1, dtype code x bits x 1 lane."""
+    return 1 | (code << 32) | (bits << 40) | (1 << 48)
+
+
+_BYTE_VECTOR_WORD2 = _dtype_word(1, 8)  # kDLUInt x 8 bits
 
 
 def byte_vectors(data, nbytes, device_type, device_ids, dtype_words=_BYTE_VECTOR_WORD2):
@@ -134,7 +141,6 @@ assert _DL_STRUCT.size == ctypes.sizeof(_abi.DLTensor)
 
 def _small(tensors, device_ids, exact):
     """A few contiguous tensors as 1-D DLTensors: bytes, or their own dtype when exact."""
-    n = len(tensors)
     try:
         host = not tensors[0].is_cuda
         dev_type = _abi.KDL_CPU if host else _GPU_TYPE
@@ -142,57 +148,33 @@ def _small(tensors, device_ids, exact):
         return _exact(tensors, device_ids)  # not a tensor: TensorArray names the leaf
     if host and tensors[0].device.type != "cpu":
         device_type_of(tensors[0].device)  # raises: neither a CPU nor a GPU tensor
-    buf = (ctypes.c_char * (56 * n))()  # the DLTensors, then one int64 shape each
-    shapes = ctypes.addressof(buf) + 48 * n
-    devices = set()
+    data, sizes, devices, dtypes = [], [], [], []
     for i, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor) or not t.is_contiguous():
             return _exact(tensors, device_ids)  # the plugin or TensorArray names the culprit
         own = t.get_device()
         if (own < 0) != host:
             return _exact(tensors, device_ids)
-        dev = device_ids[i] if device_ids is not None else 0 if host else own
-        code, bits = _dtype_of(t.dtype) if exact else (1, 8)
-        _DL_STRUCT.pack_into(buf, 48 * i, t.data_ptr(), dev_type, dev, 1, code, bits, 1, shapes + 8 * i, 0, 0)
-        _SHAPE_STRUCT.pack_into(buf, 48 * n + 8 * i, t.numel() if exact else _NBYTES(t))
-        devices.add(dev)
-    return Packed(ctypes.addressof(buf), n, buf, devices, host)
+        data.append(t.data_ptr())
+        sizes.append(t.numel() if exact else _NBYTES(t))
+        devices.append(device_ids[i] if device_ids is not None else 0 if host else own)
+        if exact:
+            dtypes.append(_dtype_of(t.dtype))
+    return byte_runs(data, sizes, dev_type, devices, dtypes if exact else None)
 
 
-def byte_runs(data, nbytes, device_type, device_ids):
+def byte_runs(data, nbytes, device_type, device_ids, dtypes=None):
     """A few contiguous byte runs as DLTensors, one device id each (byte_vectors without
-    numpy's fixed costs)."""
+    numpy's fixed costs). dtypes, (code, bits) per run, makes them vectors of those
+    element types, nbytes then counting elements."""
     n = len(data)
-    buf = (ctypes.c_char * (56 * n))()
+    buf = (ctypes.c_char * (56 * n))()  # the DLTensors, then one int64 shape each
     shapes = ctypes.addressof(buf) + 48 * n
     for i, (ptr, size, dev) in enumerate(zip(data, nbytes, device_ids)):
-        _DL_STRUCT.pack_into(buf, 48 * i, ptr, device_type, dev, 1, 1, 8, 1, shapes + 8 * i, 0, 0)
+        code, bits = dtypes[i] if dtypes is not None else (1, 8)
+        _DL_STRUCT.pack_into(buf, 48 * i, ptr, device_type, dev, 1, code, bits, 1, shapes + 8 * i, 0, 0)
         _SHAPE_STRUCT.pack_into(buf, 48 * n + 8 * i, size)
     return Packed(ctypes.addressof(buf), n, buf, set(device_ids), device_type == _abi.KDL_CPU)
-
-
-def _typed(tensors, device_ids=None):
-    """Contiguous tensors as 1-D DLTensors of their own dtype (numel elements); anything
-    else described exactly."""
-    n = len(tensors)
-    try:
-        contiguous = all(map(_IS_CONTIGUOUS, tensors))
-        dtypes = [_dtype_of(d) for d in map(_DTYPE, tensors)]
-    except (TypeError, AttributeError):
-        contiguous = False
-    if not contiguous:
-        return _exact(tensors, device_ids)
-    dev_type = device_type_of(tensors[0].device)
-    if device_ids is None:
-        ids = np.fromiter(map(_GET_DEVICE, tensors), np.int32, n)
-        if (ids < 0).any() if dev_type != _abi.KDL_CPU else (ids >= 0).any():
-            return _exact(tensors)
-        device_ids = ids if dev_type != _abi.KDL_CPU else 0
-    elif not isinstance(device_ids, int):
-        device_ids = np.asarray(device_ids, dtype=np.int64)
-    return byte_vectors(np.fromiter(map(_DATA_PTR, tensors), np.uint64, n),
-                        np.fromiter(map(_NUMEL, tensors), np.int64, n), dev_type, device_ids,
-                        [1 | (code << 32) | (bits << 40) | (1 << 48) for code, bits in dtypes])
 
 
 def _exact(tensors, device_ids=None):
