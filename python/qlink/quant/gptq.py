@@ -137,12 +137,12 @@ def gptq_quantize(w, h, bits=4, group_size=128, damp=0.01, block_size=128, block
         for g in range(-(-i1 // group_size), (i2 - 1) // group_size + 1):
             scale, zero = _group_params(W[:, g * group_size:(g + 1) * group_size], maxq)
             scales[:, g], zeros[:, g] = scale[:, 0], zero[:, 0]
-        owner = torch.arange(i1, i2, device=W.device) // group_size
+        group_of = torch.arange(i1, i2, device=W.device) // group_size  # each column's group
         Err1 = torch.empty(rows, i2 - i1, device=W.device)
         if graphed is not None and i2 - i1 == block_size:
-            graphed.run(W[:, i1:i2], Hinv[i1:i2, i1:i2], scales[:, owner], zeros[:, owner], Q[:, i1:i2], Err1)
+            graphed.run(W[:, i1:i2], Hinv[i1:i2, i1:i2], scales[:, group_of], zeros[:, group_of], Q[:, i1:i2], Err1)
         else:
-            _quantize_block(W[:, i1:i2].clone(), Hinv[i1:i2, i1:i2], scales[:, owner], zeros[:, owner], maxq,
+            _quantize_block(W[:, i1:i2].clone(), Hinv[i1:i2, i1:i2], scales[:, group_of], zeros[:, group_of], maxq,
                             Q[:, i1:i2], Err1)
         W[:, i2:] -= Err1 @ Hinv[i1:i2, i2:]
     return GPTQResult(Q.to(w.dtype), scales, zeros)
@@ -152,6 +152,9 @@ def parallel_gptq(w, h, placement, **options):
     """gptq_quantize with the rows of w (on home) split over the replicas: H is broadcast
     from home, each replica quantizes its contiguous share of rows, the shares come back
     to home. Returns the GPTQResult on home."""
+    call = inspect.signature(gptq_quantize).bind(w, h, **options)  # refuses unknown options up front
+    call.apply_defaults()
+    bits, block_size = call.arguments["bits"], call.arguments["block_size"]
     world = placement.world
     counts = shard_sizes(w.shape[0], world)
     starts = [sum(counts[:r]) for r in range(world)]
@@ -166,8 +169,7 @@ def parallel_gptq(w, h, placement, **options):
         placement.copy([w[starts[r]:starts[r] + counts[r]] for r in range(1, world)], ws[1:],
                        [0] * (world - 1), list(range(1, world)))
         placement.synchronize()
-    loops = [_block_loop(ws[r].shape[0], w.shape[1], options.get("bits", 4), options.get("block_size", 128), dev[r])
-             for r in range(world)]
+    loops = [_block_loop(ws[r].shape[0], w.shape[1], bits, block_size, dev[r]) for r in range(world)]
     parts = placement.run(lambda r: gptq_quantize(ws[r], hs[r], block_loop=loops[r], **options))
     placement.synchronize()
     out = GPTQResult(torch.empty_like(w), torch.empty(w.shape[0], parts[0].scales.shape[1], device=w.device),

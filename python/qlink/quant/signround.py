@@ -155,8 +155,11 @@ def sign_round(block, inputs, placement, iters=200, lr=None, bits=4, group_size=
     nsamples = inputs.shape[0]
     elements = targets[0][:batch_size].numel()
 
-    def fake_quantize(r):  # this replica's rows, kept on the autograd tape for the owner's step
-        return [rows.qdq(bits) for rows in shards[r]]
+    def fake_quantize(r, tape=True):
+        """This replica's rows; tape: recorded by autograd for the owner's step (grad mode
+        is per thread, so it is set here, in the replica's thread)."""
+        with torch.set_grad_enabled(tape):
+            return [rows.qdq(bits) for rows in shards[r]]
 
     def share_rows(quantized):  # every owner's rows into every replica's weights
         placement.copy([quantized[o][j].detach() for o, j, _ in gather], gather_targets, [o for o, _, _ in gather],
@@ -178,7 +181,7 @@ def sign_round(block, inputs, placement, iters=200, lr=None, bits=4, group_size=
 
     def owner_step(r, quantized, rate):
         offset, upstream = 0, []
-        for rows, q in zip(shards[r], quantized[r]):
+        for q in quantized[r]:
             upstream.append(summed[r][offset:offset + q.numel()].view_as(q).to(q.dtype))
             offset += q.numel()
         for p in params[r]:
@@ -213,10 +216,7 @@ def sign_round(block, inputs, placement, iters=200, lr=None, bits=4, group_size=
             for ps, bs in zip(params, best):
                 for p, b in zip(ps, bs):
                     p.copy_(b)
-        def final_rows(r):
-            with torch.no_grad():
-                return [rows.qdq(bits) for rows in shards[r]]
-        share_rows(placement.run(final_rows))
+        share_rows(placement.run(lambda r: fake_quantize(r, tape=False)))
         placement.synchronize()
         final = {key: w.detach() for key, w in weights[0].items()}
         out = functional_call(block, final, (inputs,))
