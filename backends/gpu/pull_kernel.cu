@@ -106,6 +106,14 @@ uint32_t ChunkShift(uint64_t total_bytes, int sm_count) {
   return shift;
 }
 
+uint64_t ChunksOf(uint64_t bytes, uint32_t shift) { return (bytes + (uint64_t{1} << shift) - 1) >> shift; }
+
+uint64_t TotalBytes(const CopyLeaf* leaves, size_t count) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < count; ++i) total += leaves[i].bytes;
+  return total;
+}
+
 unsigned GridFor(uint64_t chunks, int sm_count) {
   return static_cast<unsigned>(std::max<uint64_t>(1, std::min(chunks, uint64_t(sm_count) * kBlocksPerSm)));
 }
@@ -113,19 +121,18 @@ unsigned GridFor(uint64_t chunks, int sm_count) {
 // Fills a batch's header and descriptors; returns the grid to launch it with.
 unsigned Describe(const CopyLeaf* leaves, size_t count, int sm_count, BatchHeader* header, LeafDesc* descs) {
   header->count = static_cast<uint32_t>(count);
-  uint64_t total = 0;
-  for (size_t i = 0; i < count; ++i) total += leaves[i].bytes;
-  header->chunk_shift = ChunkShift(total, sm_count);
+  header->chunk_shift = ChunkShift(TotalBytes(leaves, count), sm_count);
   uint64_t chunks = 0;
   for (size_t i = 0; i < count; ++i) {
     descs[i] = LeafDesc{static_cast<const char*>(leaves[i].src), static_cast<char*>(leaves[i].dst), leaves[i].bytes,
                         chunks};
-    chunks += (leaves[i].bytes + (uint64_t{1} << header->chunk_shift) - 1) >> header->chunk_shift;
+    chunks += ChunksOf(leaves[i].bytes, header->chunk_shift);
   }
   header->total_chunks = chunks;
   return GridFor(chunks, sm_count);
 }
 
+// Parameter space grows with the capacity; small batches take a small instantiation.
 template <int kCapacity>
 gpuError_t Launch(const CopyLeaf* leaves, size_t count, int sm_count, gpuStream_t stream) {
   Batch<kCapacity> batch;
@@ -133,8 +140,6 @@ gpuError_t Launch(const CopyLeaf* leaves, size_t count, int sm_count, gpuStream_
   PullKernel<kCapacity><<<grid, kThreads, 0, stream>>>(batch);
   return gpuGetLastError();
 }
-
-// Parameter space grows with the capacity; small batches take a small instantiation.
 
 }  // namespace
 
@@ -165,14 +170,12 @@ gpuError_t LaunchPullLeaves(const CopyLeaf* leaves, size_t count, int sm_count, 
 }
 
 unsigned DescribePullTable(const CopyLeaf* leaves, size_t count, int sm_count, std::vector<char>* table) {
-  uint64_t total = 0;
-  for (size_t i = 0; i < count; ++i) total += leaves[i].bytes;
   const auto chunks_of = [&](uint32_t shift) {
     uint64_t chunks = 0;
-    for (size_t i = 0; i < count; ++i) chunks += (leaves[i].bytes + (uint64_t{1} << shift) - 1) >> shift;
+    for (size_t i = 0; i < count; ++i) chunks += ChunksOf(leaves[i].bytes, shift);
     return chunks;
   };
-  uint32_t shift = ChunkShift(total, sm_count);
+  uint32_t shift = ChunkShift(TotalBytes(leaves, count), sm_count);
   uint64_t chunks = chunks_of(shift);
   while (chunks > kMaxTableChunks) chunks = chunks_of(++shift);
   table->resize(chunks * sizeof(ChunkDesc));
