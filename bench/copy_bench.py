@@ -8,8 +8,10 @@ of p2p_bench.cu and qlink's copies (the pull kernel runs on the destination). ql
 backward join makes GPU0's stream wait for the copy too; "both synced" also waits for
 GPU0, so it includes that join's cross-device latency; "host-ordered" is a plan made with
 sources_ready and sources_held (no joins: the host orders the work, as the raw paths
-assume); "wait" plans return once the targets hold the data, so nothing follows them. Module moves synchronize every device for both paths. "raw pull from Python" is that fastest raw path (bench/raw_pull.cu) launched through
-ctypes and timed the same way: what any native path pays for being called from Python.
+assume); "wait" plans return once the targets hold the data, so nothing follows them.
+Module moves synchronize every device for both paths. "raw pull kernel from Python" is
+BASELINES.md's fastest raw path for small leaves (bench/raw_pull.cu) launched through
+ctypes and timed as qlink is: what any native path pays for being called from Python.
 Usage:
     python3 bench/copy_bench.py --library DIST/libqlink.so [--raw-pull raw_pull.so] [--markdown OUT.md]
 """
@@ -91,7 +93,8 @@ def main():
         if raw is not None:
             with torch.cuda.device(1):
                 words = ctypes.c_uint64 * n
-                table = raw.raw_pull_table(words(*[t.data_ptr() for t in src]), words(*[t.data_ptr() for t in dst]), s, n)
+                table = raw.raw_pull_table(words(*[t.data_ptr() for t in src]), words(*[t.data_ptr() for t in dst]),
+                                           s, n)
                 launch, stream = raw.raw_pull_launch, torch.cuda.current_stream(1).cuda_stream
                 r["raw_pull"] = on_gpu1(lambda: launch(table, n, s, stream))
                 assert all(torch.equal(d, t.to("cuda:1")) for d, t in zip(dst, src))

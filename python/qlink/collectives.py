@@ -35,7 +35,8 @@ def broadcast(sources, replicas, ctx=None, source_device=None, replica_devices=N
         if len(r) != n:
             raise ValueError("every replica needs %d leaves, one has %d" % (n, len(r)))
     args = _abi.BroadcastArgs(ctypes.sizeof(_abi.BroadcastArgs), src.pointer, n, dst.pointer, len(replicas),
-                              *_streams(ctx, src.devices | dst.devices), _abi.copy_flags(sources_ready, sources_held, wait))
+                              *_streams(ctx, src.devices | dst.devices),
+                              _abi.copy_flags(sources_ready, sources_held, wait))
     ctx._check(ctx._api.broadcast(ctx._handle, ctypes.byref(args)))
 
 
