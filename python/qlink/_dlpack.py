@@ -1,7 +1,8 @@
 """torch tensors as DLPack DLTensors (the C struct), without a capsule per leaf.
 
 Two packers: `pack` describes a list of contiguous tensors as byte vectors in one numpy
-array (a few C-level calls per leaf, no Python loop body), and `TensorArray` describes
+array (one call into the torch bridge where it is bound, else a few C-level calls per
+leaf; no Python loop body either way), and `TensorArray` describes
 each tensor exactly (dtype, shape, strides) when some leaf is not contiguous, so the
 plugin can name it in its refusal."""
 import ctypes
@@ -11,7 +12,7 @@ import struct
 import numpy as np
 import torch
 
-from . import _abi
+from . import _abi, _bridge
 
 _DTYPES = {
     torch.float32: (2, 32), torch.float64: (2, 64), torch.float16: (2, 16), torch.bfloat16: (4, 16),
@@ -24,7 +25,6 @@ assert ctypes.sizeof(_abi.DLTensor) == 48  # dlpack.h on 64-bit hosts: the six w
 _DATA_PTR = torch.Tensor.data_ptr
 _GET_DEVICE = torch.Tensor.get_device
 _IS_CONTIGUOUS = torch.Tensor.is_contiguous
-_NUMEL = torch.Tensor.numel
 _DTYPE = operator.attrgetter("dtype")
 if hasattr(torch.Tensor, "nbytes"):
     _NBYTES = operator.attrgetter("nbytes")
@@ -74,25 +74,35 @@ def pack(tensors, device_ids=None, exact=False):
     if n <= _SMALL:
         return _small(tensors, device_ids, exact)
     try:
-        contiguous = all(map(_IS_CONTIGUOUS, tensors))
+        ids, data, nbytes, contiguous = describe(tensors)
         dtypes = [_dtype_of(d) for d in map(_DTYPE, tensors)] if exact else None
     except (TypeError, AttributeError):
-        contiguous = False  # not all tensors: TensorArray names the culprit
-    if not contiguous:
+        return _exact(tensors, device_ids)  # not all tensors: TensorArray names the culprit
+    if not contiguous.all():
         return _exact(tensors, device_ids)
     dev_type = device_type_of(tensors[0].device)
     if device_ids is None:
-        ids = np.fromiter(map(_GET_DEVICE, tensors), np.int32, n)  # -1 for host tensors
-        if (ids < 0).any() if dev_type != _abi.KDL_CPU else (ids >= 0).any():
+        if (ids < 0).any() if dev_type != _abi.KDL_CPU else (ids != -1).any():
             return _exact(tensors)  # mixed host and device leaves: the plugin names the culprit
         device_ids = ids if dev_type != _abi.KDL_CPU else 0
     elif not isinstance(device_ids, int):
         device_ids = np.asarray(device_ids, dtype=np.int64)
-    data = np.fromiter(map(_DATA_PTR, tensors), np.uint64, n)
     if not exact:
-        return byte_vectors(data, np.fromiter(map(_NBYTES, tensors), np.int64, n), dev_type, device_ids)
-    return byte_vectors(data, np.fromiter(map(_NUMEL, tensors), np.int64, n), dev_type, device_ids,
+        return byte_vectors(data, nbytes, dev_type, device_ids)
+    return byte_vectors(data, nbytes // np.array([bits // 8 for _, bits in dtypes], np.int64), dev_type, device_ids,
                         [_dtype_word(code, bits) for code, bits in dtypes])
+
+
+def describe(tensors):
+    """Device index (-1: host), data pointer, byte size and contiguity of each tensor, as
+    numpy arrays; one C call through the bridge where it is bound."""
+    bridge = _bridge.get()
+    if bridge is not None:
+        leaves = np.frombuffer(bridge.describe(tensors), _bridge.LEAF)
+        return leaves["device"], leaves["data"], leaves["nbytes"], (leaves["flags"] & _bridge.CONTIGUOUS) != 0
+    n = len(tensors)
+    return (np.fromiter(map(_GET_DEVICE, tensors), np.int32, n), np.fromiter(map(_DATA_PTR, tensors), np.uint64, n),
+            np.fromiter(map(_NBYTES, tensors), np.int64, n), np.fromiter(map(_IS_CONTIGUOUS, tensors), bool, n))
 
 
 # A DLTensor as six little-endian 64-bit words: data | device_type, device_id |

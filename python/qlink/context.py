@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 
-from . import _abi
+from . import _abi, _bridge
 from ._dlpack import pack
 from .config import to_json
 from .errors import VersionMismatchError, error_for
@@ -39,6 +39,7 @@ def _negotiate(path):
                 path, error.value.decode(), _abi.ABI_MAJOR, _abi.ABI_MINOR))
         api = table.contents
         _LIBRARIES[path] = (lib, api)
+        _bridge.load(os.path.dirname(path))  # the torch side ships beside the plugin
         return lib, api
 
 
@@ -98,6 +99,9 @@ class Context:
         self.device_count = count.value
         self._device_type = {"cpu": _abi.KDL_CPU, "cuda": _abi.KDL_CUDA, "hip": _abi.KDL_ROCM}.get(
             self.backend, _abi.KDL_CPU)
+        # Addresses the torch bridge calls the plugin through.
+        self._copy_batch_fn = ctypes.cast(self._api.copy_batch, ctypes.c_void_p).value
+        self._plan_execute_fn = ctypes.cast(self._api.copy_plan_execute, ctypes.c_void_p).value
 
     def _check(self, status):
         if status != _abi.OK:

@@ -31,3 +31,16 @@ def ctx(library):
     ctx = qlink.configure({"backend": "cuda", "log_level": "warn"}, library=library)
     ctx.enable_peer_access()
     return ctx
+
+
+@pytest.fixture(params=["bridge", "python"])
+def torch_side(request, library, monkeypatch):
+    """Runs a test through the package's C bridge to torch and through its plain-Python
+    path; the bridge run skips where PyTorch has no stable C shim (before 2.3)."""
+    from qlink import _bridge
+    _bridge.load(os.path.dirname(library))
+    if request.param == "python":
+        monkeypatch.setattr(_bridge, "_module", None)
+    elif _bridge.get() is None:
+        pytest.skip("the bridge is not bound: this PyTorch has no stable C shim")
+    return request.param

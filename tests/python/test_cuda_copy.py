@@ -53,7 +53,7 @@ def test_probe_measures_each_pair(library):
 
 
 @pytest.mark.parametrize("src_dev, dst_dev", _pairs())
-def test_every_dtype_byte_exact(ctx, src_dev, dst_dev):
+def test_every_dtype_byte_exact(torch_side, ctx, src_dev, dst_dev):
     gen = torch.Generator().manual_seed(src_dev * 10 + dst_dev)
     sources = [_random(1000 + 37 * i, dt, "cuda:%d" % src_dev, gen) for i, dt in enumerate(DTYPES)]
     targets = [torch.zeros_like(s, device="cuda:%d" % dst_dev) for s in sources]
@@ -63,7 +63,7 @@ def test_every_dtype_byte_exact(ctx, src_dev, dst_dev):
 
 
 @pytest.mark.parametrize("src_dev, dst_dev", _pairs())
-def test_odd_sizes_and_unaligned_offsets(ctx, src_dev, dst_dev):
+def test_odd_sizes_and_unaligned_offsets(torch_side, ctx, src_dev, dst_dev):
     base = torch.randint(0, 256, (1 << 22,), dtype=torch.uint8, device="cuda:%d" % src_dev)
     out = torch.zeros(1 << 22, dtype=torch.uint8, device="cuda:%d" % dst_dev)
     cases = [(1, 0, 5), (17, 3, 100), (4096, 1, 9000), (65537, 7, 80000), (300001, 16, 400000),
@@ -118,7 +118,7 @@ def test_refused_batch_writes_nothing_on_the_gpu(ctx):
 
 
 @two_gpus
-def test_prepared_copy_replays(ctx):
+def test_prepared_copy_replays(torch_side, ctx):
     sources = [torch.randn(4096 + i, device="cuda:0") for i in range(64)]
     targets = [torch.empty_like(s, device="cuda:1") for s in sources]
     prepared = qlink.PreparedCopy(sources, targets)
@@ -130,7 +130,7 @@ def test_prepared_copy_replays(ctx):
 
 
 @pytest.mark.parametrize("promises", [{"sources_held": True}, {"sources_ready": True, "sources_held": True}])
-def test_prepared_copy_with_host_promises(ctx, promises):
+def test_prepared_copy_with_host_promises(torch_side, ctx, promises):
     # Small leaves take the pull kernel (descriptors in device memory), the two 9 MiB ones the copy engines.
     sources = [torch.randn(n, device="cuda:0") for n in (1, 17, 4096, 65536, 9 << 18, 9 << 18)]
     targets = [torch.empty_like(s, device="cuda:1") for s in sources]
@@ -145,7 +145,7 @@ def test_prepared_copy_with_host_promises(ctx, promises):
 
 
 @two_gpus
-def test_wait_returns_once_the_targets_hold_the_data(ctx):
+def test_wait_returns_once_the_targets_hold_the_data(torch_side, ctx):
     sources = [torch.randn(n, device="cuda:0") for n in (17, 65536, 9 << 18)]
     targets = [torch.zeros_like(s, device="cuda:1") for s in sources]
     prepared = qlink.PreparedCopy(sources, targets, wait=True)
@@ -174,7 +174,7 @@ class Block(torch.nn.Module):
 
 
 @two_gpus
-def test_move_module_matches_module_to(ctx):
+def test_move_module_matches_module_to(torch_side, ctx):
     torch.manual_seed(0)
     model = torch.nn.Sequential(Block(), Block()).to("cuda:0", torch.bfloat16)
     model[1].b.weight = model[0].b.weight  # tied parameter
@@ -190,9 +190,9 @@ def test_move_module_matches_module_to(ctx):
 
 
 @two_gpus
-@pytest.mark.parametrize("experts", [3, 40])  # the few-leaf path and the array path
-def test_move_module_of_alike_leaves(ctx, experts):
-    # Leaves of one shape are viewed together; each parameter still gets its own bytes and
+@pytest.mark.parametrize("experts", [3, 40])
+def test_move_module_of_alike_leaves(torch_side, ctx, experts):
+    # Leaves of one shape share one allocation; each parameter still gets its own bytes and
     # stays a plain leaf that trains as before.
     torch.manual_seed(0)
     model = torch.nn.ModuleList(torch.nn.Linear(32, 48) for _ in range(experts)).to("cuda:0", torch.bfloat16)
@@ -211,7 +211,7 @@ def test_move_module_of_alike_leaves(ctx, experts):
 
 @two_gpus
 @pytest.mark.parametrize("small", [2, 20])
-def test_move_module_gives_large_leaves_their_own_memory(ctx, small):
+def test_move_module_gives_large_leaves_their_own_memory(torch_side, ctx, small):
     sizes = [9 << 18] + [1000 + i for i in range(small)] + [9 << 18]  # two 9 MiB leaves among small ones
     params = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(n, device="cuda:0")) for n in sizes)
     expected = [p.detach().cpu() for p in params]
@@ -219,13 +219,14 @@ def test_move_module_gives_large_leaves_their_own_memory(ctx, small):
     assert all(torch.equal(p.detach().cpu(), e) for p, e in zip(params, expected))
     assert params[0].untyped_storage().nbytes() == params[0].nbytes  # not a view into the shared block
     assert params[-1].untyped_storage().nbytes() == params[-1].nbytes
-    assert params[1].untyped_storage().nbytes() > params[1].nbytes
+    if torch_side == "bridge":  # without it PyTorch moves each leaf on its own
+        assert params[1].untyped_storage().nbytes() > params[1].nbytes
 
 
 @two_gpus
-def test_moved_nested_leaves_take_in_place_autograd(ctx):
-    # Values handed out (activations) are single views: in-place ops that autograd records
-    # work on them, as on tensors moved by Tensor.to.
+def test_moved_nested_leaves_take_in_place_autograd(torch_side, ctx):
+    # Values handed out (activations) are no multi-output views: in-place ops that autograd
+    # records work on them, as on tensors moved by Tensor.to.
     leaves = [torch.randn(16, device="cuda:0") for _ in range(12)]
     moved = qlink.move_nested_to_device(leaves, "cuda:1")
     scale = torch.ones(16, device="cuda:1", requires_grad=True)
@@ -236,7 +237,7 @@ def test_moved_nested_leaves_take_in_place_autograd(ctx):
 
 
 @two_gpus
-def test_storage_sharing_leaves_keep_their_tie(ctx):
+def test_storage_sharing_leaves_keep_their_tie(torch_side, ctx):
     m = torch.nn.Module()
     base = torch.randn(4, 8, device="cuda:0")
     m.register_buffer("whole", base)
@@ -247,7 +248,7 @@ def test_storage_sharing_leaves_keep_their_tie(ctx):
 
 
 @two_gpus
-def test_move_nested_keeps_containers(ctx):
+def test_move_nested_keeps_containers(torch_side, ctx):
     Pair = collections.namedtuple("Pair", "x y")
     value = {"ids": torch.arange(100, device="cuda:0"), "list": [torch.ones(3, device="cuda:0"), "text", 5],
              "tuple": (torch.zeros(2, 2, device="cuda:0").t(), None), "pair": Pair(torch.ones(1, device="cuda:0"), 1.5),
