@@ -12,8 +12,10 @@ assume); "wait" plans return once the targets hold the data, so nothing follows 
 Module moves synchronize every device for both paths. "raw pull kernel from Python" is
 BASELINES.md's fastest raw path for small leaves (bench/raw_pull.cu) launched through
 ctypes and timed as qlink is: what any native path pays for being called from Python.
-Usage:
-    python3 bench/copy_bench.py --library DIST/libqlink.so [--raw-pull raw_pull.so] [--markdown OUT.md]
+--plain-python measures the package without its torch bridge (libqlink_torch.so), as on a
+PyTorch without the stable C shim. Usage:
+    python3 bench/copy_bench.py --library DIST/libqlink.so [--raw-pull raw_pull.so] [--plain-python]
+                                [--reps N] [--markdown OUT.md]
 """
 import argparse
 import ctypes
@@ -28,11 +30,6 @@ import torch.cuda.comm
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import qlink  # noqa: E402
 import timing  # noqa: E402
-
-# Timed as the baseline scripts are: synchronizing the copying device (see the module docstring).
-on_gpu0 = functools.partial(timing.best_us, sync=lambda: torch.cuda.synchronize(0))
-on_gpu1 = functools.partial(timing.best_us, sync=lambda: torch.cuda.synchronize(1))
-on_both = timing.best_us
 
 SHAPES = [(8, 32768), (64, 32768), (8, 262144), (64, 262144), (256, 65536), (8, 2 << 20), (64, 2 << 20),
           (16, 16 << 20), (4, 64 << 20)]
@@ -51,9 +48,19 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--library", required=True)
     ap.add_argument("--raw-pull", help="bench/raw_pull.cu built as a shared library")
+    ap.add_argument("--plain-python", action="store_true", help="without the torch bridge")
+    ap.add_argument("--reps", type=int, default=30, help="best of this many runs (the baselines take 30)")
     ap.add_argument("--markdown")
     a = ap.parse_args()
+    # Timed as the baseline scripts are: synchronizing the copying device (see the module docstring).
+    on_both = functools.partial(timing.best_us, reps=a.reps)
+    on_gpu0 = functools.partial(on_both, sync=lambda: torch.cuda.synchronize(0))
+    on_gpu1 = functools.partial(on_both, sync=lambda: torch.cuda.synchronize(1))
+    unsynced = functools.partial(on_both, sync=lambda: None)
     ctx = qlink.configure({"backend": "cuda", "log_level": "warn"}, library=a.library)
+    if a.plain_python:
+        qlink._bridge._module = None
+    print("torch bridge:", qlink._bridge.gpu() is not None)
     ctx.enable_peer_access([0, 1])
     rt = cudart()
     raw = ctypes.CDLL(a.raw_pull) if a.raw_pull else None
@@ -108,9 +115,9 @@ def main():
         r["held"] = on_gpu1(held.run)
         # A plan made with wait=True returns once the targets hold the data: nothing to synchronize.
         waiting = qlink.PreparedCopy(src, dst, wait=True)
-        r["wait"] = timing.best_us(waiting.run, sync=lambda: None)
+        r["wait"] = unsynced(waiting.run)
         held_waiting = qlink.PreparedCopy(src, dst, sources_ready=True, sources_held=True, wait=True)
-        r["held_wait"] = timing.best_us(held_waiting.run, sync=lambda: None)
+        r["held_wait"] = unsynced(held_waiting.run)
         module = torch.nn.Module()
         for i, t in enumerate(src):
             module.register_parameter("p%d" % i, torch.nn.Parameter(t.clone(), requires_grad=False))

@@ -9,6 +9,7 @@ it out while it is still being read (no record_stream per leaf). Nothing blocks 
 
 Only GPU-to-GPU leaves go through qlink; host tensors take PyTorch's regular path (P2P is
 an accelerator concept)."""
+import collections
 import threading
 
 import torch
@@ -139,8 +140,8 @@ class PreparedCopy:
 
 
 def _move_storage(t, device, moved):
-    """The regular path: `t` moved with its whole storage, so tensors sharing that storage
-    keep sharing it (and non-contiguous layouts arrive as they were)."""
+    """`t` moved with its whole storage, so tensors sharing that storage keep sharing it
+    (and non-contiguous layouts arrive as they were)."""
     storage = t.untyped_storage()
     key = storage.data_ptr()
     if key not in moved:
@@ -150,11 +151,15 @@ def _move_storage(t, device, moved):
 
 
 def _move_regular(out, tensors, indices, target):
-    """out[i] = tensors[i] moved by PyTorch, keeping storage ties, for i in indices."""
+    """out[i] = tensors[i] moved by PyTorch for i in indices: alone as Tensor.to moves it,
+    or, where several of them share a storage, with that storage whole, so they keep
+    sharing it."""
+    storages = {i: tensors[i].untyped_storage().data_ptr() for i in indices if tensors[i].is_cuda}
+    users = collections.Counter(storages.values())
     moved = {}
     for i in indices:
         t = tensors[i]
-        out[i] = _move_storage(t, target, moved) if t.is_cuda else t.to(target)
+        out[i] = _move_storage(t, target, moved) if users[storages.get(i)] > 1 else t.to(target)
 
 
 def _move_tensors(tensors, device, ctx):
