@@ -17,7 +17,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -39,7 +38,6 @@ PyObject* from_handles = nullptr;  // alloc_tensors_by_stealing_from_void_ptrs
 constexpr int64_t kAlign = 256;      // bytes: leaves sharing one allocation start on this boundary
 constexpr int64_t kOwn = 8 << 20;    // bytes from which a moved leaf gets an allocation of its own:
                                      // it copies for longer than allocating takes, and frees alone
-constexpr size_t kMaxDevices = 64;
 
 bool Bound() {
   if (to_handles != nullptr) return true;
@@ -61,7 +59,8 @@ bool TakeHandles(PyObject* tensors, Handles* out) {
   return !PyErr_Occurred();
 }
 
-// The handles at `which` as new tensors, in that order; their ownership passes to PyTorch.
+// The handles at `which` as new tensors, in that order; their ownership passes to PyTorch
+// (should its conversion fail, they are lost with it: nothing here could free them twice).
 PyObject* GiveTensors(Handles* handles, const std::vector<size_t>& which) {
   PyObject* capsules = PyList_New(static_cast<Py_ssize_t>(which.size()));
   if (capsules == nullptr) return nullptr;
@@ -83,10 +82,6 @@ PyObject* GiveTensors(Handles* handles, const std::vector<size_t>& which) {
 bool CurrentStreams(DLDeviceType type, const std::vector<int32_t>& devices, std::vector<qlink_stream>* out) {
   if (shim().get_current_cuda_stream == nullptr) {
     PyErr_SetString(PyExc_RuntimeError, "qlink_torch: this PyTorch has no GPU streams");
-    return false;
-  }
-  if (devices.size() > kMaxDevices) {
-    PyErr_Format(PyExc_ValueError, "qlink_torch: %zu devices, at most %zu", devices.size(), kMaxDevices);
     return false;
   }
   out->resize(devices.size());

@@ -4,12 +4,13 @@ this PyTorch's stable C shim. get() returns it, or None where it or the shim is 
 which gives the same results more slowly."""
 import importlib.util
 import os
+import sysconfig
 import threading
 
 import numpy as np
 import torch
 
-# describe()'s record per tensor (LeafRecord in torch_bridge.cc).
+# describe()'s record per tensor (Leaf in python/bridge/torch_shim.h).
 LEAF = np.dtype([("data", "<u8"), ("nbytes", "<i8"), ("device", "<i4"), ("flags", "<u4")])
 CONTIGUOUS = 1
 
@@ -37,7 +38,10 @@ def load(directory):
         _tried.add(directory)
         path = os.path.join(directory, "libqlink_torch.so")
         aoti = getattr(torch._C, "_aoti", None)
-        if not os.path.exists(path) or not hasattr(aoti, "unsafe_alloc_void_ptrs_from_tensors"):
+        # A limited-API module is built for the GIL's object layout: a free-threaded
+        # CPython must not load it.
+        if (not os.path.exists(path) or not hasattr(aoti, "unsafe_alloc_void_ptrs_from_tensors")
+                or sysconfig.get_config_var("Py_GIL_DISABLED")):
             return
         torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
         gpu_lib = next((p for p in (os.path.join(torch_lib, name) for name in ("libtorch_cuda.so", "libtorch_hip.so"))
