@@ -1,14 +1,19 @@
 #!/bin/bash
-# Collects the optimized build into one folder (default dist/): libqlink.so, its backends
-# and the qlink CLI, side by side as they load each other. This is what travels to a
-# machine without Bazel (the accelerator machine).
+# Collects the optimized build into one folder (default dist/): libqlink.so, its backends,
+# the torch bridge and the qlink CLI, side by side as they load each other, plus what the
+# GPU tests and benchmarks need there (the C++ test and bench binaries, the fake torch
+# shim, the baselines' scripts). This is what travels to a machine without Bazel (the
+# accelerator machine), where tools/device_run.sh runs it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-dist}
-bazel build -c opt //:plugin //:qlink //tests/python:libfake_torch_shim.so
-mkdir -p "$out"
-rm -f "$out"/*.so "$out"/qlink
-# The fake torch shim is test only: the Python tests look for it beside libqlink.so.
-cp -f bazel-bin/libqlink*.so bazel-bin/qlink bazel-bin/tests/python/libfake_torch_shim.so "$out"/
-chmod u+w "$out"/*
+bazel build -c opt //:plugin //:qlink //tests/python:libfake_torch_shim.so //tests:conformance_test //tests:stress_test \
+  //bench:abi_overhead
+mkdir -p "$out" "$out/rf/qlink"
+rm -f "$out"/*.so "$out"/qlink "$out"/rf/qlink/*.so
+cp -f bazel-bin/libqlink*.so bazel-bin/qlink bazel-bin/tests/python/libfake_torch_shim.so bazel-bin/tests/conformance_test \
+  bazel-bin/tests/stress_test bazel-bin/bench/abi_overhead "$out"/
+cp -f bazel-bin/libqlink*.so "$out"/rf/qlink/  # stress_test finds the plugin as its runfiles
+if [ -d ../shared/baselines ]; then cp -rf ../shared/baselines "$out"/; fi
+chmod -R u+w "$out"
 ls -la "$out"
