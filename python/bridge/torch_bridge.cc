@@ -134,7 +134,6 @@ bool EnqueueCopy(const Plugin& plugin, const std::vector<Bytes>& src, const std:
                           &shapes[i], nullptr, 0};
     if (std::find(devices.begin(), devices.end(), b.device) == devices.end()) devices.push_back(b.device);
   }
-  std::sort(devices.begin(), devices.end());
   std::vector<qlink_stream> streams;
   if (!CurrentStreams(type, devices, &streams)) return false;
   qlink_copy_args args{sizeof(qlink_copy_args), tensors.data(), tensors.data() + n, n,
