@@ -29,6 +29,14 @@ def gpu():
     return _module if _module is not None and _module.has_streams() else None
 
 
+def import_module(path):
+    """libqlink_torch.so at `path` as a Python module, not yet bound."""
+    spec = importlib.util.spec_from_file_location("qlink_torch", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def load(directory):
     """Binds libqlink_torch.so found in `directory` unless a bridge is bound already."""
     global _module
@@ -47,9 +55,7 @@ def load(directory):
         gpu_lib = next((p for p in (os.path.join(torch_lib, name) for name in ("libtorch_cuda.so", "libtorch_hip.so"))
                         if os.path.exists(p)), None)
         try:
-            spec = importlib.util.spec_from_file_location("qlink_torch", path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
+            module = import_module(path)
             module.bind(os.path.join(torch_lib, "libtorch_cpu.so"), gpu_lib, aoti.unsafe_alloc_void_ptrs_from_tensors,
                         aoti.alloc_tensors_by_stealing_from_void_ptrs)
         except (ImportError, OSError):  # an older shim without some function: the Python path

@@ -103,6 +103,11 @@ class Context:
         self._copy_batch_fn = ctypes.cast(self._api.copy_batch, ctypes.c_void_p).value
         self._plan_execute_fn = ctypes.cast(self._api.copy_plan_execute, ctypes.c_void_p).value
 
+    def _bridge_plugin(self):
+        """What the torch bridge's copy() and move() take first: copy_batch's address, this
+        context and its device type."""
+        return self._copy_batch_fn, self._handle.value, self._device_type
+
     def _check(self, status):
         if status != _abi.OK:
             raise error_for(status, self._api.last_error().decode())

@@ -66,6 +66,12 @@ def _current_streams(key):
     return array
 
 
+def _gpu_bridge(ctx):
+    """The torch bridge for ctx's copies, or None: on a host-memory backend there are no
+    PyTorch GPU streams to order against, and the bridge may be missing."""
+    return _bridge.gpu() if ctx._device_type != _abi.KDL_CPU else None
+
+
 def _enqueue(ctx, src, dst):
     """One copy_batch of packed leaves on the current streams of every device involved."""
     ctx.copy_packed(src, dst, current_streams(ctx, src.devices | dst.devices))
@@ -80,10 +86,10 @@ def peer_copy_batch(sources, targets, ctx=None):
     if not sources:
         return
     ctx = ctx or default_context()
-    bridge = _bridge.gpu() if ctx._device_type != _abi.KDL_CPU else None
+    bridge = _gpu_bridge(ctx)
     if bridge is not None:
         try:
-            status = bridge.copy(ctx._copy_batch_fn, ctx._handle.value, ctx._device_type, sources, targets)
+            status = bridge.copy(*ctx._bridge_plugin(), sources, targets)
         except TypeError:
             status = None  # a leaf that is not a tensor: pack() names it
         if status is not None:  # None: host or non-contiguous leaves, for the general path below
@@ -119,7 +125,7 @@ class PreparedCopy:
         self._execute = self._ctx._api.copy_plan_execute
         self._handle = self._plan._handle
         self._streams_key = (self._ctx._device_type, tuple(sorted(self._plan.stream_devices)))
-        bridge = _bridge.gpu() if self._ctx._device_type != _abi.KDL_CPU else None
+        bridge = _gpu_bridge(self._ctx)
         if bridge is not None:
             # The bridge reads the current streams and calls the plan in C: no Python per device.
             run_plan, check = bridge.run, self._ctx._check
@@ -183,11 +189,11 @@ def _move_tensors(tensors, device, ctx):
     if target.index >= torch.cuda.device_count():
         raise ValueError("device %s does not exist: PyTorch sees %d GPU(s)" % (target, torch.cuda.device_count()))
     ctx = ctx or default_context()
-    bridge = _bridge.gpu() if ctx._device_type != _abi.KDL_CPU else None
+    bridge = _gpu_bridge(ctx)
     if bridge is None:
         _move_regular(out, tensors, [i for i, t in enumerate(tensors) if t.device != target], target)
         return out
-    status, moved = bridge.move(ctx._copy_batch_fn, ctx._handle.value, ctx._device_type, out, target.index)
+    status, moved = bridge.move(*ctx._bridge_plugin(), out, target.index)
     if status:
         ctx._check(status)
     _move_regular(moved, tensors, [i for i, m in enumerate(moved) if m is None], target)

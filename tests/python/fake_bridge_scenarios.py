@@ -6,7 +6,6 @@ this one keeps the package from binding the real shim, and builds its DLTensors 
 Fake tensors live in host memory and claim GPU indices; the copies run on the CPU
 backend's virtual devices. Usage: fake_bridge_scenarios.py LIBQLINK FAKE_SHIM SCENARIO"""
 import ctypes
-import importlib.util
 import os
 import sys
 
@@ -119,13 +118,11 @@ def records(tensors):
     return np.frombuffer(bridge.describe(tensors), _bridge.LEAF)
 
 
-spec = importlib.util.spec_from_file_location("qlink_torch", os.path.join(os.path.dirname(library), "libqlink_torch.so"))
-bridge = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bridge)
+bridge = _bridge.import_module(os.path.join(os.path.dirname(library), "libqlink_torch.so"))
 bridge.bind(shim_path, shim_path, to_handles, from_handles)
 assert bridge.has_streams()
 ctx = qlink.load({"backend": "cpu", "cpu_devices": 4, "log_level": "off"}, library=library)
-plugin = (ctx._copy_batch_fn, ctx._handle.value, _abi.KDL_CPU)
+plugin = ctx._bridge_plugin()
 
 
 def scenario_describe():
