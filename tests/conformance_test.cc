@@ -70,10 +70,14 @@ class Conformance : public ::testing::TestWithParam<std::string> {
     allocations_.emplace_back(device, p);
     return p;
   }
+  // Eight bytes per draw: byte-wise drawing dominated the suite's time under TSan.
   static std::vector<uint8_t> Random(size_t n, unsigned seed) {
-    std::mt19937 rng(seed);
+    std::mt19937_64 rng(seed);
     std::vector<uint8_t> v(n);
-    for (auto& b : v) b = static_cast<uint8_t>(rng());
+    for (size_t i = 0; i < n; i += 8) {
+      const uint64_t word = rng();
+      std::memcpy(v.data() + i, &word, std::min<size_t>(8, n - i));
+    }
     return v;
   }
   void Free() {
