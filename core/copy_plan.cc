@@ -1,7 +1,6 @@
 #include "core/copy_plan.h"
 
 #include <algorithm>
-#include <map>
 #include <string>
 
 #include "core/stream_joins.h"
@@ -114,43 +113,60 @@ Status CopyPlan::Build(Context& ctx, const qlink_copy_args* args, CopyPlan* out)
   // kernel up to about four times that (bench/RESULTS.md: 16 MiB 48.5 vs 53.1 us).
   const uint64_t crossover = backend.PullCrossoverBytes();
   const uint64_t lone_crossover = crossover <= UINT64_MAX / 4 ? crossover * 4 : UINT64_MAX;
-  std::map<int, int> large_leaves;  // per destination: leaves in [crossover, lone_crossover)
+  std::vector<int> large_leaves(count, 0);  // per destination: leaves in [crossover, lone_crossover)
   for (size_t i = 0; i < n; ++i) {
     if (sizes[i] >= crossover && sizes[i] < lone_crossover) ++large_leaves[args->destinations[i].device.device_id];
   }
-  std::map<int, DestinationWork> by_dst;
-  std::map<std::pair<int, int>, size_t> runtime_slot;  // (dst, src) -> index into work.runtime
+  // Per destination, each source device met once: whether leaves may be pulled from it and
+  // where its runtime copies go. Looked up per leaf, so no map and no topology lock there.
+  struct Route {
+    int src;
+    bool peer;
+    int runtime = -1;  // index into work.runtime
+  };
+  std::vector<int> slot(count, -1);  // destination device -> index into work_
+  std::vector<std::vector<Route>> routes;
+  out->work_.clear();
   for (size_t i = 0; i < n; ++i) {
     if (sizes[i] == 0) continue;
     const DLTensor& s = args->sources[i];
     const DLTensor& d = args->destinations[i];
     const int src = s.device.device_id, dst = d.device.device_id;
-    DestinationWork& w = by_dst[dst];
-    w.device = dst;
-    if (src != dst && std::find(w.joined_sources.begin(), w.joined_sources.end(), src) == w.joined_sources.end()) {
-      w.joined_sources.push_back(src);
+    if (slot[dst] < 0) {
+      slot[dst] = static_cast<int>(out->work_.size());
+      out->work_.emplace_back().device = dst;
+      routes.emplace_back();
+    }
+    DestinationWork& w = out->work_[slot[dst]];
+    std::vector<Route>& seen = routes[slot[dst]];
+    auto route = std::find_if(seen.begin(), seen.end(), [&](const Route& r) { return r.src == src; });
+    if (route == seen.end()) {
+      if (src != dst) w.joined_sources.push_back(src);
+      route = seen.insert(seen.end(), Route{src, src == dst || ctx.topology().PeerEnabled(src, dst)});
     }
     CopyLeaf leaf{TensorBytes(s), const_cast<char*>(TensorBytes(d)), sizes[i]};
     const bool pull_size = sizes[i] < crossover || (sizes[i] < lone_crossover && large_leaves[dst] == 1);
-    const bool pull = pull_size && (src == dst || ctx.topology().PeerEnabled(src, dst));
-    if (pull) {
+    if (pull_size && route->peer) {
       w.pulled.push_back(leaf);
       continue;
     }
-    auto [slot, inserted] = runtime_slot.try_emplace({dst, src}, w.runtime.size());
-    if (inserted) w.runtime.emplace_back(src, std::vector<CopyLeaf>());
-    w.runtime[slot->second].second.push_back(leaf);
+    if (route->runtime < 0) {
+      route->runtime = static_cast<int>(w.runtime.size());
+      w.runtime.emplace_back(src, std::vector<CopyLeaf>());
+    }
+    w.runtime[route->runtime].second.push_back(leaf);
   }
-  out->work_.clear();
+  // Destinations run in device order, whatever order the leaves came in.
+  std::sort(out->work_.begin(), out->work_.end(),
+            [](const DestinationWork& a, const DestinationWork& b) { return a.device < b.device; });
   out->source_devices_.clear();
   out->flags_ = flags;
-  for (auto& [dst, w] : by_dst) {
+  for (const DestinationWork& w : out->work_) {
     for (int src : w.joined_sources) {
       if (std::find(out->source_devices_.begin(), out->source_devices_.end(), src) == out->source_devices_.end()) {
         out->source_devices_.push_back(src);
       }
     }
-    out->work_.push_back(std::move(w));
   }
   return Status::Ok();
 }
