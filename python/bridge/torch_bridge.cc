@@ -1,6 +1,6 @@
 // qlink_torch: the Python package's torch side in C. A batch of N leaves costs one call
 // here instead of several Python attribute reads, an allocation or view and a DLTensor
-// per leaf, and a prepared copy's replay reads the current streams without entering
+// per leaf, and a prepared plan's replay reads the current streams without entering
 // Python. Tensors are read and made through PyTorch's stable C shim (torch_shim.h).
 //
 // A CPython extension on the limited API: one build loads into every CPython from 3.10
@@ -28,7 +28,9 @@ namespace bridge {
 namespace {
 
 using CopyBatch = qlink_status (*)(qlink_context*, const qlink_copy_args*);
-using ExecutePlan = qlink_status (*)(qlink_copy_plan*, const qlink_stream*, size_t);
+// copy_plan_execute and all_reduce_plan_execute alike: (plan, streams, count), the plan an
+// opaque pointer.
+using ExecutePlan = qlink_status (*)(void*, const qlink_stream*, size_t);
 
 // torch._C._aoti's conversions, set by bind() with the shim (calls run under the GIL:
 // the limited API has no free-threaded build).
@@ -324,13 +326,14 @@ PyObject* move(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return Py_BuildValue("(iN)", static_cast<int>(QLINK_OK), moved);
 }
 
-// run(execute, plan, device_type, devices) -> status: a prepared copy (qlink's
-// copy_plan_execute at its address) on the current stream of each of `devices` (a tuple).
+// run(execute, plan, device_type, devices) -> status: a prepared plan replayed (qlink's
+// copy_plan_execute or all_reduce_plan_execute at its address, `plan` one of its plans) on
+// the current stream of each of `devices` (a tuple).
 PyObject* run(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 4) return Fail(PyExc_TypeError, "run(execute, plan, device_type, devices)");
   if (!Bound()) return nullptr;
   auto execute = reinterpret_cast<ExecutePlan>(PyLong_AsVoidPtr(args[0]));
-  auto* plan = static_cast<qlink_copy_plan*>(PyLong_AsVoidPtr(args[1]));
+  void* plan = PyLong_AsVoidPtr(args[1]);
   const auto type = static_cast<DLDeviceType>(PyLong_AsLong(args[2]));
   const Py_ssize_t count = PyTuple_Size(args[3]);
   if (PyErr_Occurred()) return nullptr;

@@ -10,7 +10,7 @@ import torch
 
 from . import _abi
 from ._dlpack import pack
-from .p2p import current_streams, default_context
+from .p2p import _bridged_replay, current_streams, default_context
 
 
 def _streams(ctx, devices):
@@ -86,6 +86,10 @@ class PreparedAllReduce:
         self._handle = plan
         self._devices = keep[0].devices
         self._execute = self._ctx._api.all_reduce_plan_execute
+        bridged = _bridged_replay(self._ctx, self._ctx._all_reduce_plan_execute_fn, plan.value,
+                                  (self._ctx._device_type, tuple(sorted(self._devices))))
+        if bridged is not None:
+            self.run = bridged
 
     def run(self):
         streams, count = _streams(self._ctx, self._devices)

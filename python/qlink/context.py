@@ -101,7 +101,8 @@ class Context:
             self.backend, _abi.KDL_CPU)
         # Addresses the torch bridge calls the plugin through.
         self._copy_batch_fn = ctypes.cast(self._api.copy_batch, ctypes.c_void_p).value
-        self._plan_execute_fn = ctypes.cast(self._api.copy_plan_execute, ctypes.c_void_p).value
+        self._copy_plan_execute_fn = ctypes.cast(self._api.copy_plan_execute, ctypes.c_void_p).value
+        self._all_reduce_plan_execute_fn = ctypes.cast(self._api.all_reduce_plan_execute, ctypes.c_void_p).value
 
     def _bridge_plugin(self):
         """What the torch bridge's copy() and move() take first: copy_batch's address, this

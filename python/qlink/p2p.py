@@ -72,6 +72,23 @@ def _gpu_bridge(ctx):
     return _bridge.gpu() if ctx._device_type != _abi.KDL_CPU else None
 
 
+def _bridged_replay(ctx, execute, handle, streams_key):
+    """A prepared plan's run() through the torch bridge, which reads the current streams
+    and calls `execute` (a plan execute's address) on `handle` in C, no Python per device;
+    None without the bridge. streams_key: (device type, devices) as _current_streams takes."""
+    bridge = _gpu_bridge(ctx)
+    if bridge is None:
+        return None
+    run_plan, check = bridge.run, ctx._check
+    device_type, devices = streams_key
+
+    def run():
+        status = run_plan(execute, handle, device_type, devices)
+        if status:
+            check(status)
+    return run
+
+
 def _enqueue(ctx, src, dst):
     """One copy_batch of packed leaves on the current streams of every device involved."""
     ctx.copy_packed(src, dst, current_streams(ctx, src.devices | dst.devices))
@@ -125,18 +142,9 @@ class PreparedCopy:
         self._execute = self._ctx._api.copy_plan_execute
         self._handle = self._plan._handle
         self._streams_key = (self._ctx._device_type, tuple(sorted(self._plan.stream_devices)))
-        bridge = _gpu_bridge(self._ctx)
-        if bridge is not None:
-            # The bridge reads the current streams and calls the plan in C: no Python per device.
-            run_plan, check = bridge.run, self._ctx._check
-            execute, handle = self._ctx._plan_execute_fn, self._handle.value
-            device_type, devices = self._streams_key
-
-            def run():
-                status = run_plan(execute, handle, device_type, devices)
-                if status:
-                    check(status)
-            self.run = run
+        bridged = _bridged_replay(self._ctx, self._ctx._copy_plan_execute_fn, self._handle.value, self._streams_key)
+        if bridged is not None:
+            self.run = bridged
 
     def run(self):
         streams = _current_streams(self._streams_key)

@@ -7,6 +7,7 @@ Fake tensors live in host memory and claim GPU indices; the copies run on the CP
 backend's virtual devices. Usage: fake_bridge_scenarios.py LIBQLINK FAKE_SHIM SCENARIO"""
 import ctypes
 import os
+import struct
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
@@ -195,12 +196,30 @@ def scenario_run():
     plan = ctypes.c_void_p()
     ctx._check(ctx._api.copy_plan_create(ctx._handle, ctypes.byref(args), ctypes.byref(plan)))
     try:
-        assert bridge.run(ctx._plan_execute_fn, plan.value, _abi.KDL_CPU, (0, 2)) == 0
+        assert bridge.run(ctx._copy_plan_execute_fn, plan.value, _abi.KDL_CPU, (0, 2)) == 0
         ctx.synchronize(2)
         assert [content(t) for t in targets] == [content(s) for s in sources]
-        assert bridge.run(ctx._plan_execute_fn, plan.value, _abi.KDL_CPU, (0, 9)) == _abi.INVALID_ARGUMENT
+        assert bridge.run(ctx._copy_plan_execute_fn, plan.value, _abi.KDL_CPU, (0, 9)) == _abi.INVALID_ARGUMENT
     finally:
         ctx._api.copy_plan_destroy(plan)
+    # An all-reduce plan through the same call, replayed twice: every buffer ends 2 x the sum.
+    buffers = [tensor(d, FLOAT32, [3]) for d in (0, 1)]
+    for t, values in zip(buffers, ([1.0, 2.0, 3.0], [10.0, 20.0, 30.0])):
+        ctypes.memmove(t.data_ptr, struct.pack("3f", *values), 12)
+    packed = _dlpack.byte_runs([t.data_ptr for t in buffers], [3, 3], _abi.KDL_CPU, [0, 1], dtypes=[(2, 32)] * 2)
+    args = _abi.AllReduceArgs(ctypes.sizeof(_abi.AllReduceArgs), packed.pointer, 2, _abi.REDUCE_OPS["sum"],
+                              _abi.TRANSPORTS["fp32"], None, 0, _abi.ALL_REDUCE_ALGORITHMS["auto"])
+    plan = ctypes.c_void_p()
+    ctx._check(ctx._api.all_reduce_plan_create(ctx._handle, ctypes.byref(args), ctypes.byref(plan)))
+    try:
+        for _ in range(2):
+            assert bridge.run(ctx._all_reduce_plan_execute_fn, plan.value, _abi.KDL_CPU, (0, 1)) == 0
+        ctx.synchronize(0)
+        ctx.synchronize(1)
+        assert [content(t) for t in buffers] == [struct.pack("3f", 22.0, 44.0, 66.0)] * 2
+        assert bridge.run(ctx._all_reduce_plan_execute_fn, plan.value, _abi.KDL_CPU, (1, 9)) == _abi.INVALID_ARGUMENT
+    finally:
+        ctx._api.all_reduce_plan_destroy(plan)
 
 
 def scenario_arguments():

@@ -51,7 +51,7 @@ def test_halving_doubling_agrees_with_fp64(ctx, op, n):
 
 @pytest.mark.parametrize("n", [1000, 1 << 20])  # one-shot, two-shot
 @pytest.mark.parametrize("op, transport", [("sum", "fp32"), ("sign", "bf16")])
-def test_prepared_all_reduce_replays_like_all_reduce(ctx, n, op, transport):
+def test_prepared_all_reduce_replays_like_all_reduce(ctx, torch_side, n, op, transport):
     bufs = [torch.empty(n, device=d) for d in _devices()]
     plan = qlink.PreparedAllReduce(bufs, op=op, transport=transport)
     for step in range(20):
