@@ -10,7 +10,7 @@ import torch
 
 from . import _abi
 from ._dlpack import pack
-from .p2p import _bridged_replay, current_streams, default_context
+from .p2p import _bridged_replay, _streams_key, current_streams, default_context
 
 
 def _streams(ctx, devices):
@@ -87,7 +87,7 @@ class PreparedAllReduce:
         self._devices = keep[0].devices
         self._execute = self._ctx._api.all_reduce_plan_execute
         bridged = _bridged_replay(self._ctx, self._ctx._all_reduce_plan_execute_fn, plan.value,
-                                  (self._ctx._device_type, tuple(sorted(self._devices))))
+                                  _streams_key(self._ctx, self._devices))
         if bridged is not None:
             self.run = bridged
 

@@ -53,11 +53,16 @@ _local = threading.local()
 def current_streams(ctx, devices):
     """The calling thread's current stream of each device, as a StreamArray reused by this
     thread for that device list."""
-    return _current_streams((ctx._device_type, tuple(sorted(devices))))
+    return _current_streams(_streams_key(ctx, devices))
+
+
+def _streams_key(ctx, devices):
+    """What identifies a device list's streams: (device type, sorted devices)."""
+    return ctx._device_type, tuple(sorted(devices))
 
 
 def _current_streams(key):
-    """current_streams for a (device type, sorted devices) key."""
+    """current_streams for a _streams_key."""
     try:
         array = _local.arrays[key]
     except (AttributeError, KeyError):  # this thread's first call for these devices
@@ -75,7 +80,7 @@ def _gpu_bridge(ctx):
 def _bridged_replay(ctx, execute, handle, streams_key):
     """A prepared plan's run() through the torch bridge, which reads the current streams
     and calls `execute` (a plan execute's address) on `handle` in C, no Python per device;
-    None without the bridge. streams_key: (device type, devices) as _current_streams takes."""
+    None without the bridge. streams_key: the devices', from _streams_key."""
     bridge = _gpu_bridge(ctx)
     if bridge is None:
         return None
@@ -141,7 +146,7 @@ class PreparedCopy:
                                        wait=wait)
         self._execute = self._ctx._api.copy_plan_execute
         self._handle = self._plan._handle
-        self._streams_key = (self._ctx._device_type, tuple(sorted(self._plan.stream_devices)))
+        self._streams_key = _streams_key(self._ctx, self._plan.stream_devices)
         bridged = _bridged_replay(self._ctx, self._ctx._copy_plan_execute_fn, self._handle.value, self._streams_key)
         if bridged is not None:
             self.run = bridged
