@@ -13,6 +13,7 @@
 #include "core/context.h"
 #include "core/copy_plan.h"
 #include "core/link_probe.h"
+#include "core/tensor_check.h"
 #include "plugin_api/qlink.h"
 
 struct qlink_context {
@@ -65,10 +66,7 @@ template <typename T>
 Status WriteVersioned(const T& full, T* out, size_t min_size, const char* what) {
   QLINK_RETURN_IF_ERROR(CheckNotNull(out, what));
   const size_t caller_size = out->struct_size;
-  if (caller_size < min_size) {
-    return InvalidArgument(std::string(what) + "->struct_size " + std::to_string(caller_size) +
-                           " is below the 1.0 size " + std::to_string(min_size));
-  }
+  QLINK_RETURN_IF_ERROR(CheckStructSize(caller_size, min_size, what, "1.0"));
   std::memcpy(out, &full, std::min(caller_size, sizeof(T)));
   out->struct_size = caller_size;
   return Status::Ok();
@@ -132,7 +130,7 @@ qlink_status DeviceInfo(const qlink_context* ctx, int32_t device, qlink_device_i
     CopyString(props.name, full.name, sizeof(full.name));
     full.total_bytes = props.total_bytes;
     full.free_bytes = props.free_bytes;
-    return WriteVersioned(full, info, QLINK_DEVICE_INFO_STRUCT_SIZE, "info");
+    return WriteVersioned(full, info, QLINK_DEVICE_INFO_STRUCT_SIZE_1_0, "info");
   });
 }
 
@@ -169,7 +167,7 @@ qlink_status PeerInfo(const qlink_context* ctx, int32_t src, int32_t dst, qlink_
     full.peer_gbps = p.peer_gbps;
     full.regular_gbps = p.regular_gbps;
     CopyString(p.reason, full.reason, sizeof(full.reason));
-    return WriteVersioned(full, info, QLINK_PEER_INFO_STRUCT_SIZE, "info");
+    return WriteVersioned(full, info, QLINK_PEER_INFO_STRUCT_SIZE_1_0, "info");
   });
 }
 
@@ -197,7 +195,7 @@ qlink_status MeasureLink(qlink_context* ctx, int32_t src, int32_t dst, uint64_t 
     full.gbps = Gbps(bytes, big_s);
     full.latency_us = small_s * 1e6;
     full.used_peer = peer ? 1 : 0;
-    return WriteVersioned(full, out, QLINK_LINK_MEASUREMENT_STRUCT_SIZE, "out");
+    return WriteVersioned(full, out, QLINK_LINK_MEASUREMENT_STRUCT_SIZE_1_0, "out");
   });
 }
 

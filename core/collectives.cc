@@ -16,12 +16,6 @@ namespace {
 constexpr size_t kMaxParticipants = 64;  // partials one reduce launch takes
 constexpr size_t kChunkAlign = 64;       // elements: owned chunks start 256-byte aligned
 
-Status CheckArgsSize(size_t got, size_t want, const char* what) {
-  if (got >= want) return Status::Ok();
-  return InvalidArgument(std::string(what) + ".struct_size " + std::to_string(got) + " is below the 1.1 size " +
-                         std::to_string(want));
-}
-
 Status CheckFp32(const DLTensor& t, const char* side, size_t i) {
   if (t.dtype.code == kDLFloat && t.dtype.bits == 32 && t.dtype.lanes == 1) return Status::Ok();
   return InvalidArgument(ArgName(side, i) + ": dtype must be float32, got code " + std::to_string(t.dtype.code) + " with " +
@@ -309,7 +303,7 @@ Status HalvingDoubling(Context& ctx, const Ranks& r) {
 
 Status Broadcast(Context& ctx, const qlink_broadcast_args* a) {
   if (a == nullptr) return InvalidArgument("args is NULL");
-  QLINK_RETURN_IF_ERROR(CheckArgsSize(a->struct_size, QLINK_BROADCAST_ARGS_STRUCT_SIZE, "args"));
+  QLINK_RETURN_IF_ERROR(CheckStructSize(a->struct_size, QLINK_BROADCAST_ARGS_STRUCT_SIZE_1_1, "args", "1.1"));
   const size_t leaves = a->num_leaves, replicas = a->num_replicas;
   if (leaves == 0 || replicas == 0) return Status::Ok();
   if (a->sources == nullptr) return InvalidArgument("args.sources is NULL with num_leaves > 0");
@@ -385,7 +379,7 @@ Status Broadcast(Context& ctx, const qlink_broadcast_args* a) {
 
 Status Reduce(Context& ctx, const qlink_reduce_args* a) {
   if (a == nullptr) return InvalidArgument("args is NULL");
-  QLINK_RETURN_IF_ERROR(CheckArgsSize(a->struct_size, QLINK_REDUCE_ARGS_STRUCT_SIZE, "args"));
+  QLINK_RETURN_IF_ERROR(CheckStructSize(a->struct_size, QLINK_REDUCE_ARGS_STRUCT_SIZE_1_1, "args", "1.1"));
   QLINK_RETURN_IF_ERROR(CheckStreams(ctx, a->streams, a->num_streams));
   uint64_t bytes = 0;
   std::vector<size_t> order;
@@ -450,7 +444,7 @@ Status Reduce(Context& ctx, const qlink_reduce_args* a) {
 
 Status AllReducePlan::Build(Context& ctx, const qlink_all_reduce_args* a, AllReducePlan* out) {
   if (a == nullptr) return InvalidArgument("args is NULL");
-  QLINK_RETURN_IF_ERROR(CheckArgsSize(a->struct_size, QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE, "args"));
+  QLINK_RETURN_IF_ERROR(CheckStructSize(a->struct_size, QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE_1_1, "args", "1.1"));
   QLINK_RETURN_IF_ERROR(CheckStreams(ctx, a->streams, a->num_streams));
   if (a->op < QLINK_REDUCE_SUM || a->op > QLINK_REDUCE_SIGN) {
     return InvalidArgument("args.op = " + std::to_string(a->op) + " is not a qlink_reduce_op");

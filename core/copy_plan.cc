@@ -69,10 +69,7 @@ Status CheckStreams(const Context& ctx, const qlink_stream* streams, size_t num_
 
 Status CopyPlan::Build(Context& ctx, const qlink_copy_args* args, CopyPlan* out) {
   if (args == nullptr) return InvalidArgument("args is NULL");
-  if (args->struct_size < QLINK_COPY_ARGS_STRUCT_SIZE) {
-    return InvalidArgument("args.struct_size " + std::to_string(args->struct_size) + " is below the 1.0 size " +
-                           std::to_string(QLINK_COPY_ARGS_STRUCT_SIZE));
-  }
+  QLINK_RETURN_IF_ERROR(CheckStructSize(args->struct_size, QLINK_COPY_ARGS_STRUCT_SIZE_1_0, "args", "1.0"));
   const size_t n = args->num_leaves;
   if (n > 0 && args->sources == nullptr) return InvalidArgument("args.sources is NULL with num_leaves > 0");
   if (n > 0 && args->destinations == nullptr) return InvalidArgument("args.destinations is NULL with num_leaves > 0");

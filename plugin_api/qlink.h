@@ -38,7 +38,13 @@ extern "C" {
 #define QLINK_ABI_MINOR 3
 
 /* Size of a struct up to and including `last_field`: what a host built against the
- * minor that introduced `last_field` passes as struct_size. */
+ * minor that introduced `last_field` passes as struct_size.
+ *
+ * Each struct's *_STRUCT_SIZE macro covers the struct as this header declares it (its
+ * last field); *_STRUCT_SIZE_<major>_<minor> names the size of an older layout, the
+ * smallest a library accepts. A host sets struct_size from *_STRUCT_SIZE; qlink reads a
+ * field only when struct_size covers it. plugin_api/layout_pins.cc pins every field's
+ * offset per minor. */
 #define QLINK_STRUCT_SIZE(type, last_field) \
   (offsetof(type, last_field) + sizeof(((type*)0)->last_field))
 
@@ -66,6 +72,7 @@ typedef struct qlink_device_info {
   uint64_t free_bytes;  /* at the time of the call */
 } qlink_device_info;
 #define QLINK_DEVICE_INFO_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_device_info, free_bytes)
+#define QLINK_DEVICE_INFO_STRUCT_SIZE_1_0 QLINK_DEVICE_INFO_STRUCT_SIZE
 
 /* How one ordered pair (src -> dst: dst reads or receives src's memory) is served. */
 typedef enum qlink_peer_state {
@@ -89,6 +96,7 @@ typedef struct qlink_peer_info {
   char reason[256];     /* NUL-terminated; why the pair is not enabled, else empty */
 } qlink_peer_info;
 #define QLINK_PEER_INFO_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_peer_info, reason)
+#define QLINK_PEER_INFO_STRUCT_SIZE_1_0 QLINK_PEER_INFO_STRUCT_SIZE
 
 /* A measured link, as reported by measure_link (what `qlink probe` prints). */
 typedef struct qlink_link_measurement {
@@ -100,6 +108,7 @@ typedef struct qlink_link_measurement {
 } qlink_link_measurement;
 #define QLINK_LINK_MEASUREMENT_STRUCT_SIZE \
   QLINK_STRUCT_SIZE(qlink_link_measurement, used_peer)
+#define QLINK_LINK_MEASUREMENT_STRUCT_SIZE_1_0 QLINK_LINK_MEASUREMENT_STRUCT_SIZE
 
 /* The stream to order a device's part of a call against. */
 typedef struct qlink_stream {
@@ -131,7 +140,8 @@ typedef struct qlink_copy_args {
   uint32_t flags;               /* 1.2: qlink_copy_flags, or-ed; read only when
                                    struct_size covers it, else 0 */
 } qlink_copy_args;
-#define QLINK_COPY_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_copy_args, num_streams)
+#define QLINK_COPY_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_copy_args, flags)
+#define QLINK_COPY_ARGS_STRUCT_SIZE_1_0 QLINK_STRUCT_SIZE(qlink_copy_args, num_streams)
 
 /* 1.2: promises by which a host takes over part of a copy's ordering. Each saves a
  * cross-device event join (a few microseconds of enqueue, and of waiting on the GPU). */
@@ -178,7 +188,8 @@ typedef struct qlink_broadcast_args {
                                    every replica); read only when struct_size covers it,
                                    else 0 */
 } qlink_broadcast_args;
-#define QLINK_BROADCAST_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_broadcast_args, num_streams)
+#define QLINK_BROADCAST_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_broadcast_args, flags)
+#define QLINK_BROADCAST_ARGS_STRUCT_SIZE_1_1 QLINK_STRUCT_SIZE(qlink_broadcast_args, num_streams)
 
 /* output = scale * sum of inputs, summed in device-index order whatever order the
  * inputs are listed in, so the result is bit-identical for every arrival order (GPTQ's
@@ -196,6 +207,7 @@ typedef struct qlink_reduce_args {
   size_t num_streams;
 } qlink_reduce_args;
 #define QLINK_REDUCE_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_reduce_args, num_streams)
+#define QLINK_REDUCE_ARGS_STRUCT_SIZE_1_1 QLINK_REDUCE_ARGS_STRUCT_SIZE
 
 typedef enum qlink_all_reduce_algorithm {
   QLINK_ALL_REDUCE_AUTO = 0,             /* one-shot up to 1 MiB where every pair has peer
@@ -218,10 +230,13 @@ typedef struct qlink_all_reduce_args {
   int32_t transport;            /* qlink_transport */
   const qlink_stream* streams;  /* borrowed array of num_streams; may be NULL */
   size_t num_streams;
-  int32_t algorithm;            /* qlink_all_reduce_algorithm; read only when struct_size
-                                   covers it, else QLINK_ALL_REDUCE_AUTO */
+  int32_t algorithm;            /* 1.2: qlink_all_reduce_algorithm; read only when
+                                   struct_size covers it, else QLINK_ALL_REDUCE_AUTO.
+                                   (Appended while the minor was still 1.1: a host that
+                                   sets it asks for minor 1.2 or later.) */
 } qlink_all_reduce_args;
-#define QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_all_reduce_args, num_streams)
+#define QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_all_reduce_args, algorithm)
+#define QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE_1_1 QLINK_STRUCT_SIZE(qlink_all_reduce_args, num_streams)
 
 /* ---- 1.1: collectives across processes and nodes (NCCL; RCCL on HIP) -------------- */
 
@@ -334,6 +349,8 @@ typedef struct qlink_api {
 #define QLINK_API_STRUCT_SIZE_1_0 QLINK_STRUCT_SIZE(qlink_api, stream_synchronize)
 #define QLINK_API_STRUCT_SIZE_1_1 QLINK_STRUCT_SIZE(qlink_api, comm_reduce)
 #define QLINK_API_STRUCT_SIZE_1_2 QLINK_STRUCT_SIZE(qlink_api, all_reduce_plan_destroy)
+#define QLINK_API_STRUCT_SIZE_1_3 QLINK_API_STRUCT_SIZE_1_2 /* 1.3 added a flag, no entry */
+#define QLINK_API_STRUCT_SIZE QLINK_API_STRUCT_SIZE_1_3
 
 /* The one exported symbol. Returns the table of ABI `major` if this library provides
  * at least `min_minor`, else NULL with *error (when error is non-NULL) pointing at a

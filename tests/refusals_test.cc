@@ -114,7 +114,7 @@ TEST_F(Refusals, VersionedStructsTooSmall) {
   EXPECT_THAT(api_.last_error(), HasSubstr("info->struct_size 8 is below"));
   qlink_copy_args args{4, nullptr, nullptr, 0, nullptr, 0};
   EXPECT_EQ(api_.copy_batch(ctx.get(), &args), QLINK_INVALID_ARGUMENT);
-  EXPECT_THAT(api_.last_error(), HasSubstr("args.struct_size 4"));
+  EXPECT_THAT(api_.last_error(), HasSubstr("args->struct_size 4"));
 }
 
 // A batch whose leaf `bad` is broken by `spoil`: refused with `culprit`, no destination written.
@@ -213,7 +213,7 @@ TEST_F(RefusedBatch, UnknownCopyFlags) {
   EXPECT_THAT(api_.last_error(), HasSubstr("args.flags = 10 has bits that are not qlink_copy_flags"));
   EXPECT_EQ(b, std::vector<uint8_t>(8, 0));
   // A 1.0/1.1 host's struct ends before the field: whatever follows it is not read.
-  args.struct_size = QLINK_COPY_ARGS_STRUCT_SIZE;
+  args.struct_size = QLINK_COPY_ARGS_STRUCT_SIZE_1_0;
   EXPECT_EQ(api_.copy_batch(ctx_.get(), &args), QLINK_OK) << api_.last_error();
   EXPECT_EQ(b, a);
 }

@@ -1,0 +1,136 @@
+// Pins the ABI's layout, minor by minor (ONNX Runtime's way): every field's offset on LP64
+// hosts, every older size a library still accepts, every function-table slot. A change
+// that moves a released field fails the build here instead of failing hosts in the field.
+// A new minor appends its fields and slots below; nothing above is ever edited.
+#include <cstddef>
+#include <cstdint>
+
+#include "plugin_api/qlink.h"
+
+#define QLINK_PIN(type, field, offset) \
+  static_assert(offsetof(type, field) == (offset), #type "." #field " moved: released fields never move")
+// Slot n of the function table, after struct_size and the two version words.
+#define QLINK_SLOT(field, n)                                                                   \
+  static_assert(offsetof(qlink_api, field) == offsetof(qlink_api, last_error) + (n) * sizeof(void*), \
+                "qlink_api." #field " moved: the table is append-only")
+
+#if UINTPTR_MAX == UINT64_MAX
+// ---- 1.0 ------------------------------------------------------------------------------
+QLINK_PIN(qlink_device_info, struct_size, 0);
+QLINK_PIN(qlink_device_info, device, 8);
+QLINK_PIN(qlink_device_info, name, 16);
+QLINK_PIN(qlink_device_info, total_bytes, 144);
+QLINK_PIN(qlink_device_info, free_bytes, 152);
+static_assert(QLINK_DEVICE_INFO_STRUCT_SIZE_1_0 == 160, "qlink_device_info 1.0 size");
+
+QLINK_PIN(qlink_peer_info, struct_size, 0);
+QLINK_PIN(qlink_peer_info, src_device, 8);
+QLINK_PIN(qlink_peer_info, dst_device, 12);
+QLINK_PIN(qlink_peer_info, state, 16);
+QLINK_PIN(qlink_peer_info, probed, 20);
+QLINK_PIN(qlink_peer_info, peer_gbps, 24);
+QLINK_PIN(qlink_peer_info, regular_gbps, 32);
+QLINK_PIN(qlink_peer_info, reason, 40);
+static_assert(QLINK_PEER_INFO_STRUCT_SIZE_1_0 == 296, "qlink_peer_info 1.0 size");
+
+QLINK_PIN(qlink_link_measurement, struct_size, 0);
+QLINK_PIN(qlink_link_measurement, bytes, 8);
+QLINK_PIN(qlink_link_measurement, gbps, 16);
+QLINK_PIN(qlink_link_measurement, latency_us, 24);
+QLINK_PIN(qlink_link_measurement, used_peer, 32);
+static_assert(QLINK_LINK_MEASUREMENT_STRUCT_SIZE_1_0 == 36, "qlink_link_measurement 1.0 size");
+
+// Passed in arrays without a struct_size: frozen whole.
+QLINK_PIN(qlink_stream, device, 0);
+QLINK_PIN(qlink_stream, stream, 8);
+static_assert(sizeof(qlink_stream) == 16, "qlink_stream is frozen");
+
+QLINK_PIN(qlink_copy_args, struct_size, 0);
+QLINK_PIN(qlink_copy_args, sources, 8);
+QLINK_PIN(qlink_copy_args, destinations, 16);
+QLINK_PIN(qlink_copy_args, num_leaves, 24);
+QLINK_PIN(qlink_copy_args, streams, 32);
+QLINK_PIN(qlink_copy_args, num_streams, 40);
+static_assert(QLINK_COPY_ARGS_STRUCT_SIZE_1_0 == 48, "qlink_copy_args 1.0 size");
+
+static_assert(offsetof(qlink_api, last_error) == 16, "qlink_api header");
+QLINK_SLOT(last_error, 0);
+QLINK_SLOT(context_create, 1);
+QLINK_SLOT(context_destroy, 2);
+QLINK_SLOT(backend_name, 3);
+QLINK_SLOT(device_count, 4);
+QLINK_SLOT(device_info, 5);
+QLINK_SLOT(enable_peer_access, 6);
+QLINK_SLOT(peer_info, 7);
+QLINK_SLOT(measure_link, 8);
+QLINK_SLOT(copy_batch, 9);
+QLINK_SLOT(copy_plan_create, 10);
+QLINK_SLOT(copy_plan_execute, 11);
+QLINK_SLOT(copy_plan_destroy, 12);
+QLINK_SLOT(memory_allocate, 13);
+QLINK_SLOT(memory_free, 14);
+QLINK_SLOT(memory_to_host, 15);
+QLINK_SLOT(memory_from_host, 16);
+QLINK_SLOT(stream_synchronize, 17);
+static_assert(QLINK_API_STRUCT_SIZE_1_0 == 16 + 18 * 8, "qlink_api 1.0 size");
+
+// ---- 1.1 ------------------------------------------------------------------------------
+QLINK_PIN(qlink_broadcast_args, struct_size, 0);
+QLINK_PIN(qlink_broadcast_args, sources, 8);
+QLINK_PIN(qlink_broadcast_args, num_leaves, 16);
+QLINK_PIN(qlink_broadcast_args, destinations, 24);
+QLINK_PIN(qlink_broadcast_args, num_replicas, 32);
+QLINK_PIN(qlink_broadcast_args, streams, 40);
+QLINK_PIN(qlink_broadcast_args, num_streams, 48);
+static_assert(QLINK_BROADCAST_ARGS_STRUCT_SIZE_1_1 == 56, "qlink_broadcast_args 1.1 size");
+
+QLINK_PIN(qlink_reduce_args, struct_size, 0);
+QLINK_PIN(qlink_reduce_args, inputs, 8);
+QLINK_PIN(qlink_reduce_args, num_inputs, 16);
+QLINK_PIN(qlink_reduce_args, output, 24);
+QLINK_PIN(qlink_reduce_args, scale, 32);
+QLINK_PIN(qlink_reduce_args, streams, 40);
+QLINK_PIN(qlink_reduce_args, num_streams, 48);
+static_assert(QLINK_REDUCE_ARGS_STRUCT_SIZE_1_1 == 56, "qlink_reduce_args 1.1 size");
+
+QLINK_PIN(qlink_all_reduce_args, struct_size, 0);
+QLINK_PIN(qlink_all_reduce_args, buffers, 8);
+QLINK_PIN(qlink_all_reduce_args, num_buffers, 16);
+QLINK_PIN(qlink_all_reduce_args, op, 24);
+QLINK_PIN(qlink_all_reduce_args, transport, 28);
+QLINK_PIN(qlink_all_reduce_args, streams, 32);
+QLINK_PIN(qlink_all_reduce_args, num_streams, 40);
+static_assert(QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE_1_1 == 48, "qlink_all_reduce_args 1.1 size");
+
+static_assert(sizeof(qlink_unique_id) == 128, "qlink_unique_id is frozen");
+QLINK_SLOT(broadcast, 18);
+QLINK_SLOT(reduce, 19);
+QLINK_SLOT(all_reduce, 20);
+QLINK_SLOT(comm_unique_id, 21);
+QLINK_SLOT(comm_create, 22);
+QLINK_SLOT(comm_destroy, 23);
+QLINK_SLOT(comm_all_reduce, 24);
+QLINK_SLOT(comm_broadcast, 25);
+QLINK_SLOT(comm_reduce, 26);
+static_assert(QLINK_API_STRUCT_SIZE_1_1 == 16 + 27 * 8, "qlink_api 1.1 size");
+
+// ---- 1.2 ------------------------------------------------------------------------------
+QLINK_PIN(qlink_copy_args, flags, 48);
+QLINK_PIN(qlink_broadcast_args, flags, 56);
+QLINK_PIN(qlink_all_reduce_args, algorithm, 48);
+QLINK_SLOT(all_reduce_plan_create, 27);
+QLINK_SLOT(all_reduce_plan_execute, 28);
+QLINK_SLOT(all_reduce_plan_destroy, 29);
+static_assert(QLINK_API_STRUCT_SIZE_1_2 == 16 + 30 * 8, "qlink_api 1.2 size");
+
+// ---- 1.3: a copy flag (QLINK_COPY_WAIT), no field or slot -------------------------------
+static_assert(QLINK_COPY_WAIT == 4, "qlink_copy_flags values are frozen");
+static_assert(QLINK_API_STRUCT_SIZE_1_3 == QLINK_API_STRUCT_SIZE_1_2, "qlink_api 1.3 size");
+#endif
+
+// Every current *_STRUCT_SIZE covers its struct's last field, on every platform.
+static_assert(QLINK_COPY_ARGS_STRUCT_SIZE == offsetof(qlink_copy_args, flags) + sizeof(uint32_t), "copy args");
+static_assert(QLINK_BROADCAST_ARGS_STRUCT_SIZE == offsetof(qlink_broadcast_args, flags) + sizeof(uint32_t), "bcast");
+static_assert(QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE == offsetof(qlink_all_reduce_args, algorithm) + sizeof(int32_t),
+              "all-reduce args");
+static_assert(QLINK_API_STRUCT_SIZE == sizeof(qlink_api), "the table's size macro covers every slot");
