@@ -23,6 +23,11 @@
 
 namespace qlink {
 
+namespace quant {
+class QuantMath;  // quant/quant_math.h
+struct Libraries;
+}  // namespace quant
+
 using Stream = void*;  // vendor stream handle; nullptr is the device's default stream
 using Event = void*;   // vendor event handle
 
@@ -144,6 +149,11 @@ class DeviceBackend {
   // peer, waits for every peer's flag to reach the epoch, then sums every slot in rank
   // order into output.
   virtual Status OneShot(int device, const OneShotAllReduce& args, Stream stream) = 0;
+
+  // The GPTQ engine's linear algebra and kernels on this backend's devices
+  // (quant/quant_math.h), made on first use from `libraries` and owned by the backend.
+  // By default a backend has none.
+  virtual Status GetQuantMath(const quant::Libraries& libraries, quant::QuantMath** out);
 };
 
 namespace internal {
@@ -159,6 +169,11 @@ class HostPreparedPull final : public PreparedPull {
   std::vector<CopyLeaf> leaves_;
 };
 }  // namespace internal
+
+inline Status DeviceBackend::GetQuantMath(const quant::Libraries&, quant::QuantMath** out) {
+  *out = nullptr;
+  return Unavailable(std::string("the ") + name() + " backend has no GPTQ engine");
+}
 
 inline Status DeviceBackend::PreparePull(int dst_device, const CopyLeaf* leaves, size_t count,
                                          std::unique_ptr<PreparedPull>* out) {

@@ -15,6 +15,7 @@
 #include "core/link_probe.h"
 #include "core/tensor_check.h"
 #include "plugin_api/qlink.h"
+#include "quant/gptq/gptq_quantize.h"
 
 struct qlink_context {
   std::unique_ptr<qlink::Context> impl;
@@ -390,6 +391,22 @@ qlink_status CommReduce(qlink_comm* comm, const DLTensor* buffer, int32_t root, 
   return OnComm(comm, [&](Communicator& c) { return c.Reduce(buffer, root, scale, stream); });
 }
 
+qlink_status HessianAccumulateEntry(qlink_context* ctx, const qlink_hessian_args* args) {
+  return Guard([&] {
+    QLINK_RETURN_IF_ERROR(CheckNotNull(ctx, "ctx"));
+    DeviceRestore restore(ctx->impl->backend());
+    return quant::HessianAccumulate(*ctx->impl, args);
+  });
+}
+
+qlink_status GptqQuantizeEntry(qlink_context* ctx, qlink_gptq_args* args) {
+  return Guard([&] {
+    QLINK_RETURN_IF_ERROR(CheckNotNull(ctx, "ctx"));
+    DeviceRestore restore(ctx->impl->backend());
+    return quant::GptqQuantize(*ctx->impl, args);
+  });
+}
+
 const qlink_api kApi = {
     sizeof(qlink_api),
     QLINK_ABI_MAJOR,
@@ -424,6 +441,8 @@ const qlink_api kApi = {
     &PlanCreate<qlink_all_reduce_plan, qlink_all_reduce_args>,
     &PlanExecute<qlink_all_reduce_plan>,
     &PlanDestroy<qlink_all_reduce_plan>,
+    &HessianAccumulateEntry,
+    &GptqQuantizeEntry,
 };
 
 }  // namespace

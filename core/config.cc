@@ -115,6 +115,10 @@ Status ParseConfig(const char* text, Config* out) {
       QLINK_RETURN_IF_ERROR(ReadInt(v, field, 1, 256, &out->cpu_devices));
     } else if (key == "nccl_library") {
       QLINK_RETURN_IF_ERROR(ReadString(v, field, &out->nccl_library));
+    } else if (key == "blas_library") {
+      QLINK_RETURN_IF_ERROR(ReadString(v, field, &out->blas_library));
+    } else if (key == "solver_library") {
+      QLINK_RETURN_IF_ERROR(ReadString(v, field, &out->solver_library));
     } else if (key == "backend_options") {
       if (!v.is_object()) return WrongType(field, "an object", v);
       out->backend_options = json::serialize(v);
@@ -123,7 +127,7 @@ Status ParseConfig(const char* text, Config* out) {
       QLINK_RETURN_IF_ERROR(ParseP2P(v.get_object(), &out->p2p));
     } else {
       return InvalidArgument("config has unknown field '" + field +
-                             "' (known: backend, backend_options, log_level, cpu_devices, nccl_library, p2p)");
+                             "' (known: backend, backend_options, log_level, cpu_devices, nccl_library, blas_library, solver_library, p2p)");
     }
   }
   return Status::Ok();

@@ -14,12 +14,9 @@ const char* DeviceTypeName(int type) {
   }
 }
 
-}  // namespace
-
-Status CheckTensor(const DLTensor& t, const char* side, size_t index, DLDeviceType device_type, int device_count,
-                   uint64_t* bytes) {
-  // Named only on refusal: the hot path builds no strings.
-  auto what = [&] { return ArgName(side, index); };
+// `what()` names the tensor; called only on refusal, so the hot path builds no strings.
+template <typename Name>
+Status Check(const DLTensor& t, Name what, DLDeviceType device_type, int device_count, uint64_t* bytes) {
   if (t.device.device_type != device_type) {
     return InvalidArgument(what() + ": device type " + std::to_string(t.device.device_type) + " (" +
                            DeviceTypeName(t.device.device_type) + ") is not the context's " +
@@ -59,6 +56,18 @@ Status CheckTensor(const DLTensor& t, const char* side, size_t index, DLDeviceTy
   *bytes = elements * element_bytes;
   if (*bytes > 0 && t.data == nullptr) return InvalidArgument(what() + ": data is NULL");
   return Status::Ok();
+}
+
+}  // namespace
+
+Status CheckTensor(const DLTensor& t, const char* side, size_t index, DLDeviceType device_type, int device_count,
+                   uint64_t* bytes) {
+  return Check(t, [&] { return ArgName(side, index); }, device_type, device_count, bytes);
+}
+
+Status CheckTensor(const DLTensor& t, const std::string& name, DLDeviceType device_type, int device_count,
+                   uint64_t* bytes) {
+  return Check(t, [&] { return name; }, device_type, device_count, bytes);
 }
 
 }  // namespace qlink

@@ -28,6 +28,9 @@ inline Status CheckStructSize(size_t got, size_t oldest, const char* what, const
 // in bytes.
 Status CheckTensor(const DLTensor& t, const char* side, size_t index, DLDeviceType device_type, int device_count,
                    uint64_t* bytes);
+// The same, for a tensor named whole ("layers[2] 'q_proj': weight").
+Status CheckTensor(const DLTensor& t, const std::string& name, DLDeviceType device_type, int device_count,
+                   uint64_t* bytes);
 
 // Start address of the tensor's bytes.
 inline const char* TensorBytes(const DLTensor& t) { return static_cast<const char*>(t.data) + t.byte_offset; }

@@ -126,6 +126,55 @@ static_assert(QLINK_API_STRUCT_SIZE_1_2 == 16 + 30 * 8, "qlink_api 1.2 size");
 // ---- 1.3: a copy flag (QLINK_COPY_WAIT), no field or slot -------------------------------
 static_assert(QLINK_COPY_WAIT == 4, "qlink_copy_flags values are frozen");
 static_assert(QLINK_API_STRUCT_SIZE_1_3 == QLINK_API_STRUCT_SIZE_1_2, "qlink_api 1.3 size");
+
+// ---- 1.4: GPTQ ---------------------------------------------------------------------------
+QLINK_PIN(qlink_hessian_args, struct_size, 0);
+QLINK_PIN(qlink_hessian_args, inputs, 8);
+QLINK_PIN(qlink_hessian_args, num_inputs, 16);
+QLINK_PIN(qlink_hessian_args, partials, 24);
+QLINK_PIN(qlink_hessian_args, num_partials, 32);
+QLINK_PIN(qlink_hessian_args, streams, 40);
+QLINK_PIN(qlink_hessian_args, num_streams, 48);
+static_assert(QLINK_HESSIAN_ARGS_STRUCT_SIZE_1_4 == 56, "qlink_hessian_args 1.4 size");
+
+QLINK_PIN(qlink_gptq_options, struct_size, 0);
+QLINK_PIN(qlink_gptq_options, bits, 8);
+QLINK_PIN(qlink_gptq_options, group_size, 12);
+QLINK_PIN(qlink_gptq_options, sym, 16);
+QLINK_PIN(qlink_gptq_options, desc_act, 20);
+QLINK_PIN(qlink_gptq_options, static_groups, 24);
+QLINK_PIN(qlink_gptq_options, tf32, 28);
+QLINK_PIN(qlink_gptq_options, damp, 32);
+QLINK_PIN(qlink_gptq_options, damp_auto_increment, 40);
+QLINK_PIN(qlink_gptq_options, nsamples, 48);
+static_assert(QLINK_GPTQ_OPTIONS_STRUCT_SIZE_1_4 == 56, "qlink_gptq_options 1.4 size");
+
+QLINK_PIN(qlink_gptq_layer, struct_size, 0);
+QLINK_PIN(qlink_gptq_layer, name, 8);
+QLINK_PIN(qlink_gptq_layer, weight, 16);
+QLINK_PIN(qlink_gptq_layer, hessian, 24);
+QLINK_PIN(qlink_gptq_layer, codes, 32);
+QLINK_PIN(qlink_gptq_layer, scales, 40);
+QLINK_PIN(qlink_gptq_layer, zeros, 48);
+QLINK_PIN(qlink_gptq_layer, g_idx, 56);
+QLINK_PIN(qlink_gptq_layer, dequantized, 64);
+QLINK_PIN(qlink_gptq_layer, loss, 72);
+QLINK_PIN(qlink_gptq_layer, damp, 80);
+static_assert(QLINK_GPTQ_LAYER_STRUCT_SIZE_1_4 == 88, "qlink_gptq_layer 1.4 size");
+
+QLINK_PIN(qlink_gptq_args, struct_size, 0);
+QLINK_PIN(qlink_gptq_args, options, 8);
+QLINK_PIN(qlink_gptq_args, layers, 16);
+QLINK_PIN(qlink_gptq_args, num_layers, 24);
+QLINK_PIN(qlink_gptq_args, devices, 32);
+QLINK_PIN(qlink_gptq_args, num_devices, 40);
+QLINK_PIN(qlink_gptq_args, streams, 48);
+QLINK_PIN(qlink_gptq_args, num_streams, 56);
+static_assert(QLINK_GPTQ_ARGS_STRUCT_SIZE_1_4 == 64, "qlink_gptq_args 1.4 size");
+
+QLINK_SLOT(hessian_accumulate, 30);
+QLINK_SLOT(gptq_quantize, 31);
+static_assert(QLINK_API_STRUCT_SIZE_1_4 == 16 + 32 * 8, "qlink_api 1.4 size");
 #endif
 
 // Every current *_STRUCT_SIZE covers its struct's last field, on every platform.

@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 #define QLINK_ABI_MAJOR 1
-#define QLINK_ABI_MINOR 3
+#define QLINK_ABI_MINOR 4
 
 /* Size of a struct up to and including `last_field`: what a host built against the
  * minor that introduced `last_field` passes as struct_size.
@@ -246,6 +246,102 @@ typedef struct qlink_unique_id {
   char bytes[128];
 } qlink_unique_id;
 
+/* ---- 1.4: GPTQ (the quant/ engine) ------------------------------------------------- */
+
+/* Hessian partials of calibration activations: partials[d] += X^T X (IEEE fp32) for every
+ * input X on device d, enqueued on that device's stream like a copy (the call does not
+ * block). X^T X is a symmetric rank-k update; the partial is written whole (both
+ * triangles). A host merges one partial per device with `reduce` (device-index order,
+ * scale = 2 / total rows): GPTQ's H = (2/N) sum_d H_d, bit-identical for every arrival
+ * order. */
+typedef struct qlink_hessian_args {
+  size_t struct_size;
+  const DLTensor* inputs;      /* borrowed array of num_inputs: activations (..., columns),
+                                  fp32, bf16 or fp16, contiguous; the rows are every
+                                  leading index */
+  size_t num_inputs;
+  const DLTensor* partials;    /* borrowed array of num_partials: (columns, columns) fp32,
+                                  contiguous, at most one per device; each input's device
+                                  has one */
+  size_t num_partials;
+  const qlink_stream* streams; /* borrowed array of num_streams; may be NULL */
+  size_t num_streams;
+} qlink_hessian_args;
+#define QLINK_HESSIAN_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_hessian_args, num_streams)
+#define QLINK_HESSIAN_ARGS_STRUCT_SIZE_1_4 QLINK_HESSIAN_ARGS_STRUCT_SIZE
+
+/* GPTQ as GPTQModel's GPTQ.quantize runs it: the damped Hessian inverted through
+ * Cholesky factors (the damp raised by damp_auto_increment after each failed Cholesky
+ * while below 1), dead columns (zero diagonal) zeroed, columns quantized in blocks of 128
+ * with each column's error spread over the columns after it, IEEE fp32 throughout unless
+ * tf32 is set. Min-max ranges per group of columns: the whole row (group_size -1), else
+ * taken from the weight as it stands when the group's block starts, or from the weight
+ * before any update (static_groups). */
+typedef struct qlink_gptq_options {
+  size_t struct_size;
+  int32_t bits;               /* 2, 3, 4 or 8 */
+  int32_t group_size;         /* -1 (one group per row) or a positive divisor of the columns */
+  int32_t sym;                /* nonzero: symmetric ranges, zero = 2^(bits-1) */
+  int32_t desc_act;           /* nonzero: columns in descending order of the Hessian's
+                                 diagonal (act-order); g_idx gives each column's group */
+  int32_t static_groups;      /* nonzero: group ranges from the unupdated weight */
+  int32_t tf32;               /* nonzero: cross-block updates may use TF32 tensor cores;
+                                 0 (the default) keeps IEEE fp32 */
+  double damp;                /* fraction of the mean diagonal added to the diagonal, (0, 1) */
+  double damp_auto_increment; /* added to damp after a failed Cholesky, [0, 1); 0: no retry */
+  double nsamples;            /* calibration rows behind the Hessian: loss = sum of
+                                 (w - q)^2 / d^2 / 2 over the layer, divided by nsamples;
+                                 0 leaves the sum undivided */
+} qlink_gptq_options;
+#define QLINK_GPTQ_OPTIONS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_gptq_options, nsamples)
+#define QLINK_GPTQ_OPTIONS_STRUCT_SIZE_1_4 QLINK_GPTQ_OPTIONS_STRUCT_SIZE
+
+/* One linear layer to quantize. Inputs are read only; every output is optional (NULL: not
+ * wanted) and lives on the weight's device. */
+typedef struct qlink_gptq_layer {
+  size_t struct_size;
+  const char* name;            /* borrowed, NUL-terminated; names the layer in refusals and
+                                  logs; NULL: "layers[i]" */
+  const DLTensor* weight;      /* borrowed; (rows, columns) fp32, bf16 or fp16, contiguous */
+  const DLTensor* hessian;     /* borrowed; (columns, columns) fp32, contiguous, on the
+                                  weight's device. Layers given the same Hessian (same
+                                  data, offset and device: q/k/v, gate/up) share one inverse,
+                                  computed once */
+  const DLTensor* codes;       /* borrowed; (rows, columns) uint8 levels in [0, 2^bits) */
+  const DLTensor* scales;      /* borrowed; (rows, groups) fp32; groups = columns / group_size
+                                  (1 for -1), in the order the columns were visited */
+  const DLTensor* zeros;       /* borrowed; (rows, groups) fp32 holding integers */
+  const DLTensor* g_idx;       /* borrowed; (columns) int32: each column's group */
+  const DLTensor* dequantized; /* borrowed; (rows, columns) fp32, bf16 or fp16:
+                                  scale * (code - zero); may be `weight` itself */
+  double loss;                 /* out: see qlink_gptq_options.nsamples */
+  double damp;                 /* out: the damp the Cholesky succeeded with */
+} qlink_gptq_layer;
+#define QLINK_GPTQ_LAYER_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_gptq_layer, damp)
+#define QLINK_GPTQ_LAYER_STRUCT_SIZE_1_4 QLINK_GPTQ_LAYER_STRUCT_SIZE
+
+/* Quantizes layers, data-parallel over `devices`: each Hessian's inverse is computed once,
+ * layers are placed by cost (a Hessian's layers together where that balances), and a
+ * large layer's rows are split when devices outnumber layers. Results do not depend on
+ * the devices used. Work already on the streams of the layers' devices completes before
+ * any input is read; the call returns once every output holds its result. Every argument
+ * and every inverse is checked before any output is written: a refused call (a Hessian
+ * that stays indefinite up to the largest damp included, named with the damps tried)
+ * writes nothing. */
+typedef struct qlink_gptq_args {
+  size_t struct_size;
+  const qlink_gptq_options* options; /* borrowed */
+  qlink_gptq_layer* layers;          /* borrowed array of num_layers; loss and damp written */
+  size_t num_layers;
+  const int32_t* devices;            /* borrowed array of num_devices, each listed once; NULL
+                                        with 0: every layer on its weight's device */
+  size_t num_devices;
+  const qlink_stream* streams;       /* borrowed array of num_streams; may be NULL */
+  size_t num_streams;
+} qlink_gptq_args;
+#define QLINK_GPTQ_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_gptq_args, num_streams)
+#define QLINK_GPTQ_ARGS_STRUCT_SIZE_1_4 QLINK_GPTQ_ARGS_STRUCT_SIZE
+
 typedef struct qlink_api {
   size_t struct_size;
   uint32_t abi_major;
@@ -345,12 +441,19 @@ typedef struct qlink_api {
                                           const qlink_stream* streams, size_t num_streams);
   /* plan: owned, released here (NULL is a no-op). */
   qlink_status (*all_reduce_plan_destroy)(qlink_all_reduce_plan* plan);
+
+  /* 1.4. GPTQ. The engine's linear algebra comes from the vendor's libraries (config
+   * fields blas_library / solver_library), loaded on first use: without them these calls
+   * fail with QLINK_UNAVAILABLE naming the library, and everything else works. */
+  qlink_status (*hessian_accumulate)(qlink_context* ctx, const qlink_hessian_args* args);
+  qlink_status (*gptq_quantize)(qlink_context* ctx, qlink_gptq_args* args);
 } qlink_api;
 #define QLINK_API_STRUCT_SIZE_1_0 QLINK_STRUCT_SIZE(qlink_api, stream_synchronize)
 #define QLINK_API_STRUCT_SIZE_1_1 QLINK_STRUCT_SIZE(qlink_api, comm_reduce)
 #define QLINK_API_STRUCT_SIZE_1_2 QLINK_STRUCT_SIZE(qlink_api, all_reduce_plan_destroy)
 #define QLINK_API_STRUCT_SIZE_1_3 QLINK_API_STRUCT_SIZE_1_2 /* 1.3 added a flag, no entry */
-#define QLINK_API_STRUCT_SIZE QLINK_API_STRUCT_SIZE_1_3
+#define QLINK_API_STRUCT_SIZE_1_4 QLINK_STRUCT_SIZE(qlink_api, gptq_quantize)
+#define QLINK_API_STRUCT_SIZE QLINK_API_STRUCT_SIZE_1_4
 
 /* The one exported symbol. Returns the table of ABI `major` if this library provides
  * at least `min_minor`, else NULL with *error (when error is non-NULL) pointing at a

@@ -5,11 +5,14 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 
 #include "backends/cpu/cpu_kernels.h"
 #include "backends/device_backend.h"
+#include "quant/cpu/cpu_quant_math.h"
 
 namespace qlink {
 namespace {
@@ -107,8 +110,17 @@ class CpuBackend final : public DeviceBackend {
     return Unavailable("cpu: one-shot all-reduce needs concurrently running ranks");
   }
 
+  Status GetQuantMath(const quant::Libraries& libraries, quant::QuantMath** out) override {
+    std::lock_guard<std::mutex> lock(quant_mu_);
+    if (!quant_) QLINK_RETURN_IF_ERROR(quant::MakeCpuQuantMath(libraries, &quant_));
+    *out = quant_.get();
+    return Status::Ok();
+  }
+
  private:
   const int devices_;
+  std::mutex quant_mu_;
+  std::unique_ptr<quant::QuantMath> quant_;  // made on first use
 };
 
 }  // namespace

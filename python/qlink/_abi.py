@@ -3,7 +3,7 @@ import ctypes
 from ctypes import POINTER, c_char, c_char_p, c_double, c_int32, c_size_t, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p
 
 ABI_MAJOR = 1
-ABI_MINOR = 3
+ABI_MINOR = 4
 
 OK, INVALID_ARGUMENT, UNAVAILABLE, VERSION_MISMATCH, OUT_OF_MEMORY, RUNTIME_ERROR, INTERNAL = range(7)
 
@@ -80,6 +80,29 @@ class AllReduceArgs(ctypes.Structure):
                 ("algorithm", c_int32)]
 
 
+class HessianArgs(ctypes.Structure):  # 1.4
+    _fields_ = [("struct_size", c_size_t), ("inputs", c_void_p), ("num_inputs", c_size_t), ("partials", c_void_p),
+                ("num_partials", c_size_t), ("streams", POINTER(Stream)), ("num_streams", c_size_t)]
+
+
+class GptqOptions(ctypes.Structure):  # 1.4
+    _fields_ = [("struct_size", c_size_t), ("bits", c_int32), ("group_size", c_int32), ("sym", c_int32),
+                ("desc_act", c_int32), ("static_groups", c_int32), ("tf32", c_int32), ("damp", c_double),
+                ("damp_auto_increment", c_double), ("nsamples", c_double)]
+
+
+class GptqLayer(ctypes.Structure):  # 1.4; the tensors as addresses of DLTensors
+    _fields_ = [("struct_size", c_size_t), ("name", c_char_p), ("weight", c_void_p), ("hessian", c_void_p),
+                ("codes", c_void_p), ("scales", c_void_p), ("zeros", c_void_p), ("g_idx", c_void_p),
+                ("dequantized", c_void_p), ("loss", c_double), ("damp", c_double)]
+
+
+class GptqArgs(ctypes.Structure):  # 1.4
+    _fields_ = [("struct_size", c_size_t), ("options", POINTER(GptqOptions)), ("layers", POINTER(GptqLayer)),
+                ("num_layers", c_size_t), ("devices", POINTER(c_int32)), ("num_devices", c_size_t),
+                ("streams", POINTER(Stream)), ("num_streams", c_size_t)]
+
+
 class UniqueId(ctypes.Structure):
     _fields_ = [("bytes", c_char * 128)]
 
@@ -125,6 +148,9 @@ _TABLE = [
     ("all_reduce_plan_create", _S, [c_void_p, POINTER(AllReduceArgs), POINTER(c_void_p)]),
     ("all_reduce_plan_execute", _S, [c_void_p, POINTER(Stream), c_size_t]),
     ("all_reduce_plan_destroy", _S, [c_void_p]),
+    # 1.4
+    ("hessian_accumulate", _S, [c_void_p, POINTER(HessianArgs)]),
+    ("gptq_quantize", _S, [c_void_p, POINTER(GptqArgs)]),
 ]
 
 

@@ -1,11 +1,15 @@
-"""The data-parallel engines on the CPU backend's virtual devices (worlds 1 to 8):
-Hessians merged in device order, GPTQ with rows split over replicas, SignRound with
-sign-cast gradients, each against the serial engine."""
+"""The quantization engines on the CPU backend's virtual devices (worlds 1 to 8): the
+native GPTQ engine against the PyTorch reference and across worlds, Hessians merged in
+device order, SignRound with sign-cast gradients against the serial engine."""
+import itertools
+
 import pytest
 import torch
 
 import qlink
-from qlink.quant import (Placement, gptq_quantize, hessian, parallel_devices, parallel_gptq, parallel_hessian,
+from gptq_reference import reference_gptq
+from qlink import collectives
+from qlink.quant import (GPTQLayer, Placement, gptq_quantize, parallel_devices, parallel_gptq, parallel_hessian,
                          shard_sizes, sign_round)
 
 WORLDS = [1, 2, 3, 4, 8]
@@ -17,6 +21,19 @@ def cpu8(library):
         yield ctx
 
 
+def _xtx(x):
+    x = x.reshape(-1, x.shape[-1]).double()
+    return (x.t() @ x).float()
+
+
+def _layer(rows, cols, seed):
+    gen = torch.Generator().manual_seed(seed)
+    # Correlated inputs (what a model's activations are): GPTQ's error feedback pays off.
+    x = torch.randn(4 * cols, 32, generator=gen) @ torch.randn(32, cols, generator=gen) + 0.1 * torch.randn(
+        4 * cols, cols, generator=gen)
+    return torch.randn(rows, cols, generator=gen), _xtx(x) * (2.0 / x.shape[0]), x
+
+
 def test_shards_are_contiguous_with_the_remainder_first():
     assert shard_sizes(129, 4) == [33, 32, 32, 32]
     assert shard_sizes(8, 8) == [1] * 8
@@ -26,47 +43,77 @@ def test_shards_are_contiguous_with_the_remainder_first():
 @pytest.mark.parametrize("world", WORLDS)
 def test_merged_hessian_matches_serial(cpu8, world):
     gen = torch.Generator().manual_seed(world)
-    x = torch.randn(129, 96, generator=gen)
+    x = torch.randn(129, 96, generator=gen).to(torch.bfloat16)
     place = Placement(range(world), ctx=cpu8)
     shards = list(torch.split(x, shard_sizes(129, world)))
     h = parallel_hessian(shards, place)
-    serial = hessian(x) * (2.0 / 129)
-    assert torch.allclose(h, serial, atol=5e-7, rtol=5e-7)
+    assert torch.allclose(h, _xtx(x.float()) * (2.0 / 129), atol=5e-7, rtol=5e-7)
     assert torch.equal(h, parallel_hessian(shards, place))  # device order: the same bits every time
 
 
+def test_merged_hessian_is_bit_identical_for_every_arrival_order(cpu8):
+    gen = torch.Generator().manual_seed(5)
+    partials = [torch.zeros(64, 64) for _ in range(3)]
+    cpu8.hessian_accumulate([torch.randn(40 + d, 64, generator=gen) for d in range(3)], partials, [0, 1, 2],
+                            [0, 1, 2])
+    merged = []
+    for order in itertools.permutations(range(3)):
+        out = torch.empty(64, 64)
+        collectives.reduce([partials[d] for d in order], out, scale=2.0 / 123, ctx=cpu8, input_devices=list(order),
+                           output_device=0)
+        merged.append(out)
+    assert all(torch.equal(m, merged[0]) for m in merged)
+
+
+@pytest.mark.parametrize("bits,group_size,sym,desc_act,static_groups", [
+    (4, 128, True, False, False), (4, 32, False, True, False), (3, 64, True, True, True), (2, -1, False, False, False),
+    (8, 32, True, False, True)])
+def test_gptq_matches_the_reference(cpu8, bits, group_size, sym, desc_act, static_groups):
+    w, h, _ = _layer(40, 256, bits)
+    h[7, :], h[:, 7] = 0, 0  # a dead column
+    opts = dict(bits=bits, group_size=group_size, sym=sym, desc_act=desc_act, static_groups=static_groups)
+    got = gptq_quantize(w, h, ctx=cpu8, nsamples=4, **opts)
+    codes, scales, zeros, g_idx, weight, loss, damp = reference_gptq(w, h, **opts)
+    assert (got.codes == codes).float().mean() >= 0.999
+    same = (got.codes == codes).all(1)
+    assert torch.equal(got.scales[same], scales[same]) and torch.equal(got.zeros[same], zeros[same])
+    assert torch.equal(got.g_idx, g_idx)
+    assert torch.equal(got.weight[same], weight[same])
+    assert got.loss == pytest.approx(loss / 4, rel=1e-3) and got.damp == damp
+
+
 def test_gptq_beats_round_to_nearest(cpu8):
-    gen = torch.Generator().manual_seed(0)
-    # Correlated inputs (what a model's activations are): GPTQ's error feedback pays off.
-    x = torch.randn(512, 32, generator=gen) @ torch.randn(32, 256, generator=gen) + 0.1 * torch.randn(512, 256, generator=gen)
-    w = torch.randn(64, 256, generator=gen)
-    h = hessian(x) * (2.0 / 512)
-    q = gptq_quantize(w, h, bits=4, group_size=128)
-    rtn = gptq_quantize(w, torch.eye(256), bits=4, group_size=128, damp=0.0)  # identity H: plain rounding
+    w, h, x = _layer(64, 256, 0)
+    q = gptq_quantize(w, h, bits=4, group_size=128, ctx=cpu8)
+    rtn = gptq_quantize(w, torch.eye(256), bits=4, group_size=128, ctx=cpu8)  # identity H: plain rounding
     err = lambda wq: ((x @ (wq - w).t()) ** 2).mean()  # noqa: E731
     assert err(q.weight) < 0.5 * err(rtn.weight)
-    # Every weight sits on its group's 16-level grid.
-    levels = q.weight / q.scales.repeat_interleave(128, 1) + q.zeros.repeat_interleave(128, 1)
-    assert torch.allclose(levels, levels.round(), atol=1e-3) and levels.min() > -1e-3 and levels.max() < 15 + 1e-3
+    g = q.g_idx.long()
+    assert torch.equal(q.weight, q.scales[:, g] * (q.codes.float() - q.zeros[:, g]))
+    assert q.codes.max() <= 15
 
 
 @pytest.mark.parametrize("world", WORLDS)
-def test_parallel_gptq_matches_serial(cpu8, world):
-    gen = torch.Generator().manual_seed(10 + world)
-    x = torch.randn(300, 256, generator=gen)
-    w = torch.randn(37, 256, generator=gen)
-    h = hessian(x) * (2.0 / 300)
-    serial = gptq_quantize(w, h)
-    dp = parallel_gptq(w, h, Placement(range(world), ctx=cpu8))
-    # Rows are independent given H, but BLAS may round a matmul over a subset of rows
-    # differently, and GPTQ's error feedback carries one flipped level along its row: the
-    # same grid, every weight on it, and the layer's output error of serial GPTQ.
-    assert torch.allclose(dp.scales, serial.scales, rtol=1e-5, atol=1e-7)
-    levels = dp.weight / dp.scales.repeat_interleave(128, 1) + dp.zeros.repeat_interleave(128, 1)
-    assert torch.allclose(levels, levels.round(), atol=1e-3)
-    err = lambda wq: ((x @ (wq - w).t()) ** 2).mean()  # noqa: E731
-    assert abs(err(dp.weight) / err(serial.weight) - 1) < 0.02
-    assert (dp.weight == serial.weight).float().mean() > 0.9
+def test_parallel_gptq_is_bit_identical_at_every_world(cpu8, world):
+    h_qkv, h_down = _layer(1, 128, 1)[1], _layer(1, 256, 2)[1]
+    layers = [GPTQLayer(_layer(rows, h.shape[0], 10 + i)[0], h, name)
+              for i, (name, rows, h) in enumerate([("q", 48, h_qkv), ("k", 48, h_qkv), ("down", 128, h_down)])]
+    serial = parallel_gptq(layers, None, ctx=cpu8, desc_act=True)
+    dp = parallel_gptq(layers, Placement(range(world), ctx=cpu8), desc_act=True)
+    for a, b in zip(serial, dp):
+        for field in ("codes", "scales", "zeros", "g_idx", "weight"):
+            assert torch.equal(getattr(a, field), getattr(b, field)), field
+        assert a.loss == b.loss and a.damp == b.damp
+
+
+def test_refusals_name_the_layer_and_argument(cpu8):
+    w, h, _ = _layer(8, 96, 3)
+    with pytest.raises(qlink.InvalidArgumentError, match=r"'v_proj': options->group_size 64 does not divide"):
+        parallel_gptq([GPTQLayer(w, h, "v_proj")], None, ctx=cpu8, group_size=64)
+    with pytest.raises(qlink.InvalidArgumentError, match=r"options->bits = 5"):
+        gptq_quantize(w, h, bits=5, ctx=cpu8)
+    with pytest.raises(qlink.InvalidArgumentError, match=r"'o_proj': the Hessian is not positive definite"):
+        parallel_gptq([GPTQLayer(w, -h, "o_proj")], None, ctx=cpu8, group_size=32, damp_auto_increment=0.3)
 
 
 class Mlp(torch.nn.Module):

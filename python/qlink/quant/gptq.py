@@ -1,185 +1,102 @@
-"""GPTQ, data-parallel: each replica accumulates the Hessian of its calibration shard,
-qlink sums the partials in device-index order (bit-identical whatever order they arrive
-in), and every replica quantizes its share of the output rows with the merged Hessian
-(rows are independent given H)."""
+"""GPTQ on qlink's native engine (quant/, behind the C ABI): Hessians accumulated per
+device and merged in device order, and layers quantized data-parallel, layers sharing a
+Hessian (q/k/v, gate/up) sharing one inverse. Semantics: GPTQModel's GPTQ.quantize."""
 import dataclasses
-import inspect
 
 import torch
 
 from .. import collectives
-from .placement import shard_sizes
-
-
-def hessian(x):
-    """Σ xᵀx over the rows of x (fp32): one replica's partial, before the 2/N scale."""
-    x = x.reshape(-1, x.shape[-1]).float()
-    return x.t() @ x
-
-
-def parallel_hessian(shards, placement):
-    """H = (2/N) Σ_d H_d on the home rank (rank 0), N the total calibration rows, the
-    partials summed in device-index order by qlink.reduce. shards[r]: rank r's activations
-    (..., in_features), on rank r's device."""
-    rows = sum(s.reshape(-1, s.shape[-1]).shape[0] for s in shards)
-    partials = placement.run(lambda r: hessian(shards[r]))
-    out = torch.empty_like(partials[0])
-    collectives.reduce(partials, out, scale=2.0 / rows, ctx=placement.ctx, input_devices=placement.device_ids(),
-                       output_device=None if not placement.cpu else placement.ids[0])
-    return out
-
-
-def _quantize(x, scale, zero, maxq):
-    q = torch.clamp(torch.round(x / scale) + zero, 0, maxq)
-    return scale * (q - zero)
-
-
-def _group_params(w, maxq):
-    """Asymmetric min-max scale and zero point per row of w (the group's columns)."""
-    xmin = torch.clamp(w.min(dim=1).values, max=0)
-    xmax = torch.clamp(w.max(dim=1).values, min=0)
-    flat = (xmin == 0) & (xmax == 0)
-    xmin[flat], xmax[flat] = -1, 1
-    scale = (xmax - xmin) / maxq
-    zero = torch.round(-xmin / scale)
-    return scale.unsqueeze(1), zero.unsqueeze(1)
-
-
-def _quantize_block(W1, Hinv1, S, Z, maxq, Q1, Err1):
-    """GPTQ's column loop over one block: column i quantized with its group's scale S[:, i]
-    and zero Z[:, i], its error spread over the block's later columns (W1 in place); the
-    quantized columns into Q1, the scaled errors into Err1."""
-    for i in range(W1.shape[1]):
-        q = _quantize(W1[:, i:i + 1], S[:, i:i + 1], Z[:, i:i + 1], maxq)[:, 0]
-        Q1[:, i] = q
-        err = (W1[:, i] - q) / Hinv1[i, i]
-        W1[:, i:] -= err.unsqueeze(1) @ Hinv1[i, i:].unsqueeze(0)
-        Err1[:, i] = err
-
-
-class _GraphedBlock:
-    """_quantize_block over full blocks of a CUDA matrix, captured once as a CUDA graph and
-    replayed per block: the loop is a few small kernels per column, so launching them one
-    by one from Python, not the GPU, would set the pace. Replays run the captured kernels
-    on the same values, so the results are those of the eager loop, bit for bit."""
-
-    def __init__(self, rows, block, maxq, device):
-        self.W1, self.Q1, self.Err1, self.S, self.Z = (torch.zeros(rows, block, device=device) for _ in range(5))
-        self.Hinv1 = torch.eye(block, device=device)
-        self.S.fill_(1)
-        args = (self.W1, self.Hinv1, self.S, self.Z, maxq, self.Q1, self.Err1)
-        # A capture stream of this device's own (torch.cuda.graph's default is one stream for
-        # every device), warmed up first: cuBLAS sets up its handle outside the capture.
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            _quantize_block(*args)
-        torch.cuda.current_stream(device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        # thread_local: other threads' work on other devices does not void the capture.
-        with torch.cuda.graph(self.graph, stream=side, capture_error_mode="thread_local"):
-            _quantize_block(*args)
-
-    def run(self, W1, Hinv1, S, Z, Q1, Err1):
-        self.W1.copy_(W1)
-        self.Hinv1.copy_(Hinv1)
-        self.S.copy_(S)
-        self.Z.copy_(Z)
-        self.graph.replay()
-        Q1.copy_(self.Q1)
-        Err1.copy_(self.Err1)
-
-
-def _graphs_usable(device):
-    return device.type == "cuda" and "capture_error_mode" in inspect.signature(torch.cuda.graph).parameters
-
-
-def _block_loop(rows, cols, bits, block_size, device):
-    """The _GraphedBlock gptq_quantize replays for these shapes, or None (eager loop)."""
-    if cols < block_size or not _graphs_usable(device):
-        return None
-    with torch.cuda.device(device):
-        return _GraphedBlock(rows, block_size, 2 ** bits - 1, device)
+from ..p2p import current_streams, default_context
 
 
 @dataclasses.dataclass
 class GPTQResult:
-    weight: torch.Tensor  # dequantized, the layer's dtype
-    scales: torch.Tensor  # (rows, groups)
-    zeros: torch.Tensor   # (rows, groups)
+    codes: torch.Tensor   # uint8 (rows, columns): levels in [0, 2^bits)
+    scales: torch.Tensor  # fp32 (rows, groups), groups in the order the columns were visited
+    zeros: torch.Tensor   # fp32 (rows, groups), integer values
+    g_idx: torch.Tensor   # int32 (columns): each column's group
+    weight: torch.Tensor  # dequantized, the weight's dtype
+    loss: float           # sum of (w - q)^2 / d^2 / 2, divided by nsamples when given
+    damp: float           # the damp the Hessian's Cholesky succeeded with
 
 
-def gptq_quantize(w, h, bits=4, group_size=128, damp=0.01, block_size=128, block_loop=None):
-    """The GPTQ reference algorithm (lazy batch updates over blocks of columns, Cholesky of
-    the damped inverse Hessian) on one device. w: (rows, cols); h: (cols, cols) fp32.
-    block_loop: the CUDA graph of the column loop made by _block_loop for these shapes
-    (parallel_gptq captures its replicas' graphs one by one before they start: captures
-    running at once in several threads interfere); made here when not given."""
-    maxq = 2 ** bits - 1
-    rows, cols = w.shape
-    group_size = group_size if group_size > 0 else cols
-    W = w.float().clone()
-    H = h.clone()
-    dead = torch.diag(H) == 0
-    H[dead, dead] = 1
-    W[:, dead] = 0
-    H += damp * torch.mean(torch.diag(H)) * torch.eye(cols, device=H.device)
-    Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
-    Q = torch.zeros_like(W)
-    groups = (cols + group_size - 1) // group_size
-    scales = torch.zeros(rows, groups, device=W.device)
-    zeros = torch.zeros(rows, groups, device=W.device)
-    graphed = block_loop or _block_loop(rows, cols, bits, block_size, W.device)
-    for i1 in range(0, cols, block_size):
-        i2 = min(i1 + block_size, cols)
-        # The groups starting in this block take their ranges from W as the block starts, as
-        # the reference does (the block's own updates go to a copy of its columns).
-        for g in range(-(-i1 // group_size), (i2 - 1) // group_size + 1):
-            scale, zero = _group_params(W[:, g * group_size:(g + 1) * group_size], maxq)
-            scales[:, g], zeros[:, g] = scale[:, 0], zero[:, 0]
-        group_of = torch.arange(i1, i2, device=W.device) // group_size  # each column's group
-        Err1 = torch.empty(rows, i2 - i1, device=W.device)
-        if graphed is not None and i2 - i1 == block_size:
-            graphed.run(W[:, i1:i2], Hinv[i1:i2, i1:i2], scales[:, group_of], zeros[:, group_of], Q[:, i1:i2], Err1)
-        else:
-            _quantize_block(W[:, i1:i2].clone(), Hinv[i1:i2, i1:i2], scales[:, group_of], zeros[:, group_of], maxq,
-                            Q[:, i1:i2], Err1)
-        W[:, i2:] -= Err1 @ Hinv[i1:i2, i2:]
-    return GPTQResult(Q.to(w.dtype), scales, zeros)
+@dataclasses.dataclass
+class GPTQLayer:
+    """One linear layer to quantize. Layers given the same hessian tensor share its inverse.
+    device: the qlink device id on the CPU backend (virtual devices share host memory)."""
+    weight: torch.Tensor
+    hessian: torch.Tensor
+    name: str = ""
+    device: int = None
 
 
-def parallel_gptq(w, h, placement, **options):
-    """gptq_quantize with the rows of w (on home) split over the replicas: H is broadcast
-    from home, each replica quantizes its contiguous share of rows, the shares come back
-    to home. Returns the GPTQResult on home."""
-    call = inspect.signature(gptq_quantize).bind(w, h, **options)  # refuses unknown options up front
-    call.apply_defaults()
-    bits, block_size = call.arguments["bits"], call.arguments["block_size"]
-    world = placement.world
-    counts = shard_sizes(w.shape[0], world)
-    starts = [sum(counts[:r]) for r in range(world)]
-    dev = placement.torch_devices
-    hs = [h] + [torch.empty_like(h, device=dev[r]) for r in range(1, world)]
-    ws = [w[starts[0]:starts[0] + counts[0]]]
-    ws += [torch.empty((counts[r], w.shape[1]), dtype=w.dtype, device=dev[r]) for r in range(1, world)]
-    if world > 1:
-        collectives.broadcast([h], [[x] for x in hs[1:]], ctx=placement.ctx,
-                              source_device=placement.ids[0] if placement.cpu else None,
-                              replica_devices=placement.ids[1:] if placement.cpu else None)
-        placement.copy([w[starts[r]:starts[r] + counts[r]] for r in range(1, world)], ws[1:],
-                       [0] * (world - 1), list(range(1, world)))
-        placement.synchronize()
-    loops = [_block_loop(ws[r].shape[0], w.shape[1], bits, block_size, dev[r]) for r in range(world)]
-    parts = placement.run(lambda r: gptq_quantize(ws[r], hs[r], block_loop=loops[r], **options))
-    placement.synchronize()
-    out = GPTQResult(torch.empty_like(w), torch.empty(w.shape[0], parts[0].scales.shape[1], device=w.device),
-                     torch.empty(w.shape[0], parts[0].zeros.shape[1], device=w.device))
-    for field in ("weight", "scales", "zeros"):
-        whole = getattr(out, field)
-        whole[:counts[0]].copy_(getattr(parts[0], field))
-        if world > 1:
-            placement.copy([getattr(parts[r], field) for r in range(1, world)],
-                           [whole[starts[r]:starts[r] + counts[r]] for r in range(1, world)],
-                           list(range(1, world)), [0] * (world - 1))
-    placement.synchronize()
+def _options(bits=4, group_size=128, sym=True, desc_act=False, static_groups=False, damp=0.01,
+             damp_auto_increment=0.01, nsamples=0, tf32=False):
+    return {"bits": int(bits), "group_size": int(group_size), "sym": int(bool(sym)), "desc_act": int(bool(desc_act)),
+            "static_groups": int(bool(static_groups)), "tf32": int(bool(tf32)), "damp": float(damp),
+            "damp_auto_increment": float(damp_auto_increment), "nsamples": float(nsamples)}
+
+
+def _streams(ctx, tensors):
+    gpus = {t.device.index for t in tensors if t.device.type == "cuda"}
+    return current_streams(ctx, gpus) if gpus and ctx.backend != "cpu" else None
+
+
+def parallel_gptq(layers, placement=None, **options):
+    """Quantizes `layers` (GPTQLayer, or (weight, hessian) pairs) together: each Hessian's
+    inverse once, layers placed over placement's devices by cost (None: each on its own
+    device), a large layer's rows split when devices outnumber layers. Results do not
+    depend on the placement. options: those of gptq_quantize. Returns a GPTQResult per layer,
+    on the layer's device."""
+    layers = [layer if isinstance(layer, GPTQLayer) else GPTQLayer(*layer) for layer in layers]
+    ctx = placement.ctx if placement is not None else options.pop("ctx", None) or default_context()
+    opts = _options(**options)
+    groups = lambda cols: 1 if opts["group_size"] == -1 else cols // opts["group_size"]  # noqa: E731
+    results, specs = [], []
+    for layer in layers:
+        w = layer.weight
+        rows, cols = w.shape if w.dim() == 2 else (0, 0)
+        r = GPTQResult(torch.empty((rows, cols), dtype=torch.uint8, device=w.device),
+                       torch.empty((rows, groups(cols)), dtype=torch.float32, device=w.device),
+                       torch.empty((rows, groups(cols)), dtype=torch.float32, device=w.device),
+                       torch.empty((cols,), dtype=torch.int32, device=w.device), torch.empty_like(w), 0.0, 0.0)
+        results.append(r)
+        spec = {"name": layer.name, "weight": w, "hessian": layer.hessian, "codes": r.codes, "scales": r.scales,
+                "zeros": r.zeros, "g_idx": r.g_idx, "dequantized": r.weight}
+        if layer.device is not None:
+            spec["device"] = layer.device
+        specs.append(spec)
+    devices = placement.ids if placement is not None else None
+    tensors = [layer.weight for layer in layers]
+    for (loss, damp), r in zip(ctx.gptq_quantize(specs, opts, devices, _streams(ctx, tensors)), results):
+        r.loss, r.damp = loss, damp
+    return results
+
+
+def gptq_quantize(weight, hessian, bits=4, group_size=128, sym=True, desc_act=False, static_groups=False, damp=0.01,
+                  damp_auto_increment=0.01, nsamples=0, tf32=False, ctx=None, device=None):
+    """GPTQ of one layer on its device. weight (rows, columns) fp32/bf16/fp16; hessian
+    (columns, columns) fp32 = (2/N) sum X^T X. nsamples: the N behind the Hessian, which
+    divides the reported loss as GPTQModel's avg_loss (0: the undivided sum)."""
+    return parallel_gptq([GPTQLayer(weight, hessian, device=device)], None, ctx=ctx, bits=bits, group_size=group_size,
+                         sym=sym, desc_act=desc_act, static_groups=static_groups, damp=damp,
+                         damp_auto_increment=damp_auto_increment, nsamples=nsamples, tf32=tf32)[0]
+
+
+def parallel_hessian(shards, placement):
+    """H = (2/N) sum_r X_r^T X_r on the home rank (rank 0), N the total calibration rows:
+    each rank's partial accumulated by qlink on its device, the partials summed in device
+    order by qlink.reduce (bit-identical whatever order they arrive in). shards[r]: rank r's
+    activations (..., in_features), on rank r's device."""
+    ctx = placement.ctx
+    cols = shards[0].shape[-1]
+    rows = sum(s.numel() // cols for s in shards)
+    partials = [torch.zeros((cols, cols), dtype=torch.float32, device=placement.torch_devices[r])
+                for r in range(placement.world)]
+    ids = placement.device_ids()
+    streams = _streams(ctx, partials)
+    ctx.hessian_accumulate(shards, partials, ids, ids, streams)
+    out = torch.empty_like(partials[0])
+    collectives.reduce(partials, out, scale=2.0 / rows, ctx=ctx, input_devices=ids,
+                       output_device=None if ids is None else ids[0])
     return out

@@ -1,0 +1,203 @@
+#include "quant/cpu/cpu_quant_math.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "quant/cpu/lapack_api.h"
+#include "quant/kernels/gptq_math.h"
+
+namespace qlink {
+namespace quant {
+namespace {
+
+int Int(int64_t v) { return static_cast<int>(v); }
+
+int64_t Col(const int32_t* perm, int64_t c) { return perm != nullptr ? perm[c] : c; }
+
+float ElementToFloat(const void* p, DLDataType dtype, int64_t i) {
+  if (dtype.bits == 32) return static_cast<const float*>(p)[i];
+  const uint16_t bits = static_cast<const uint16_t*>(p)[i];
+  return dtype.code == kDLBfloat ? Bf16ToFloat(bits) : HalfToFloat(bits);
+}
+
+void StoreElement(void* p, DLDataType dtype, int64_t i, float v) {
+  if (dtype.bits == 32) {
+    static_cast<float*>(p)[i] = v;
+  } else {
+    static_cast<uint16_t*>(p)[i] = dtype.code == kDLBfloat ? FloatToBf16(v) : FloatToHalf(v);
+  }
+}
+
+class CpuQuantMath final : public QuantMath {
+ public:
+  explicit CpuQuantMath(const LapackApi& api) : api_(api) {}
+
+  // Row-major C = A B is column-major C^T = B^T A^T: the operands swap.
+  Status Gemm(int, Stream, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+              const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool) override {
+    if (m == 0 || n == 0) return Status::Ok();
+    const int mm = Int(n), nn = Int(m), kk = Int(k), la = Int(ldb), lb = Int(lda), lc = Int(ldc);
+    api_.sgemm("N", "N", &mm, &nn, &kk, &alpha, b, &la, a, &lb, &beta, c, &lc, 1, 1);
+    return Status::Ok();
+  }
+
+  // x (rows x n, row-major) is x^T column-major: the lower triangle of h += (x^T)(x^T)^T.
+  Status SyrkAccumulate(int, Stream, const float* x, int64_t rows, int64_t n, float* h) override {
+    if (rows == 0) return Status::Ok();
+    const int nn = Int(n), kk = Int(rows), ld = Int(n);
+    const float one = 1.0f;
+    api_.ssyrk("L", "N", &nn, &kk, &one, x, &ld, &one, h, &ld, 1, 1);
+    return Status::Ok();
+  }
+
+  Status Potrf(int, Stream, float* a, int64_t n, bool lower, bool* positive_definite) override {
+    const int nn = Int(n);
+    int info = 0;
+    api_.spotrf(lower ? "L" : "U", &nn, a, &nn, &info, 1);
+    if (info < 0) return Internal("quant: spotrf refused argument " + std::to_string(-info));
+    *positive_definite = info == 0;
+    return Status::Ok();
+  }
+
+  Status Potri(int, Stream, float* a, int64_t n, bool lower) override {
+    const int nn = Int(n);
+    int info = 0;
+    api_.spotri(lower ? "L" : "U", &nn, a, &nn, &info, 1);
+    if (info != 0) return RuntimeError("quant: spotri failed with info " + std::to_string(info));
+    return Status::Ok();
+  }
+
+  // Column-major (i, j) is a[j * n + i]: lower_to_upper copies (i > j) onto (j, i).
+  Status MirrorTriangle(int, Stream, float* a, int64_t n, bool lower_to_upper) override {
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t i = j + 1; i < n; ++i) {
+        if (lower_to_upper) {
+          a[i * n + j] = a[j * n + i];
+        } else {
+          a[j * n + i] = a[i * n + j];
+        }
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status Diagonal(int, Stream, const float* h, int64_t n, float* out) override {
+    for (int64_t i = 0; i < n; ++i) out[i] = h[i * n + i];
+    return Status::Ok();
+  }
+
+  Status PrepareHessian(int, Stream, const float* h, int64_t n, const int32_t* perm, float diag_add,
+                        float* out) override {
+    for (int64_t i = 0; i < n; ++i) {
+      const float* src = h + Col(perm, i) * n;
+      float* dst = out + i * n;
+      for (int64_t j = 0; j < n; ++j) dst[j] = src[Col(perm, j)];
+      if (dst[i] == 0.0f) dst[i] = 1.0f;
+      dst[i] += diag_add;
+    }
+    return Status::Ok();
+  }
+
+  Status LoadWeight(int, Stream, const void* w, DLDataType dtype, int64_t rows, int64_t cols, const int32_t* perm,
+                    float* out) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = ElementToFloat(w, dtype, r * cols + Col(perm, c));
+    }
+    return Status::Ok();
+  }
+
+  Status StoreWeight(int, Stream, const float* w, int64_t rows, int64_t cols, const int32_t* perm, DLDataType dtype,
+                     void* out) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) StoreElement(out, dtype, r * cols + Col(perm, c), w[r * cols + c]);
+    }
+    return Status::Ok();
+  }
+
+  Status StoreCodes(int, Stream, const uint8_t* codes, int64_t rows, int64_t cols, const int32_t* perm,
+                    uint8_t* out) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) out[r * cols + Col(perm, c)] = codes[r * cols + c];
+    }
+    return Status::Ok();
+  }
+
+  Status ZeroColumns(int, Stream, float* w, int64_t rows, int64_t ld, const int32_t* columns,
+                     int64_t count) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t i = 0; i < count; ++i) w[r * ld + columns[i]] = 0.0f;
+    }
+    return Status::Ok();
+  }
+
+  Status GroupRanges(int, Stream, const float* w, int64_t rows, int64_t ld, int64_t group_size, int64_t first_group,
+                     int64_t num_groups, const int32_t* columns, Grid grid, float* scales, float* zeros,
+                     int64_t groups) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = w + r * ld;
+      for (int64_t g = first_group; g < first_group + num_groups; ++g) {
+        float lo = std::numeric_limits<float>::infinity(), hi = -lo;
+        for (int64_t j = 0; j < group_size; ++j) {
+          const int64_t c = g * group_size + j;
+          const float v = row[columns != nullptr ? columns[c] : c];
+          lo = std::min(lo, v);
+          hi = std::max(hi, v);
+        }
+        RangeToParams(lo, hi, grid.maxq(), grid.sym, &scales[r * groups + g], &zeros[r * groups + g]);
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status QuantizeBlock(int, Stream, const BlockArgs& a) override {
+    const int maxq = a.grid.maxq();
+    std::vector<float> w(static_cast<size_t>(a.count));
+    for (int64_t r = 0; r < a.rows; ++r) {
+      float* row = a.w + r * a.ld + a.first;
+      std::memcpy(w.data(), row, sizeof(float) * a.count);
+      double loss = 0;
+      for (int64_t i = 0; i < a.count; ++i) {
+        const int64_t c = a.first + i;
+        const float* u = a.u + c * a.n + a.first;  // row c of U, from the block's first column
+        const float d = u[i];
+        const int64_t g = a.column_group[c];
+        uint8_t level = 0;
+        const float x = w[i];
+        const float q = QuantizeValue(x, a.scales[r * a.groups + g], a.zeros[r * a.groups + g], maxq, &level);
+        const float diff = x - q;
+        loss += static_cast<double>(diff * diff / (d * d));
+        const float err = diff / d;
+        for (int64_t j = i; j < a.count; ++j) w[j] = Sub(w[j], Mul(err, u[j]));
+        w[i] = q;
+        a.err[r * a.count + i] = err;
+        if (a.codes != nullptr) a.codes[r * a.ld + c] = level;
+      }
+      std::memcpy(row, w.data(), sizeof(float) * a.count);
+      a.row_loss[r] += loss;
+    }
+    return Status::Ok();
+  }
+
+  Status ToFloat(int, Stream, const void* x, DLDataType dtype, int64_t count, float* out) override {
+    for (int64_t i = 0; i < count; ++i) out[i] = ElementToFloat(x, dtype, i);
+    return Status::Ok();
+  }
+
+ private:
+  const LapackApi& api_;
+};
+
+}  // namespace
+
+Status MakeCpuQuantMath(const Libraries& libraries, std::unique_ptr<QuantMath>* out) {
+  const LapackApi* api = nullptr;
+  QLINK_RETURN_IF_ERROR(LoadLapack(libraries.solver, &api));
+  *out = std::make_unique<CpuQuantMath>(*api);
+  return Status::Ok();
+}
+
+}  // namespace quant
+}  // namespace qlink

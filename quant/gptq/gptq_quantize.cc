@@ -1,0 +1,314 @@
+#include "quant/gptq/gptq_quantize.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <tuple>
+
+#include <spdlog/spdlog.h>
+
+#include "core/copy_plan.h"
+#include "core/tensor_check.h"
+#include "quant/gptq/placement.h"
+#include "quant/gptq/solve_rows.h"
+
+namespace qlink {
+namespace quant {
+namespace {
+
+Status QuantMathOf(Context& ctx, QuantMath** out) {
+  const Config& c = ctx.config();
+  return ctx.backend().GetQuantMath(Libraries{c.blas_library, c.solver_library}, out);
+}
+
+// The inverses of one call as their devices finish them: layers placed elsewhere wait
+// for theirs, and no output is written until every inverse is known to exist.
+class InverseBoard {
+ public:
+  explicit InverseBoard(size_t groups) : inverses_(groups), pending_(groups) {}
+
+  void Publish(size_t group, std::unique_ptr<HessianInverse> inverse) {
+    std::lock_guard<std::mutex> lock(mu_);
+    inverses_[group] = std::move(inverse);
+    --pending_;
+    cv_.notify_all();
+  }
+  void Fail() {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed_ = true;
+    cv_.notify_all();
+  }
+  // The group's inverse once made, or NULL when the call failed first.
+  const HessianInverse* Await(size_t group) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return failed_ || inverses_[group] != nullptr; });
+    return failed_ ? nullptr : inverses_[group].get();
+  }
+  // Whether every inverse was made (waits until known).
+  bool AllMade() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return failed_ || pending_ == 0; });
+    return !failed_;
+  }
+  const HessianInverse& Get(size_t group) const { return *inverses_[group]; }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<HessianInverse>> inverses_;
+  size_t pending_;
+  bool failed_ = false;
+};
+
+struct Work {
+  Context* ctx;
+  QuantMath* math;
+  GptqOptions options;
+  std::vector<Layer> layers;
+  std::vector<size_t> group_of;            // per layer
+  std::vector<size_t> group_first_layer;   // per group: its first layer, for messages
+  Placement placement;
+  const qlink_stream* streams;
+  size_t num_streams;
+  std::vector<std::vector<double>> row_loss;  // per layer, per row
+};
+
+// One device's share of the call: its inverses, then its rows.
+Status RunDevice(Work& work, InverseBoard& board, int device, DeviceUsage* usage) {
+  DeviceBackend& backend = work.ctx->backend();
+  const Stream stream = StreamFor(device, work.streams, work.num_streams);
+  for (size_t g = 0; g < work.placement.inverse_device.size(); ++g) {
+    if (work.placement.inverse_device[g] != device) continue;
+    const Layer& first = work.layers[work.group_first_layer[g]];
+    std::string who = first.name;
+    size_t sharing = 0;
+    for (size_t i = 0; i < work.layers.size(); ++i) sharing += work.group_of[i] == g ? 1 : 0;
+    if (sharing > 1) who += " (and " + std::to_string(sharing - 1) + " more layers sharing its Hessian)";
+    // A Hessian kept on another device is copied here first.
+    const float* h = reinterpret_cast<const float*>(DataOf(*first.hessian));
+    DeviceBuffer staged;
+    if (first.device != device) {
+      const uint64_t bytes = sizeof(float) * first.cols * first.cols;
+      QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(backend, device, bytes, usage, &staged));
+      const CopyLeaf leaf{h, staged.as<float>(), bytes};
+      QLINK_RETURN_IF_ERROR(backend.CopyLeaves(device, first.device, &leaf, 1, stream));
+      h = staged.as<float>();
+    }
+    auto inverse = std::make_unique<HessianInverse>();
+    QLINK_RETURN_IF_ERROR(
+        InvertHessian(backend, *work.math, device, stream, h, first.cols, work.options, who, usage, inverse.get()));
+    board.Publish(g, std::move(inverse));
+  }
+  std::map<size_t, HessianInverse> copies;  // inverses made elsewhere, copied here once
+  for (const RowsPart& part : work.placement.parts) {
+    if (part.device != device) continue;
+    const size_t g = work.group_of[part.layer];
+    const HessianInverse* inverse = board.Await(g);
+    if (inverse == nullptr) return Status::Ok();  // another device failed: stop quietly
+    if (inverse->device != device) {
+      auto [it, fresh] = copies.try_emplace(g);
+      if (fresh) QLINK_RETURN_IF_ERROR(CopyInverse(backend, *inverse, device, stream, usage, &it->second));
+      inverse = &it->second;
+    }
+    const Layer& layer = work.layers[part.layer];
+    RowsJob job{&layer, part.row_begin, part.row_end, device, stream,
+                StreamFor(layer.device, work.streams, work.num_streams)};
+    std::vector<double> loss;
+    QLINK_RETURN_IF_ERROR(
+        SolveRows(backend, *work.math, *inverse, job, work.options, [&] { return board.AllMade(); }, usage, &loss));
+    std::copy(loss.begin(), loss.end(), work.row_loss[part.layer].begin() + part.row_begin);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status GptqQuantize(Context& ctx, qlink_gptq_args* args) {
+  const auto start = std::chrono::steady_clock::now();
+  if (args == nullptr) return InvalidArgument("args is NULL");
+  QLINK_RETURN_IF_ERROR(CheckStructSize(args->struct_size, QLINK_GPTQ_ARGS_STRUCT_SIZE_1_4, "args", "1.4"));
+  Work work{&ctx};
+  QLINK_RETURN_IF_ERROR(ReadOptions(args->options, &work.options));
+  if (args->num_layers > 0 && args->layers == nullptr) return InvalidArgument("args->layers is NULL with num_layers > 0");
+  if (args->num_devices > 0 && args->devices == nullptr) {
+    return InvalidArgument("args->devices is NULL with num_devices > 0");
+  }
+  QLINK_RETURN_IF_ERROR(CheckStreams(ctx, args->streams, args->num_streams));
+  std::vector<int> devices;
+  for (size_t i = 0; i < args->num_devices; ++i) {
+    const std::string what = "args->devices[" + std::to_string(i) + "]";
+    QLINK_RETURN_IF_ERROR(ctx.CheckDevice(args->devices[i], what.c_str()));
+    if (std::find(devices.begin(), devices.end(), args->devices[i]) != devices.end()) {
+      return InvalidArgument(what + " = " + std::to_string(args->devices[i]) + " is listed twice");
+    }
+    devices.push_back(args->devices[i]);
+  }
+  work.layers.resize(args->num_layers);
+  // Layers given one Hessian (the same bytes of one device) share its inverse.
+  std::map<std::tuple<int, const void*>, size_t> hessians;
+  for (size_t i = 0; i < args->num_layers; ++i) {
+    Layer& layer = work.layers[i];
+    QLINK_RETURN_IF_ERROR(ReadLayer(ctx, args->layers[i], i, work.options, &layer));
+    auto [it, fresh] = hessians.try_emplace({layer.device, DataOf(*layer.hessian)}, hessians.size());
+    work.group_of.push_back(it->second);
+    if (fresh) work.group_first_layer.push_back(i);
+  }
+  if (work.layers.empty()) return Status::Ok();
+  QLINK_RETURN_IF_ERROR(QuantMathOf(ctx, &work.math));
+
+  std::vector<LayerShape> shapes;
+  for (size_t i = 0; i < work.layers.size(); ++i) {
+    shapes.push_back({work.layers[i].rows, work.layers[i].cols, work.group_of[i], work.layers[i].device});
+  }
+  work.placement = Place(shapes, hessians.size(), devices);
+  work.streams = args->streams;
+  work.num_streams = args->num_streams;
+  for (const Layer& l : work.layers) work.row_loss.emplace_back(static_cast<size_t>(l.rows), 0.0);
+
+  // Every device that holds a layer or runs a share: the host's work there first.
+  std::vector<int> involved(devices);
+  for (const Layer& l : work.layers) involved.push_back(l.device);
+  std::sort(involved.begin(), involved.end());
+  involved.erase(std::unique(involved.begin(), involved.end()), involved.end());
+  DeviceBackend& backend = ctx.backend();
+  for (int d : involved) QLINK_RETURN_IF_ERROR(backend.SynchronizeStream(d, StreamFor(d, args->streams, args->num_streams)));
+
+  std::vector<int> workers;
+  for (const RowsPart& p : work.placement.parts) workers.push_back(p.device);
+  for (int d : work.placement.inverse_device) workers.push_back(d);
+  std::sort(workers.begin(), workers.end());
+  workers.erase(std::unique(workers.begin(), workers.end()), workers.end());
+  std::vector<DeviceUsage> usage(workers.size());  // outlives every buffer, the board's too
+  InverseBoard board(hessians.size());
+  std::vector<Status> results(workers.size());
+  {
+    std::vector<std::thread> threads;
+    for (size_t k = 0; k < workers.size(); ++k) {
+      threads.emplace_back([&, k] {
+        try {
+          results[k] = RunDevice(work, board, workers[k], &usage[k]);
+        } catch (const std::bad_alloc&) {
+          results[k] = OutOfMemory("host memory exhausted");
+        } catch (const std::exception& e) {
+          results[k] = Internal(std::string("unexpected exception: ") + e.what());
+        }
+        if (!results[k].ok()) board.Fail();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  // A refusal (an indefinite Hessian) before any other failure: it is what the host can act on.
+  for (const Status& s : results) {
+    if (s.code() == QLINK_INVALID_ARGUMENT) return s;
+  }
+  for (const Status& s : results) QLINK_RETURN_IF_ERROR(s);
+
+  for (size_t i = 0; i < work.layers.size(); ++i) {
+    const Layer& layer = work.layers[i];
+    const HessianInverse& inverse = board.Get(work.group_of[i]);
+    if (layer.g_idx != nullptr) {
+      const std::vector<int32_t> g = GroupIndex(inverse, work.options);
+      QLINK_RETURN_IF_ERROR(backend.CopyFromHost(layer.device, MutableDataOf(*layer.g_idx), g.data(),
+                                                 sizeof(int32_t) * g.size()));
+    }
+    double sum = 0;
+    for (double v : work.row_loss[i]) sum += v;
+    sum /= 2;
+    args->layers[i].loss = work.options.nsamples > 0 ? sum / work.options.nsamples : sum;
+    args->layers[i].damp = inverse.damp;
+  }
+  uint64_t peak = 0;
+  for (const DeviceUsage& u : usage) peak = std::max<uint64_t>(peak, u.peak.load());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ctx.log().info("gptq: {} layer(s), {} Hessian(s) on {} device(s) in {:.3f} s; peak workspace {:.1f} MiB on one device",
+                 work.layers.size(), hessians.size(), workers.size(), seconds, peak / 1048576.0);
+  return Status::Ok();
+}
+
+Status HessianAccumulate(Context& ctx, const qlink_hessian_args* args) {
+  if (args == nullptr) return InvalidArgument("args is NULL");
+  QLINK_RETURN_IF_ERROR(CheckStructSize(args->struct_size, QLINK_HESSIAN_ARGS_STRUCT_SIZE_1_4, "args", "1.4"));
+  if (args->num_inputs > 0 && args->inputs == nullptr) return InvalidArgument("args->inputs is NULL with num_inputs > 0");
+  if (args->num_partials > 0 && args->partials == nullptr) {
+    return InvalidArgument("args->partials is NULL with num_partials > 0");
+  }
+  QLINK_RETURN_IF_ERROR(CheckStreams(ctx, args->streams, args->num_streams));
+  DeviceBackend& backend = ctx.backend();
+  std::map<int, size_t> partial_of;  // device -> partials index
+  for (size_t i = 0; i < args->num_partials; ++i) {
+    const DLTensor& p = args->partials[i];
+    const std::string what = "args->partials[" + std::to_string(i) + "]";
+    uint64_t bytes = 0;
+    QLINK_RETURN_IF_ERROR(CheckTensor(p, what, backend.device_type(), backend.device_count(), &bytes));
+    if (p.ndim != 2 || p.shape[0] != p.shape[1] || p.shape[0] < 1) {
+      return InvalidArgument(what + " is not a square (columns, columns) matrix");
+    }
+    if (p.dtype.code != kDLFloat || p.dtype.bits != 32 || p.dtype.lanes != 1) {
+      return InvalidArgument(what + " is not float32");
+    }
+    if (!partial_of.emplace(p.device.device_id, i).second) {
+      return InvalidArgument(what + " is a second partial on device " + std::to_string(p.device.device_id));
+    }
+  }
+  std::vector<int64_t> rows(args->num_inputs);
+  for (size_t i = 0; i < args->num_inputs; ++i) {
+    const DLTensor& x = args->inputs[i];
+    const std::string what = "args->inputs[" + std::to_string(i) + "]";
+    uint64_t bytes = 0;
+    QLINK_RETURN_IF_ERROR(CheckTensor(x, what, backend.device_type(), backend.device_count(), &bytes));
+    if (!IsFloatDtype(x.dtype)) return InvalidArgument(what + " is not float32, bfloat16 or float16");
+    auto p = partial_of.find(x.device.device_id);
+    if (p == partial_of.end()) {
+      return InvalidArgument(what + " is on device " + std::to_string(x.device.device_id) + ", which has no partial");
+    }
+    const int64_t n = args->partials[p->second].shape[0];
+    if (x.ndim < 1 || x.shape[x.ndim - 1] != n) {
+      return InvalidArgument(what + " does not end in the partial's " + std::to_string(n) + " columns");
+    }
+    rows[i] = n == 0 ? 0 : static_cast<int64_t>(bytes / (x.dtype.bits / 8) / n);
+  }
+  if (args->num_inputs == 0) return Status::Ok();
+  QuantMath* math = nullptr;
+  QLINK_RETURN_IF_ERROR(QuantMathOf(ctx, &math));
+  DeviceUsage usage;
+  for (size_t i = 0; i < args->num_inputs; ++i) {
+    const DLTensor& x = args->inputs[i];
+    const int device = x.device.device_id;
+    const DLTensor& partial = args->partials[partial_of[device]];
+    const int64_t n = partial.shape[0];
+    float* h = reinterpret_cast<float*>(MutableDataOf(partial));
+    const Stream stream = StreamFor(device, args->streams, args->num_streams);
+    if (x.dtype.bits == 32) {
+      QLINK_RETURN_IF_ERROR(math->SyrkAccumulate(device, stream, reinterpret_cast<const float*>(DataOf(x)), rows[i],
+                                                 n, h));
+      continue;
+    }
+    // Narrow activations reach the rank-k update as fp32, a bounded chunk of rows at a time.
+    const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(rows[i], (int64_t{256} << 20) / (4 * n)));
+    DeviceBuffer staged;
+    QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(backend, device, sizeof(float) * chunk * n, &usage, &staged));
+    for (int64_t r = 0; r < rows[i]; r += chunk) {
+      const int64_t m = std::min(chunk, rows[i] - r);
+      QLINK_RETURN_IF_ERROR(math->ToFloat(device, stream, DataOf(x) + r * n * 2, x.dtype, m * n, staged.as<float>()));
+      QLINK_RETURN_IF_ERROR(math->SyrkAccumulate(device, stream, staged.as<float>(), m, n, h));
+    }
+  }
+  // Both triangles, once per partial touched.
+  for (const auto& [device, index] : partial_of) {
+    const DLTensor& partial = args->partials[index];
+    bool touched = false;
+    for (size_t i = 0; i < args->num_inputs; ++i) touched = touched || args->inputs[i].device.device_id == device;
+    if (!touched) continue;
+    QLINK_RETURN_IF_ERROR(math->MirrorTriangle(device, StreamFor(device, args->streams, args->num_streams),
+                                               reinterpret_cast<float*>(MutableDataOf(partial)), partial.shape[0],
+                                               /*lower_to_upper=*/true));
+  }
+  return Status::Ok();
+}
+
+}  // namespace quant
+}  // namespace qlink

@@ -1,0 +1,106 @@
+#include "quant/gptq/hessian_inverse.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+
+namespace qlink {
+namespace quant {
+namespace {
+
+std::string Damp(double d) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.5g", d);
+  return text;
+}
+
+}  // namespace
+
+Status InvertHessian(DeviceBackend& backend, QuantMath& math, int device, Stream stream, const float* h, int64_t n,
+                     const GptqOptions& options, const std::string& who, DeviceUsage* usage, HessianInverse* out) {
+  out->device = device;
+  out->n = n;
+  // The diagonal decides the dead columns, the act-order and the damp's scale.
+  std::vector<float> diag(static_cast<size_t>(n));
+  {
+    DeviceBuffer d;
+    QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(backend, device, sizeof(float) * n, usage, &d));
+    QLINK_RETURN_IF_ERROR(math.Diagonal(device, stream, h, n, d.as<float>()));
+    QLINK_RETURN_IF_ERROR(backend.SynchronizeStream(device, stream));
+    QLINK_RETURN_IF_ERROR(backend.CopyToHost(device, diag.data(), d.as<float>(), sizeof(float) * n));
+  }
+  std::vector<bool> dead(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    dead[i] = diag[i] == 0.0f;
+    if (dead[i]) diag[i] = 1.0f;  // H[dead, dead] = 1
+  }
+  std::vector<int32_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  if (options.desc_act) {
+    // torch.argsort(diag, descending=True), ties kept in column order.
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return diag[a] > diag[b]; });
+    out->perm = order;
+  }
+  DeviceBuffer perm;
+  if (!out->perm.empty()) {
+    QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(backend, device, sizeof(int32_t) * n, usage, &perm));
+    QLINK_RETURN_IF_ERROR(backend.CopyFromHost(device, perm.as<int32_t>(), out->perm.data(), sizeof(int32_t) * n));
+  }
+  out->dead.clear();
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    sum += diag[order[i]];
+    if (dead[order[i]]) out->dead.push_back(static_cast<int32_t>(i));
+  }
+  const float mean = static_cast<float>(sum / static_cast<double>(n));
+  QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(backend, device, sizeof(float) * n * n, usage, &out->u));
+  float* u = out->u.as<float>();
+  const int32_t* p = out->perm.empty() ? nullptr : perm.as<int32_t>();
+  double damp = options.damp;
+  const double first = damp;
+  int tries = 0;
+  while (damp > 0 && damp < 1) {
+    ++tries;
+    QLINK_RETURN_IF_ERROR(math.PrepareHessian(device, stream, h, n, p, static_cast<float>(damp) * mean, u));
+    // PyTorch's sequence, call for call: L = linalg.cholesky(H) (potrf lower),
+    // cholesky_inverse(L) (potri lower, made symmetric), then linalg.cholesky(., upper=True)
+    // (potrf upper). H is symmetric, so row- and column-major read it alike; the factor U
+    // ends in the column-major upper triangle, which mirrored into the lower one puts U
+    // row-major in the upper triangle, where the column loop reads it.
+    bool ok = false;
+    QLINK_RETURN_IF_ERROR(math.Potrf(device, stream, u, n, /*lower=*/true, &ok));
+    if (ok) {
+      QLINK_RETURN_IF_ERROR(math.Potri(device, stream, u, n, /*lower=*/true));
+      QLINK_RETURN_IF_ERROR(math.MirrorTriangle(device, stream, u, n, /*lower_to_upper=*/true));
+      QLINK_RETURN_IF_ERROR(math.Potrf(device, stream, u, n, /*lower=*/false, &ok));
+    }
+    if (ok) QLINK_RETURN_IF_ERROR(math.MirrorTriangle(device, stream, u, n, /*lower_to_upper=*/false));
+    if (ok) {
+      out->damp = damp;
+      return backend.SynchronizeStream(device, stream);
+    }
+    if (options.damp_increment <= 0) break;
+    damp += options.damp_increment;
+  }
+  const double last = first + (tries - 1) * options.damp_increment;
+  return InvalidArgument(who + ": the Hessian is not positive definite with damp " + Damp(first) +
+                         (tries > 1 ? " .. " + Damp(last) + " (" + std::to_string(tries) + " damps tried, step " +
+                                          Damp(options.damp_increment) + ")"
+                                    : " (options->damp_auto_increment is 0: no other damp tried)"));
+}
+
+Status CopyInverse(DeviceBackend& backend, const HessianInverse& from, int device, Stream stream, DeviceUsage* usage,
+                   HessianInverse* out) {
+  out->device = device;
+  out->n = from.n;
+  out->perm = from.perm;
+  out->dead = from.dead;
+  out->damp = from.damp;
+  const uint64_t bytes = sizeof(float) * from.n * from.n;
+  QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(backend, device, bytes, usage, &out->u));
+  const CopyLeaf leaf{from.u.as<float>(), out->u.as<float>(), bytes};
+  return backend.CopyLeaves(device, from.device, &leaf, 1, stream);
+}
+
+}  // namespace quant
+}  // namespace qlink

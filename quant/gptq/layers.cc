@@ -1,0 +1,139 @@
+#include "quant/gptq/layers.h"
+
+#include <cmath>
+
+#include "core/tensor_check.h"
+
+namespace qlink {
+namespace quant {
+namespace {
+
+std::string DtypeName(DLDataType t) {
+  const char* code = t.code == kDLFloat ? "float" : t.code == kDLBfloat ? "bfloat" : t.code == kDLInt ? "int"
+                                                                                        : t.code == kDLUInt ? "uint"
+                                                                                                           : "code";
+  return std::string(code) + std::to_string(t.bits) + (t.lanes != 1 ? "x" + std::to_string(t.lanes) : "");
+}
+
+bool Is(DLDataType t, uint8_t code, uint8_t bits) { return t.code == code && t.bits == bits && t.lanes == 1; }
+
+std::string ShapeText(const DLTensor& t) {
+  std::string s = "(";
+  for (int d = 0; d < t.ndim; ++d) s += (d > 0 ? ", " : "") + std::to_string(t.shape[d]);
+  return s + (t.ndim == 1 ? ",)" : ")");
+}
+
+// A contiguous tensor of the context on `device` with exactly `shape` and a dtype `ok`
+// accepts (described by `wanted` in refusals).
+template <typename DtypeOk>
+Status CheckTensorOf(const Context& ctx, const DLTensor* t, const std::string& what, int device,
+                     std::initializer_list<int64_t> shape, DtypeOk ok, const char* wanted) {
+  uint64_t bytes = 0;
+  QLINK_RETURN_IF_ERROR(CheckTensor(*t, what, ctx.backend().device_type(), ctx.backend().device_count(), &bytes));
+  if (t->device.device_id != device) {
+    return InvalidArgument(what + " is on device " + std::to_string(t->device.device_id) +
+                           ", not the weight's device " + std::to_string(device));
+  }
+  bool same = t->ndim == static_cast<int>(shape.size());
+  int d = 0;
+  for (int64_t extent : shape) same = same && t->shape[d++] == extent;
+  if (!same) {
+    std::string want = "(";
+    d = 0;
+    for (int64_t extent : shape) want += (d++ > 0 ? ", " : "") + std::to_string(extent);
+    want += shape.size() == 1 ? ",)" : ")";
+    return InvalidArgument(what + " has shape " + ShapeText(*t) + ", expected " + want);
+  }
+  if (!ok(t->dtype)) return InvalidArgument(what + " has dtype " + DtypeName(t->dtype) + ", expected " + wanted);
+  return Status::Ok();
+}
+
+}  // namespace
+
+bool IsFloatDtype(DLDataType t) { return Is(t, kDLFloat, 32) || Is(t, kDLBfloat, 16) || Is(t, kDLFloat, 16); }
+
+Status ReadOptions(const qlink_gptq_options* o, GptqOptions* out) {
+  if (o == nullptr) return InvalidArgument("args->options is NULL");
+  QLINK_RETURN_IF_ERROR(CheckStructSize(o->struct_size, QLINK_GPTQ_OPTIONS_STRUCT_SIZE_1_4, "options", "1.4"));
+  if (o->bits != 2 && o->bits != 3 && o->bits != 4 && o->bits != 8) {
+    return InvalidArgument("options->bits = " + std::to_string(o->bits) + " is not one of 2, 3, 4, 8");
+  }
+  if (o->group_size != -1 && o->group_size < 1) {
+    return InvalidArgument("options->group_size = " + std::to_string(o->group_size) +
+                           " is neither -1 (one group per row) nor positive");
+  }
+  if (o->static_groups && o->group_size == -1) {
+    return InvalidArgument("options->static_groups needs a group_size, got -1");
+  }
+  if (!(o->damp > 0 && o->damp < 1)) {
+    return InvalidArgument("options->damp = " + std::to_string(o->damp) + " is outside (0, 1)");
+  }
+  if (!(o->damp_auto_increment >= 0 && o->damp_auto_increment < 1)) {
+    return InvalidArgument("options->damp_auto_increment = " + std::to_string(o->damp_auto_increment) +
+                           " is outside [0, 1)");
+  }
+  if (!(o->nsamples >= 0) || std::isinf(o->nsamples)) {
+    return InvalidArgument("options->nsamples = " + std::to_string(o->nsamples) + " is not a finite count >= 0");
+  }
+  out->grid.bits = o->bits;
+  out->grid.sym = o->sym != 0;
+  out->group_size = o->group_size;
+  out->desc_act = o->desc_act != 0;
+  out->static_groups = o->static_groups != 0;
+  out->tf32 = o->tf32 != 0;
+  out->damp = o->damp;
+  out->damp_increment = o->damp_auto_increment;
+  out->nsamples = o->nsamples;
+  return Status::Ok();
+}
+
+Status ReadLayer(const Context& ctx, const qlink_gptq_layer& l, size_t index, const GptqOptions& options,
+                 Layer* out) {
+  const std::string at = "layers[" + std::to_string(index) + "]";
+  QLINK_RETURN_IF_ERROR(CheckStructSize(l.struct_size, QLINK_GPTQ_LAYER_STRUCT_SIZE_1_4, at.c_str(), "1.4"));
+  out->name = l.name != nullptr && l.name[0] != '\0' ? at + " '" + l.name + "'" : at;
+  const std::string& who = out->name;
+  if (l.weight == nullptr) return InvalidArgument(who + ": weight is NULL");
+  if (l.hessian == nullptr) return InvalidArgument(who + ": hessian is NULL");
+  const DLTensor& w = *l.weight;
+  uint64_t bytes = 0;
+  QLINK_RETURN_IF_ERROR(CheckTensor(w, who + ": weight", ctx.backend().device_type(), ctx.backend().device_count(),
+                                    &bytes));
+  if (w.ndim != 2 || w.shape[0] < 1 || w.shape[1] < 1) {
+    return InvalidArgument(who + ": weight has shape " + ShapeText(w) + ", expected (rows, columns), both >= 1");
+  }
+  if (!IsFloatDtype(w.dtype)) {
+    return InvalidArgument(who + ": weight has dtype " + DtypeName(w.dtype) + ", expected float32, bfloat16 or float16");
+  }
+  out->device = w.device.device_id;
+  out->rows = w.shape[0];
+  out->cols = w.shape[1];
+  if (options.group_size != -1 && out->cols % options.group_size != 0) {
+    return InvalidArgument(who + ": options->group_size " + std::to_string(options.group_size) +
+                           " does not divide the weight's " + std::to_string(out->cols) + " columns");
+  }
+  out->groups = options.group_size == -1 ? 1 : out->cols / options.group_size;
+  const int64_t rows = out->rows, cols = out->cols, groups = out->groups;
+  auto fp32 = [](DLDataType t) { return Is(t, kDLFloat, 32); };
+  QLINK_RETURN_IF_ERROR(CheckTensorOf(ctx, l.hessian, who + ": hessian", out->device, {cols, cols}, fp32, "float32"));
+  auto optional = [&](const DLTensor* t, const char* field, std::initializer_list<int64_t> shape, auto ok,
+                      const char* wanted, const DLTensor** slot) {
+    *slot = t;
+    if (t == nullptr) return Status::Ok();
+    return CheckTensorOf(ctx, t, who + ": " + field, out->device, shape, ok, wanted);
+  };
+  QLINK_RETURN_IF_ERROR(optional(l.codes, "codes", {rows, cols}, [](DLDataType t) { return Is(t, kDLUInt, 8); },
+                                 "uint8", &out->codes));
+  QLINK_RETURN_IF_ERROR(optional(l.scales, "scales", {rows, groups}, fp32, "float32", &out->scales));
+  QLINK_RETURN_IF_ERROR(optional(l.zeros, "zeros", {rows, groups}, fp32, "float32", &out->zeros));
+  QLINK_RETURN_IF_ERROR(optional(l.g_idx, "g_idx", {cols}, [](DLDataType t) { return Is(t, kDLInt, 32); }, "int32",
+                                 &out->g_idx));
+  QLINK_RETURN_IF_ERROR(optional(l.dequantized, "dequantized", {rows, cols}, IsFloatDtype,
+                                 "float32, bfloat16 or float16", &out->dequantized));
+  out->weight = l.weight;
+  out->hessian = l.hessian;
+  return Status::Ok();
+}
+
+}  // namespace quant
+}  // namespace qlink

@@ -1,0 +1,110 @@
+#include "quant/gptq/placement.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace qlink {
+namespace quant {
+namespace {
+
+// Relative costs: the inverse is about n^3 multiply-adds (three O(n^3/3) factorizations),
+// a layer's cross-block updates rows * cols^2 / 2.
+double InverseCost(int64_t n) { return static_cast<double>(n) * n * n; }
+double RowsCost(int64_t rows, int64_t cols) { return 0.5 * static_cast<double>(rows) * cols * cols; }
+
+// Indices 0..n-1 sorted by cost, largest first, ties in index order.
+std::vector<size_t> ByCost(const std::vector<double>& cost) {
+  std::vector<size_t> order(cost.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
+  return order;
+}
+
+size_t LeastLoaded(const std::vector<double>& load) {
+  return static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+}
+
+}  // namespace
+
+Placement Place(const std::vector<LayerShape>& layers, size_t groups, const std::vector<int>& devices) {
+  Placement p;
+  p.inverse_device.assign(groups, 0);
+  if (devices.empty()) {
+    for (size_t i = 0; i < layers.size(); ++i) {
+      p.inverse_device[layers[i].group] = layers[i].device;
+      p.parts.push_back({i, 0, layers[i].rows, layers[i].device});
+    }
+    return p;
+  }
+  const size_t d = devices.size();
+  std::vector<double> load(d, 0.0);
+  std::vector<int64_t> group_cols(groups, 0);
+  for (const LayerShape& l : layers) group_cols[l.group] = l.cols;
+  std::vector<double> inverse_cost(groups);
+  for (size_t g = 0; g < groups; ++g) inverse_cost[g] = InverseCost(group_cols[g]);
+  std::vector<size_t> inverse_slot(groups);
+  for (size_t g : ByCost(inverse_cost)) {
+    inverse_slot[g] = LeastLoaded(load);
+    load[inverse_slot[g]] += inverse_cost[g];
+    p.inverse_device[g] = devices[inverse_slot[g]];
+  }
+
+  // Shares per layer: one each, then, while devices are left over, one more for the layer
+  // whose shares are the costliest.
+  std::vector<double> cost(layers.size());
+  for (size_t i = 0; i < layers.size(); ++i) cost[i] = RowsCost(layers[i].rows, layers[i].cols);
+  std::vector<int64_t> shares(layers.size(), 1);
+  for (size_t total = layers.size(); total < d; ++total) {
+    size_t best = 0;
+    for (size_t i = 1; i < layers.size(); ++i) {
+      if (cost[i] / shares[i] > cost[best] / shares[best]) best = i;
+    }
+    if (shares[best] >= layers[best].rows) break;
+    ++shares[best];
+  }
+  std::vector<RowsPart> parts;
+  std::vector<double> part_cost;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const int64_t rows = layers[i].rows, k = shares[i];
+    int64_t begin = 0;
+    for (int64_t s = 0; s < k; ++s) {  // contiguous rows, the remainder on the earlier shares
+      const int64_t n = rows / k + (s < rows % k ? 1 : 0);
+      parts.push_back({i, begin, begin + n, 0});
+      part_cost.push_back(RowsCost(n, layers[i].cols));
+      begin += n;
+    }
+  }
+  std::vector<size_t> slot_of(parts.size());
+  std::vector<bool> taken(d, false);
+  const bool one_each = parts.size() == d;  // split layers: every device takes one share
+  for (size_t j : ByCost(part_cost)) {
+    size_t slot = LeastLoaded(load);
+    if (one_each) {
+      std::vector<double> free_load(load);
+      for (size_t s = 0; s < d; ++s) free_load[s] = taken[s] ? 1e300 : load[s];
+      slot = LeastLoaded(free_load);
+      taken[slot] = true;
+    } else {
+      // Among equally loaded devices prefer the one holding this layer's inverse.
+      const size_t home = inverse_slot[layers[parts[j].layer].group];
+      if (load[home] <= load[slot]) slot = home;
+    }
+    load[slot] += part_cost[j];
+    slot_of[j] = slot;
+    parts[j].device = devices[slot];
+  }
+  // Each device runs its parts in placement order, the ones whose inverse it computes
+  // first, so inverses made elsewhere have time to arrive.
+  for (size_t s = 0; s < d; ++s) {
+    for (bool local : {true, false}) {
+      for (size_t j : ByCost(part_cost)) {
+        const bool is_local = p.inverse_device[layers[parts[j].layer].group] == devices[s];
+        if (slot_of[j] == s && is_local == local) p.parts.push_back(parts[j]);
+      }
+    }
+  }
+  return p;
+}
+
+}  // namespace quant
+}  // namespace qlink

@@ -1,0 +1,35 @@
+// Where a multi-layer GPTQ call runs: each Hessian's inverse on one device, each layer
+// (or, when devices outnumber layers, each share of a layer's rows) on one device, by a
+// longest-processing-time-first split of the work's cost. A pure function of the shapes
+// and the device list, so every run of the same call is placed the same way.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace qlink {
+namespace quant {
+
+struct LayerShape {
+  int64_t rows = 0, cols = 0;
+  size_t group = 0;  // index of its Hessian among the call's distinct Hessians
+  int device = 0;    // where its weight lives
+};
+
+struct RowsPart {
+  size_t layer = 0;
+  int64_t row_begin = 0, row_end = 0;
+  int device = 0;
+};
+
+struct Placement {
+  std::vector<int> inverse_device;  // per Hessian
+  std::vector<RowsPart> parts;      // per device: the parts whose inverse is local first
+};
+
+// devices empty: every layer, and its Hessian's inverse, on the weight's device.
+Placement Place(const std::vector<LayerShape>& layers, size_t groups, const std::vector<int>& devices);
+
+}  // namespace quant
+}  // namespace qlink

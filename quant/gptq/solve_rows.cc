@@ -1,0 +1,176 @@
+#include "quant/gptq/solve_rows.h"
+
+#include <algorithm>
+
+namespace qlink {
+namespace quant {
+namespace {
+
+template <typename T>
+Status Upload(DeviceBackend& backend, int device, const std::vector<T>& host, DeviceUsage* usage, DeviceBuffer* out) {
+  if (host.empty()) return Status::Ok();
+  QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(backend, device, sizeof(T) * host.size(), usage, out));
+  return backend.CopyFromHost(device, out->as<T>(), host.data(), sizeof(T) * host.size());
+}
+
+int64_t ElementBytes(const DLTensor& t) { return t.dtype.bits / 8; }
+
+}  // namespace
+
+std::vector<int32_t> GroupIndex(const HessianInverse& inverse, const GptqOptions& options) {
+  const int64_t n = inverse.n;
+  std::vector<int32_t> g(static_cast<size_t>(n), 0);
+  if (options.group_size == -1) return g;
+  std::vector<int32_t> position(static_cast<size_t>(n));  // original column -> working column
+  for (int64_t c = 0; c < n; ++c) position[inverse.perm.empty() ? c : inverse.perm[c]] = static_cast<int32_t>(c);
+  for (int64_t j = 0; j < n; ++j) {
+    // Static groups keep the original columns' groups; otherwise a column joins the group
+    // of the position it was visited in.
+    g[j] = static_cast<int32_t>((options.static_groups ? j : position[j]) / options.group_size);
+  }
+  return g;
+}
+
+Status SolveRows(DeviceBackend& backend, QuantMath& math, const HessianInverse& inverse, const RowsJob& job,
+                 const GptqOptions& options, const std::function<bool()>& may_write, DeviceUsage* usage,
+                 std::vector<double>* row_loss) {
+  const Layer& layer = *job.layer;
+  const int device = job.device;
+  const Stream s = job.stream;
+  const int64_t rows = job.row_end - job.row_begin, cols = layer.cols, groups = layer.groups;
+  const int64_t gs = options.group_size;
+  const bool local = device == layer.device;
+
+  // The working weight, columns in visiting order.
+  const DLTensor& w = *layer.weight;
+  const char* w_rows = DataOf(w) + job.row_begin * cols * ElementBytes(w);
+  DeviceBuffer staged;
+  if (!local) {
+    const uint64_t bytes = rows * cols * ElementBytes(w);
+    QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(backend, device, bytes, usage, &staged));
+    const CopyLeaf leaf{w_rows, staged.as<char>(), bytes};
+    QLINK_RETURN_IF_ERROR(backend.CopyLeaves(device, layer.device, &leaf, 1, s));
+    w_rows = staged.as<char>();
+  }
+  DeviceBuffer perm, position, column_group, wf, scales, zeros, codes, err, loss;
+  QLINK_RETURN_IF_ERROR(Upload(backend, device, inverse.perm, usage, &perm));
+  const int32_t* p = inverse.perm.empty() ? nullptr : perm.as<int32_t>();
+  QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(backend, device, sizeof(float) * rows * cols, usage, &wf));
+  QLINK_RETURN_IF_ERROR(math.LoadWeight(device, s, w_rows, w.dtype, rows, cols, p, wf.as<float>()));
+  staged = DeviceBuffer();
+
+  // Group tables, and each working column's group in them.
+  std::vector<int32_t> group_of(static_cast<size_t>(cols), 0);
+  if (gs != -1) {
+    for (int64_t c = 0; c < cols; ++c) {
+      group_of[c] = static_cast<int32_t>((options.static_groups && p != nullptr ? inverse.perm[c] : c) / gs);
+    }
+  }
+  QLINK_RETURN_IF_ERROR(Upload(backend, device, group_of, usage, &column_group));
+  QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(backend, device, sizeof(float) * rows * groups, usage, &scales));
+  QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(backend, device, sizeof(float) * rows * groups, usage, &zeros));
+  auto ranges = [&](int64_t group_size, int64_t first, int64_t count, const int32_t* columns) {
+    return math.GroupRanges(device, s, wf.as<float>(), rows, cols, group_size, first, count, columns, options.grid,
+                            scales.as<float>(), zeros.as<float>(), groups);
+  };
+  // GPTQModel takes the whole-row range before zeroing dead columns, static groups after.
+  if (gs == -1) QLINK_RETURN_IF_ERROR(ranges(cols, 0, 1, nullptr));
+  DeviceBuffer dead;
+  QLINK_RETURN_IF_ERROR(Upload(backend, device, inverse.dead, usage, &dead));
+  if (!inverse.dead.empty()) {
+    QLINK_RETURN_IF_ERROR(math.ZeroColumns(device, s, wf.as<float>(), rows, cols, dead.as<int32_t>(),
+                                           static_cast<int64_t>(inverse.dead.size())));
+  }
+  if (options.static_groups) {
+    // Group g is the original columns g * gs + j, found at their working positions.
+    std::vector<int32_t> at(static_cast<size_t>(cols));
+    for (int64_t c = 0; c < cols; ++c) at[p != nullptr ? inverse.perm[c] : c] = static_cast<int32_t>(c);
+    QLINK_RETURN_IF_ERROR(Upload(backend, device, at, usage, &position));
+    QLINK_RETURN_IF_ERROR(ranges(gs, 0, groups, position.as<int32_t>()));
+  }
+
+  if (layer.codes != nullptr) QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(backend, device, rows * cols, usage, &codes));
+  QLINK_RETURN_IF_ERROR(
+      DeviceBuffer::Make(backend, device, sizeof(float) * rows * std::min(cols, kBlockColumns), usage, &err));
+  QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(backend, device, sizeof(double) * rows, usage, &loss));
+  QLINK_RETURN_IF_ERROR(backend.Memset(device, loss.as<void>(), 0, sizeof(double) * rows, s));
+  const float* u = inverse.u.as<float>();
+  for (int64_t first = 0; first < cols; first += kBlockColumns) {
+    const int64_t count = std::min(kBlockColumns, cols - first), end = first + count;
+    if (gs != -1 && !options.static_groups) {
+      // Groups starting in this block take their range from the weight as the block starts.
+      const int64_t g0 = (first + gs - 1) / gs, g1 = (end - 1) / gs;
+      if (g0 <= g1) QLINK_RETURN_IF_ERROR(ranges(gs, g0, g1 - g0 + 1, nullptr));
+    }
+    BlockArgs b;
+    b.w = wf.as<float>();
+    b.rows = rows;
+    b.ld = cols;
+    b.first = first;
+    b.count = count;
+    b.u = u;
+    b.n = cols;
+    b.column_group = column_group.as<int32_t>();
+    b.scales = scales.as<float>();
+    b.zeros = zeros.as<float>();
+    b.groups = groups;
+    b.grid = options.grid;
+    b.codes = codes.as<uint8_t>();
+    b.err = err.as<float>();
+    b.row_loss = loss.as<double>();
+    QLINK_RETURN_IF_ERROR(math.QuantizeBlock(device, s, b));
+    if (end < cols) {
+      // W[:, end:] -= Err1 @ U[first:end, end:]
+      QLINK_RETURN_IF_ERROR(math.Gemm(device, s, rows, cols - end, count, -1.0f, err.as<float>(), count,
+                                      u + first * cols + end, cols, 1.0f, wf.as<float>() + end, cols, options.tf32));
+    }
+  }
+  row_loss->assign(static_cast<size_t>(rows), 0.0);
+  QLINK_RETURN_IF_ERROR(backend.SynchronizeStream(device, s));
+  QLINK_RETURN_IF_ERROR(backend.CopyToHost(device, row_loss->data(), loss.as<double>(), sizeof(double) * rows));
+  err = DeviceBuffer();
+  if (!may_write()) return Status::Ok();
+
+  // Outputs: written in place on the layer's device, or staged here and copied over.
+  std::vector<CopyLeaf> copies;
+  std::vector<DeviceBuffer> outbound;
+  auto destination = [&](const DLTensor* t, int64_t row_bytes, DeviceBuffer* stage) -> Status {
+    char* final_rows = MutableDataOf(*t) + job.row_begin * row_bytes;
+    if (local) return Status::Ok();
+    QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(backend, device, rows * row_bytes, usage, stage));
+    copies.push_back({stage->as<char>(), final_rows, static_cast<uint64_t>(rows * row_bytes)});
+    return Status::Ok();
+  };
+  auto target = [&](const DLTensor* t, int64_t row_bytes, DeviceBuffer* stage) {
+    return local ? MutableDataOf(*t) + job.row_begin * row_bytes : stage->as<char>();
+  };
+  if (layer.dequantized != nullptr) {
+    DeviceBuffer stage;
+    const int64_t row_bytes = cols * ElementBytes(*layer.dequantized);
+    QLINK_RETURN_IF_ERROR(destination(layer.dequantized, row_bytes, &stage));
+    QLINK_RETURN_IF_ERROR(math.StoreWeight(device, s, wf.as<float>(), rows, cols, p, layer.dequantized->dtype,
+                                           target(layer.dequantized, row_bytes, &stage)));
+    outbound.push_back(std::move(stage));
+  }
+  if (layer.codes != nullptr) {
+    DeviceBuffer stage;
+    QLINK_RETURN_IF_ERROR(destination(layer.codes, cols, &stage));
+    QLINK_RETURN_IF_ERROR(math.StoreCodes(device, s, codes.as<uint8_t>(), rows, cols, p,
+                                          reinterpret_cast<uint8_t*>(target(layer.codes, cols, &stage))));
+    outbound.push_back(std::move(stage));
+  }
+  for (auto [t, table] : {std::make_pair(layer.scales, &scales), std::make_pair(layer.zeros, &zeros)}) {
+    if (t == nullptr) continue;
+    const uint64_t bytes = sizeof(float) * rows * groups;
+    copies.push_back({table->as<char>(), MutableDataOf(*t) + job.row_begin * sizeof(float) * groups, bytes});
+  }
+  QLINK_RETURN_IF_ERROR(backend.SynchronizeStream(device, s));
+  if (!copies.empty()) {
+    QLINK_RETURN_IF_ERROR(backend.CopyLeaves(layer.device, device, copies.data(), copies.size(), job.out_stream));
+    QLINK_RETURN_IF_ERROR(backend.SynchronizeStream(layer.device, job.out_stream));
+  }
+  return Status::Ok();
+}
+
+}  // namespace quant
+}  // namespace qlink

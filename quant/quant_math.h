@@ -1,0 +1,115 @@
+// The GPTQ engine's per-vendor part: the linear algebra it takes from the vendor's
+// libraries (BLAS GEMM and SYRK, LAPACK-style Cholesky) and the few kernels where fusion is
+// the point. Each backend that can run the engine implements it (the CPU backend over
+// BLAS/LAPACK, the GPU backend over cuBLAS/cuSOLVER or hipBLAS/hipSOLVER and
+// quant/kernels); the algorithm itself (quant/gptq/) is written once against it.
+//
+// Conventions: matrices are row-major fp32 in `device`'s memory; every call enqueues on
+// `stream` of `device` (making it current) and returns without waiting, except where it
+// says it blocks. A "grid" is the integer range a weight is quantized to.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <dlpack/dlpack.h>
+
+#include "core/status.h"
+
+namespace qlink {
+namespace quant {
+
+using Stream = void*;
+
+// Which libraries to load, by file name or path; "" = the backend's default.
+struct Libraries {
+  std::string blas;
+  std::string solver;
+};
+
+// The quantization grid of GPTQModel's Quantizer: levels 0..maxq; symmetric ranges put
+// the zero point at (maxq + 1) / 2.
+struct Grid {
+  int bits = 4;
+  bool sym = true;
+  int maxq() const { return (1 << bits) - 1; }
+};
+
+// GPTQ's column loop over one block of columns [first, first + count) of w (rows x ld).
+struct BlockArgs {
+  float* w = nullptr;             // the working weight; the block's columns end as the
+                                  // dequantized values
+  int64_t rows = 0, ld = 0;
+  int64_t first = 0, count = 0;   // count <= kBlockColumns
+  const float* u = nullptr;       // the upper Cholesky factor of H^-1 (n x n, ld n)
+  int64_t n = 0;
+  const int32_t* column_group = nullptr;  // per working column: its group in the tables
+  const float* scales = nullptr;          // rows x groups
+  const float* zeros = nullptr;
+  int64_t groups = 0;
+  Grid grid;
+  uint8_t* codes = nullptr;       // optional: rows x ld, each working column's level
+  float* err = nullptr;           // rows x count: each column's scaled error, for the
+                                  // cross-block update
+  double* row_loss = nullptr;     // rows: (w - q)^2 / d^2 added per row
+};
+
+constexpr int64_t kBlockColumns = 128;  // GPTQ's lazy batch (blocksize)
+
+class QuantMath {
+ public:
+  virtual ~QuantMath() = default;
+
+  // ---- from the vendor's libraries ----
+  // c (m x n, ldc) = alpha * a (m x k, lda) * b (k x n, ldb) + beta * c. tf32 allows the
+  // vendor's TF32 tensor-core path; otherwise IEEE fp32.
+  virtual Status Gemm(int device, Stream stream, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                      int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool tf32) = 0;
+  // h (n x n) += x^T x for x (rows x n): a symmetric rank-k update of one triangle of h,
+  // left for the caller to mirror (MirrorTriangle(lower_to_upper = true)).
+  virtual Status SyrkAccumulate(int device, Stream stream, const float* x, int64_t rows, int64_t n, float* h) = 0;
+  // LAPACK's potrf and potri on the column-major n x n matrix a (symmetric: only the
+  // `lower` or upper triangle is read and written), as PyTorch's linalg.cholesky and
+  // cholesky_inverse call them. Potrf blocks until it knows whether a is positive
+  // definite (*positive_definite false: the triangle is garbage, the caller rebuilds a).
+  virtual Status Potrf(int device, Stream stream, float* a, int64_t n, bool lower, bool* positive_definite) = 0;
+  // From Potrf's factor in the same triangle: that triangle of the original's inverse.
+  virtual Status Potri(int device, Stream stream, float* a, int64_t n, bool lower) = 0;
+  // Copies the column-major lower triangle of a (n x n) over the upper one, or the
+  // upper over the lower, making a symmetric.
+  virtual Status MirrorTriangle(int device, Stream stream, float* a, int64_t n, bool lower_to_upper) = 0;
+
+  // ---- kernels ----
+  // out[i] = h[i][i].
+  virtual Status Diagonal(int device, Stream stream, const float* h, int64_t n, float* out) = 0;
+  // out[i][j] = h[p(i)][p(j)] with p = perm (or the identity when NULL); a zero diagonal
+  // entry (a dead column) becomes 1; then diag_add is added to the diagonal.
+  virtual Status PrepareHessian(int device, Stream stream, const float* h, int64_t n, const int32_t* perm,
+                                float diag_add, float* out) = 0;
+  // out[r][c] = float(w[r][p(c)]) for w (rows x cols) of dtype fp32, bf16 or fp16.
+  virtual Status LoadWeight(int device, Stream stream, const void* w, DLDataType dtype, int64_t rows, int64_t cols,
+                            const int32_t* perm, float* out) = 0;
+  // out[r][p(c)] = w[r][c] in `dtype` (fp32, bf16 or fp16, rounded to nearest even).
+  virtual Status StoreWeight(int device, Stream stream, const float* w, int64_t rows, int64_t cols,
+                             const int32_t* perm, DLDataType dtype, void* out) = 0;
+  // out[r][p(c)] = codes[r][c] (rows x cols).
+  virtual Status StoreCodes(int device, Stream stream, const uint8_t* codes, int64_t rows, int64_t cols,
+                            const int32_t* perm, uint8_t* out) = 0;
+  // w[r][c] = 0 for the `count` listed columns.
+  virtual Status ZeroColumns(int device, Stream stream, float* w, int64_t rows, int64_t ld, const int32_t* columns,
+                             int64_t count) = 0;
+  // Min-max scale and zero (GPTQModel's Quantizer.find_params) of groups first_group ..
+  // first_group + num_groups - 1 of w (rows x ld): group g spans columns
+  // columns[g * group_size + j] (or g * group_size + j when columns is NULL),
+  // j < group_size; written to column g of scales and zeros (rows x groups).
+  virtual Status GroupRanges(int device, Stream stream, const float* w, int64_t rows, int64_t ld, int64_t group_size,
+                             int64_t first_group, int64_t num_groups, const int32_t* columns, Grid grid,
+                             float* scales, float* zeros, int64_t groups) = 0;
+  // The fused column loop of one block (BlockArgs).
+  virtual Status QuantizeBlock(int device, Stream stream, const BlockArgs& args) = 0;
+  // out = float(x) for `count` elements of dtype fp32, bf16 or fp16.
+  virtual Status ToFloat(int device, Stream stream, const void* x, DLDataType dtype, int64_t count, float* out) = 0;
+};
+
+}  // namespace quant
+}  // namespace qlink

@@ -1,0 +1,89 @@
+"""GPTQ as GPTQModel's GPTQ.quantize and Quantizer run it, column by column in PyTorch: the
+reference the native engine is compared with (in CI on the CPU, on the GPU machine on
+CUDA). The damp's mean is summed in double, as the engine does."""
+import torch
+
+
+def find_params(x, maxq, sym):
+    zero_row = torch.zeros(x.shape[0], device=x.device)
+    xmin = torch.minimum(x.min(1).values, zero_row)
+    xmax = torch.maximum(x.max(1).values, zero_row)
+    if sym:
+        xmax = torch.maximum(xmin.abs(), xmax)
+        xmin = torch.where(xmin < 0, -xmax, xmin)
+    flat = (xmin == 0) & (xmax == 0)
+    xmin[flat], xmax[flat] = -1, 1
+    scale = (xmax - xmin) / maxq
+    zero = torch.full_like(scale, (maxq + 1) / 2) if sym else torch.round(-xmin / scale)
+    return scale.unsqueeze(1), zero.unsqueeze(1)
+
+
+def quantize(x, scale, zero, maxq):
+    levels = torch.clamp(torch.round(x / scale) + zero, 0, maxq)
+    return scale * (levels - zero), levels
+
+
+def reference_gptq(weight, hessian, bits=4, group_size=128, sym=True, desc_act=False, static_groups=False,
+                   damp=0.01, damp_auto_increment=0.01, block=128):
+    """(codes, scales, zeros, g_idx, dequantized fp32, loss sum, damp)."""
+    maxq = 2 ** bits - 1
+    W = weight.float().clone()
+    H = hessian.clone()
+    cols = W.shape[1]
+    gs = cols if group_size == -1 else group_size
+    scale, zero = find_params(W, maxq, sym)
+    dead = torch.diag(H) == 0
+    H[dead, dead] = 1
+    W[:, dead] = 0
+    statics = [find_params(W[:, g:g + gs], maxq, sym) for g in range(0, cols, gs)] if static_groups else []
+    if desc_act:
+        perm = torch.argsort(torch.diag(H), descending=True, stable=True)
+        W, H = W[:, perm], H[perm][:, perm]
+        invperm = torch.argsort(perm)
+    mean = torch.diag(H).double().mean().float()
+    while 0 < damp < 1:
+        Hd = H.clone()
+        Hd.diagonal().add_(torch.tensor(damp, dtype=torch.float32) * mean)
+        try:
+            Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(Hd)), upper=True)
+            break
+        except RuntimeError:
+            if damp_auto_increment <= 0:
+                raise
+            damp += damp_auto_increment
+    Q, levels, losses = torch.zeros_like(W), torch.zeros_like(W), torch.zeros_like(W)
+    scales, zeros, now_idx = [], [], 1
+    for i1 in range(0, cols, block):
+        i2 = min(i1 + block, cols)
+        W1, Err1 = W[:, i1:i2].clone(), torch.zeros_like(W[:, i1:i2])
+        Hinv1 = Hinv[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            w, d = W1[:, i], Hinv1[i, i]
+            if group_size != -1:
+                if not static_groups:
+                    if (i1 + i) % gs == 0:
+                        scale, zero = find_params(W[:, i1 + i:i1 + i + gs], maxq, sym)
+                    if (i1 + i) // gs - now_idx == -1:
+                        scales.append(scale)
+                        zeros.append(zero)
+                        now_idx += 1
+                else:
+                    idx = perm[i1 + i].item() if desc_act else i1 + i
+                    scale, zero = statics[idx // gs]
+            q, lv = quantize(w.unsqueeze(1), scale, zero, maxq)
+            q = q.flatten()
+            Q[:, i1 + i], levels[:, i1 + i] = q, lv.flatten()
+            losses[:, i1 + i] = (w - q) ** 2 / d ** 2 / 2
+            err1 = (w - q) / d
+            W1[:, i:] -= err1.unsqueeze(1).matmul(Hinv1[i, i:].unsqueeze(0))
+            Err1[:, i] = err1
+        W[:, i2:] -= Err1.matmul(Hinv[i1:i2, i2:])
+    g_idx = torch.tensor([(perm[i].item() if static_groups and desc_act else i) // gs for i in range(cols)],
+                         dtype=torch.int32, device=W.device)
+    if desc_act:
+        Q, levels, g_idx = Q[:, invperm], levels[:, invperm], g_idx[invperm]
+    if static_groups:
+        scales, zeros = [s for s, _ in statics], [z for _, z in statics]
+    if not scales:
+        scales, zeros = [scale], [zero]
+    return (levels.to(torch.uint8), torch.cat(scales, 1), torch.cat(zeros, 1), g_idx, Q, losses.sum().item(), damp)
