@@ -4,7 +4,11 @@ each defined only where its toolkit was found (no rules_cuda: a genrule per kern
 load("@local_cuda//:defs.bzl", "CUDA_FOUND", "NVCC")
 load("@local_hip//:defs.bzl", "HIP_FOUND", "HIPCC")
 
-_KERNELS = ["pull_kernel", "collective_kernels"]
+_KERNELS = {
+    "pull_kernel": "//backends/gpu:pull_kernel.cu",
+    "collective_kernels": "//backends/gpu:collective_kernels.cu",
+    "gptq_kernels": "//quant/kernels:gptq_kernels.cu",
+}
 
 _HDRS = [
     "//backends/gpu:collective_kernels.h",
@@ -14,6 +18,20 @@ _HDRS = [
     "//backends:device_backend.h",
     "//core:status.h",
     "//plugin_api:qlink.h",
+    "//quant:quant_math.h",
+    "//quant/kernels:gptq_kernels.h",
+    "//quant/kernels:gptq_math.h",
+]
+
+# The GPTQ engine's host side, compiled with the vendor's define like the backend.
+_QUANT_SRCS = [
+    "//quant/gpu:gpu_quant_math.cc",
+    "//quant/gpu:linalg_api.cc",
+]
+
+_QUANT_HDRS = [
+    "//quant/gpu:gpu_quant_math.h",
+    "//quant/gpu:linalg_api.h",
 ]
 
 # sm_80 (A100), sm_90 (H100/H200) and PTX for later NVIDIA GPUs.
@@ -53,8 +71,7 @@ def gpu_backend(vendor):
     v = _VENDORS[vendor]
     if not v.found:
         return
-    for kernel in _KERNELS:
-        src = "//backends/gpu:%s.cu" % kernel
+    for kernel, src in _KERNELS.items():
         native.genrule(
             name = "%s_%s" % (vendor, kernel),
             srcs = [src] + _HDRS,
@@ -65,10 +82,10 @@ def gpu_backend(vendor):
         )
     native.cc_library(
         name = vendor + "_backend",
-        srcs = ["//backends/gpu:gpu_backend.cc"] + [":%s_%s" % (vendor, k) for k in _KERNELS],
-        hdrs = _HDRS,
+        srcs = ["//backends/gpu:gpu_backend.cc"] + _QUANT_SRCS + [":%s_%s" % (vendor, k) for k in _KERNELS],
+        hdrs = _HDRS + _QUANT_HDRS,
         local_defines = [v.define],
-        deps = ["//backends:device_backend"] + v.deps,
+        deps = ["//backends:device_backend", "//quant:quant_math", "//third_party:boost_dll"] + v.deps,
         alwayslink = True,
     )
 

@@ -15,6 +15,7 @@
 #include "backends/gpu/gpu_runtime.h"
 #include "backends/gpu/pull_kernel.h"
 #include "backends/device_backend.h"
+#include "quant/gpu/gpu_quant_math.h"
 
 namespace qlink {
 namespace {
@@ -245,6 +246,13 @@ class GpuBackend final : public DeviceBackend {
                  "sign expansion kernel launch");
   }
 
+  Status GetQuantMath(const quant::Libraries& libraries, quant::QuantMath** out) override {
+    std::lock_guard<std::mutex> lock(quant_mu_);
+    if (!quant_) QLINK_RETURN_IF_ERROR(quant::MakeGpuQuantMath(libraries, device_count(), &quant_));
+    *out = quant_.get();
+    return Status::Ok();
+  }
+
  private:
   // Peer access belongs to the process (its primary contexts), not to one backend object:
   // every context of the process shares what was enabled.
@@ -335,6 +343,8 @@ class GpuBackend final : public DeviceBackend {
   std::vector<int> sm_counts_;
   std::mutex mu_;
   std::vector<std::unique_ptr<Side>> sides_;  // per device, created on first use
+  std::mutex quant_mu_;
+  std::unique_ptr<quant::QuantMath> quant_;  // the GPTQ engine's part, made on first use
 };
 
 }  // namespace

@@ -1,0 +1,235 @@
+#include "quant/gpu/gpu_quant_math.h"
+
+#include <mutex>
+#include <vector>
+
+#include "backends/gpu/gpu_runtime.h"
+#include "quant/gpu/linalg_api.h"
+#include "quant/kernels/gptq_kernels.h"
+
+namespace qlink {
+namespace quant {
+namespace {
+
+Status Check(gpuError_t e, const char* what) {
+  if (e == gpuSuccess) return Status::Ok();
+  (void)gpuGetLastError();
+  std::string message = std::string(QLINK_GPU_BACKEND_NAME ": ") + what + ": " + gpuGetErrorName(e) + " (" +
+                        gpuGetErrorString(e) + ")";
+  return e == gpuErrorMemoryAllocation ? OutOfMemory(message) : RuntimeError(message);
+}
+
+Status CheckLib(int result, const char* what) {
+  if (result == 0) return Status::Ok();
+  return RuntimeError(std::string(QLINK_GPU_BACKEND_NAME ": ") + what + " failed with status " + std::to_string(result));
+}
+
+int Int(int64_t v) { return static_cast<int>(v); }
+
+gpuStream_t S(Stream s) { return static_cast<gpuStream_t>(s); }
+
+// One device's library handles and solver scratch, used by one call at a time.
+struct DeviceState {
+  std::mutex mu;
+  LinalgApi::Handle blas = nullptr, solver = nullptr;
+  float* work = nullptr;  // solver workspace, grown on demand
+  int work_floats = 0;
+  int* info = nullptr;    // the solver's device-side status
+};
+
+class GpuQuantMath final : public QuantMath {
+ public:
+  GpuQuantMath(const LinalgApi& api, int devices) : api_(api), states_(static_cast<size_t>(devices)) {}
+  ~GpuQuantMath() override {
+    for (size_t d = 0; d < states_.size(); ++d) {
+      DeviceState& st = states_[d];
+      if (st.blas == nullptr && st.work == nullptr && st.info == nullptr) continue;
+      if (gpuSetDevice(static_cast<int>(d)) != gpuSuccess) continue;
+      if (st.work != nullptr) (void)gpuFree(st.work);
+      if (st.info != nullptr) (void)gpuFree(st.info);
+      // The handles are left to the process's end: destroying them here can run after the
+      // driver has shut down (a backend lives as long as its context, maybe at exit).
+    }
+  }
+
+  Status Gemm(int device, Stream stream, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+              const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool tf32) override {
+    if (m == 0 || n == 0) return Status::Ok();
+    DeviceState* st = nullptr;
+    QLINK_RETURN_IF_ERROR(Acquire(device, &st));
+    std::lock_guard<std::mutex> lock(st->mu);
+    QLINK_RETURN_IF_ERROR(CheckLib(api_.BlasSetStream(st->blas, stream), "blas set stream"));
+    if (api_.BlasSetMathMode != nullptr) {
+      QLINK_RETURN_IF_ERROR(
+          CheckLib(api_.BlasSetMathMode(st->blas, tf32 ? api_.math_tf32 : api_.math_default), "blas math mode"));
+    }
+    // Row-major C = A B is column-major C^T = B^T A^T: the operands swap.
+    return CheckLib(api_.Sgemm(st->blas, api_.op_n, api_.op_n, Int(n), Int(m), Int(k), &alpha, b, Int(ldb), a,
+                               Int(lda), &beta, c, Int(ldc)),
+                    "sgemm");
+  }
+
+  Status SyrkAccumulate(int device, Stream stream, const float* x, int64_t rows, int64_t n, float* h) override {
+    if (rows == 0) return Status::Ok();
+    DeviceState* st = nullptr;
+    QLINK_RETURN_IF_ERROR(Acquire(device, &st));
+    std::lock_guard<std::mutex> lock(st->mu);
+    QLINK_RETURN_IF_ERROR(CheckLib(api_.BlasSetStream(st->blas, stream), "blas set stream"));
+    if (api_.BlasSetMathMode != nullptr) {
+      QLINK_RETURN_IF_ERROR(CheckLib(api_.BlasSetMathMode(st->blas, api_.math_default), "blas math mode"));
+    }
+    const float one = 1.0f;
+    return CheckLib(api_.Ssyrk(st->blas, api_.fill_lower, api_.op_n, Int(n), Int(rows), &one, x, Int(n), &one, h, Int(n)),
+                    "ssyrk");
+  }
+
+  Status Potrf(int device, Stream stream, float* a, int64_t n, bool lower, bool* positive_definite) override {
+    DeviceState* st = nullptr;
+    QLINK_RETURN_IF_ERROR(Acquire(device, &st));
+    std::lock_guard<std::mutex> lock(st->mu);
+    const int uplo = lower ? api_.fill_lower : api_.fill_upper;
+    int lwork = 0;
+    QLINK_RETURN_IF_ERROR(Solver(*st, stream));
+    QLINK_RETURN_IF_ERROR(CheckLib(api_.SpotrfBufferSize(st->solver, uplo, Int(n), a, Int(n), &lwork), "potrf size"));
+    QLINK_RETURN_IF_ERROR(Work(*st, lwork));
+    QLINK_RETURN_IF_ERROR(
+        CheckLib(api_.Spotrf(st->solver, uplo, Int(n), a, Int(n), st->work, lwork, st->info), "potrf"));
+    int info = 0;
+    QLINK_RETURN_IF_ERROR(ReadInfo(*st, stream, &info));
+    if (info < 0) return Internal("quant: potrf refused argument " + std::to_string(-info));
+    *positive_definite = info == 0;
+    return Status::Ok();
+  }
+
+  Status Potri(int device, Stream stream, float* a, int64_t n, bool lower) override {
+    DeviceState* st = nullptr;
+    QLINK_RETURN_IF_ERROR(Acquire(device, &st));
+    std::lock_guard<std::mutex> lock(st->mu);
+    const int uplo = lower ? api_.fill_lower : api_.fill_upper;
+    int lwork = 0;
+    QLINK_RETURN_IF_ERROR(Solver(*st, stream));
+    QLINK_RETURN_IF_ERROR(CheckLib(api_.SpotriBufferSize(st->solver, uplo, Int(n), a, Int(n), &lwork), "potri size"));
+    QLINK_RETURN_IF_ERROR(Work(*st, lwork));
+    QLINK_RETURN_IF_ERROR(
+        CheckLib(api_.Spotri(st->solver, uplo, Int(n), a, Int(n), st->work, lwork, st->info), "potri"));
+    int info = 0;  // read before the workspace can serve another call
+    QLINK_RETURN_IF_ERROR(ReadInfo(*st, stream, &info));
+    if (info != 0) return RuntimeError("quant: potri failed with info " + std::to_string(info));
+    return Status::Ok();
+  }
+
+  Status MirrorTriangle(int device, Stream stream, float* a, int64_t n, bool lower_to_upper) override {
+    QLINK_RETURN_IF_ERROR(Activate(device));
+    return Check(gpu::LaunchMirrorTriangle(a, n, lower_to_upper, S(stream)), "mirror kernel");
+  }
+
+  Status Diagonal(int device, Stream stream, const float* h, int64_t n, float* out) override {
+    QLINK_RETURN_IF_ERROR(Activate(device));
+    return Check(gpu::LaunchDiagonal(h, n, out, S(stream)), "diagonal kernel");
+  }
+
+  Status PrepareHessian(int device, Stream stream, const float* h, int64_t n, const int32_t* perm, float diag_add,
+                        float* out) override {
+    QLINK_RETURN_IF_ERROR(Activate(device));
+    return Check(gpu::LaunchPrepareHessian(h, n, perm, diag_add, out, S(stream)), "prepare-hessian kernel");
+  }
+
+  Status LoadWeight(int device, Stream stream, const void* w, DLDataType dtype, int64_t rows, int64_t cols,
+                    const int32_t* perm, float* out) override {
+    QLINK_RETURN_IF_ERROR(Activate(device));
+    return Check(gpu::LaunchLoadWeight(w, dtype, rows, cols, perm, out, S(stream)), "load-weight kernel");
+  }
+
+  Status StoreWeight(int device, Stream stream, const float* w, int64_t rows, int64_t cols, const int32_t* perm,
+                     DLDataType dtype, void* out) override {
+    QLINK_RETURN_IF_ERROR(Activate(device));
+    return Check(gpu::LaunchStoreWeight(w, rows, cols, perm, dtype, out, S(stream)), "store-weight kernel");
+  }
+
+  Status StoreCodes(int device, Stream stream, const uint8_t* codes, int64_t rows, int64_t cols, const int32_t* perm,
+                    uint8_t* out) override {
+    QLINK_RETURN_IF_ERROR(Activate(device));
+    return Check(gpu::LaunchStoreCodes(codes, rows, cols, perm, out, S(stream)), "store-codes kernel");
+  }
+
+  Status ZeroColumns(int device, Stream stream, float* w, int64_t rows, int64_t ld, const int32_t* columns,
+                     int64_t count) override {
+    QLINK_RETURN_IF_ERROR(Activate(device));
+    return Check(gpu::LaunchZeroColumns(w, rows, ld, columns, count, S(stream)), "zero-columns kernel");
+  }
+
+  Status GroupRanges(int device, Stream stream, const float* w, int64_t rows, int64_t ld, int64_t group_size,
+                     int64_t first_group, int64_t num_groups, const int32_t* columns, Grid grid, float* scales,
+                     float* zeros, int64_t groups) override {
+    QLINK_RETURN_IF_ERROR(Activate(device));
+    return Check(gpu::LaunchGroupRanges(w, rows, ld, group_size, first_group, num_groups, columns, grid, scales, zeros,
+                                        groups, S(stream)),
+                 "group-ranges kernel");
+  }
+
+  Status QuantizeBlock(int device, Stream stream, const BlockArgs& args) override {
+    QLINK_RETURN_IF_ERROR(Activate(device));
+    return Check(gpu::LaunchQuantizeBlock(args, S(stream)), "quantize-block kernel");
+  }
+
+  Status ToFloat(int device, Stream stream, const void* x, DLDataType dtype, int64_t count, float* out) override {
+    QLINK_RETURN_IF_ERROR(Activate(device));
+    return Check(gpu::LaunchToFloat(x, dtype, count, out, S(stream)), "to-float kernel");
+  }
+
+ private:
+  static Status Activate(int device) {
+    int now = -1;
+    if (gpuGetDevice(&now) == gpuSuccess && now == device) return Status::Ok();
+    return Check(gpuSetDevice(device), "gpuSetDevice");
+  }
+
+  // The device's state with its handles made, `device` current.
+  Status Acquire(int device, DeviceState** out) {
+    if (device < 0 || static_cast<size_t>(device) >= states_.size()) return Internal("quant: no device " + std::to_string(device));
+    QLINK_RETURN_IF_ERROR(Activate(device));
+    DeviceState& st = states_[device];
+    std::lock_guard<std::mutex> lock(st.mu);
+    if (st.blas == nullptr) {
+      QLINK_RETURN_IF_ERROR(CheckLib(api_.BlasCreate(&st.blas), "blas handle"));
+      QLINK_RETURN_IF_ERROR(CheckLib(api_.SolverCreate(&st.solver), "solver handle"));
+      QLINK_RETURN_IF_ERROR(Check(gpuMalloc(reinterpret_cast<void**>(&st.info), sizeof(int)), "gpuMalloc"));
+    }
+    *out = &st;
+    return Status::Ok();
+  }
+
+  Status Solver(DeviceState& st, Stream stream) {
+    return CheckLib(api_.SolverSetStream(st.solver, stream), "solver set stream");
+  }
+
+  static Status Work(DeviceState& st, int floats) {
+    if (floats <= st.work_floats) return Status::Ok();
+    if (st.work != nullptr) QLINK_RETURN_IF_ERROR(Check(gpuFree(st.work), "gpuFree"));
+    st.work = nullptr;
+    st.work_floats = 0;
+    QLINK_RETURN_IF_ERROR(Check(gpuMalloc(reinterpret_cast<void**>(&st.work), sizeof(float) * floats), "gpuMalloc"));
+    st.work_floats = floats;
+    return Status::Ok();
+  }
+
+  static Status ReadInfo(DeviceState& st, Stream stream, int* info) {
+    QLINK_RETURN_IF_ERROR(Check(gpuStreamSynchronize(S(stream)), "gpuStreamSynchronize"));
+    return Check(gpuMemcpy(info, st.info, sizeof(int), gpuMemcpyDeviceToHost), "gpuMemcpy");
+  }
+
+  const LinalgApi& api_;
+  std::vector<DeviceState> states_;
+};
+
+}  // namespace
+
+Status MakeGpuQuantMath(const Libraries& libraries, int devices, std::unique_ptr<QuantMath>* out) {
+  const LinalgApi* api = nullptr;
+  QLINK_RETURN_IF_ERROR(LoadLinalg(libraries.blas, libraries.solver, &api));
+  *out = std::make_unique<GpuQuantMath>(*api, devices);
+  return Status::Ok();
+}
+
+}  // namespace quant
+}  // namespace qlink

@@ -1,0 +1,47 @@
+// The BLAS and solver routines the GPU engine calls, resolved at run time from the vendor's
+// libraries (cuBLAS + cuSOLVER for CUDA, hipBLAS + hipSOLVER for HIP, which mirror them
+// name for name): the backend builds and loads without them, and the GPTQ entry points say
+// which one is missing. Declared here, not taken from the vendors' headers, so one source
+// serves both vendors (the CUDA build checks the constants against cuBLAS's headers).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/status.h"
+
+namespace qlink {
+namespace quant {
+
+struct LinalgApi {
+  using Handle = void*;
+  using Result = int;  // cublasStatus_t / cusolverStatus_t; 0 is success
+
+  // The vendor's values of the few enumerators used.
+  int op_n, op_t;
+  int fill_lower, fill_upper;
+  int math_default, math_tf32;
+
+  Result (*BlasCreate)(Handle*);
+  Result (*BlasSetStream)(Handle, void* stream);
+  Result (*BlasSetMathMode)(Handle, int mode);  // NULL where the vendor has none
+  Result (*Sgemm)(Handle, int transa, int transb, int m, int n, int k, const float* alpha, const float* a, int lda,
+                  const float* b, int ldb, const float* beta, float* c, int ldc);
+  Result (*Ssyrk)(Handle, int uplo, int trans, int n, int k, const float* alpha, const float* a, int lda,
+                  const float* beta, float* c, int ldc);
+
+  Result (*SolverCreate)(Handle*);
+  Result (*SolverSetStream)(Handle, void* stream);
+  Result (*SpotrfBufferSize)(Handle, int uplo, int n, float* a, int lda, int* lwork);
+  Result (*Spotrf)(Handle, int uplo, int n, float* a, int lda, float* work, int lwork, int* info);
+  Result (*SpotriBufferSize)(Handle, int uplo, int n, float* a, int lda, int* lwork);
+  Result (*Spotri)(Handle, int uplo, int n, float* a, int lda, float* work, int lwork, int* info);
+};
+
+// Loads the vendor's BLAS library `blas` and solver library `solver` ("" = the defaults:
+// libcublas.so.13 and libcusolver.so.12, or libhipblas.so.2 and libhipsolver.so.0) once per
+// process; the API stays valid for the life of the process.
+Status LoadLinalg(const std::string& blas, const std::string& solver, const LinalgApi** out);
+
+}  // namespace quant
+}  // namespace qlink

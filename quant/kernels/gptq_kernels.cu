@@ -1,0 +1,272 @@
+#include "quant/kernels/gptq_kernels.h"
+
+#include <algorithm>
+#include <cfloat>
+
+#include "backends/gpu/gpu_device.h"
+#include "quant/kernels/gptq_math.h"
+
+namespace qlink {
+namespace quant {
+namespace gpu {
+namespace {
+
+// A team of 32 lanes works one row (two teams per wavefront on 64-wide AMD GPUs).
+constexpr int kTeam = 32;
+constexpr int kTeamsPerBlock = 8;
+constexpr int kSlots = kBlockColumns / kTeam;  // block columns per lane
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float TeamShuffle(float v, int lane) {
+#if defined(QLINK_GPU_HIP)
+  return __shfl(v, lane, kTeam);
+#else
+  return __shfl_sync(0xffffffffu, v, lane, kTeam);
+#endif
+}
+
+__device__ __forceinline__ float TeamXor(float v, int mask) {
+#if defined(QLINK_GPU_HIP)
+  return __shfl_xor(v, mask, kTeam);
+#else
+  return __shfl_xor_sync(0xffffffffu, v, mask, kTeam);
+#endif
+}
+
+__device__ __forceinline__ int64_t At(const int32_t* perm, int64_t c) { return perm != nullptr ? perm[c] : c; }
+
+__device__ __forceinline__ float Load(const void* p, int code, int bits, int64_t i) {
+  if (bits == 32) return static_cast<const float*>(p)[i];
+  const uint16_t b = static_cast<const uint16_t*>(p)[i];
+  return code == kDLBfloat ? Bf16ToFloat(b) : HalfToFloat(b);
+}
+
+__device__ __forceinline__ void Store(void* p, int code, int bits, int64_t i, float v) {
+  if (bits == 32) {
+    static_cast<float*>(p)[i] = v;
+  } else {
+    static_cast<uint16_t*>(p)[i] = code == kDLBfloat ? FloatToBf16(v) : FloatToHalf(v);
+  }
+}
+
+unsigned Blocks(int64_t work, int64_t per_block = kThreads) {
+  return static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>((work + per_block - 1) / per_block, 1), 65535));
+}
+
+#define QLINK_GRID_STRIDE(i, n) \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+
+__global__ void DiagonalKernel(const float* h, int64_t n, float* out) {
+  QLINK_GRID_STRIDE(i, n) out[i] = h[i * n + i];
+}
+
+__global__ void PrepareHessianKernel(const float* h, int64_t n, const int32_t* perm, float diag_add, float* out) {
+  QLINK_GRID_STRIDE(k, n * n) {
+    const int64_t i = k / n, j = k % n;
+    float v = h[At(perm, i) * n + At(perm, j)];
+    if (i == j) v = (v == 0.0f ? 1.0f : v) + diag_add;
+    out[k] = v;
+  }
+}
+
+// Row-major view M[r][c] = a[r * n + c]. Column-major lower_to_upper fills M's lower
+// triangle (r > c) from its upper one; the reverse fills the upper. 32 x 32 tiles through
+// shared memory, so both the reads and the writes are coalesced.
+__global__ void MirrorKernel(float* a, int64_t n, bool fill_lower) {
+  __shared__ float tile[32][33];
+  const int64_t tr = blockIdx.y, tc = blockIdx.x;  // destination tile
+  if (fill_lower ? tr < tc : tr > tc) return;
+  // Source tile (tc, tr): read it row by row, coalesced along its columns.
+  for (int y = threadIdx.y; y < 32; y += blockDim.y) {
+    const int64_t r = tc * 32 + y, c = tr * 32 + threadIdx.x;
+    if (r < n && c < n) tile[y][threadIdx.x] = a[r * n + c];
+  }
+  __syncthreads();
+  for (int y = threadIdx.y; y < 32; y += blockDim.y) {
+    const int64_t r = tr * 32 + y, c = tc * 32 + threadIdx.x;
+    if (r < n && c < n && (fill_lower ? r > c : r < c)) a[r * n + c] = tile[threadIdx.x][y];
+  }
+}
+
+__global__ void LoadWeightKernel(const void* w, int code, int bits, int64_t rows, int64_t cols, const int32_t* perm,
+                                 float* out) {
+  QLINK_GRID_STRIDE(k, rows * cols) {
+    const int64_t r = k / cols, c = k % cols;
+    out[k] = Load(w, code, bits, r * cols + At(perm, c));
+  }
+}
+
+__global__ void StoreWeightKernel(const float* w, int64_t rows, int64_t cols, const int32_t* perm, int code, int bits,
+                                  void* out) {
+  QLINK_GRID_STRIDE(k, rows * cols) {
+    const int64_t r = k / cols, c = k % cols;
+    Store(out, code, bits, r * cols + At(perm, c), w[k]);
+  }
+}
+
+__global__ void StoreCodesKernel(const uint8_t* codes, int64_t rows, int64_t cols, const int32_t* perm,
+                                 uint8_t* out) {
+  QLINK_GRID_STRIDE(k, rows * cols) {
+    const int64_t r = k / cols, c = k % cols;
+    out[r * cols + At(perm, c)] = codes[k];
+  }
+}
+
+__global__ void ZeroColumnsKernel(float* w, int64_t rows, int64_t ld, const int32_t* columns, int64_t count) {
+  QLINK_GRID_STRIDE(k, rows * count) w[(k / count) * ld + columns[k % count]] = 0.0f;
+}
+
+__global__ void ToFloatKernel(const void* x, int code, int bits, int64_t count, float* out) {
+  QLINK_GRID_STRIDE(i, count) out[i] = Load(x, code, bits, i);
+}
+
+// One team per (row, group): min and max over the group's columns, then the range.
+__global__ void GroupRangesKernel(const float* w, int64_t rows, int64_t ld, int64_t group_size, int64_t first_group,
+                                  const int32_t* columns, int bits, bool sym, float* scales, float* zeros,
+                                  int64_t groups) {
+  const int lane = threadIdx.x % kTeam;
+  const int64_t r = blockIdx.y * static_cast<int64_t>(kTeamsPerBlock) + threadIdx.x / kTeam;
+  const int64_t g = first_group + blockIdx.x;
+  if (r >= rows) return;
+  const float* row = w + r * ld;
+  float lo = FLT_MAX, hi = -FLT_MAX;
+  for (int64_t j = lane; j < group_size; j += kTeam) {
+    const int64_t c = g * group_size + j;
+    const float v = row[columns != nullptr ? columns[c] : c];
+    lo = fminf(lo, v);
+    hi = fmaxf(hi, v);
+  }
+  for (int mask = kTeam / 2; mask > 0; mask /= 2) {
+    lo = fminf(lo, TeamXor(lo, mask));
+    hi = fmaxf(hi, TeamXor(hi, mask));
+  }
+  if (lane == 0) RangeToParams(lo, hi, (1 << bits) - 1, sym, &scales[r * groups + g], &zeros[r * groups + g]);
+}
+
+// GPTQ's column loop over one block, one team per row: lane l holds the block's columns
+// l, l + 32, l + 64, l + 96 in registers; column i's owner quantizes it, the team shares the
+// scaled error, and every lane updates its later columns with U's row i.
+__global__ void __launch_bounds__(kThreads) QuantizeBlockKernel(const BlockArgs a) {
+  const int lane = threadIdx.x % kTeam;
+  const int64_t r = blockIdx.x * static_cast<int64_t>(kTeamsPerBlock) + threadIdx.x / kTeam;
+  if (r >= a.rows) return;
+  const int maxq = (1 << a.grid.bits) - 1;
+  float* row = a.w + r * a.ld + a.first;
+  float w[kSlots];
+#pragma unroll
+  for (int k = 0; k < kSlots; ++k) {
+    const int c = lane + k * kTeam;
+    w[k] = c < a.count ? row[c] : 0.0f;
+  }
+  double loss = 0;
+  const float* scales = a.scales + r * a.groups;
+  const float* zeros = a.zeros + r * a.groups;
+#pragma unroll
+  for (int slot = 0; slot < kSlots; ++slot) {
+    for (int owner = 0; owner < kTeam; ++owner) {
+      const int i = slot * kTeam + owner;
+      if (i >= a.count) break;
+      const int64_t c = a.first + i;
+      const float* u = a.u + c * a.n + a.first;  // row c of U from the block's first column
+      const float d = u[i];
+      const int64_t g = a.column_group[c];
+      const float x = TeamShuffle(w[slot], owner);
+      uint8_t level = 0;
+      const float q = QuantizeValue(x, scales[g], zeros[g], maxq, &level);
+      const float diff = x - q;
+      const float err = diff / d;
+#pragma unroll
+      for (int k = 0; k < kSlots; ++k) {
+        const int j = lane + k * kTeam;
+        if (j >= i && j < a.count) w[k] = Sub(w[k], Mul(err, u[j]));
+      }
+      if (lane == owner) {
+        w[slot] = q;
+        loss += static_cast<double>(diff * diff / (d * d));
+        a.err[r * a.count + i] = err;
+        if (a.codes != nullptr) a.codes[r * a.ld + c] = level;
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kSlots; ++k) {
+    const int c = lane + k * kTeam;
+    if (c < a.count) row[c] = w[k];
+  }
+  // The row's loss: each lane's columns, summed over the team in a fixed order.
+  for (int mask = kTeam / 2; mask > 0; mask /= 2) {
+#if defined(QLINK_GPU_HIP)
+    loss += __shfl_xor(loss, mask, kTeam);
+#else
+    loss += __shfl_xor_sync(0xffffffffu, loss, mask, kTeam);
+#endif
+  }
+  if (lane == 0) a.row_loss[r] += loss;
+}
+
+}  // namespace
+
+gpuError_t LaunchDiagonal(const float* h, int64_t n, float* out, gpuStream_t stream) {
+  DiagonalKernel<<<Blocks(n), kThreads, 0, stream>>>(h, n, out);
+  return gpuGetLastError();
+}
+
+gpuError_t LaunchPrepareHessian(const float* h, int64_t n, const int32_t* perm, float diag_add, float* out,
+                                gpuStream_t stream) {
+  PrepareHessianKernel<<<Blocks(n * n), kThreads, 0, stream>>>(h, n, perm, diag_add, out);
+  return gpuGetLastError();
+}
+
+gpuError_t LaunchMirrorTriangle(float* a, int64_t n, bool lower_to_upper, gpuStream_t stream) {
+  const unsigned tiles = static_cast<unsigned>((n + 31) / 32);
+  MirrorKernel<<<dim3(tiles, tiles), dim3(32, 8), 0, stream>>>(a, n, lower_to_upper);
+  return gpuGetLastError();
+}
+
+gpuError_t LaunchLoadWeight(const void* w, DLDataType dtype, int64_t rows, int64_t cols, const int32_t* perm,
+                            float* out, gpuStream_t stream) {
+  LoadWeightKernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(w, dtype.code, dtype.bits, rows, cols, perm, out);
+  return gpuGetLastError();
+}
+
+gpuError_t LaunchStoreWeight(const float* w, int64_t rows, int64_t cols, const int32_t* perm, DLDataType dtype,
+                             void* out, gpuStream_t stream) {
+  StoreWeightKernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(w, rows, cols, perm, dtype.code, dtype.bits, out);
+  return gpuGetLastError();
+}
+
+gpuError_t LaunchStoreCodes(const uint8_t* codes, int64_t rows, int64_t cols, const int32_t* perm, uint8_t* out,
+                            gpuStream_t stream) {
+  StoreCodesKernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(codes, rows, cols, perm, out);
+  return gpuGetLastError();
+}
+
+gpuError_t LaunchZeroColumns(float* w, int64_t rows, int64_t ld, const int32_t* columns, int64_t count,
+                             gpuStream_t stream) {
+  ZeroColumnsKernel<<<Blocks(rows * count), kThreads, 0, stream>>>(w, rows, ld, columns, count);
+  return gpuGetLastError();
+}
+
+gpuError_t LaunchGroupRanges(const float* w, int64_t rows, int64_t ld, int64_t group_size, int64_t first_group,
+                             int64_t num_groups, const int32_t* columns, Grid grid, float* scales, float* zeros,
+                             int64_t groups, gpuStream_t stream) {
+  const dim3 blocks(static_cast<unsigned>(num_groups), static_cast<unsigned>((rows + kTeamsPerBlock - 1) / kTeamsPerBlock));
+  GroupRangesKernel<<<blocks, kThreads, 0, stream>>>(w, rows, ld, group_size, first_group, columns, grid.bits, grid.sym,
+                                                     scales, zeros, groups);
+  return gpuGetLastError();
+}
+
+gpuError_t LaunchQuantizeBlock(const BlockArgs& args, gpuStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>((args.rows + kTeamsPerBlock - 1) / kTeamsPerBlock);
+  QuantizeBlockKernel<<<blocks, kThreads, 0, stream>>>(args);
+  return gpuGetLastError();
+}
+
+gpuError_t LaunchToFloat(const void* x, DLDataType dtype, int64_t count, float* out, gpuStream_t stream) {
+  ToFloatKernel<<<Blocks(count), kThreads, 0, stream>>>(x, dtype.code, dtype.bits, count, out);
+  return gpuGetLastError();
+}
+
+}  // namespace gpu
+}  // namespace quant
+}  // namespace qlink
