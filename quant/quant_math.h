@@ -68,13 +68,17 @@ class QuantMath {
   // h (n x n) += x^T x for x (rows x n): a symmetric rank-k update of one triangle of h,
   // left for the caller to mirror (MirrorTriangle(lower_to_upper = true)).
   virtual Status SyrkAccumulate(int device, Stream stream, const float* x, int64_t rows, int64_t n, float* h) = 0;
-  // LAPACK's potrf and potri on the column-major n x n matrix a (symmetric: only the
-  // `lower` or upper triangle is read and written), as PyTorch's linalg.cholesky and
-  // cholesky_inverse call them. Potrf blocks until it knows whether a is positive
-  // definite (*positive_definite false: the triangle is garbage, the caller rebuilds a).
+  // LAPACK's potrf on the column-major n x n matrix a (symmetric: only the `lower` or
+  // upper triangle is read and written), as PyTorch's linalg.cholesky calls it. Blocks
+  // until it knows whether a is positive definite (*positive_definite false: the triangle
+  // is garbage, the caller rebuilds a).
   virtual Status Potrf(int device, Stream stream, float* a, int64_t n, bool lower, bool* positive_definite) = 0;
-  // From Potrf's factor in the same triangle: that triangle of the original's inverse.
-  virtual Status Potri(int device, Stream stream, float* a, int64_t n, bool lower) = 0;
+  // The whole inverse (column-major, n x n, into `inverse`) of the matrix whose lower
+  // Cholesky factor is the column-major lower triangle of `factor`, computed as PyTorch's
+  // cholesky_inverse does on this kind of device: LAPACK potri, made symmetric (CPU);
+  // potrs against the identity (cuSOLVER). Matching it call for call keeps the engine's
+  // results with GPTQModel's to the last rounding wherever the libraries allow.
+  virtual Status CholeskyInverse(int device, Stream stream, const float* factor, float* inverse, int64_t n) = 0;
   // Copies the column-major lower triangle of a (n x n) over the upper one, or the
   // upper over the lower, making a symmetric.
   virtual Status MirrorTriangle(int device, Stream stream, float* a, int64_t n, bool lower_to_upper) = 0;
@@ -82,7 +86,8 @@ class QuantMath {
   // ---- kernels ----
   // out[i] = h[i][i].
   virtual Status Diagonal(int device, Stream stream, const float* h, int64_t n, float* out) = 0;
-  // out[i][j] = h[p(i)][p(j)] with p = perm (or the identity when NULL); a zero diagonal
+  // out = H[p][:, p] (p = perm, or the identity when NULL) in column-major order, as
+  // PyTorch hands a matrix to LAPACK: out[j * n + i] = h[p(i) * n + p(j)]. A zero diagonal
   // entry (a dead column) becomes 1; then diag_add is added to the diagonal.
   virtual Status PrepareHessian(int device, Stream stream, const float* h, int64_t n, const int32_t* perm,
                                 float diag_add, float* out) = 0;

@@ -1,6 +1,7 @@
 // `qlink`: the command-line host of libqlink.so.
 //   qlink probe [--config JSON] [--bytes N]   backend, devices, peer matrix, bandwidth and latency
-//   qlink demo  [--config JSON]               a module-shaped batch around every device, verified
+//   qlink demo  [--config JSON]               a module-shaped batch around every device, verified;
+//                                             a small Llama-shaped model quantized (GPTQ) data-parallel
 // The plugin is dlopen'ed from the folder this program lives in (or --library PATH),
 // exactly as a Python host would load it.
 #include <chrono>
@@ -13,6 +14,7 @@
 #include <boost/dll/shared_library.hpp>
 
 #include "plugin_api/qlink.h"
+#include "tools/gptq_demo.h"
 
 namespace {
 
@@ -27,7 +29,8 @@ int Usage() {
   std::fprintf(stderr,
                "usage: qlink probe|demo [--config JSON] [--library PATH] [--bytes N]\n"
                "  probe  backend, devices, peer matrix, copy bandwidth (GB/s) and latency per ordered pair\n"
-               "  demo   move a 64-leaf module batch around every device and verify it byte for byte\n");
+               "  demo   move a 64-leaf module batch around every device and verify it byte for byte,\n"
+               "         then quantize a small Llama-shaped model with GPTQ, serially and data-parallel\n");
   return 2;
 }
 
@@ -228,7 +231,7 @@ int main(int argc, char** argv) {
   qlink_context* ctx = nullptr;
   Checked check(*api);
   check(api->context_create(o.config.c_str(), &ctx), "context_create");
-  const int rc = o.command == "probe" ? Probe(*api, ctx, o) : Demo(*api, ctx);
+  const int rc = o.command == "probe" ? Probe(*api, ctx, o) : Demo(*api, ctx) | GptqDemo(*api, ctx);
   api->context_destroy(ctx);
   return rc;
 }

@@ -62,12 +62,13 @@ class CpuQuantMath final : public QuantMath {
     return Status::Ok();
   }
 
-  Status Potri(int, Stream, float* a, int64_t n, bool lower) override {
+  Status CholeskyInverse(int device, Stream stream, const float* factor, float* inverse, int64_t n) override {
+    std::memcpy(inverse, factor, sizeof(float) * n * n);
     const int nn = Int(n);
     int info = 0;
-    api_.spotri(lower ? "L" : "U", &nn, a, &nn, &info, 1);
+    api_.spotri("L", &nn, inverse, &nn, &info, 1);
     if (info != 0) return RuntimeError("quant: spotri failed with info " + std::to_string(info));
-    return Status::Ok();
+    return MirrorTriangle(device, stream, inverse, n, /*lower_to_upper=*/true);
   }
 
   // Column-major (i, j) is a[j * n + i]: lower_to_upper copies (i > j) onto (j, i).
@@ -91,12 +92,11 @@ class CpuQuantMath final : public QuantMath {
 
   Status PrepareHessian(int, Stream, const float* h, int64_t n, const int32_t* perm, float diag_add,
                         float* out) override {
-    for (int64_t i = 0; i < n; ++i) {
-      const float* src = h + Col(perm, i) * n;
-      float* dst = out + i * n;
-      for (int64_t j = 0; j < n; ++j) dst[j] = src[Col(perm, j)];
-      if (dst[i] == 0.0f) dst[i] = 1.0f;
-      dst[i] += diag_add;
+    for (int64_t j = 0; j < n; ++j) {  // out's row j is the column-major view's column j: H[:, p(j)]
+      float* dst = out + j * n;
+      for (int64_t i = 0; i < n; ++i) dst[i] = h[Col(perm, i) * n + Col(perm, j)];
+      if (dst[j] == 0.0f) dst[j] = 1.0f;
+      dst[j] += diag_add;
     }
     return Status::Ok();
   }

@@ -64,6 +64,10 @@ class InverseBoard {
   bool failed_ = false;
 };
 
+double Milliseconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count();
+}
+
 struct Work {
   Context* ctx;
   QuantMath* math;
@@ -99,8 +103,11 @@ Status RunDevice(Work& work, InverseBoard& board, int device, DeviceUsage* usage
       h = staged.as<float>();
     }
     auto inverse = std::make_unique<HessianInverse>();
+    const auto start = std::chrono::steady_clock::now();
     QLINK_RETURN_IF_ERROR(
         InvertHessian(backend, *work.math, device, stream, h, first.cols, work.options, who, usage, inverse.get()));
+    work.ctx->log().debug("gptq: inverse for {} ({} columns) on device {}: {:.2f} ms, damp {}", who, first.cols, device,
+                          Milliseconds(start), inverse->damp);
     board.Publish(g, std::move(inverse));
   }
   std::map<size_t, HessianInverse> copies;  // inverses made elsewhere, copied here once
@@ -118,8 +125,11 @@ Status RunDevice(Work& work, InverseBoard& board, int device, DeviceUsage* usage
     RowsJob job{&layer, part.row_begin, part.row_end, device, stream,
                 StreamFor(layer.device, work.streams, work.num_streams)};
     std::vector<double> loss;
+    const auto start = std::chrono::steady_clock::now();
     QLINK_RETURN_IF_ERROR(
         SolveRows(backend, *work.math, *inverse, job, work.options, [&] { return board.AllMade(); }, usage, &loss));
+    work.ctx->log().debug("gptq: rows {}..{} of {} on device {}: {:.2f} ms", part.row_begin, part.row_end, layer.name,
+                          device, Milliseconds(start));
     std::copy(loss.begin(), loss.end(), work.row_loss[part.layer].begin() + part.row_begin);
   }
   return Status::Ok();

@@ -53,7 +53,12 @@ Status InvertHessian(DeviceBackend& backend, QuantMath& math, int device, Stream
     if (dead[order[i]]) out->dead.push_back(static_cast<int32_t>(i));
   }
   const float mean = static_cast<float>(sum / static_cast<double>(n));
+  // Two n x n buffers while inverting: the damped Hessian and its factor, then the inverse
+  // and its factor (kept as U).
+  DeviceBuffer factor;
+  QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(backend, device, sizeof(float) * n * n, usage, &factor));
   QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(backend, device, sizeof(float) * n * n, usage, &out->u));
+  float* l = factor.as<float>();
   float* u = out->u.as<float>();
   const int32_t* p = out->perm.empty() ? nullptr : perm.as<int32_t>();
   double damp = options.damp;
@@ -61,17 +66,15 @@ Status InvertHessian(DeviceBackend& backend, QuantMath& math, int device, Stream
   int tries = 0;
   while (damp > 0 && damp < 1) {
     ++tries;
-    QLINK_RETURN_IF_ERROR(math.PrepareHessian(device, stream, h, n, p, static_cast<float>(damp) * mean, u));
     // PyTorch's sequence, call for call: L = linalg.cholesky(H) (potrf lower),
-    // cholesky_inverse(L) (potri lower, made symmetric), then linalg.cholesky(., upper=True)
-    // (potrf upper). H is symmetric, so row- and column-major read it alike; the factor U
-    // ends in the column-major upper triangle, which mirrored into the lower one puts U
+    // cholesky_inverse(L), then linalg.cholesky(., upper=True) (potrf upper). The factor U
+    // ends in the column-major upper triangle; mirrored into the lower one it is U
     // row-major in the upper triangle, where the column loop reads it.
+    QLINK_RETURN_IF_ERROR(math.PrepareHessian(device, stream, h, n, p, static_cast<float>(damp) * mean, l));
     bool ok = false;
-    QLINK_RETURN_IF_ERROR(math.Potrf(device, stream, u, n, /*lower=*/true, &ok));
+    QLINK_RETURN_IF_ERROR(math.Potrf(device, stream, l, n, /*lower=*/true, &ok));
     if (ok) {
-      QLINK_RETURN_IF_ERROR(math.Potri(device, stream, u, n, /*lower=*/true));
-      QLINK_RETURN_IF_ERROR(math.MirrorTriangle(device, stream, u, n, /*lower_to_upper=*/true));
+      QLINK_RETURN_IF_ERROR(math.CholeskyInverse(device, stream, l, u, n));
       QLINK_RETURN_IF_ERROR(math.Potrf(device, stream, u, n, /*lower=*/false, &ok));
     }
     if (ok) QLINK_RETURN_IF_ERROR(math.MirrorTriangle(device, stream, u, n, /*lower_to_upper=*/false));

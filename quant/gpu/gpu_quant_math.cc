@@ -101,20 +101,18 @@ class GpuQuantMath final : public QuantMath {
     return Status::Ok();
   }
 
-  Status Potri(int device, Stream stream, float* a, int64_t n, bool lower) override {
+  // As PyTorch's cholesky_inverse on CUDA: potrs of the identity.
+  Status CholeskyInverse(int device, Stream stream, const float* factor, float* inverse, int64_t n) override {
     DeviceState* st = nullptr;
     QLINK_RETURN_IF_ERROR(Acquire(device, &st));
     std::lock_guard<std::mutex> lock(st->mu);
-    const int uplo = lower ? api_.fill_lower : api_.fill_upper;
-    int lwork = 0;
+    QLINK_RETURN_IF_ERROR(Check(gpu::LaunchIdentity(inverse, n, S(stream)), "identity kernel"));
     QLINK_RETURN_IF_ERROR(Solver(*st, stream));
-    QLINK_RETURN_IF_ERROR(CheckLib(api_.SpotriBufferSize(st->solver, uplo, Int(n), a, Int(n), &lwork), "potri size"));
-    QLINK_RETURN_IF_ERROR(Work(*st, lwork));
-    QLINK_RETURN_IF_ERROR(
-        CheckLib(api_.Spotri(st->solver, uplo, Int(n), a, Int(n), st->work, lwork, st->info), "potri"));
-    int info = 0;  // read before the workspace can serve another call
+    QLINK_RETURN_IF_ERROR(CheckLib(
+        api_.Spotrs(st->solver, api_.fill_lower, Int(n), Int(n), factor, Int(n), inverse, Int(n), st->info), "potrs"));
+    int info = 0;
     QLINK_RETURN_IF_ERROR(ReadInfo(*st, stream, &info));
-    if (info != 0) return RuntimeError("quant: potri failed with info " + std::to_string(info));
+    if (info != 0) return Internal("quant: potrs refused argument " + std::to_string(-info));
     return Status::Ok();
   }
 

@@ -26,7 +26,7 @@ struct Names {
   const char *blas_create = "hipblasCreate", *blas_stream = "hipblasSetStream", *math = nullptr,
              *sgemm = "hipblasSgemm", *ssyrk = "hipblasSsyrk", *solver_create = "hipsolverDnCreate",
              *solver_stream = "hipsolverDnSetStream", *potrf_size = "hipsolverDnSpotrf_bufferSize",
-             *potrf = "hipsolverDnSpotrf", *potri_size = "hipsolverDnSpotri_bufferSize", *potri = "hipsolverDnSpotri";
+             *potrf = "hipsolverDnSpotrf", *potrs = "hipsolverDnSpotrs";
 };
 #else
 constexpr const char* kVendor = "cuda";
@@ -38,7 +38,7 @@ struct Names {
   const char *blas_create = "cublasCreate_v2", *blas_stream = "cublasSetStream_v2", *math = "cublasSetMathMode",
              *sgemm = "cublasSgemm_v2", *ssyrk = "cublasSsyrk_v2", *solver_create = "cusolverDnCreate",
              *solver_stream = "cusolverDnSetStream", *potrf_size = "cusolverDnSpotrf_bufferSize",
-             *potrf = "cusolverDnSpotrf", *potri_size = "cusolverDnSpotri_bufferSize", *potri = "cusolverDnSpotri";
+             *potrf = "cusolverDnSpotrf", *potrs = "cusolverDnSpotrs";
 };
 #endif
 
@@ -91,8 +91,7 @@ Status LoadLinalg(const std::string& blas_name, const std::string& solver_name, 
       resolve(loaded->solver, solver, a.SolverSetStream, n.solver_stream);
       resolve(loaded->solver, solver, a.SpotrfBufferSize, n.potrf_size);
       resolve(loaded->solver, solver, a.Spotrf, n.potrf);
-      resolve(loaded->solver, solver, a.SpotriBufferSize, n.potri_size);
-      resolve(loaded->solver, solver, a.Spotri, n.potri);
+      resolve(loaded->solver, solver, a.Spotrs, n.potrs);
       if (missing != nullptr) s = Unavailable(std::string(kVendor) + ": '" + *missing_from + "' lacks " + missing);
     }
     if (!s.ok()) {

@@ -34,8 +34,7 @@ struct LinalgApi {
   Result (*SolverSetStream)(Handle, void* stream);
   Result (*SpotrfBufferSize)(Handle, int uplo, int n, float* a, int lda, int* lwork);
   Result (*Spotrf)(Handle, int uplo, int n, float* a, int lda, float* work, int lwork, int* info);
-  Result (*SpotriBufferSize)(Handle, int uplo, int n, float* a, int lda, int* lwork);
-  Result (*Spotri)(Handle, int uplo, int n, float* a, int lda, float* work, int lwork, int* info);
+  Result (*Spotrs)(Handle, int uplo, int n, int nrhs, const float* a, int lda, float* b, int ldb, int* info);
 };
 
 // Loads the vendor's BLAS library `blas` and solver library `solver` ("" = the defaults:

@@ -56,17 +56,33 @@ unsigned Blocks(int64_t work, int64_t per_block = kThreads) {
 #define QLINK_GRID_STRIDE(i, n) \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
 
+// Element (r, c) of a rows x cols matrix for each thread of a 2-D launch (Grid2D): no
+// division per element.
+#define QLINK_ROWS_COLS(r, c, rows, cols)                                                          \
+  for (int64_t r = blockIdx.y; r < (rows); r += gridDim.y)                                         \
+    for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < (cols);      \
+         c += int64_t(gridDim.x) * blockDim.x)
+
+dim3 Grid2D(int64_t rows, int64_t cols) {
+  return dim3(static_cast<unsigned>(std::min<int64_t>((cols + kThreads - 1) / kThreads, 1024)),
+              static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(rows, 1), 65535)));
+}
+
 __global__ void DiagonalKernel(const float* h, int64_t n, float* out) {
   QLINK_GRID_STRIDE(i, n) out[i] = h[i * n + i];
 }
 
+// Column-major H[p][:, p]: row j of `out` is column j.
 __global__ void PrepareHessianKernel(const float* h, int64_t n, const int32_t* perm, float diag_add, float* out) {
-  QLINK_GRID_STRIDE(k, n * n) {
-    const int64_t i = k / n, j = k % n;
+  QLINK_ROWS_COLS(j, i, n, n) {
     float v = h[At(perm, i) * n + At(perm, j)];
     if (i == j) v = (v == 0.0f ? 1.0f : v) + diag_add;
-    out[k] = v;
+    out[j * n + i] = v;
   }
+}
+
+__global__ void IdentityKernel(float* a, int64_t n) {
+  QLINK_ROWS_COLS(r, c, n, n) a[r * n + c] = r == c ? 1.0f : 0.0f;
 }
 
 // Row-major view M[r][c] = a[r * n + c]. Column-major lower_to_upper fills M's lower
@@ -90,30 +106,21 @@ __global__ void MirrorKernel(float* a, int64_t n, bool fill_lower) {
 
 __global__ void LoadWeightKernel(const void* w, int code, int bits, int64_t rows, int64_t cols, const int32_t* perm,
                                  float* out) {
-  QLINK_GRID_STRIDE(k, rows * cols) {
-    const int64_t r = k / cols, c = k % cols;
-    out[k] = Load(w, code, bits, r * cols + At(perm, c));
-  }
+  QLINK_ROWS_COLS(r, c, rows, cols) out[r * cols + c] = Load(w, code, bits, r * cols + At(perm, c));
 }
 
 __global__ void StoreWeightKernel(const float* w, int64_t rows, int64_t cols, const int32_t* perm, int code, int bits,
                                   void* out) {
-  QLINK_GRID_STRIDE(k, rows * cols) {
-    const int64_t r = k / cols, c = k % cols;
-    Store(out, code, bits, r * cols + At(perm, c), w[k]);
-  }
+  QLINK_ROWS_COLS(r, c, rows, cols) Store(out, code, bits, r * cols + At(perm, c), w[r * cols + c]);
 }
 
 __global__ void StoreCodesKernel(const uint8_t* codes, int64_t rows, int64_t cols, const int32_t* perm,
                                  uint8_t* out) {
-  QLINK_GRID_STRIDE(k, rows * cols) {
-    const int64_t r = k / cols, c = k % cols;
-    out[r * cols + At(perm, c)] = codes[k];
-  }
+  QLINK_ROWS_COLS(r, c, rows, cols) out[r * cols + At(perm, c)] = codes[r * cols + c];
 }
 
 __global__ void ZeroColumnsKernel(float* w, int64_t rows, int64_t ld, const int32_t* columns, int64_t count) {
-  QLINK_GRID_STRIDE(k, rows * count) w[(k / count) * ld + columns[k % count]] = 0.0f;
+  QLINK_ROWS_COLS(r, k, rows, count) w[r * ld + columns[k]] = 0.0f;
 }
 
 __global__ void ToFloatKernel(const void* x, int code, int bits, int64_t count, float* out) {
@@ -213,7 +220,12 @@ gpuError_t LaunchDiagonal(const float* h, int64_t n, float* out, gpuStream_t str
 
 gpuError_t LaunchPrepareHessian(const float* h, int64_t n, const int32_t* perm, float diag_add, float* out,
                                 gpuStream_t stream) {
-  PrepareHessianKernel<<<Blocks(n * n), kThreads, 0, stream>>>(h, n, perm, diag_add, out);
+  PrepareHessianKernel<<<Grid2D(n, n), kThreads, 0, stream>>>(h, n, perm, diag_add, out);
+  return gpuGetLastError();
+}
+
+gpuError_t LaunchIdentity(float* a, int64_t n, gpuStream_t stream) {
+  IdentityKernel<<<Grid2D(n, n), kThreads, 0, stream>>>(a, n);
   return gpuGetLastError();
 }
 
@@ -225,25 +237,25 @@ gpuError_t LaunchMirrorTriangle(float* a, int64_t n, bool lower_to_upper, gpuStr
 
 gpuError_t LaunchLoadWeight(const void* w, DLDataType dtype, int64_t rows, int64_t cols, const int32_t* perm,
                             float* out, gpuStream_t stream) {
-  LoadWeightKernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(w, dtype.code, dtype.bits, rows, cols, perm, out);
+  LoadWeightKernel<<<Grid2D(rows, cols), kThreads, 0, stream>>>(w, dtype.code, dtype.bits, rows, cols, perm, out);
   return gpuGetLastError();
 }
 
 gpuError_t LaunchStoreWeight(const float* w, int64_t rows, int64_t cols, const int32_t* perm, DLDataType dtype,
                              void* out, gpuStream_t stream) {
-  StoreWeightKernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(w, rows, cols, perm, dtype.code, dtype.bits, out);
+  StoreWeightKernel<<<Grid2D(rows, cols), kThreads, 0, stream>>>(w, rows, cols, perm, dtype.code, dtype.bits, out);
   return gpuGetLastError();
 }
 
 gpuError_t LaunchStoreCodes(const uint8_t* codes, int64_t rows, int64_t cols, const int32_t* perm, uint8_t* out,
                             gpuStream_t stream) {
-  StoreCodesKernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(codes, rows, cols, perm, out);
+  StoreCodesKernel<<<Grid2D(rows, cols), kThreads, 0, stream>>>(codes, rows, cols, perm, out);
   return gpuGetLastError();
 }
 
 gpuError_t LaunchZeroColumns(float* w, int64_t rows, int64_t ld, const int32_t* columns, int64_t count,
                              gpuStream_t stream) {
-  ZeroColumnsKernel<<<Blocks(rows * count), kThreads, 0, stream>>>(w, rows, ld, columns, count);
+  ZeroColumnsKernel<<<Grid2D(rows, count), kThreads, 0, stream>>>(w, rows, ld, columns, count);
   return gpuGetLastError();
 }
 

@@ -15,6 +15,7 @@ namespace gpu {
 gpuError_t LaunchDiagonal(const float* h, int64_t n, float* out, gpuStream_t stream);
 gpuError_t LaunchPrepareHessian(const float* h, int64_t n, const int32_t* perm, float diag_add, float* out,
                                 gpuStream_t stream);
+gpuError_t LaunchIdentity(float* a, int64_t n, gpuStream_t stream);
 gpuError_t LaunchMirrorTriangle(float* a, int64_t n, bool lower_to_upper, gpuStream_t stream);
 gpuError_t LaunchLoadWeight(const void* w, DLDataType dtype, int64_t rows, int64_t cols, const int32_t* perm,
                             float* out, gpuStream_t stream);
