@@ -67,10 +67,11 @@ def hessian_of(d, gen, tokens=8192):
     return (x.t() @ x) * (2.0 / tokens)
 
 
-def gptqmodel_solver(package_dir):
+def gptqmodel_solver(paths):
     """GPTQModel's GPTQ.quantize as a function (w, h, desc_act) -> (Q, scale, zero, g_idx,
-    loss, damp), or the reason it cannot be imported."""
-    sys.path.insert(0, package_dir)
+    loss, damp), or the reason it cannot be imported. paths: where its package (and the
+    stand-ins for what it imports) live, os.pathsep-separated."""
+    sys.path[:0] = paths.split(os.pathsep)
     try:
         from gptqmodel.quantization.config import QuantizeConfig
         from gptqmodel.quantization.gptq import GPTQ
@@ -80,8 +81,10 @@ def gptqmodel_solver(package_dir):
     def solve(w, h, desc_act, nsamples):
         layer = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device="cuda", dtype=w.dtype)
         layer.weight.data.copy_(w)
-        cfg = QuantizeConfig(bits=4, group_size=128, sym=True, desc_act=desc_act, damp_percent=0.01,
-                             damp_auto_increment=0.01)
+        # act_group_aware (GPTQModel's own reordering, on by default without desc_act) is
+        # not GPTQ as the engine runs it: off, so both solve the same problem.
+        cfg = QuantizeConfig(bits=4, group_size=128, sym=True, desc_act=desc_act, act_group_aware=False,
+                             damp_percent=0.01, damp_auto_increment=0.01)
         g = GPTQ(layer, cfg)
         g.quantizer.configure(perchannel=True)
         g.H, g.nsamples, g._hessian_dirty = h.clone(), nsamples, False
@@ -99,12 +102,13 @@ def codes_of(q, scale, zero, g_idx):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--library", required=True)
-    ap.add_argument("--gptqmodel", help="folder holding the gptqmodel package (and stand-ins for what it imports)")
+    ap.add_argument("--gptqmodel", help="folders holding the gptqmodel package and stand-ins for what it imports")
+    ap.add_argument("--log-level", default="warn", help="qlink's (debug: the engine's timings per inverse and share)")
     ap.add_argument("--python-engine", help="the previous Python engine's gptq.py (gptq_quantize(w, h))")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--markdown")
     a = ap.parse_args()
-    ctx = qlink.configure({"backend": "cuda", "log_level": "warn"}, library=a.library)
+    ctx = qlink.configure({"backend": "cuda", "log_level": a.log_level}, library=a.library)
     gen = torch.Generator(device="cuda").manual_seed(0)
     lines = []
     say = lambda s="": (print(s, flush=True), lines.append(s))  # noqa: E731

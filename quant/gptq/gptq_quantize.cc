@@ -298,7 +298,7 @@ Status HessianAccumulate(Context& ctx, const qlink_hessian_args* args) {
       continue;
     }
     // Narrow activations reach the rank-k update as fp32, a bounded chunk of rows at a time.
-    const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(rows[i], (int64_t{256} << 20) / (4 * n)));
+    const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(rows[i], (int64_t{512} << 20) / (4 * n)));
     DeviceBuffer staged;
     QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(backend, device, sizeof(float) * chunk * n, &usage, &staged));
     for (int64_t r = 0; r < rows[i]; r += chunk) {

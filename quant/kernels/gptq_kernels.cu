@@ -11,27 +11,38 @@ namespace quant {
 namespace gpu {
 namespace {
 
-// A team of 32 lanes works one row (two teams per wavefront on 64-wide AMD GPUs).
-constexpr int kTeam = 32;
-constexpr int kTeamsPerBlock = 8;
-constexpr int kSlots = kBlockColumns / kTeam;  // block columns per lane
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float TeamShuffle(float v, int lane) {
+// Lanes exchange values within teams of `width` lanes (a power of two up to 32, so a team
+// never straddles a warp on CUDA or a wavefront on AMD). Every lane of the warp takes part:
+// teams without a row of their own compute along and store nothing.
+template <typename T>
+__device__ __forceinline__ T TeamShuffle(T v, int lane, int width) {
 #if defined(QLINK_GPU_HIP)
-  return __shfl(v, lane, kTeam);
+  return __shfl(v, lane, width);
 #else
-  return __shfl_sync(0xffffffffu, v, lane, kTeam);
+  return __shfl_sync(0xffffffffu, v, lane, width);
 #endif
 }
 
-__device__ __forceinline__ float TeamXor(float v, int mask) {
+template <typename T>
+__device__ __forceinline__ T TeamXor(T v, int mask, int width) {
 #if defined(QLINK_GPU_HIP)
-  return __shfl_xor(v, mask, kTeam);
+  return __shfl_xor(v, mask, width);
 #else
-  return __shfl_xor_sync(0xffffffffu, v, mask, kTeam);
+  return __shfl_xor_sync(0xffffffffu, v, mask, width);
 #endif
 }
+
+// Group ranges: a team of 32 lanes per (row, group).
+constexpr int kRangeTeam = 32;
+constexpr int kRangeTeamsPerBlock = kThreads / kRangeTeam;
+// The column loop: a team of 8 lanes per row, 16 of the block's columns in each lane's
+// registers, 4 rows a warp: each step's quantization (two IEEE divisions, a rounding) is
+// shared by 16 updates per lane instead of 4.
+constexpr int kTeam = 8;
+constexpr int kSlots = kBlockColumns / kTeam;
+constexpr int kTeamsPerBlock = kThreads / kTeam;
 
 __device__ __forceinline__ int64_t At(const int32_t* perm, int64_t c) { return perm != nullptr ? perm[c] : c; }
 
@@ -131,34 +142,37 @@ __global__ void ToFloatKernel(const void* x, int code, int bits, int64_t count, 
 __global__ void GroupRangesKernel(const float* w, int64_t rows, int64_t ld, int64_t group_size, int64_t first_group,
                                   const int32_t* columns, int bits, bool sym, float* scales, float* zeros,
                                   int64_t groups) {
-  const int lane = threadIdx.x % kTeam;
-  const int64_t r = blockIdx.y * static_cast<int64_t>(kTeamsPerBlock) + threadIdx.x / kTeam;
+  const int lane = threadIdx.x % kRangeTeam;
+  const int64_t r = blockIdx.y * static_cast<int64_t>(kRangeTeamsPerBlock) + threadIdx.x / kRangeTeam;
   const int64_t g = first_group + blockIdx.x;
-  if (r >= rows) return;
-  const float* row = w + r * ld;
+  const bool active = r < rows;
+  const float* row = w + (active ? r : 0) * ld;
   float lo = FLT_MAX, hi = -FLT_MAX;
-  for (int64_t j = lane; j < group_size; j += kTeam) {
+  for (int64_t j = lane; j < group_size; j += kRangeTeam) {
     const int64_t c = g * group_size + j;
     const float v = row[columns != nullptr ? columns[c] : c];
     lo = fminf(lo, v);
     hi = fmaxf(hi, v);
   }
-  for (int mask = kTeam / 2; mask > 0; mask /= 2) {
-    lo = fminf(lo, TeamXor(lo, mask));
-    hi = fmaxf(hi, TeamXor(hi, mask));
+  for (int mask = kRangeTeam / 2; mask > 0; mask /= 2) {
+    lo = fminf(lo, TeamXor(lo, mask, kRangeTeam));
+    hi = fmaxf(hi, TeamXor(hi, mask, kRangeTeam));
   }
-  if (lane == 0) RangeToParams(lo, hi, (1 << bits) - 1, sym, &scales[r * groups + g], &zeros[r * groups + g]);
+  if (active && lane == 0) {
+    RangeToParams(lo, hi, (1 << bits) - 1, sym, &scales[r * groups + g], &zeros[r * groups + g]);
+  }
 }
 
 // GPTQ's column loop over one block, one team per row: lane l holds the block's columns
-// l, l + 32, l + 64, l + 96 in registers; column i's owner quantizes it, the team shares the
-// scaled error, and every lane updates its later columns with U's row i.
+// l, l + 8, ..., l + 120 in registers; column i's owner lane hands its value to the team,
+// every lane quantizes it alike, and each updates its later columns with U's row i.
 __global__ void __launch_bounds__(kThreads) QuantizeBlockKernel(const BlockArgs a) {
   const int lane = threadIdx.x % kTeam;
   const int64_t r = blockIdx.x * static_cast<int64_t>(kTeamsPerBlock) + threadIdx.x / kTeam;
-  if (r >= a.rows) return;
+  const bool active = r < a.rows;
+  const int64_t row_index = active ? r : 0;
   const int maxq = (1 << a.grid.bits) - 1;
-  float* row = a.w + r * a.ld + a.first;
+  float* row = a.w + row_index * a.ld + a.first;
   float w[kSlots];
 #pragma unroll
   for (int k = 0; k < kSlots; ++k) {
@@ -166,18 +180,18 @@ __global__ void __launch_bounds__(kThreads) QuantizeBlockKernel(const BlockArgs 
     w[k] = c < a.count ? row[c] : 0.0f;
   }
   double loss = 0;
-  const float* scales = a.scales + r * a.groups;
-  const float* zeros = a.zeros + r * a.groups;
+  const float* scales = a.scales + row_index * a.groups;
+  const float* zeros = a.zeros + row_index * a.groups;
 #pragma unroll
   for (int slot = 0; slot < kSlots; ++slot) {
     for (int owner = 0; owner < kTeam; ++owner) {
       const int i = slot * kTeam + owner;
-      if (i >= a.count) break;
+      if (i >= a.count) break;  // the same for every lane of the launch
       const int64_t c = a.first + i;
       const float* u = a.u + c * a.n + a.first;  // row c of U from the block's first column
       const float d = u[i];
       const int64_t g = a.column_group[c];
-      const float x = TeamShuffle(w[slot], owner);
+      const float x = TeamShuffle(w[slot], owner, kTeam);
       uint8_t level = 0;
       const float q = QuantizeValue(x, scales[g], zeros[g], maxq, &level);
       const float diff = x - q;
@@ -190,25 +204,23 @@ __global__ void __launch_bounds__(kThreads) QuantizeBlockKernel(const BlockArgs 
       if (lane == owner) {
         w[slot] = q;
         loss += static_cast<double>(diff * diff / (d * d));
-        a.err[r * a.count + i] = err;
-        if (a.codes != nullptr) a.codes[r * a.ld + c] = level;
+        if (active) {
+          a.err[r * a.count + i] = err;
+          if (a.codes != nullptr) a.codes[r * a.ld + c] = level;
+        }
       }
     }
   }
+  if (active) {
 #pragma unroll
-  for (int k = 0; k < kSlots; ++k) {
-    const int c = lane + k * kTeam;
-    if (c < a.count) row[c] = w[k];
+    for (int k = 0; k < kSlots; ++k) {
+      const int c = lane + k * kTeam;
+      if (c < a.count) row[c] = w[k];
+    }
   }
   // The row's loss: each lane's columns, summed over the team in a fixed order.
-  for (int mask = kTeam / 2; mask > 0; mask /= 2) {
-#if defined(QLINK_GPU_HIP)
-    loss += __shfl_xor(loss, mask, kTeam);
-#else
-    loss += __shfl_xor_sync(0xffffffffu, loss, mask, kTeam);
-#endif
-  }
-  if (lane == 0) a.row_loss[r] += loss;
+  for (int mask = kTeam / 2; mask > 0; mask /= 2) loss += TeamXor(loss, mask, kTeam);
+  if (active && lane == 0) a.row_loss[r] += loss;
 }
 
 }  // namespace
@@ -262,7 +274,8 @@ gpuError_t LaunchZeroColumns(float* w, int64_t rows, int64_t ld, const int32_t* 
 gpuError_t LaunchGroupRanges(const float* w, int64_t rows, int64_t ld, int64_t group_size, int64_t first_group,
                              int64_t num_groups, const int32_t* columns, Grid grid, float* scales, float* zeros,
                              int64_t groups, gpuStream_t stream) {
-  const dim3 blocks(static_cast<unsigned>(num_groups), static_cast<unsigned>((rows + kTeamsPerBlock - 1) / kTeamsPerBlock));
+  const dim3 blocks(static_cast<unsigned>(num_groups),
+                    static_cast<unsigned>((rows + kRangeTeamsPerBlock - 1) / kRangeTeamsPerBlock));
   GroupRangesKernel<<<blocks, kThreads, 0, stream>>>(w, rows, ld, group_size, first_group, columns, grid.bits, grid.sym,
                                                      scales, zeros, groups);
   return gpuGetLastError();

@@ -265,6 +265,27 @@ TEST_F(Gptq, RefusalsNameTheArgumentAndWriteNothing) {
   refused(o, "no other damp tried", &bad);
 }
 
+// Without its solver library the engine says which one is missing; the rest of qlink works.
+TEST_F(Gptq, AMissingLibraryFailsOnlyTheQuantCallsNamingIt) {
+  contexts_.emplace_back(plugin_, R"({"backend": "cpu", "log_level": "off", "cpu_devices": 2,
+                                      "solver_library": "libqlink_no_such_lapack.so.3"})");
+  ASSERT_EQ(contexts_.back().status(), QLINK_OK) << api_.last_error();
+  qlink_context* ctx = contexts_.back().get();
+  Block block;
+  auto specs = block.specs();
+  const qlink_gptq_options o = Options();
+  qlink_gptq_args args{QLINK_GPTQ_ARGS_STRUCT_SIZE, &o, specs.data(), specs.size(), nullptr, 0, nullptr, 0};
+  EXPECT_EQ(api_.gptq_quantize(ctx, &args), QLINK_UNAVAILABLE);
+  EXPECT_THAT(api_.last_error(), HasSubstr("'libqlink_no_such_lapack.so.3' cannot be loaded"));
+  EXPECT_EQ(block.layers[0].outputs(), LayerData(64, 64, 2, 0).outputs());  // untouched
+  std::vector<float> a(16, 1.0f), b(16, 0.0f);
+  Matrix src(4, 4, kF32, 0), dst(4, 4, kF32, 1);
+  std::memcpy(src.f(), a.data(), 64);
+  const qlink_copy_args copy{QLINK_COPY_ARGS_STRUCT_SIZE, &src.dl, &dst.dl, 1, nullptr, 0, 0};
+  EXPECT_EQ(api_.copy_batch(ctx, &copy), QLINK_OK) << api_.last_error();
+  EXPECT_EQ(std::memcmp(dst.f(), a.data(), 64), 0);
+}
+
 TEST_F(Gptq, AutoIncrementRaisesTheDampUntilTheCholeskySucceeds) {
   qlink_context* ctx = Make(1);
   const int64_t cols = 32;
