@@ -1,19 +1,25 @@
-// Device memory the engine takes for one call, given back when the buffer goes out of
-// scope, with the call's running and peak total per device kept for its summary line.
+// Device memory the engine takes for one call, from the context's scratch pool: blocks
+// come back to the pool when their buffer goes out of scope, marked with the stream that
+// last used them, so later calls reuse them instead of allocating (cudaMalloc and cudaFree
+// of the engine's hundreds of MiB cost milliseconds a call). The call's running and peak
+// total per device are kept for its summary line.
 #pragma once
 
 #include <atomic>
-#include <cstddef>
 #include <cstdint>
 #include <utility>
 
-#include "backends/device_backend.h"
+#include "core/scratch_pool.h"
 
 namespace qlink {
 namespace quant {
 
-// Bytes the engine holds on one device during a call, and the most it held at once.
-struct DeviceUsage {
+// Where one device's buffers of a call come from, and how much they hold.
+struct Workspace {
+  Workspace(ScratchPool& pool, int device, Stream stream) : pool(&pool), device(device), stream(stream) {}
+  ScratchPool* pool;
+  int device;
+  Stream stream;  // the stream the call's work on `device` runs on
   std::atomic<uint64_t> now{0};
   std::atomic<uint64_t> peak{0};
 };
@@ -26,52 +32,40 @@ class DeviceBuffer {
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     if (this != &o) {
       Reset();
-      std::swap(backend_, o.backend_);
-      std::swap(usage_, o.usage_);
-      std::swap(device_, o.device_);
-      std::swap(ptr_, o.ptr_);
-      std::swap(bytes_, o.bytes_);
+      std::swap(ws_, o.ws_);
+      std::swap(block_, o.block_);
     }
     return *this;
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
-  static Status Make(DeviceBackend& backend, int device, uint64_t bytes, DeviceUsage* usage, DeviceBuffer* out) {
+  // At least `bytes` on ws's device, usable on ws.stream.
+  static Status Make(Workspace& ws, uint64_t bytes, DeviceBuffer* out) {
     out->Reset();
-    void* ptr = nullptr;
-    QLINK_RETURN_IF_ERROR(backend.Allocate(device, bytes, &ptr));
-    out->backend_ = &backend;
-    out->usage_ = usage;
-    out->device_ = device;
-    out->ptr_ = ptr;
-    out->bytes_ = bytes;
-    const uint64_t now = usage->now.fetch_add(bytes) + bytes;
-    uint64_t peak = usage->peak.load();
-    while (now > peak && !usage->peak.compare_exchange_weak(peak, now)) {
+    QLINK_RETURN_IF_ERROR(ws.pool->Acquire(ws.device, bytes, ws.stream, &out->block_));
+    out->ws_ = &ws;
+    const uint64_t now = ws.now.fetch_add(out->block_->bytes) + out->block_->bytes;
+    uint64_t peak = ws.peak.load();
+    while (now > peak && !ws.peak.compare_exchange_weak(peak, now)) {
     }
     return Status::Ok();
   }
 
   template <typename T>
-  T* as() const { return static_cast<T*>(ptr_); }
-  uint64_t bytes() const { return bytes_; }
+  T* as() const { return block_ == nullptr ? nullptr : static_cast<T*>(block_->ptr); }
 
  private:
   void Reset() {
-    if (ptr_ != nullptr) {
-      backend_->Free(device_, ptr_);
-      usage_->now.fetch_sub(bytes_);
+    if (block_ != nullptr) {
+      ws_->now.fetch_sub(block_->bytes);
+      (void)ws_->pool->Release(block_, ws_->stream);  // a block it cannot mark stays out of use
     }
-    ptr_ = nullptr;
-    bytes_ = 0;
+    block_ = nullptr;
   }
 
-  DeviceBackend* backend_ = nullptr;
-  DeviceUsage* usage_ = nullptr;
-  int device_ = 0;
-  void* ptr_ = nullptr;
-  uint64_t bytes_ = 0;
+  Workspace* ws_ = nullptr;
+  ScratchPool::Block* block_ = nullptr;
 };
 
 }  // namespace quant

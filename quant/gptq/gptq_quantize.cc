@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -82,7 +83,7 @@ struct Work {
 };
 
 // One device's share of the call: its inverses, then its rows.
-Status RunDevice(Work& work, InverseBoard& board, int device, DeviceUsage* usage) {
+Status RunDevice(Work& work, InverseBoard& board, int device, Workspace* usage) {
   DeviceBackend& backend = work.ctx->backend();
   const Stream stream = StreamFor(device, work.streams, work.num_streams);
   for (size_t g = 0; g < work.placement.inverse_device.size(); ++g) {
@@ -97,7 +98,7 @@ Status RunDevice(Work& work, InverseBoard& board, int device, DeviceUsage* usage
     DeviceBuffer staged;
     if (first.device != device) {
       const uint64_t bytes = sizeof(float) * first.cols * first.cols;
-      QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(backend, device, bytes, usage, &staged));
+      QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*usage, bytes, &staged));
       const CopyLeaf leaf{h, staged.as<float>(), bytes};
       QLINK_RETURN_IF_ERROR(backend.CopyLeaves(device, first.device, &leaf, 1, stream));
       h = staged.as<float>();
@@ -192,7 +193,8 @@ Status GptqQuantize(Context& ctx, qlink_gptq_args* args) {
   for (int d : work.placement.inverse_device) workers.push_back(d);
   std::sort(workers.begin(), workers.end());
   workers.erase(std::unique(workers.begin(), workers.end()), workers.end());
-  std::vector<DeviceUsage> usage(workers.size());  // outlives every buffer, the board's too
+  std::deque<Workspace> usage;  // outlives every buffer, the board's too
+  for (int d : workers) usage.emplace_back(ctx.scratch(), d, StreamFor(d, args->streams, args->num_streams));
   InverseBoard board(hessians.size());
   std::vector<Status> results(workers.size());
   {
@@ -232,7 +234,7 @@ Status GptqQuantize(Context& ctx, qlink_gptq_args* args) {
     args->layers[i].damp = inverse.damp;
   }
   uint64_t peak = 0;
-  for (const DeviceUsage& u : usage) peak = std::max<uint64_t>(peak, u.peak.load());
+  for (const Workspace& u : usage) peak = std::max<uint64_t>(peak, u.peak.load());
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ctx.log().info("gptq: {} layer(s), {} Hessian(s) on {} device(s) in {:.3f} s; peak workspace {:.1f} MiB on one device",
                  work.layers.size(), hessians.size(), workers.size(), seconds, peak / 1048576.0);
@@ -284,7 +286,6 @@ Status HessianAccumulate(Context& ctx, const qlink_hessian_args* args) {
   if (args->num_inputs == 0) return Status::Ok();
   QuantMath* math = nullptr;
   QLINK_RETURN_IF_ERROR(QuantMathOf(ctx, &math));
-  DeviceUsage usage;
   for (size_t i = 0; i < args->num_inputs; ++i) {
     const DLTensor& x = args->inputs[i];
     const int device = x.device.device_id;
@@ -292,6 +293,7 @@ Status HessianAccumulate(Context& ctx, const qlink_hessian_args* args) {
     const int64_t n = partial.shape[0];
     float* h = reinterpret_cast<float*>(MutableDataOf(partial));
     const Stream stream = StreamFor(device, args->streams, args->num_streams);
+    Workspace usage(ctx.scratch(), device, stream);
     if (x.dtype.bits == 32) {
       QLINK_RETURN_IF_ERROR(math->SyrkAccumulate(device, stream, reinterpret_cast<const float*>(DataOf(x)), rows[i],
                                                  n, h));
@@ -300,7 +302,7 @@ Status HessianAccumulate(Context& ctx, const qlink_hessian_args* args) {
     // Narrow activations reach the rank-k update as fp32, a bounded chunk of rows at a time.
     const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(rows[i], (int64_t{512} << 20) / (4 * n)));
     DeviceBuffer staged;
-    QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(backend, device, sizeof(float) * chunk * n, &usage, &staged));
+    QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(usage, sizeof(float) * chunk * n, &staged));
     for (int64_t r = 0; r < rows[i]; r += chunk) {
       const int64_t m = std::min(chunk, rows[i] - r);
       QLINK_RETURN_IF_ERROR(math->ToFloat(device, stream, DataOf(x) + r * n * 2, x.dtype, m * n, staged.as<float>()));

@@ -1,6 +1,5 @@
 #include "quant/gpu/gpu_quant_math.h"
 
-#include <algorithm>
 #include <mutex>
 #include <vector>
 
@@ -71,9 +70,6 @@ class GpuQuantMath final : public QuantMath {
   }
 
   // The lower triangle of h (column-major) += A A^T for A = x^T (n x rows, column-major).
-  // cuBLAS's SYRK runs well below its GEMM's rate: the triangle is split into panels of
-  // kPanel rows, each a SYRK on its diagonal block and one GEMM for the blocks left of it,
-  // so nearly all the work runs as GEMM at half a full product's flops.
   Status SyrkAccumulate(int device, Stream stream, const float* x, int64_t rows, int64_t n, float* h) override {
     if (rows == 0) return Status::Ok();
     DeviceState* st = nullptr;
@@ -83,19 +79,9 @@ class GpuQuantMath final : public QuantMath {
     if (api_.BlasSetMathMode != nullptr) {
       QLINK_RETURN_IF_ERROR(CheckLib(api_.BlasSetMathMode(st->blas, api_.math_default), "blas math mode"));
     }
-    constexpr int64_t kPanel = 1024;
     const float one = 1.0f;
-    for (int64_t p = 0; p < n; p += kPanel) {
-      const int64_t b = std::min(kPanel, n - p);
-      QLINK_RETURN_IF_ERROR(CheckLib(api_.Ssyrk(st->blas, api_.fill_lower, api_.op_n, Int(b), Int(rows), &one, x + p,
-                                                Int(n), &one, h + p * n + p, Int(n)),
-                                     "ssyrk"));
-      if (p == 0) continue;
-      QLINK_RETURN_IF_ERROR(CheckLib(api_.Sgemm(st->blas, api_.op_n, api_.op_t, Int(b), Int(p), Int(rows), &one, x + p,
-                                                Int(n), x, Int(n), &one, h + p, Int(n)),
-                                     "sgemm"));
-    }
-    return Status::Ok();
+    return CheckLib(api_.Ssyrk(st->blas, api_.fill_lower, api_.op_n, Int(n), Int(rows), &one, x, Int(n), &one, h, Int(n)),
+                    "ssyrk");
   }
 
   Status Potrf(int device, Stream stream, float* a, int64_t n, bool lower, bool* positive_definite) override {

@@ -37,10 +37,9 @@ __device__ __forceinline__ T TeamXor(T v, int mask, int width) {
 // Group ranges: a team of 32 lanes per (row, group).
 constexpr int kRangeTeam = 32;
 constexpr int kRangeTeamsPerBlock = kThreads / kRangeTeam;
-// The column loop: a team of 8 lanes per row, 16 of the block's columns in each lane's
-// registers, 4 rows a warp: each step's quantization (two IEEE divisions, a rounding) is
-// shared by 16 updates per lane instead of 4.
-constexpr int kTeam = 8;
+// The column loop: a team of 16 lanes per row, 8 of the block's columns in each lane's
+// registers, 2 rows a warp (enough warps to hide each step's latency on 4096-row layers).
+constexpr int kTeam = 16;
 constexpr int kSlots = kBlockColumns / kTeam;
 constexpr int kTeamsPerBlock = kThreads / kTeam;
 
@@ -164,8 +163,10 @@ __global__ void GroupRangesKernel(const float* w, int64_t rows, int64_t ld, int6
 }
 
 // GPTQ's column loop over one block, one team per row: lane l holds the block's columns
-// l, l + 8, ..., l + 120 in registers; column i's owner lane hands its value to the team,
-// every lane quantizes it alike, and each updates its later columns with U's row i.
+// l, l + 16, ..., l + 112 in registers with their groups' scale and zero. Step i: column i's
+// owner hands its value, range and U[i][i] to the team (shuffles, no memory on the way),
+// every lane quantizes it alike and updates its later columns with U's row i, whose next
+// row is already being loaded.
 __global__ void __launch_bounds__(kThreads) QuantizeBlockKernel(const BlockArgs a) {
   const int lane = threadIdx.x % kTeam;
   const int64_t r = blockIdx.x * static_cast<int64_t>(kTeamsPerBlock) + threadIdx.x / kTeam;
@@ -173,40 +174,54 @@ __global__ void __launch_bounds__(kThreads) QuantizeBlockKernel(const BlockArgs 
   const int64_t row_index = active ? r : 0;
   const int maxq = (1 << a.grid.bits) - 1;
   float* row = a.w + row_index * a.ld + a.first;
-  float w[kSlots];
+  const float* scales = a.scales + row_index * a.groups;
+  const float* zeros = a.zeros + row_index * a.groups;
+  float w[kSlots], scale[kSlots], zero[kSlots], u_now[kSlots], u_next[kSlots];
 #pragma unroll
   for (int k = 0; k < kSlots; ++k) {
     const int c = lane + k * kTeam;
-    w[k] = c < a.count ? row[c] : 0.0f;
+    const bool in = c < a.count;
+    const int64_t g = in ? a.column_group[a.first + c] : 0;
+    w[k] = in ? row[c] : 0.0f;
+    scale[k] = in ? scales[g] : 1.0f;
+    zero[k] = in ? zeros[g] : 0.0f;
+    u_next[k] = in ? a.u[a.first * a.n + a.first + c] : 0.0f;  // U's row `first`
   }
   double loss = 0;
-  const float* scales = a.scales + row_index * a.groups;
-  const float* zeros = a.zeros + row_index * a.groups;
 #pragma unroll
   for (int slot = 0; slot < kSlots; ++slot) {
     for (int owner = 0; owner < kTeam; ++owner) {
       const int i = slot * kTeam + owner;
       if (i >= a.count) break;  // the same for every lane of the launch
-      const int64_t c = a.first + i;
-      const float* u = a.u + c * a.n + a.first;  // row c of U from the block's first column
-      const float d = u[i];
-      const int64_t g = a.column_group[c];
+#pragma unroll
+      for (int k = 0; k < kSlots; ++k) u_now[k] = u_next[k];
+      if (i + 1 < a.count) {
+        const float* u = a.u + (a.first + i + 1) * a.n + a.first;
+#pragma unroll
+        for (int k = 0; k < kSlots; ++k) {
+          const int j = lane + k * kTeam;
+          u_next[k] = j > i && j < a.count ? u[j] : 0.0f;
+        }
+      }
       const float x = TeamShuffle(w[slot], owner, kTeam);
+      const float s = TeamShuffle(scale[slot], owner, kTeam);
+      const float z = TeamShuffle(zero[slot], owner, kTeam);
+      const float d = TeamShuffle(u_now[slot], owner, kTeam);
       uint8_t level = 0;
-      const float q = QuantizeValue(x, scales[g], zeros[g], maxq, &level);
+      const float q = QuantizeValue(x, s, z, maxq, &level);
       const float diff = x - q;
       const float err = diff / d;
 #pragma unroll
       for (int k = 0; k < kSlots; ++k) {
         const int j = lane + k * kTeam;
-        if (j >= i && j < a.count) w[k] = Sub(w[k], Mul(err, u[j]));
+        if (j >= i && j < a.count) w[k] = Sub(w[k], Mul(err, u_now[k]));
       }
       if (lane == owner) {
         w[slot] = q;
         loss += static_cast<double>(diff * diff / (d * d));
         if (active) {
           a.err[r * a.count + i] = err;
-          if (a.codes != nullptr) a.codes[r * a.ld + c] = level;
+          if (a.codes != nullptr) a.codes[r * a.ld + a.first + i] = level;
         }
       }
     }
