@@ -163,11 +163,19 @@ __global__ void GroupRangesKernel(const float* w, int64_t rows, int64_t ld, int6
 }
 
 // GPTQ's column loop over one block, one team per row: lane l holds the block's columns
-// l, l + 16, ..., l + 112 in registers with their groups' scale and zero. Step i: column i's
-// owner hands its value, range and U[i][i] to the team (shuffles, no memory on the way),
-// every lane quantizes it alike and updates its later columns with U's row i, whose next
-// row is already being loaded.
+// l, l + 16, ..., l + 112 in registers with their groups' scale and zero, and the block's
+// square of U sits in shared memory. Step i: column i's owner hands its value, range and
+// U[i][i] to the team (shuffles), every lane quantizes it alike and updates its later
+// columns with U's row i.
+constexpr size_t kBlockSharedBytes = sizeof(float) * kBlockColumns * kBlockColumns;
+
 __global__ void __launch_bounds__(kThreads) QuantizeBlockKernel(const BlockArgs a) {
+  extern __shared__ float u_block[];  // kBlockColumns x kBlockColumns, row-major
+  for (int64_t k = threadIdx.x; k < kBlockColumns * kBlockColumns; k += blockDim.x) {
+    const int64_t i = k / kBlockColumns, j = k % kBlockColumns;
+    u_block[k] = i < a.count && j < a.count ? a.u[(a.first + i) * a.n + a.first + j] : 0.0f;
+  }
+  __syncthreads();
   const int lane = threadIdx.x % kTeam;
   const int64_t r = blockIdx.x * static_cast<int64_t>(kTeamsPerBlock) + threadIdx.x / kTeam;
   const bool active = r < a.rows;
@@ -176,7 +184,7 @@ __global__ void __launch_bounds__(kThreads) QuantizeBlockKernel(const BlockArgs 
   float* row = a.w + row_index * a.ld + a.first;
   const float* scales = a.scales + row_index * a.groups;
   const float* zeros = a.zeros + row_index * a.groups;
-  float w[kSlots], scale[kSlots], zero[kSlots], u_now[kSlots], u_next[kSlots];
+  float w[kSlots], scale[kSlots], zero[kSlots];
 #pragma unroll
   for (int k = 0; k < kSlots; ++k) {
     const int c = lane + k * kTeam;
@@ -185,7 +193,6 @@ __global__ void __launch_bounds__(kThreads) QuantizeBlockKernel(const BlockArgs 
     w[k] = in ? row[c] : 0.0f;
     scale[k] = in ? scales[g] : 1.0f;
     zero[k] = in ? zeros[g] : 0.0f;
-    u_next[k] = in ? a.u[a.first * a.n + a.first + c] : 0.0f;  // U's row `first`
   }
   double loss = 0;
 #pragma unroll
@@ -193,20 +200,14 @@ __global__ void __launch_bounds__(kThreads) QuantizeBlockKernel(const BlockArgs 
     for (int owner = 0; owner < kTeam; ++owner) {
       const int i = slot * kTeam + owner;
       if (i >= a.count) break;  // the same for every lane of the launch
+      const float* u = u_block + i * kBlockColumns;
+      float u_row[kSlots];
 #pragma unroll
-      for (int k = 0; k < kSlots; ++k) u_now[k] = u_next[k];
-      if (i + 1 < a.count) {
-        const float* u = a.u + (a.first + i + 1) * a.n + a.first;
-#pragma unroll
-        for (int k = 0; k < kSlots; ++k) {
-          const int j = lane + k * kTeam;
-          u_next[k] = j > i && j < a.count ? u[j] : 0.0f;
-        }
-      }
+      for (int k = 0; k < kSlots; ++k) u_row[k] = u[lane + k * kTeam];
       const float x = TeamShuffle(w[slot], owner, kTeam);
       const float s = TeamShuffle(scale[slot], owner, kTeam);
       const float z = TeamShuffle(zero[slot], owner, kTeam);
-      const float d = TeamShuffle(u_now[slot], owner, kTeam);
+      const float d = u[i];
       uint8_t level = 0;
       const float q = QuantizeValue(x, s, z, maxq, &level);
       const float diff = x - q;
@@ -214,7 +215,7 @@ __global__ void __launch_bounds__(kThreads) QuantizeBlockKernel(const BlockArgs 
 #pragma unroll
       for (int k = 0; k < kSlots; ++k) {
         const int j = lane + k * kTeam;
-        if (j >= i && j < a.count) w[k] = Sub(w[k], Mul(err, u_now[k]));
+        if (j >= i && j < a.count) w[k] = Sub(w[k], Mul(err, u_row[k]));
       }
       if (lane == owner) {
         w[slot] = q;
@@ -297,8 +298,18 @@ gpuError_t LaunchGroupRanges(const float* w, int64_t rows, int64_t ld, int64_t g
 }
 
 gpuError_t LaunchQuantizeBlock(const BlockArgs& args, gpuStream_t stream) {
+  // 64 KiB of shared memory is past the default 48 KiB a launch may take (per function,
+  // for whichever device is current; setting it again is cheap).
+#if defined(QLINK_GPU_HIP)
+  gpuError_t e = hipFuncSetAttribute(reinterpret_cast<const void*>(&QuantizeBlockKernel),
+                                     hipFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBlockSharedBytes));
+#else
+  gpuError_t e = cudaFuncSetAttribute(QuantizeBlockKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(kBlockSharedBytes));
+#endif
+  if (e != gpuSuccess) return e;
   const unsigned blocks = static_cast<unsigned>((args.rows + kTeamsPerBlock - 1) / kTeamsPerBlock);
-  QuantizeBlockKernel<<<blocks, kThreads, 0, stream>>>(args);
+  QuantizeBlockKernel<<<blocks, kThreads, kBlockSharedBytes, stream>>>(args);
   return gpuGetLastError();
 }
 
