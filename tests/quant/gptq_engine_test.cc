@@ -42,8 +42,9 @@ struct LayerData {
       : weight(rows, cols, kF32, device), codes(rows, cols, kU8, device), scales(rows, groups, kF32, device),
         zeros(rows, groups, kF32, device), g_idx(cols, 0, kI32, device), dequantized(rows, cols, kF32, device) {}
   Matrix weight, codes, scales, zeros, g_idx, dequantized;
-  qlink_gptq_layer spec(const std::string& name, const Matrix& hessian) {
-    return {QLINK_GPTQ_LAYER_STRUCT_SIZE, name.c_str(), &weight.dl, &hessian.dl, &codes.dl, &scales.dl,
+  // name: borrowed, as the ABI takes it.
+  qlink_gptq_layer spec(const char* name, const Matrix& hessian) {
+    return {QLINK_GPTQ_LAYER_STRUCT_SIZE, name, &weight.dl, &hessian.dl, &codes.dl, &scales.dl,
             &zeros.dl, &g_idx.dl, &dequantized.dl, 0, 0};
   }
   std::vector<uint8_t> outputs() const {
@@ -77,9 +78,16 @@ void FillHessian(Matrix* h, int64_t cols, std::mt19937& gen) {
   }
 }
 
+// One plugin for the whole process, as a host keeps it: unloading libqlink.so after the
+// CPU backend has loaded LAPACK takes LAPACK down with it.
+Plugin& Loaded() {
+  static Plugin* plugin = new Plugin();
+  return *plugin;
+}
+
 class Gptq : public ::testing::Test {
  protected:
-  Gptq() : plugin_(), api_(plugin_.api()) {}
+  Gptq() : plugin_(Loaded()), api_(plugin_.api()) {}
   qlink_context* Make(int devices) {
     contexts_.emplace_back(plugin_, R"({"backend": "cpu", "log_level": "off", "cpu_devices": )" +
                                         std::to_string(devices) + "}");
@@ -89,7 +97,7 @@ class Gptq : public ::testing::Test {
   qlink_gptq_options Options(int bits = 4, int group_size = 32, int desc_act = 0) {
     return {QLINK_GPTQ_OPTIONS_STRUCT_SIZE, bits, group_size, 1, desc_act, 0, 0, 0.01, 0.01, 128};
   }
-  Plugin plugin_;
+  Plugin& plugin_;
   const qlink_api& api_;
   std::deque<qlink_test::Context> contexts_;
 };
@@ -115,7 +123,7 @@ struct Block {
   }
   std::vector<qlink_gptq_layer> specs() {
     std::vector<qlink_gptq_layer> out;
-    for (size_t i = 0; i < layers.size(); ++i) out.push_back(layers[i].spec(names[i], hessians[hessian_of[i]]));
+    for (size_t i = 0; i < layers.size(); ++i) out.push_back(layers[i].spec(names[i].c_str(), hessians[hessian_of[i]]));
     return out;
   }
   std::deque<Matrix> hessians;
