@@ -51,7 +51,7 @@ struct BlockArgs {
   uint8_t* codes = nullptr;       // optional: rows x ld, each working column's level
   float* err = nullptr;           // rows x count: each column's scaled error, for the
                                   // cross-block update
-  double* row_loss = nullptr;     // rows: (w - q)^2 / d^2 added per row
+  double* row_loss = nullptr;     // rows: each row's sum of err^2 = ((w - q) / d)^2 added
 };
 
 constexpr int64_t kBlockColumns = 128;  // GPTQ's lazy batch (blocksize)

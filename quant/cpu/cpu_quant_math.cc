@@ -167,9 +167,8 @@ class CpuQuantMath final : public QuantMath {
         uint8_t level = 0;
         const float x = w[i];
         const float q = QuantizeValue(x, a.scales[r * a.groups + g], a.zeros[r * a.groups + g], maxq, &level);
-        const float diff = x - q;
-        loss += static_cast<double>(diff * diff / (d * d));
-        const float err = diff / d;
+        const float err = (x - q) / d;
+        loss += static_cast<double>(err) * err;  // (w - q)^2 / d^2
         for (int64_t j = i; j < a.count; ++j) w[j] = Sub(w[j], Mul(err, u[j]));
         w[i] = q;
         a.err[r * a.count + i] = err;

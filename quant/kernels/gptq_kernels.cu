@@ -164,16 +164,17 @@ __global__ void GroupRangesKernel(const float* w, int64_t rows, int64_t ld, int6
 
 // GPTQ's column loop over one block, one team per row: lane l holds the block's columns
 // l, l + 16, ..., l + 112 in registers with their groups' scale and zero, and the block's
-// square of U sits in shared memory. Step i: column i's owner hands its value, range and
-// U[i][i] to the team (shuffles), every lane quantizes it alike and updates its later
-// columns with U's row i.
+// square of U sits in shared memory (below its diagonal zeroed, so an update needs no test
+// of which columns come after). Step i: column i's owner hands its value and range to the
+// team, every lane quantizes it alike and updates its columns with U's row i. Levels and
+// errors stay in the owner's registers until the block ends.
 constexpr size_t kBlockSharedBytes = sizeof(float) * kBlockColumns * kBlockColumns;
 
 __global__ void __launch_bounds__(kThreads) QuantizeBlockKernel(const BlockArgs a) {
   extern __shared__ float u_block[];  // kBlockColumns x kBlockColumns, row-major
   for (int64_t k = threadIdx.x; k < kBlockColumns * kBlockColumns; k += blockDim.x) {
     const int64_t i = k / kBlockColumns, j = k % kBlockColumns;
-    u_block[k] = i < a.count && j < a.count ? a.u[(a.first + i) * a.n + a.first + j] : 0.0f;
+    u_block[k] = i <= j && j < a.count ? a.u[(a.first + i) * a.n + a.first + j] : 0.0f;
   }
   __syncthreads();
   const int lane = threadIdx.x % kTeam;
@@ -184,7 +185,8 @@ __global__ void __launch_bounds__(kThreads) QuantizeBlockKernel(const BlockArgs 
   float* row = a.w + row_index * a.ld + a.first;
   const float* scales = a.scales + row_index * a.groups;
   const float* zeros = a.zeros + row_index * a.groups;
-  float w[kSlots], scale[kSlots], zero[kSlots];
+  float w[kSlots], scale[kSlots], zero[kSlots], err[kSlots];
+  uint8_t level[kSlots];
 #pragma unroll
   for (int k = 0; k < kSlots; ++k) {
     const int c = lane + k * kTeam;
@@ -193,49 +195,41 @@ __global__ void __launch_bounds__(kThreads) QuantizeBlockKernel(const BlockArgs 
     w[k] = in ? row[c] : 0.0f;
     scale[k] = in ? scales[g] : 1.0f;
     zero[k] = in ? zeros[g] : 0.0f;
+    err[k] = 0.0f;
+    level[k] = 0;
   }
-  double loss = 0;
 #pragma unroll
   for (int slot = 0; slot < kSlots; ++slot) {
     for (int owner = 0; owner < kTeam; ++owner) {
       const int i = slot * kTeam + owner;
       if (i >= a.count) break;  // the same for every lane of the launch
       const float* u = u_block + i * kBlockColumns;
-      float u_row[kSlots];
-#pragma unroll
-      for (int k = 0; k < kSlots; ++k) u_row[k] = u[lane + k * kTeam];
       const float x = TeamShuffle(w[slot], owner, kTeam);
       const float s = TeamShuffle(scale[slot], owner, kTeam);
       const float z = TeamShuffle(zero[slot], owner, kTeam);
-      const float d = u[i];
-      uint8_t level = 0;
-      const float q = QuantizeValue(x, s, z, maxq, &level);
-      const float diff = x - q;
-      const float err = diff / d;
+      uint8_t l = 0;
+      const float q = QuantizeValue(x, s, z, maxq, &l);
+      const float e = (x - q) / u[i];
 #pragma unroll
-      for (int k = 0; k < kSlots; ++k) {
-        const int j = lane + k * kTeam;
-        if (j >= i && j < a.count) w[k] = Sub(w[k], Mul(err, u_row[k]));
-      }
+      for (int k = 0; k < kSlots; ++k) w[k] = Sub(w[k], Mul(e, u[lane + k * kTeam]));
       if (lane == owner) {
         w[slot] = q;
-        loss += static_cast<double>(diff * diff / (d * d));
-        if (active) {
-          a.err[r * a.count + i] = err;
-          if (a.codes != nullptr) a.codes[r * a.ld + a.first + i] = level;
-        }
+        err[slot] = e;
+        level[slot] = l;
       }
     }
   }
-  if (active) {
+  double loss = 0;  // the row's sum of err^2 = (w - q)^2 / d^2, each lane's columns first
 #pragma unroll
-    for (int k = 0; k < kSlots; ++k) {
-      const int c = lane + k * kTeam;
-      if (c < a.count) row[c] = w[k];
-    }
+  for (int k = 0; k < kSlots; ++k) {
+    const int c = lane + k * kTeam;
+    if (!active || c >= a.count) continue;
+    row[c] = w[k];
+    a.err[r * a.count + c] = err[k];
+    if (a.codes != nullptr) a.codes[r * a.ld + a.first + c] = level[k];
+    loss += static_cast<double>(err[k]) * err[k];
   }
-  // The row's loss: each lane's columns, summed over the team in a fixed order.
-  for (int mask = kTeam / 2; mask > 0; mask /= 2) loss += TeamXor(loss, mask, kTeam);
+  for (int mask = kTeam / 2; mask > 0; mask /= 2) loss += TeamXor(loss, mask, kTeam);  // a fixed tree
   if (active && lane == 0) a.row_loss[r] += loss;
 }
 
