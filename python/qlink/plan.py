@@ -74,6 +74,12 @@ def mirror_need(parts):
     return sum(parts.values()), " + ".join("%s %s" % (name, _gib(n)) for name, n in parts.items())
 
 
+def check_setting(parallel):
+    """ValueError unless `parallel` is a parallel_quantization setting: off, auto or an int."""
+    if isinstance(parallel, bool) or not (parallel in ("off", "auto") or isinstance(parallel, int)):
+        raise ValueError("parallel_quantization must be 'off', 'auto' or an int, got %r" % (parallel,))
+
+
 def resolve_plan(parallel, devices, iters, batch_size, home=None, free_bytes=None, mirror_parts=None,
                  home_is_accelerator=True, block_devices=None):
     """The Plan for AutoRound's `parallel_quantization` setting over `devices` (ints or
@@ -84,8 +90,7 @@ def resolve_plan(parallel, devices, iters, batch_size, home=None, free_bytes=Non
     needs (the block's parameters, the tuning parameters, the activation working set).
     home_is_accelerator: False when the host runs on the CPU. block_devices: the devices
     holding the block's parameters (more than one: the host spread it, device_map)."""
-    if isinstance(parallel, bool) or not (parallel in ("off", "auto") or isinstance(parallel, int)):
-        raise ValueError("parallel_quantization must be 'off', 'auto' or an int, got %r" % (parallel,))
+    check_setting(parallel)
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1, got %d" % batch_size)
     devices = list(devices)
