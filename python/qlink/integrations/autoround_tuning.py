@@ -80,7 +80,7 @@ class Replicas:
         self.placement, self.ctx = placement, ctx
         world = placement.world
         if placement.cpu:  # one host memory: the CPU backend's virtual devices stand in for GPUs
-            mirrors = [copy.deepcopy(block) for _ in range(1, world)]
+            mirrors = [ctx.mirror_module(block, ["cpu"])[0] for _ in range(1, world)]
         else:
             mirrors = ctx.mirror_module(block, placement.torch_devices[1:])
         self.blocks = [block] + mirrors
