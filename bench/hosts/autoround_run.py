@@ -53,7 +53,9 @@ def main():
         qlink_autoround.install(parallel, config={"backend": "cuda", "log_level": "warn"}, check_replicas=True)
     from auto_round import AutoRound
     lines = Lines()
-    logging.getLogger("autoround").addHandler(lines)
+    autoround_log = logging.getLogger("autoround")
+    autoround_log.addHandler(lines)
+    autoround_log.setLevel(min(autoround_log.getEffectiveLevel(), logging.INFO))  # its per-block loss lines
     model = transformers.AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.bfloat16)
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
     batches = list(token_batches(args.samples, args.seqlen).split(8))

@@ -100,8 +100,9 @@ def test_a_failing_qlink_path_falls_back_counted_or_raises_when_strict(host, mon
     adapter.install(ctx=ctx, strict=True, engine=engine.gptq_quantize)
     with pytest.raises(FallbackRefused, match="move_to failed and strict=True.*injected"):
         host["module_looper"].move_to(torch.arange(4.0), "cpu")
-    # A GPU clone on a machine without one: strict names the patch instead of deep-copying.
-    with pytest.raises(FallbackRefused, match="torch_replicate failed"):
+    # A failing GPU clone: strict names the patch where GPTQModel would deep-copy.
+    monkeypatch.setattr(ctx, "clone_module_for_devices", broken)
+    with pytest.raises(FallbackRefused, match="torch_replicate failed.*injected"):
         host["looper_helpers"].clone_module_for_devices(torch.nn.Linear(4, 4), [torch.device("cuda", 0)])
 
 

@@ -147,6 +147,8 @@ class _Installation:
         def move_to(obj, device, dtype=None):
             if dtype is not None:
                 reason = "a dtype conversion"
+            elif device is None:
+                reason = "no device"
             elif isinstance(obj, torch.nn.Module):
                 reason = "meta (offloaded) tensors" if _has_meta(obj) else None
             else:
@@ -171,8 +173,8 @@ class _Installation:
 
         @_like(original)
         def nested_move_to(v, device, dtype=None):
-            if dtype is not None:
-                counters.host("nested_move_to", "a dtype conversion")
+            if dtype is not None or device is None:
+                counters.host("nested_move_to", "a dtype conversion" if dtype is not None else "no device")
                 return original(v, device, dtype)
             try:
                 moved = ctx.move_nested_to_device(v, device)

@@ -1,4 +1,6 @@
 """Stand-in for device-smi: a device's memory and utilization from PyTorch / psutil."""
+import types
+
 import psutil
 import torch
 
@@ -22,8 +24,8 @@ class Device:
         return 0.0
 
     def metrics(self, fast=False):
-        return self
+        """A reading: memory_used in bytes, utilization in percent."""
+        return types.SimpleNamespace(memory_used=self.memory_used(), utilization=self.utilization())
 
-    @property
-    def memory_used_bytes(self):
-        return self.memory_used()
+    def close(self):
+        return None

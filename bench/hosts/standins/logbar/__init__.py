@@ -11,7 +11,11 @@ class _Level:
         self.level, self._seen, self._lock = level, set(), threading.Lock()
 
     def __call__(self, msg="", *args, **kwargs):
-        _log.log(self.level, str(msg) % args if args else str(msg))
+        try:
+            text = str(msg) % args if args else str(msg)
+        except (TypeError, ValueError):  # a column layout's row: the cells themselves
+            text = " ".join(map(str, (msg,) + args))
+        _log.log(self.level, text)
 
     def once(self, msg="", *args, **kwargs):
         with self._lock:
@@ -20,8 +24,10 @@ class _Level:
             self._seen.add(msg)
         self(msg, *args)
 
-    def simulate(self, *args, **kwargs):
-        return None
+    def __getattr__(self, name):  # a column layout's header(), simulate(), ...: nothing drawn
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: None
 
 
 class _Progress:
