@@ -25,13 +25,13 @@ from ..defaults import configure
 from ..plan import check_setting, resolve_plan
 from ..quant.placement import Placement
 from .autoround_tuning import move_tensor_attributes, run_on_replicas, tune_block
-from .patches import Counters, Rebindings
+from .patches import Counters, Rebindings, Slot
 
 PATCHES = ("quantize_block", "rtn_layers")
 TRANSPORTS = ("fp32", "bf16")
 
 log = logging.getLogger("qlink")
-_installation = None
+_slot = Slot()
 
 
 class _Host:
@@ -216,30 +216,22 @@ def install(parallel_quantization="auto", *, config=None, ctx=None, library=None
     context to use instead. transport: "fp32" or "bf16" for the gradient exchange.
     check_replicas: compare every replica's tuning parameters with home's after each step
     (ReplicaDiverged if they differ; a test aid, it synchronizes every step)."""
-    global _installation
     uninstall()
-    installation = _Installation(ctx or configure(config, library), parallel_quantization, transport,
-                                 check_replicas)
-    installation.apply()
-    _installation = installation
-    return installation.ctx
+    return _slot.install(_Installation(ctx or configure(config, library), parallel_quantization, transport,
+                                      check_replicas)).ctx
 
 
 def uninstall():
     """Restores AutoRound's own quantize_block methods."""
-    global _installation
-    installation, _installation = _installation, None
-    if installation is not None:
-        installation.rebindings.undo()
+    _slot.uninstall()
 
 
 def counters():
     """Per patch: blocks run through qlink, run serial ("host") and why ({} when not
     installed)."""
-    return _installation.counters.snapshot() if _installation is not None else {}
+    return _slot.counters()
 
 
 def plans():
     """(block name, qlink.plan.Plan) for every block seen since install(), in order."""
-    return list(_installation.plans) if _installation is not None else []
-
+    return list(_slot.current.plans) if _slot.current is not None else []

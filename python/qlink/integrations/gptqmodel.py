@@ -28,12 +28,12 @@ import torch
 
 from ..defaults import configure
 from .gptqmodel_solve import native_engine, solve, unsupported
-from .patches import Counters, Guard, Rebindings
+from .patches import Counters, Guard, Rebindings, Slot
 
 PATCHES = ("clone_module_for_devices", "torch_replicate", "move_to", "nested_move_to", "materialize_global_hessian",
            "quantize")
 
-_installation = None
+_slot = Slot()
 
 
 class _Host:
@@ -94,17 +94,12 @@ class _Installation:
     # -- replicas ------------------------------------------------------------------------
 
     def _make_torch_replicate(self):
-        original, ctx, counters, guard = self.host.torch_replicate, self.ctx, self.counters, self.guard
+        original, ctx, guard = self.host.torch_replicate, self.ctx, self.guard
 
         @_like(original)
         def torch_replicate(module, devices, detach=True):
-            try:
-                replicas = list(ctx.clone_module_for_devices(module, devices).values())
-            except Exception as error:  # noqa: BLE001 (the guard decides: raise, or the host's path)
-                guard.fallback("torch_replicate", error)
-                return original(module, devices, detach=detach)
-            counters.qlink("torch_replicate")
-            return replicas
+            return guard.attempt("torch_replicate", lambda: list(ctx.clone_module_for_devices(module, devices).values()),
+                                 lambda: original(module, devices, detach=detach))
         return torch_replicate
 
     def _make_clone_module_for_devices(self):
@@ -114,28 +109,26 @@ class _Installation:
         @_like(original)
         def clone_module_for_devices(module, devices, *, clear_state_fn=None, progress_callback=None):
             clear = clear_state_fn or h.helpers.clear_non_picklable_state
+            host = lambda: original(module, devices, clear_state_fn=clear, progress_callback=progress_callback)  # noqa: E731
             if not devices or all(torch.device(d).type == "cpu" for d in devices):
                 counters.host("clone_module_for_devices", "host devices: P2P is an accelerator concept")
-                return original(module, devices, clear_state_fn=clear, progress_callback=progress_callback)
+                return host()
             notify = progress_callback or (lambda *args: None)
-            try:
+
+            def clones():
                 module.eval()
                 clear(module)
                 notify(0, len(devices), devices[0], "stage")
                 # The host's own binding, so a clone runs through the torch_replicate patch too.
-                replicas = h.helpers.torch_replicate(module, devices)
-            except Exception as error:  # noqa: BLE001
-                guard.fallback("clone_module_for_devices", error)
-                return original(module, devices, clear_state_fn=clear, progress_callback=progress_callback)
-            clones = {}
-            for i, (device, replica) in enumerate(zip(devices, replicas), start=1):
-                replica.eval()
-                clear(replica)
-                replica._gptqmodule_device_hint = device
-                clones[device] = replica
-                notify(i, len(devices), device, "replica")
-            counters.qlink("clone_module_for_devices")
-            return clones
+                replicas, out = h.helpers.torch_replicate(module, devices), {}
+                for i, (device, replica) in enumerate(zip(devices, replicas), start=1):
+                    replica.eval()
+                    clear(replica)
+                    replica._gptqmodule_device_hint = device
+                    out[device] = replica
+                    notify(i, len(devices), device, "replica")
+                return out
+            return guard.attempt("clone_module_for_devices", clones, host)
         return clone_module_for_devices
 
     # -- moves ---------------------------------------------------------------------------
@@ -156,16 +149,11 @@ class _Installation:
             if reason:
                 counters.host("move_to", reason)
                 return original(obj, device, dtype)
-            try:
-                if isinstance(obj, torch.nn.Module):
-                    moved = ctx.move_module_to_device(obj, device)
-                else:
-                    moved = ctx.move_tensors([obj], device)[0]
-            except Exception as error:  # noqa: BLE001
-                guard.fallback("move_to", error)
-                return original(obj, device, dtype)
-            counters.qlink("move_to")
-            return moved
+            if isinstance(obj, torch.nn.Module):
+                return guard.attempt("move_to", lambda: ctx.move_module_to_device(obj, device),
+                                     lambda: original(obj, device, dtype))
+            return guard.attempt("move_to", lambda: ctx.move_tensors([obj], device)[0],
+                                 lambda: original(obj, device, dtype))
         return move_to
 
     def _make_nested_move_to(self):
@@ -176,13 +164,8 @@ class _Installation:
             if dtype is not None or device is None:
                 counters.host("nested_move_to", "a dtype conversion" if dtype is not None else "no device")
                 return original(v, device, dtype)
-            try:
-                moved = ctx.move_nested_to_device(v, device)
-            except Exception as error:  # noqa: BLE001
-                guard.fallback("nested_move_to", error)
-                return original(v, device, dtype)
-            counters.qlink("nested_move_to")
-            return moved
+            return guard.attempt("nested_move_to", lambda: ctx.move_nested_to_device(v, device),
+                                 lambda: original(v, device, dtype))
         return nested_move_to
 
     # -- Hessians and the solve ------------------------------------------------------------
@@ -246,13 +229,7 @@ class _Installation:
             if reason:
                 counters.host("quantize", reason)
                 return original(gptq, blocksize)
-            try:
-                result = solve(gptq, self.engine, ctx)
-            except Exception as error:  # noqa: BLE001
-                guard.fallback("quantize", error)
-                return original(gptq, blocksize)
-            counters.qlink("quantize")
-            return result
+            return guard.attempt("quantize", lambda: solve(gptq, self.engine, ctx), lambda: original(gptq, blocksize))
         return quantize
 
 
@@ -264,23 +241,16 @@ def install(config=None, strict=False, *, ctx=None, library=None, engine=None):
     config), made the process default context; or ctx: a context to use instead. strict:
     a failing qlink path raises FallbackRefused instead of running GPTQModel's own.
     engine: the GPTQ solve to call (default: qlink.quant.gptq_quantize, the native engine)."""
-    global _installation
     uninstall()
-    installation = _Installation(ctx or configure(config, library), strict, engine)
-    installation.apply()
-    _installation = installation
-    return installation.ctx
+    return _slot.install(_Installation(ctx or configure(config, library), strict, engine)).ctx
 
 
 def uninstall():
     """Restores every binding install() changed."""
-    global _installation
-    installation, _installation = _installation, None
-    if installation is not None:
-        installation.rebindings.undo()
+    _slot.uninstall()
 
 
 def counters():
     """Per patch, how many calls ran through qlink, through the host by design ("host") or
     after qlink failed ("fallback"), and why ({} when not installed)."""
-    return _installation.counters.snapshot() if _installation is not None else {}
+    return _slot.counters()

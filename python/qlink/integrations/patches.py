@@ -61,6 +61,40 @@ class Guard:
                 patch, reason)) from error
         self.counters.fallback(patch, reason)
 
+    def attempt(self, patch, through_qlink, host):
+        """through_qlink()'s result, counted; if it raises, host()'s, counted as a fallback
+        (FallbackRefused instead under strict)."""
+        try:
+            result = through_qlink()
+        except Exception as error:  # noqa: BLE001 (the host's own path, or FallbackRefused)
+            self.fallback(patch, error)
+            return host()
+        self.counters.qlink(patch)
+        return result
+
+
+class Slot:
+    """An integration's one installation in this process."""
+
+    def __init__(self):
+        self.current = None
+
+    def install(self, installation):
+        """Applies `installation` (made after uninstall(): its originals must be the
+        host's own)."""
+        assert self.current is None, "uninstall() first"
+        installation.apply()
+        self.current = installation
+        return installation
+
+    def uninstall(self):
+        installation, self.current = self.current, None
+        if installation is not None:
+            installation.rebindings.undo()
+
+    def counters(self):
+        return self.current.counters.snapshot() if self.current is not None else {}
+
 
 def _functions_of(module):
     """The plain functions and the methods of classes defined in `module`."""
