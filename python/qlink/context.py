@@ -1,7 +1,7 @@
 """A loaded plugin and one qlink context. The Context owns every call: devices and peers
 (peers.py), copies (copies.py), moves (moves.py), collectives (collectives.py), replicas
-(replicas.py) and the native quantization engine (engine.py) are its methods; the module-level functions of the package call
-them on the default context (defaults.py)."""
+(replicas.py) and the native quantization engine (engine.py) are its methods; the
+module-level functions of the package call them on the default context (defaults.py)."""
 import ctypes
 import os
 import threading

@@ -195,11 +195,12 @@ def scenario_run():
     args = _abi.CopyArgs(ctypes.sizeof(_abi.CopyArgs), src.pointer, dst.pointer, src.count, None, 0, 0)
     plan = ctypes.c_void_p()
     ctx.invoke("copy_plan_create", ctypes.byref(args), ctypes.byref(plan))
+    execute = ctx.function_address("copy_plan_execute")
     try:
-        assert bridge.run(ctx.function_address("copy_plan_execute"), plan.value, _abi.KDL_CPU, (0, 2)) == 0
+        assert bridge.run(execute, plan.value, _abi.KDL_CPU, (0, 2)) == 0
         ctx.synchronize(2)
         assert [content(t) for t in targets] == [content(s) for s in sources]
-        assert bridge.run(ctx.function_address("copy_plan_execute"), plan.value, _abi.KDL_CPU, (0, 9)) == _abi.INVALID_ARGUMENT
+        assert bridge.run(execute, plan.value, _abi.KDL_CPU, (0, 9)) == _abi.INVALID_ARGUMENT
     finally:
         ctx.function("copy_plan_destroy")(plan)
     # An all-reduce plan through the same call, replayed twice: every buffer ends 2 x the sum.
@@ -211,13 +212,14 @@ def scenario_run():
                               _abi.TRANSPORTS["fp32"], None, 0, _abi.ALL_REDUCE_ALGORITHMS["auto"])
     plan = ctypes.c_void_p()
     ctx.invoke("all_reduce_plan_create", ctypes.byref(args), ctypes.byref(plan))
+    execute = ctx.function_address("all_reduce_plan_execute")
     try:
         for _ in range(2):
-            assert bridge.run(ctx.function_address("all_reduce_plan_execute"), plan.value, _abi.KDL_CPU, (0, 1)) == 0
+            assert bridge.run(execute, plan.value, _abi.KDL_CPU, (0, 1)) == 0
         ctx.synchronize(0)
         ctx.synchronize(1)
         assert [content(t) for t in buffers] == [struct.pack("3f", 22.0, 44.0, 66.0)] * 2
-        assert bridge.run(ctx.function_address("all_reduce_plan_execute"), plan.value, _abi.KDL_CPU, (1, 9)) == _abi.INVALID_ARGUMENT
+        assert bridge.run(execute, plan.value, _abi.KDL_CPU, (1, 9)) == _abi.INVALID_ARGUMENT
     finally:
         ctx.function("all_reduce_plan_destroy")(plan)
 

@@ -175,6 +175,20 @@ def test_the_layer_solve_runs_through_the_engine_shaped_as_the_hosts(host, sym):
     assert adapter.counters()["quantize"]["qlink"] == 1
 
 
+@pytest.mark.parametrize("sym, group_size", [(True, 128), (False, 128), (True, -1)])
+def test_the_layer_solve_runs_through_qlinks_native_engine(host, sym, group_size):
+    """The real engine (qlink.quant.gptq_quantize on the CPU backend) in place of the host's
+    column loop: the same grid, the same weights up to rounding, the same loss."""
+    qcfg = host["config"].QuantizeConfig(sym=sym, group_size=group_size, damp_percent=0.05)
+    own = _task(host, qcfg).quantize()
+    adapter.install(ctx=host["ctx"])
+    q, scales, zeros, g_idx, _, loss, damp, nsamples = _task(host, qcfg).quantize()
+    assert adapter.counters()["quantize"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
+    assert torch.allclose(scales, own[1], rtol=1e-5) and torch.equal(zeros, own[2]) and torch.equal(g_idx, own[3])
+    assert (q == own[0]).float().mean() > 0.99 and torch.allclose(q, own[0], atol=float(scales.max()) + 1e-6)
+    assert abs(loss / own[5] - 1) < 1e-3 and damp == pytest.approx(own[6]) and nsamples == own[7]
+
+
 @pytest.mark.parametrize("change, reason", [
     (dict(mse=2.4), "mse > 0 (a scale search per group)"),
     (dict(act_group_aware=True), "act_group_aware"),
@@ -229,4 +243,5 @@ def test_without_the_native_engine_every_solve_is_the_hosts_saying_why(host, mon
     adapter.install(ctx=host["ctx"])
     _task(host).quantize()
     (reason, count), = adapter.counters()["quantize"]["reasons"].items()
-    assert count == 1 and reason.startswith("qlink.quant.gptq_quantize is not the native engine's call (no weight, hessian, sym")
+    assert count == 1
+    assert reason.startswith("qlink.quant.gptq_quantize is not the native engine's call (no weight, hessian, sym")

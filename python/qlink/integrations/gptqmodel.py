@@ -98,7 +98,8 @@ class _Installation:
 
         @_like(original)
         def torch_replicate(module, devices, detach=True):
-            return guard.attempt("torch_replicate", lambda: list(ctx.clone_module_for_devices(module, devices).values()),
+            return guard.attempt("torch_replicate",
+                                 lambda: list(ctx.clone_module_for_devices(module, devices).values()),
                                  lambda: original(module, devices, detach=detach))
         return torch_replicate
 
@@ -109,7 +110,10 @@ class _Installation:
         @_like(original)
         def clone_module_for_devices(module, devices, *, clear_state_fn=None, progress_callback=None):
             clear = clear_state_fn or h.helpers.clear_non_picklable_state
-            host = lambda: original(module, devices, clear_state_fn=clear, progress_callback=progress_callback)  # noqa: E731
+
+            def host():
+                return original(module, devices, clear_state_fn=clear, progress_callback=progress_callback)
+
             if not devices or all(torch.device(d).type == "cpu" for d in devices):
                 counters.host("clone_module_for_devices", "host devices: P2P is an accelerator concept")
                 return host()

@@ -38,7 +38,9 @@ def unsupported(gptq, host):
         (bool(getattr(qcfg, "mock_quantization", False)), "mock_quantization"),
         (float(getattr(qcfg, "mse", 0.0) or 0.0) > 0.0, "mse > 0 (a scale search per group)"),
         (bool(getattr(qcfg, "act_group_aware", False)), "act_group_aware"),
-        (type(module) is not torch.nn.Linear, "a %s layer (the engine solves nn.Linear)" % type(module).__name__),
+        # nn.Linear and its subclasses (GPTQModel's HookedLinear); Conv1D/Conv layers are not.
+        (not isinstance(module, torch.nn.Linear),
+         "a %s layer (the engine solves linear layers)" % type(module).__name__),
         (bool(getattr(gptq, "_tp_pad_cols", 0)), "tensor-parallel column padding"),
         (getattr(gptq, "module_copy", None) is not None, "a module_copy weight"),
         (type(quantizer) is not host.Quantizer, "a %s quantizer" % type(quantizer).__name__),

@@ -8,7 +8,8 @@ from ..utils.model import move_to, nested_move_to  # noqa: F401  (imported by na
 
 class ForwardExecutor:
     def run_parallel(self, *, module, layer_inputs, layer_input_kwargs, devices,
-                     clone_module_for_devices_fn=clone_module_for_devices, forward_batch_worker_fn=forward_batch_worker):
+                     clone_module_for_devices_fn=clone_module_for_devices,
+                     forward_batch_worker_fn=forward_batch_worker):
         """Batch i on devices[i % len(devices)], one thread per device; outputs in batch order."""
         replicas = clone_module_for_devices_fn(module, devices)
         outputs, errors = [None] * len(layer_inputs), []
