@@ -44,3 +44,4 @@ for part in $parts; do
       run ar0_qlink 200 python3 autoround_run.py --model $model --iters 0 --qlink auto --out "$out/ar0_qlink.json" ;;
   esac
 done
+python3 summarize.py "$out" | tee "$out/summary.md"
