@@ -1,6 +1,8 @@
 """One GPTQModel quantization (4-bit, group 128) of the issue's model with GPTQModel's own
 code, alone or with qlink installed (torch guards in force then); prints and writes its
-wall time, per-module losses, a digest of the quantized tensors and qlink's counters.
+wall time, per-layer losses, a digest of every layer's solve (Q, scales, zeros, g_idx as
+GPTQ.quantize returns them: the packed model's finished layers are offloaded to meta) and
+qlink's counters.
 
     python3 gptqmodel_run.py --model DIR [--qlink] [--strict] [--out FILE]
 """
@@ -12,28 +14,25 @@ from common import install_guards, make_llama, setup_paths, timed, token_batches
 setup_paths()
 
 
-def quantized_digest(model):
-    """sha256 over every packed tensor (qweight, qzeros, scales, g_idx) in name order."""
-    digest, count = hashlib.sha256(), 0
-    for name, t in sorted(model.state_dict().items()):
-        if name.rsplit(".", 1)[-1] in ("qweight", "qzeros", "scales", "g_idx"):
-            digest.update(name.encode())
-            digest.update(t.detach().contiguous().cpu().view(-1).view(__import__("torch").uint8).numpy().tobytes())
-            count += 1
-    return digest.hexdigest(), count
+def record_solves(GPTQ, into):
+    """Wraps GPTQ.quantize (as installed: GPTQModel's own or qlink's) to record each layer's
+    result: a sha256 of what the solve returns (Q, scales, zeros, g_idx) and its loss."""
+    import torch
+    solve = GPTQ.quantize
+
+    def recording(self, *args, **kwargs):
+        out = solve(self, *args, **kwargs)
+        digest = hashlib.sha256()
+        for t in out[:4]:
+            digest.update(t.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes())
+        name = getattr(getattr(self, "_named_module", None), "full_name", self.name)  # layer index included
+        into[name] = {"digest": digest.hexdigest(), "loss": out[5], "damp": out[6]}
+        return out
+    GPTQ.quantize = recording
 
 
-def module_losses(log):
-    losses = {}
-    for row in (log or {}).values() if isinstance(log, dict) else []:
-        for stat in row if isinstance(row, list) else []:
-            if isinstance(stat, dict) and "loss" in stat:
-                try:
-                    loss = float(stat["loss"])
-                except ValueError:
-                    loss = stat["loss"]  # a fallback's description
-                losses["%s.%s" % (stat.get("layer"), stat.get("module"))] = loss
-    return losses
+def combined_digest(layers):
+    return hashlib.sha256("".join(layers[k]["digest"] for k in sorted(layers)).encode()).hexdigest()
 
 
 def main():
@@ -53,15 +52,18 @@ def main():
         import qlink.integrations.gptqmodel as qlink_gptqmodel
         qlink_gptqmodel.install({"backend": "cuda", "log_level": "warn"}, strict=args.strict)
     from gptqmodel import GPTQModel, QuantizeConfig
+    from gptqmodel.quantization.gptq import GPTQ
+    layers = {}
+    record_solves(GPTQ, layers)
     config = QuantizeConfig(bits=4, group_size=128, desc_act=False, act_group_aware=False)
     model = GPTQModel.load(args.model, config)
     ids = token_batches(args.samples, args.seqlen)
     calibration = [{"input_ids": row, "attention_mask": torch.ones_like(row)} for row in ids]
     with timed(result, "quantize_s"):
         log = model.quantize(calibration, batch_size=1)
-    result["losses"] = module_losses(log)
-    result["log"] = log
-    result["digest"], result["packed_tensors"] = quantized_digest(model.model)
+    result["losses"] = {k: v["loss"] for k, v in layers.items()}
+    result["log_losses"] = module_losses(log)
+    result["digest"], result["packed_tensors"] = combined_digest(layers), len(layers)
     if args.qlink:
         result["counters"] = qlink_gptqmodel.counters()
     write(result, args.out)

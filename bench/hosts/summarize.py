@@ -21,7 +21,7 @@ def gptq(out):
     runs = [r for r in (load(p) for p in sorted(glob.glob(os.path.join(out, "gptq_qlink*.json")))) if r]
     if not host and not runs:
         return ["GPTQModel: no run finished"]
-    lines = ["| GPTQModel 4-bit g128 | wall (s) | packed tensors | digest |", "|---|---|---|---|"]
+    lines = ["| GPTQModel 4-bit g128 | wall (s) | layers solved | digest of their solves |", "|---|---|---|---|"]
     for name, r in [("alone", host)] + [("qlink, strict, run %d" % (i + 1), r) for i, r in enumerate(runs)]:
         if r:
             lines.append("| %s | %.1f | %d | %s |" % (name, r["quantize_s"], r["packed_tensors"], r["digest"][:16]))
