@@ -73,6 +73,15 @@ class Guard:
         return result
 
 
+def enable_visible_gpus(ctx):
+    """Peer access between every pair of the GPUs PyTorch sees (per the context's p2p
+    config): the hosts never ask for it, and qlink's copies and collectives between them
+    would otherwise be staged through host memory."""
+    torch = sys.modules.get("torch")
+    if torch is not None and not ctx.host_memory and torch.cuda.is_available():
+        ctx.enable_for_devices(range(min(torch.cuda.device_count(), ctx.device_count)))
+
+
 class Slot:
     """An integration's one installation in this process."""
 
@@ -83,6 +92,7 @@ class Slot:
         """Applies `installation` (made after uninstall(): its originals must be the
         host's own)."""
         assert self.current is None, "uninstall() first"
+        enable_visible_gpus(installation.ctx)
         installation.apply()
         self.current = installation
         return installation
