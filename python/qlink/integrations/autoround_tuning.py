@@ -65,7 +65,7 @@ def param_groups(quantizer, block, log=False):
 
 def move_tensor_attributes(ctx, block, device):
     """The plain tensor attributes AutoRound hangs on layers (act_max, imatrix, ...), which
-    a mirror's deepcopy leaves on the source's device, moved to the replica's."""
+    a mirror shares with its source, moved to the replica's device (its own attributes)."""
     for m in block.modules():
         tensors = {k: v for k, v in vars(m).items() if isinstance(v, torch.Tensor)}
         if tensors:
@@ -88,9 +88,10 @@ class Replicas:
         for b, d in zip(self.blocks[1:], self.devices[1:]):
             move_tensor_attributes(ctx, b, d)
         compile_ = quantizer.compress_context.enable_torch_compile
-        self.layer_names = [quantizer.wrapper_block(b, quantizer.enable_minmax_tuning,
-                                                    quantizer.enable_norm_bias_tuning, enable_torch_compile=compile_,
-                                                    device=d) for b, d in zip(self.blocks, self.devices)][0]
+        names = [quantizer.wrapper_block(b, quantizer.enable_minmax_tuning, quantizer.enable_norm_bias_tuning,
+                                         enable_torch_compile=compile_, device=d)
+                 for b, d in zip(self.blocks, self.devices)]
+        self.layer_names = names[0]  # (quantized, unquantized), the same on every replica
         grouped = [param_groups(quantizer, b, log=(r == 0)) for r, b in enumerate(self.blocks)]
         self.count = grouped[0][1]
         self.params = [[p for g in groups for p in g["params"]] for groups, _ in grouped]
