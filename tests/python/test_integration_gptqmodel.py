@@ -178,19 +178,24 @@ def test_the_layer_solve_runs_through_the_engine_shaped_as_the_hosts(host, sym):
 @pytest.mark.parametrize("sym, group_size", [(True, 128), (False, 128), (True, -1)])
 def test_the_layer_solve_runs_through_qlinks_native_engine(host, sym, group_size):
     """The real engine (qlink.quant.gptq_quantize on the CPU backend) in place of the host's
-    column loop: the same grid, the same weights up to rounding, the same loss. (The engine's
-    LAPACK and PyTorch's factorizations round apart: a flipped level carries along its row
-    through the error feedback, as in the engine's own tests.)"""
+    column loop: the same levels, grids and weights up to rounding, the same loss. (The
+    engine's factorizations and PyTorch's round apart: a later group's range, taken after
+    the error feedback, differs in its last bits, and a flipped level carries along its row,
+    as in the engine's own tests.)"""
     qcfg = host["config"].QuantizeConfig(sym=sym, group_size=group_size, damp_percent=0.05)
     own = _task(host, qcfg).quantize()
     adapter.install(ctx=host["ctx"])
     q, scales, zeros, g_idx, _, loss, damp, nsamples = _task(host, qcfg).quantize()
     assert adapter.counters()["quantize"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
     assert q.shape == own[0].shape and q.dtype == own[0].dtype and scales.shape == own[1].shape
-    assert torch.equal(g_idx, own[3]) and (q == own[0]).float().mean() > 0.98
-    same = (q == own[0]).all(1)  # rows whose weights agree agree on their grids to float noise
+    assert torch.equal(g_idx, own[3])
+    g = g_idx.long()
+    levels, own_levels = (torch.round(w / s[:, g] + z[:, g]) for w, s, z in ((q, scales, zeros), own[:3]))
+    assert (levels == own_levels).float().mean() > 0.99
+    same = (levels == own_levels).all(1)  # rows on the same levels: grids and weights equal to float noise
     assert torch.allclose(scales[same], own[1][same], rtol=1e-5) and torch.equal(zeros[same], own[2][same])
-    assert abs(loss / own[5] - 1) < 1e-2 and damp == pytest.approx(own[6]) and nsamples == own[7]
+    assert torch.allclose(q[same], own[0][same], rtol=1e-5, atol=1e-7)
+    assert abs(loss / own[5] - 1) < 1e-3 and damp == pytest.approx(own[6]) and nsamples == own[7]
 
 
 @pytest.mark.parametrize("change, reason", [
