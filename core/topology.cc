@@ -1,5 +1,6 @@
 #include "core/topology.h"
 
+#include <atomic>
 #include <mutex>
 
 #include "core/link_probe.h"
@@ -11,16 +12,16 @@ constexpr int kProbeReps = 5;
 
 std::string Pair(int src, int dst) { return std::to_string(src) + "->" + std::to_string(dst); }
 
-// Exactly one per process, whatever the number of contexts (HOSTS.md).
+// Exactly one per process, whatever the number of contexts (HOSTS.md). A context whose
+// logging is off does not use it up: the next context that logs warnings still gets it.
 void WarnOnce(spdlog::logger& log, const std::string& pairs) {
-  static std::once_flag warned;
-  std::call_once(warned, [&] {
-    log.warn(
-        "GPUs lack usable peer-to-peer access for pair(s) {}: likely motherboard compatibility (PCIe wiring, "
-        "ACS/IOMMU), BIOS settings (Above 4G decoding, Resizable BAR, PCIe generation) or hardware "
-        "compatibility; copies between them are staged through host memory and speed may be sub-optimal",
-        pairs);
-  });
+  static std::atomic<bool> warned{false};
+  if (!log.should_log(spdlog::level::warn) || warned.exchange(true)) return;
+  log.warn(
+      "GPUs lack usable peer-to-peer access for pair(s) {}: likely motherboard compatibility (PCIe wiring, "
+      "ACS/IOMMU), BIOS settings (Above 4G decoding, Resizable BAR, PCIe generation) or hardware "
+      "compatibility; copies between them are staged through host memory and speed may be sub-optimal",
+      pairs);
 }
 
 }  // namespace

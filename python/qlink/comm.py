@@ -14,7 +14,7 @@ import torch
 
 from . import _abi
 from ._dlpack import pack
-from .p2p import _raw_stream
+from .streams import raw_stream
 
 
 def torch_nccl_library():
@@ -31,7 +31,7 @@ def torch_nccl_library():
 def unique_id(ctx):
     """A new communicator id (128 bytes) to hand to every rank."""
     uid = _abi.UniqueId()
-    ctx._check(ctx._api.comm_unique_id(ctx._handle, ctypes.byref(uid)))
+    ctx.invoke("comm_unique_id", ctypes.byref(uid))
     return ctypes.string_at(ctypes.addressof(uid), 128)  # .bytes would stop at the first NUL
 
 
@@ -45,28 +45,27 @@ class Communicator:
         native = _abi.UniqueId()
         ctypes.memmove(ctypes.addressof(native), uid, 128)
         handle = ctypes.c_void_p()
-        ctx._check(ctx._api.comm_create(ctx._handle, ctypes.byref(native), nranks, rank, self.device,
-                                        ctypes.byref(handle)))
+        ctx.invoke("comm_create", ctypes.byref(native), nranks, rank, self.device, ctypes.byref(handle))
         self._handle = handle
 
-    def _call(self, fn, tensor, *args):
+    def _call(self, name, tensor, *args):
         packed = pack([tensor], exact=True)
-        self._ctx._check(fn(self._handle, packed.pointer, *args, _raw_stream(self.device)))
+        self._ctx.call(name, self._handle, packed.pointer, *args, raw_stream(self.device))
 
     def all_reduce(self, tensor, op="sum"):
         if op not in _abi.REDUCE_OPS:
             raise ValueError("op must be one of %s, got %r" % (sorted(_abi.REDUCE_OPS), op))
-        self._call(self._ctx._api.comm_all_reduce, tensor, _abi.REDUCE_OPS[op])
+        self._call("comm_all_reduce", tensor, _abi.REDUCE_OPS[op])
 
     def broadcast(self, tensor, root=0):
-        self._call(self._ctx._api.comm_broadcast, tensor, root)
+        self._call("comm_broadcast", tensor, root)
 
     def reduce(self, tensor, root=0, scale=1.0):
-        self._call(self._ctx._api.comm_reduce, tensor, root, float(scale))
+        self._call("comm_reduce", tensor, root, float(scale))
 
     def close(self):
         handle, self._handle = getattr(self, "_handle", None), None
         if handle:
-            self._ctx._api.comm_destroy(handle)
+            self._ctx.function("comm_destroy")(handle)
 
     __del__ = close

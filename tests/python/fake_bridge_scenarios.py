@@ -123,7 +123,7 @@ bridge = _bridge.import_module(os.path.join(os.path.dirname(library), "libqlink_
 bridge.bind(shim_path, shim_path, to_handles, from_handles)
 assert bridge.has_streams()
 ctx = qlink.load({"backend": "cpu", "cpu_devices": 4, "log_level": "off"}, library=library)
-plugin = ctx._bridge_plugin()
+plugin = ctx.bridge_plugin()
 
 
 def scenario_describe():
@@ -192,16 +192,17 @@ def scenario_run():
     targets = [tensor(2, UINT8, [300]) for _ in range(3)]
     src = _dlpack.byte_runs([t.data_ptr for t in sources], [300] * 3, _abi.KDL_CPU, [0] * 3)
     dst = _dlpack.byte_runs([t.data_ptr for t in targets], [300] * 3, _abi.KDL_CPU, [2] * 3)
-    args = ctx._copy_args(src, dst, None, False, False, False)
+    args = _abi.CopyArgs(ctypes.sizeof(_abi.CopyArgs), src.pointer, dst.pointer, src.count, None, 0, 0)
     plan = ctypes.c_void_p()
-    ctx._check(ctx._api.copy_plan_create(ctx._handle, ctypes.byref(args), ctypes.byref(plan)))
+    ctx.invoke("copy_plan_create", ctypes.byref(args), ctypes.byref(plan))
+    execute = ctx.function_address("copy_plan_execute")
     try:
-        assert bridge.run(ctx._copy_plan_execute_fn, plan.value, _abi.KDL_CPU, (0, 2)) == 0
+        assert bridge.run(execute, plan.value, _abi.KDL_CPU, (0, 2)) == 0
         ctx.synchronize(2)
         assert [content(t) for t in targets] == [content(s) for s in sources]
-        assert bridge.run(ctx._copy_plan_execute_fn, plan.value, _abi.KDL_CPU, (0, 9)) == _abi.INVALID_ARGUMENT
+        assert bridge.run(execute, plan.value, _abi.KDL_CPU, (0, 9)) == _abi.INVALID_ARGUMENT
     finally:
-        ctx._api.copy_plan_destroy(plan)
+        ctx.function("copy_plan_destroy")(plan)
     # An all-reduce plan through the same call, replayed twice: every buffer ends 2 x the sum.
     buffers = [tensor(d, FLOAT32, [3]) for d in (0, 1)]
     for t, values in zip(buffers, ([1.0, 2.0, 3.0], [10.0, 20.0, 30.0])):
@@ -210,16 +211,17 @@ def scenario_run():
     args = _abi.AllReduceArgs(ctypes.sizeof(_abi.AllReduceArgs), packed.pointer, 2, _abi.REDUCE_OPS["sum"],
                               _abi.TRANSPORTS["fp32"], None, 0, _abi.ALL_REDUCE_ALGORITHMS["auto"])
     plan = ctypes.c_void_p()
-    ctx._check(ctx._api.all_reduce_plan_create(ctx._handle, ctypes.byref(args), ctypes.byref(plan)))
+    ctx.invoke("all_reduce_plan_create", ctypes.byref(args), ctypes.byref(plan))
+    execute = ctx.function_address("all_reduce_plan_execute")
     try:
         for _ in range(2):
-            assert bridge.run(ctx._all_reduce_plan_execute_fn, plan.value, _abi.KDL_CPU, (0, 1)) == 0
+            assert bridge.run(execute, plan.value, _abi.KDL_CPU, (0, 1)) == 0
         ctx.synchronize(0)
         ctx.synchronize(1)
         assert [content(t) for t in buffers] == [struct.pack("3f", 22.0, 44.0, 66.0)] * 2
-        assert bridge.run(ctx._all_reduce_plan_execute_fn, plan.value, _abi.KDL_CPU, (1, 9)) == _abi.INVALID_ARGUMENT
+        assert bridge.run(execute, plan.value, _abi.KDL_CPU, (1, 9)) == _abi.INVALID_ARGUMENT
     finally:
-        ctx._api.all_reduce_plan_destroy(plan)
+        ctx.function("all_reduce_plan_destroy")(plan)
 
 
 def scenario_arguments():

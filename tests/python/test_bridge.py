@@ -52,7 +52,7 @@ def test_move_leaves_to_the_caller_what_it_cannot_move(bridge, ctx):
     base = torch.randn(64, device="cuda:0")
     leaves = [torch.randn(8, device="cuda:0"), torch.randn(8, device="cuda:1"), torch.randn(8),
               base[:40], base[32:], torch.randn(8, 4, device="cuda:0").t(), torch.empty(0, device="cuda:0")]
-    status, moved = bridge.move(*ctx._bridge_plugin(), leaves, 1)
+    status, moved = bridge.move(*ctx.bridge_plugin(), leaves, 1)
     assert status == 0
     assert moved[1] is leaves[1]  # already there
     assert moved[2:] == [None] * 5  # host, two overlapping views, not contiguous, empty
@@ -67,9 +67,9 @@ def test_calls_release_every_handle(bridge, ctx):
     y = torch.empty_like(x, device="cuda:1")
     for _ in range(3):
         bridge.describe([x, x, y])
-        assert bridge.copy(*ctx._bridge_plugin(), [x], [y]) == 0
-        del bridge.move(*ctx._bridge_plugin(), [x], 1)[1][0]
-        assert bridge.copy(*ctx._bridge_plugin(), [x, x], [y, y]) != 0  # overlap
+        assert bridge.copy(*ctx.bridge_plugin(), [x], [y]) == 0
+        del bridge.move(*ctx.bridge_plugin(), [x], 1)[1][0]
+        assert bridge.copy(*ctx.bridge_plugin(), [x, x], [y, y]) != 0  # overlap
     del x, y
     torch.cuda.synchronize()
     assert [torch.cuda.memory_allocated(d) for d in (0, 1)] == before

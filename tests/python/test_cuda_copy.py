@@ -129,6 +129,7 @@ def test_prepared_copy_replays(torch_side, ctx):
         assert all(torch.equal(s.cpu(), t.cpu()) for s, t in zip(sources, targets))
 
 
+@two_gpus
 @pytest.mark.parametrize("promises", [{"sources_held": True}, {"sources_ready": True, "sources_held": True}])
 def test_prepared_copy_with_host_promises(torch_side, ctx, promises):
     # Small leaves take the pull kernel (descriptors in device memory), the two 9 MiB ones the copy engines.

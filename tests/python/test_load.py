@@ -34,7 +34,7 @@ def test_p2p_config_alone_is_accepted(library):
     ({"backend": "cpu", "cpu_devices": 0}, "'cpu_devices' = 0 is out of range"),
     ({"backend": "cpu", "p2p": {"mode": "sometimes"}}, "'p2p.mode'"),
     ({"backend": "cpu", "p2p": {"probe": "yes"}}, "'p2p.probe' must be a boolean"),
-    ({"backend": "cpu", "p2p": {"use_torch_replicate": True}}, "unknown field 'p2p.use_torch_replicate'"),
+    ({"backend": "cpu", "p2p": {"use_torch_replicate": "yes"}}, "p2p.use_torch_replicate must be a bool"),
     ({"backend": "cpu", "verbose": True}, "unknown field 'verbose'"),
 ])
 def test_bad_config_raises_invalid_argument_naming_the_field(library, config, culprit):
@@ -84,7 +84,7 @@ def test_errors_are_per_thread(library):
     def good():
         for _ in range(50):
             with qlink.load({"backend": "cpu", "log_level": "off"}, library=library) as ctx:
-                errors.append(ctx._api.last_error())
+                errors.append(ctx.function("last_error")())
 
     threads = [threading.Thread(target=f) for f in (bad, good, bad, good)]
     for t in threads:

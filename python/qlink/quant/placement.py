@@ -6,43 +6,13 @@ import concurrent.futures
 import torch
 
 from ..p2p import current_streams, default_context
-
-
-def _power_of_two_at_most(n):
-    return 1 << (max(n, 1).bit_length() - 1)
+from ..plan import power_of_two_at_most as _power_of_two_at_most, resolve_plan
 
 
 def parallel_devices(parallel, devices, iters, batch_size, home=None):
-    """The replica devices AutoRound's `parallel_quantization` setting engages (HOSTS.md):
-    home first, then the others ascending. "off": home alone; "auto": the largest power of
-    two of the devices when tuning (iters > 0), all of them at iters = 0; an int N: exactly
-    N, or ValueError naming every reason it cannot engage (never a silent fallback). A batch
-    smaller than the world demotes it to the largest power of two within the batch."""
-    devices = list(devices)
-    home = devices[0] if home is None else home
-    index = lambda d: d if isinstance(d, int) else torch.device(d).index  # noqa: E731  ("cuda:10" after "cuda:2")
-    ordered = [home] + sorted((d for d in devices if d != home), key=index)
-    if parallel == "off":
-        return ordered[:1]
-    if parallel == "auto":
-        world = _power_of_two_at_most(len(ordered)) if iters > 0 else len(ordered)
-    elif isinstance(parallel, int) and not isinstance(parallel, bool):
-        reasons = []
-        if parallel > len(ordered):
-            reasons.append("%d replicas asked, %d devices visible" % (parallel, len(ordered)))
-        if parallel < 2:
-            reasons.append("a data-parallel run needs at least 2 replicas, got %d" % parallel)
-        if iters > 0 and parallel != _power_of_two_at_most(parallel):
-            reasons.append("tuning (iters=%d) needs a power-of-two world for halving-doubling, got %d" % (
-                iters, parallel))
-        if reasons:
-            raise ValueError("parallel_quantization=%d cannot engage: %s" % (parallel, "; ".join(reasons)))
-        world = parallel
-    else:
-        raise ValueError("parallel_quantization must be 'off', 'auto' or an int, got %r" % (parallel,))
-    if iters > 0 and batch_size < world:
-        world = _power_of_two_at_most(batch_size)
-    return ordered[:world]
+    """The replica devices AutoRound's `parallel_quantization` setting engages, home first
+    (qlink.plan's rules; ValueError naming every reason an explicit N cannot engage)."""
+    return list(resolve_plan(parallel, devices, iters, batch_size, home=home).devices)
 
 
 def shard_sizes(total, world):

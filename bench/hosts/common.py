@@ -1,0 +1,93 @@
+"""What the host runs share: the import paths of a prepared folder (prepare.sh), the torch
+guards, the model and the calibration of the issue (LLaMA-7B dimensions, random weights,
+random tokens), and a JSON result."""
+import contextlib
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def setup_paths():
+    """qlink's package, the hosts' package trees and the stand-ins, from a folder laid out
+    by prepare.sh (python/, hosts/, bench/hosts/standins/)."""
+    root = os.environ.get("QLINK_HOSTS_ROOT", os.path.join(HERE, "..", ".."))
+    for path in (os.path.join(root, "python"), os.path.join(root, "hosts"), os.path.join(HERE, "standins")):
+        sys.path.insert(0, os.path.abspath(path))
+
+
+class Forbidden(RuntimeError):
+    pass
+
+
+def install_guards():
+    """Makes every torch.cuda.comm entry point, torch._C._broadcast_coalesced,
+    torch.nn.parallel.replicate and torch.distributed.all_reduce raise: what qlink must not
+    depend on (HOSTS.md: they tear copies or hang without the GIL)."""
+    import torch
+    import torch.cuda.comm
+    import torch.nn.parallel
+
+    def forbid(name):
+        def raiser(*args, **kwargs):
+            raise Forbidden("%s was called while qlink is installed" % name)
+        return raiser
+
+    for name in ("broadcast", "broadcast_coalesced", "reduce_add", "reduce_add_coalesced", "scatter", "gather"):
+        if hasattr(torch.cuda.comm, name):
+            setattr(torch.cuda.comm, name, forbid("torch.cuda.comm." + name))
+    torch._C._broadcast_coalesced = forbid("torch._C._broadcast_coalesced")
+    torch.nn.parallel.replicate = forbid("torch.nn.parallel.replicate")
+    sys.modules["torch.nn.parallel.replicate"].replicate = forbid("torch.nn.parallel.replicate")
+    torch.distributed.all_reduce = forbid("torch.distributed.all_reduce")
+
+
+def make_llama(path, layers=2, hidden=4096, intermediate=11008, heads=32, vocab=32000, seed=0):
+    """A LLaMA with `layers` decoder layers at 7B dimensions and random weights, saved with
+    a word-level tokenizer of `vocab` tokens."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models
+    if os.path.exists(os.path.join(path, "config.json")):
+        return path
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                                      num_attention_heads=heads, num_key_value_heads=heads, vocab_size=vocab,
+                                      max_position_embeddings=4096, torch_dtype="bfloat16")
+    with torch.device("cuda"):
+        model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(path, safe_serialization=True)
+    words = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    words.update({"t%d" % i: i for i in range(3, vocab)})
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(words, "<unk>")),
+                                                     unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                                     pad_token="</s>")
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def token_batches(samples=128, seqlen=2048, vocab=32000, seed=1):
+    """samples random-token sequences of seqlen (ids 3.. vocab-1: no special tokens)."""
+    import torch
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (samples, seqlen), generator=gen)
+
+
+@contextlib.contextmanager
+def timed(into, key):
+    import torch
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    yield
+    torch.cuda.synchronize()
+    into[key] = round(time.perf_counter() - start, 3)
+
+
+def write(result, path):
+    text = json.dumps(result, indent=1, sort_keys=True, default=str)
+    print(text)
+    if path:
+        with open(path, "w") as f:
+            f.write(text)

@@ -1,0 +1,1 @@
+from . import replace_modules  # noqa: F401

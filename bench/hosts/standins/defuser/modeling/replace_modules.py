@@ -1,0 +1,2 @@
+def materialize_model(model, *args, **kwargs):
+    return model

@@ -1,0 +1,1 @@
+from . import _Progress as ProgressBar  # noqa: F401

@@ -1,0 +1,25 @@
+"""The process-wide default context the module-level functions use."""
+import threading
+
+_default = None
+_lock = threading.Lock()
+
+
+def configure(config=None, library=None):
+    """Installs a new process-wide default context (config and library as for qlink.load)."""
+    from .context import Context
+    global _default
+    ctx = Context(config, library)
+    with _lock:
+        _default = ctx
+    return ctx
+
+
+def default_context():
+    """The process-wide default context, created with the default config on first use."""
+    from .context import Context
+    global _default
+    with _lock:
+        if _default is None:
+            _default = Context()
+        return _default

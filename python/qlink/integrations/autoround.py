@@ -1,0 +1,237 @@
+"""AutoRound through qlink:
+
+    import qlink.integrations.autoround as qlink_autoround
+    qlink_autoround.install(parallel_quantization="auto")   # or N, or "off"
+    ... AutoRound(model, tokenizer, ...).quantize() as usual ...
+    qlink_autoround.plans()       # per block: the world, the devices, why others were left out
+    qlink_autoround.counters()    # what ran data-parallel, what ran serial and why
+
+What install() changes (each a patch with its own counters):
+  quantize_block  SignRoundQuantizer.quantize_block, AutoRound's block tuning, data-parallel
+                  over the plan's replicas (autoround_tuning.py): pure SignSGD exchanges
+                  sign(sum of gradients), anything else the fp32 (or bf16) sum
+  rtn_layers      iters=0 (RTN and optimized RTN): the block's per-layer searches spread over
+                  the plan's devices, each layer on one device, moved there and back by qlink
+
+The plan (qlink.plan) is resolved per block on the context's devices and their free memory:
+an explicit N that cannot engage raises PlanRefused naming every reason; auto with fewer
+than two usable devices runs AutoRound's own serial code and says why, once per reason."""
+import importlib
+import logging
+
+import torch
+
+from ..defaults import configure
+from ..plan import check_setting, resolve_plan
+from ..quant.placement import Placement
+from .autoround_tuning import move_tensor_attributes, run_on_replicas, tune_block
+from .patches import Counters, Rebindings, Slot
+
+PATCHES = ("quantize_block", "rtn_layers")
+TRANSPORTS = ("fp32", "bf16")
+
+log = logging.getLogger("qlink")
+_slot = Slot()
+
+
+class _Host:
+    """The AutoRound modules and originals the patches use."""
+
+    def __init__(self):
+        importlib.import_module("auto_round")
+        sign_round = importlib.import_module("auto_round.algorithms.quantization.sign_round.quantizer")
+        rtn = importlib.import_module("auto_round.algorithms.quantization.rtn.quantizer")
+        utils = importlib.import_module("auto_round.compressors.utils")
+        wrapper = importlib.import_module("auto_round.wrapper")
+        self.SignRoundQuantizer = sign_round.SignRoundQuantizer
+        self.SignSGD = importlib.import_module("auto_round.algorithms.quantization.sign_round.sign_sgd").SignSGD
+        self.RTNQuantizer, self.OptimizedRTNQuantizer = rtn.RTNQuantizer, rtn.OptimizedRTNQuantizer
+        self.IndexSampler, self.collect_best_params = utils.IndexSampler, utils.collect_best_params
+        self.unwrapper_block = wrapper.unwrapper_block
+        self.logger = importlib.import_module("auto_round.logger").logger
+        self.device_manager = importlib.import_module("auto_round.utils.device_manager").device_manager
+        self.get_module = importlib.import_module("auto_round.utils").get_module
+
+
+def _nbytes(tensors):
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _quantized_linears(block):
+    return [m for m in block.modules() if isinstance(m, torch.nn.Linear) and getattr(m, "bits", 16) <= 8]
+
+
+class _Installation:
+    def __init__(self, ctx, parallel, transport, check_replicas):
+        check_setting(parallel)
+        if transport not in TRANSPORTS:
+            raise ValueError("transport must be one of %s, got %r" % (TRANSPORTS, transport))
+        self.ctx, self.parallel, self.transport, self.check_replicas = ctx, parallel, transport, check_replicas
+        self.host = _Host()
+        self.counters = Counters(PATCHES)
+        self.rebindings = Rebindings()
+        self.plans = []         # (block name, Plan), in the order the blocks came
+        self._placements = {}   # devices -> Placement (its worker threads kept between blocks)
+        self._said = set()      # serial reasons already logged
+
+    def apply(self):
+        h, bind = self.host, self.rebindings
+        bind.set(h.SignRoundQuantizer, "quantize_block", self._make_quantize_block(h.SignRoundQuantizer.quantize_block))
+        for cls in (h.RTNQuantizer, h.OptimizedRTNQuantizer):
+            bind.set(cls, "quantize_block", self._make_rtn_quantize_block(vars(cls)["quantize_block"]))
+
+    # -- the plan --------------------------------------------------------------------------
+
+    def _devices(self):
+        """(visible devices, home, {device: free bytes}, whether home is an accelerator)."""
+        info = {d.index: d.free_bytes for d in self.ctx.devices()}
+        if self.ctx.host_memory:  # the CPU backend's virtual devices stand in for GPUs
+            return sorted(info), 0, info, True
+        visible = [d for d in sorted(info) if d < torch.cuda.device_count()]
+        home = torch.device(self.host.device_manager.device)
+        if home.type != "cuda":
+            return [str(home)] + visible, str(home), info, False
+        return visible, torch.cuda.current_device() if home.index is None else home.index, info, True
+
+    def plan(self, name, iters, batch_size, block, mirror_parts):
+        devices, home, free, accelerator = self._devices()
+        holders = {str(t.device) for t in list(block.parameters()) + list(block.buffers())}
+        plan = resolve_plan(self.parallel, devices, iters, batch_size, home=home, free_bytes=free,
+                            mirror_parts=mirror_parts, home_is_accelerator=accelerator, block_devices=holders)
+        self.plans.append((name, plan))
+        if plan.world < 2 and self.parallel != "off":
+            said = "; ".join(plan.left_out)
+            if said not in self._said:
+                self._said.add(said)
+                log.warning("qlink: parallel_quantization=%s runs serial: %s", self.parallel, said)
+        return plan
+
+    def placement(self, plan):
+        if plan.devices not in self._placements:
+            self._placements[plan.devices] = Placement(list(plan.devices), ctx=self.ctx)
+        return self._placements[plan.devices]
+
+    # -- block tuning ------------------------------------------------------------------------
+
+    def _serial_reason(self, q, active_inputs, block_ctx, input_ids):
+        """Why this block's tuning stays AutoRound's serial loop, or None."""
+        last_block = getattr(block_ctx, "block_index", 0) == getattr(block_ctx, "block_cnt", 0) - 1
+        checks = [
+            (type(q) is not self.host.SignRoundQuantizer, "a SignRoundQuantizer subclass (%s)" % type(q).__name__),
+            (not isinstance(active_inputs, list), "calibration inputs that are not a list of tensors (diffusion)"),
+            (bool(q.enable_alg_ext) and str(q.scheme.data_type).endswith("dq"), "enable_alg_ext on a dq data type"),
+            (bool(q.enable_lfq) and input_ids is not None and last_block, "enable_lfq (an lm_head loss) on the last "
+                                                                         "block"),
+            (q.lr_scheduler is not None, "a custom lr_scheduler (bound to one optimizer)"),
+            (bool(getattr(q.config, "is_act_nv_fp", False)), "NVFP activation quantization"),
+            (torch.distributed.is_available() and torch.distributed.is_initialized(),
+             "torch.distributed is initialized (AutoRound's own DDP)"),
+        ]
+        return next((reason for failed, reason in checks if failed), None)
+
+    def _make_quantize_block(self, original):
+        def quantize_block(q, block, fp_inputs, input_others, fp_outputs, q_inputs, block_ctx, input_ids=None,
+                           **kwargs):
+            args = (block, fp_inputs, input_others, fp_outputs, q_inputs, block_ctx)
+            active = q_inputs if (q_inputs is not None and q.enable_quanted_input) else fp_inputs
+            reason = self._serial_reason(q, active, block_ctx, input_ids)
+            if reason:
+                self.counters.host("quantize_block", reason)
+                return original(q, *args, input_ids=input_ids, **kwargs)
+            batch = min(len(active), q.calibration_context.batch_size * q.gradient_accumulate_steps)
+            linears = _quantized_linears(block)
+            parts = {"block": _nbytes(list(block.parameters()) + list(block.buffers())),
+                     "tuning": sum(4 * m.weight.numel() * 5 // 4 for m in linears),
+                     "activations (estimate)": 16 * batch * _nbytes(active[:1])}
+            plan = self.plan(getattr(block_ctx, "block_name", ""), q.iters, batch, block, parts)
+            if plan.world < 2:
+                self.counters.host("quantize_block", "; ".join(plan.left_out) or "a world of 1")
+                return original(q, *args, input_ids=input_ids, **kwargs)
+            op = "sign" if q.optimizer is self.host.SignSGD and not q.momentum else "sum"
+            result = tune_block(q, self.host, self.ctx, self.placement(plan), op, self.transport, self.check_replicas,
+                                *args, input_ids=input_ids, **kwargs)
+            self.counters.qlink("quantize_block")
+            return result
+        quantize_block.__qualname__ = original.__qualname__
+        return quantize_block
+
+    # -- iters=0 ------------------------------------------------------------------------------
+
+    def _make_rtn_quantize_block(self, original):
+        def quantize_block(q, block, *args, **kwargs):
+            linears = _quantized_linears(block)
+            parts = {"largest layer": 4 * max((_nbytes([m.weight]) for m in linears), default=0)}
+            block_ctx = kwargs.get("block_ctx", args[4] if len(args) > 4 else None)
+            plan = self.plan(getattr(block_ctx, "block_name", ""), 0, 1, block, parts)
+            if plan.world < 2 or len(linears) < 2:
+                self.counters.host("rtn_layers", "; ".join(plan.left_out) or "a block of one layer")
+                return original(q, block, *args, **kwargs)
+            deferred = []  # AutoRound's own loop picks the layers; they run spread out below
+            q._quantize_layer_via_rtn = lambda layer, disable_opt_rtn=None: deferred.append((layer, disable_opt_rtn))
+            try:
+                result = original(q, block, *args, **kwargs)
+            finally:
+                del q._quantize_layer_via_rtn
+            self._spread_layers(q, deferred, self.placement(plan))
+            self.counters.qlink("rtn_layers")
+            return result
+        quantize_block.__qualname__ = original.__qualname__
+        return quantize_block
+
+    def _spread_layers(self, q, deferred, placement):
+        """Each deferred layer quantized by AutoRound's own _quantize_layer_via_rtn on one of
+        the devices (largest layers first, each to the least loaded device), those away from
+        home moved there by qlink and back once done."""
+        loads, work = [0] * placement.world, [[] for _ in range(placement.world)]
+        for layer, option in sorted(deferred, key=lambda item: -item[0].weight.numel()):
+            rank = loads.index(min(loads))
+            loads[rank] += layer.weight.numel()
+            work[rank].append((layer, option))
+        home = placement.torch_devices[0]
+
+        def run(rank):
+            device = placement.torch_devices[rank]
+            for layer, option in work[rank]:
+                away = rank > 0 and not placement.cpu
+                if away:
+                    self.ctx.move_module_to_device(layer, device)
+                    move_tensor_attributes(self.ctx, layer, device)
+                    layer.tuning_device = device
+                q._quantize_layer_via_rtn(layer, disable_opt_rtn=option)
+                if away:
+                    vars(layer).pop("tuning_device", None)
+                    done = self.host.get_module(q.model, layer.global_name)
+                    self.ctx.move_module_to_device(done, home)
+                    move_tensor_attributes(self.ctx, done, home)
+        run_on_replicas(placement, run, "the RTN of its layers")
+
+
+def install(parallel_quantization="auto", *, config=None, ctx=None, library=None, transport="fp32",
+            check_replicas=False):
+    """Makes this process's AutoRound tune blocks data-parallel (see the module's docstring);
+    a second install replaces the first.
+
+    parallel_quantization: "auto", an int N, or "off" (AutoRound's own serial code).
+    config: the qlink context's config, made the process default context; or ctx: a
+    context to use instead. transport: "fp32" or "bf16" for the gradient exchange.
+    check_replicas: compare every replica's tuning parameters with home's after each step
+    (ReplicaDiverged if they differ; a test aid, it synchronizes every step)."""
+    uninstall()
+    return _slot.install(_Installation(ctx or configure(config, library), parallel_quantization, transport,
+                                      check_replicas)).ctx
+
+
+def uninstall():
+    """Restores AutoRound's own quantize_block methods."""
+    _slot.uninstall()
+
+
+def counters():
+    """Per patch: blocks run through qlink, run serial ("host") and why ({} when not
+    installed)."""
+    return _slot.counters()
+
+
+def plans():
+    """(block name, qlink.plan.Plan) for every block seen since install(), in order."""
+    return list(_slot.current.plans) if _slot.current is not None else []

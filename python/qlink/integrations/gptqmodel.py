@@ -1,0 +1,260 @@
+"""GPTQModel through qlink:
+
+    import qlink.integrations.gptqmodel as qlink_gptqmodel
+    qlink_gptqmodel.install({"mode": "auto"})     # a P2PConfig, a dict of its fields, or a whole config
+    ... GPTQModel.load(...).quantize(...) as usual ...
+    qlink_gptqmodel.counters()                     # what ran through qlink, what did not and why
+
+What install() routes through qlink (each a patch with its own counters):
+  clone_module_for_devices  replicas of a layer for the forward workers, {device: replica} in
+                            device order (every binding: looper_helpers, the modules that
+                            imported it, ForwardExecutor.run_parallel's default argument)
+  torch_replicate           the replicas themselves: qlink's broadcast, not
+                            torch.nn.parallel.replicate (broadcast_coalesced)
+  move_to, nested_move_to   tensor, module and calibration-batch moves (in every module that
+                            imported them by name)
+  materialize_global_hessian  the Hessian partials summed in device order by qlink.reduce, so
+                            the result no longer depends on the order they arrived in
+  quantize                  GPTQ.quantize through qlink's native GPTQ engine where it covers
+                            the layer's options (gptqmodel_solve.unsupported), GPTQModel's own
+                            solve otherwise
+
+GPTQModel swallows clone errors and falls back to deepcopy; with strict=True every patch
+whose qlink path fails raises FallbackRefused instead of running the host's code."""
+import functools
+import importlib
+
+import torch
+
+from ..defaults import configure
+from .gptqmodel_solve import native_engine, solve, unsupported
+from .patches import Counters, Guard, Rebindings, Slot
+
+PATCHES = ("clone_module_for_devices", "torch_replicate", "move_to", "nested_move_to", "materialize_global_hessian",
+           "quantize")
+
+_slot = Slot()
+
+
+class _Host:
+    """The GPTQModel modules and originals the patches use."""
+
+    def __init__(self):
+        importlib.import_module("gptqmodel")
+        self.helpers = importlib.import_module("gptqmodel.utils.looper_helpers")
+        self.model = importlib.import_module("gptqmodel.utils.model")
+        gptq = importlib.import_module("gptqmodel.quantization.gptq")
+        self.GPTQ = gptq.GPTQ
+        self.Quantizer = importlib.import_module("gptqmodel.quantization.quantizer").Quantizer
+        self.should_use_fallback = importlib.import_module("gptqmodel.utils.fallback").should_use_fallback
+        for name in ("gptqmodel.looper.forward_executor", "gptqmodel.looper.module_looper"):
+            importlib.import_module(name)  # their bindings are rebound below
+        self.clone_module_for_devices = self.helpers.clone_module_for_devices
+        self.torch_replicate = self.helpers.torch_replicate
+        self.move_to = self.model.move_to
+        self.nested_move_to = self.model.nested_move_to
+        self.materialize_global_hessian = self.GPTQ.materialize_global_hessian
+        self.quantize = self.GPTQ.quantize
+
+
+def _like(original):
+    """functools.wraps without __module__: the replacement is qlink's, not the host's."""
+    return functools.wraps(original, assigned=("__name__", "__qualname__", "__doc__"))
+
+
+def _device_order(device):
+    device = torch.device(device)
+    return device.type, -1 if device.index is None else device.index
+
+
+def _has_meta(module):
+    return any(t.is_meta for t in list(module.parameters()) + list(module.buffers()))
+
+
+class _Installation:
+    def __init__(self, ctx, strict, engine):
+        self.ctx, self.strict = ctx, strict
+        self.host = _Host()
+        self.counters = Counters(PATCHES)
+        self.guard = Guard(self.counters, strict)
+        self.rebindings = Rebindings()
+        if engine is None:
+            engine, self.engine_missing = native_engine()
+        else:
+            self.engine_missing = None
+        self.engine = engine
+
+    def apply(self):
+        h, bind = self.host, self.rebindings
+        for name in ("clone_module_for_devices", "torch_replicate", "move_to", "nested_move_to"):
+            bind.everywhere(getattr(h, name), getattr(self, "_make_" + name)(), "gptqmodel")
+        bind.set(h.GPTQ, "materialize_global_hessian", self._make_materialize_global_hessian())
+        bind.set(h.GPTQ, "quantize", self._make_quantize())
+
+    # -- replicas ------------------------------------------------------------------------
+
+    def _make_torch_replicate(self):
+        original, ctx, guard = self.host.torch_replicate, self.ctx, self.guard
+
+        @_like(original)
+        def torch_replicate(module, devices, detach=True):
+            return guard.attempt("torch_replicate",
+                                 lambda: list(ctx.clone_module_for_devices(module, devices).values()),
+                                 lambda: original(module, devices, detach=detach))
+        return torch_replicate
+
+    def _make_clone_module_for_devices(self):
+        h, counters, guard = self.host, self.counters, self.guard
+        original = h.clone_module_for_devices
+
+        @_like(original)
+        def clone_module_for_devices(module, devices, *, clear_state_fn=None, progress_callback=None):
+            clear = clear_state_fn or h.helpers.clear_non_picklable_state
+
+            def host():
+                return original(module, devices, clear_state_fn=clear, progress_callback=progress_callback)
+
+            if not devices or all(torch.device(d).type == "cpu" for d in devices):
+                counters.host("clone_module_for_devices", "host devices: P2P is an accelerator concept")
+                return host()
+            notify = progress_callback or (lambda *args: None)
+
+            def clones():
+                module.eval()
+                clear(module)
+                notify(0, len(devices), devices[0], "stage")
+                # The host's own binding, so a clone runs through the torch_replicate patch too.
+                replicas, out = h.helpers.torch_replicate(module, devices), {}
+                for i, (device, replica) in enumerate(zip(devices, replicas), start=1):
+                    replica.eval()
+                    clear(replica)
+                    replica._gptqmodule_device_hint = device
+                    out[device] = replica
+                    notify(i, len(devices), device, "replica")
+                return out
+            return guard.attempt("clone_module_for_devices", clones, host)
+        return clone_module_for_devices
+
+    # -- moves ---------------------------------------------------------------------------
+
+    def _make_move_to(self):
+        original, ctx, counters, guard = self.host.move_to, self.ctx, self.counters, self.guard
+
+        @_like(original)
+        def move_to(obj, device, dtype=None):
+            if dtype is not None:
+                reason = "a dtype conversion"
+            elif device is None:
+                reason = "no device"
+            elif isinstance(obj, torch.nn.Module):
+                reason = "meta (offloaded) tensors" if _has_meta(obj) else None
+            else:
+                reason = None if isinstance(obj, torch.Tensor) else "a %s, not a tensor" % type(obj).__name__
+            if reason:
+                counters.host("move_to", reason)
+                return original(obj, device, dtype)
+            if isinstance(obj, torch.nn.Module):
+                return guard.attempt("move_to", lambda: ctx.move_module_to_device(obj, device),
+                                     lambda: original(obj, device, dtype))
+            return guard.attempt("move_to", lambda: ctx.move_tensors([obj], device)[0],
+                                 lambda: original(obj, device, dtype))
+        return move_to
+
+    def _make_nested_move_to(self):
+        original, ctx, counters, guard = self.host.nested_move_to, self.ctx, self.counters, self.guard
+
+        @_like(original)
+        def nested_move_to(v, device, dtype=None):
+            if dtype is not None or device is None:
+                counters.host("nested_move_to", "a dtype conversion" if dtype is not None else "no device")
+                return original(v, device, dtype)
+            return guard.attempt("nested_move_to", lambda: ctx.move_nested_to_device(v, device),
+                                 lambda: original(v, device, dtype))
+        return nested_move_to
+
+    # -- Hessians and the solve ------------------------------------------------------------
+
+    def _merge_refusal(self, partials, target):
+        """Why qlink.reduce cannot merge these partials (sorted in device order) into
+        `target`, or None."""
+        tensors = [p for _, p in partials]
+        if any(p.dtype != torch.float32 or not p.is_contiguous() for p in tensors):
+            return "a partial that is not contiguous fp32"
+        if self.ctx.host_memory:  # the CPU backend's virtual devices stand in for the partials' devices
+            if len(tensors) > self.ctx.device_count or target.type != "cpu" or any(p.is_cuda for p in tensors):
+                return "partials the %s backend's %d devices cannot hold" % (self.ctx.backend, self.ctx.device_count)
+        elif target.type != "cuda" or not all(p.is_cuda for p in tensors):
+            return "a partial or the merged Hessian in host memory"
+        return None
+
+    def _make_materialize_global_hessian(self):
+        original, ctx, counters, guard = self.host.materialize_global_hessian, self.ctx, self.counters, self.guard
+        patch = "materialize_global_hessian"
+
+        @_like(original)
+        def materialize_global_hessian(gptq, target_device=None):
+            with gptq.lock:
+                # Device order for whichever sums them, so the merge no longer depends on the
+                # order the partials arrived in.
+                partials = sorted(gptq._device_hessian_partials.items(), key=lambda kv: _device_order(kv[0]))
+                gptq._device_hessian_partials = dict(partials)
+                total = sum(gptq._device_sample_counts.values())
+                target = gptq._select_hessian_target_device(target_device)
+                if not gptq._hessian_dirty or total == 0 or not partials:
+                    reason = "nothing to merge"
+                else:
+                    reason = self._merge_refusal(partials, target)
+                if reason is None:
+                    merged = torch.empty(gptq.columns, gptq.columns, dtype=torch.float32, device=target)
+                    ids = list(range(len(partials))) if ctx.host_memory else None
+                    try:
+                        ctx.reduce([p for _, p in partials], merged, 2.0 / total, input_devices=ids,
+                                   output_device=0 if ids else None)
+                    except Exception as error:  # noqa: BLE001
+                        guard.fallback(patch, error)
+                    else:
+                        gptq.H, gptq.nsamples, gptq._hessian_dirty = merged, total, False
+                        gptq._final_hessian_device_hint = merged.device
+                        gptq._device_hessian_partials.clear()
+                        gptq._device_sample_counts.clear()
+                        counters.qlink(patch)
+                        return None
+                else:
+                    counters.host(patch, reason)
+            return original(gptq, target_device)  # takes the lock itself
+        return materialize_global_hessian
+
+    def _make_quantize(self):
+        original, ctx, counters, guard = self.host.quantize, self.ctx, self.counters, self.guard
+
+        @_like(original)
+        def quantize(gptq, blocksize=128):
+            reason = self.engine_missing or unsupported(gptq, self.host)
+            if reason:
+                counters.host("quantize", reason)
+                return original(gptq, blocksize)
+            return guard.attempt("quantize", lambda: solve(gptq, self.engine, ctx), lambda: original(gptq, blocksize))
+        return quantize
+
+
+def install(config=None, strict=False, *, ctx=None, library=None, engine=None):
+    """Routes this process's GPTQModel through qlink (see the module's docstring); a second
+    install replaces the first.
+
+    config: the qlink context's config (a P2PConfig, a dict of its fields, or a whole
+    config), made the process default context; or ctx: a context to use instead. strict:
+    a failing qlink path raises FallbackRefused instead of running GPTQModel's own.
+    engine: the GPTQ solve to call (default: qlink.quant.gptq_quantize, the native engine)."""
+    uninstall()
+    return _slot.install(_Installation(ctx or configure(config, library), strict, engine)).ctx
+
+
+def uninstall():
+    """Restores every binding install() changed."""
+    _slot.uninstall()
+
+
+def counters():
+    """Per patch, how many calls ran through qlink, through the host by design ("host") or
+    after qlink failed ("fallback"), and why ({} when not installed)."""
+    return _slot.counters()

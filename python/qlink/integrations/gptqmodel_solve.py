@@ -1,0 +1,80 @@
+"""GPTQModel's layer solve (GPTQ.quantize) through qlink's native GPTQ engine, for the
+options the engine covers; which ones it does not is said here, so the adapter can send
+those layers to GPTQModel's own solve."""
+import inspect
+import math
+import time
+
+import torch
+
+# The native engine's call (the quant/ issue): qlink.quant.gptq_quantize(weight, hessian,
+# bits, group_size, sym, desc_act, static_groups, damp, damp_auto_increment, nsamples, ctx)
+# -> codes, scales, zeros, g_idx, weight (dequantized), loss, damp.
+ENGINE_PARAMETERS = ("weight", "hessian", "bits", "group_size", "sym", "desc_act", "static_groups", "damp",
+                     "damp_auto_increment", "nsamples", "ctx")
+SUPPORTED_BITS = (2, 3, 4, 8)
+
+
+def native_engine():
+    """(qlink.quant.gptq_quantize, None) when this qlink has the native engine's call, else
+    (None, why not)."""
+    try:
+        from ..quant import gptq_quantize
+    except ImportError as error:
+        return None, "qlink.quant is not importable: %s" % error
+    parameters = inspect.signature(gptq_quantize).parameters
+    missing = [p for p in ENGINE_PARAMETERS if p not in parameters]
+    if missing:
+        return None, "qlink.quant.gptq_quantize is not the native engine's call (no %s)" % ", ".join(missing)
+    return gptq_quantize, None
+
+
+def unsupported(gptq, host):
+    """Why the engine cannot solve this GPTQ task as GPTQModel would, or None. host: the
+    adapter's view of GPTQModel (its GPTQ and Quantizer classes, should_use_fallback)."""
+    qcfg, module, quantizer = gptq.qcfg, gptq.module, getattr(gptq, "quantizer", None)
+    checks = [
+        (type(gptq) is not host.GPTQ, "a GPTQ subclass (%s) with its own solve" % type(gptq).__name__),
+        (bool(getattr(qcfg, "mock_quantization", False)), "mock_quantization"),
+        (float(getattr(qcfg, "mse", 0.0) or 0.0) > 0.0, "mse > 0 (a scale search per group)"),
+        (bool(getattr(qcfg, "act_group_aware", False)), "act_group_aware"),
+        # nn.Linear and its subclasses (GPTQModel's HookedLinear); Conv1D/Conv layers are not.
+        (not isinstance(module, torch.nn.Linear),
+         "a %s layer (the engine solves linear layers)" % type(module).__name__),
+        (bool(getattr(gptq, "_tp_pad_cols", 0)), "tensor-parallel column padding"),
+        (getattr(gptq, "module_copy", None) is not None, "a module_copy weight"),
+        (type(quantizer) is not host.Quantizer, "a %s quantizer" % type(quantizer).__name__),
+        (qcfg.bits not in SUPPORTED_BITS, "bits=%s" % (qcfg.bits,)),
+        (gptq.nsamples == 0, "no calibration samples"),
+    ]
+    for failed, reason in checks:
+        if failed:
+            return reason
+    if quantizer.requires_groupwise_processing() or not getattr(quantizer, "perchannel", False):
+        return "a quantizer without per-channel affine groups"
+    if host.should_use_fallback(gptq.fallback, float(gptq.nsamples), gptq.expected_nsamples):
+        return "a fallback strategy for too few samples"
+    return None
+
+
+def solve(gptq, engine, ctx):
+    """GPTQ.quantize's result, (Q, scale, zero, g_idx, duration, avg_loss, damp, nsamples),
+    from the native engine: the merged Hessian, the layer's weight on its device, Q back in
+    the weight's shape, dtype and device. Raises the engine's error, or ValueError for a
+    NaN loss (GPTQModel's own solve knows what to do then)."""
+    start = time.time()
+    qcfg, module = gptq.qcfg, gptq.module
+    result_device = module.weight.data.device
+    gptq.finalize_hessian(target_device=getattr(module, "target_device", None))
+    hessian = gptq.H
+    weight = module.weight.data.to(hessian.device)
+    group_size = qcfg.group_size if qcfg.group_size != -1 else weight.shape[1]  # -1: one group per row
+    out = engine(weight, hessian, bits=qcfg.bits, group_size=group_size, sym=bool(qcfg.sym),
+                 desc_act=bool(qcfg.desc_act), static_groups=bool(qcfg.static_groups), damp=qcfg.damp_percent,
+                 damp_auto_increment=qcfg.damp_auto_increment, nsamples=gptq.nsamples, ctx=ctx)
+    loss = float(out.loss)
+    if math.isnan(loss):
+        raise ValueError("the engine's loss for %s is NaN" % gptq.name)
+    q = out.weight.reshape(module.weight.shape).to(dtype=module.weight.dtype, device=result_device)
+    del gptq.H  # as GPTQModel's solve: the Hessian is done with
+    return q, out.scales, out.zeros, out.g_idx, time.time() - start, loss, float(out.damp), gptq.nsamples

@@ -1,0 +1,166 @@
+"""What an integration changes in its host, and what ran through it.
+
+Rebindings: a host function replaced in the module that defines it, in every loaded host
+module that imported it by name, and wherever it was bound as a default argument when a
+function or method was defined; undone in reverse order by undo().
+
+Counters, per patch: "qlink" (the call ran through qlink), "host" (the host's own code
+ran by design: host memory, options qlink does not cover; the reason is counted) and
+"fallback" (qlink's path failed and the host's ran instead; with strict=True that raises
+FallbackRefused instead)."""
+import collections
+import inspect
+import sys
+import threading
+
+
+class FallbackRefused(RuntimeError):
+    """strict=True: a patch whose qlink path failed would have fallen back to the host."""
+
+
+class Counters:
+    """Thread-safe per-patch counts of what ran."""
+
+    def __init__(self, patches):
+        self._lock = threading.Lock()
+        self._counts = {name: {"qlink": 0, "host": 0, "fallback": 0, "reasons": collections.Counter()}
+                        for name in patches}
+
+    def qlink(self, patch):
+        with self._lock:
+            self._counts[patch]["qlink"] += 1
+
+    def host(self, patch, reason):
+        with self._lock:
+            self._counts[patch]["host"] += 1
+            self._counts[patch]["reasons"][reason] += 1
+
+    def fallback(self, patch, reason):
+        with self._lock:
+            self._counts[patch]["fallback"] += 1
+            self._counts[patch]["reasons"][reason] += 1
+
+    def snapshot(self):
+        """{patch: {"qlink": n, "host": n, "fallback": n, "reasons": {reason: n}}}"""
+        with self._lock:
+            return {name: dict(c, reasons=dict(c["reasons"])) for name, c in self._counts.items()}
+
+
+class Guard:
+    """The qlink-or-host decision of one installation: counts, and raises instead of
+    falling back when strict."""
+
+    def __init__(self, counters, strict):
+        self.counters, self.strict = counters, strict
+
+    def fallback(self, patch, error):
+        """Records that `patch`'s qlink path failed with `error`; raises under strict."""
+        reason = "%s: %s" % (type(error).__name__, error)
+        if self.strict:
+            raise FallbackRefused("qlink's %s failed and strict=True forbids the host's fallback: %s" % (
+                patch, reason)) from error
+        self.counters.fallback(patch, reason)
+
+    def attempt(self, patch, through_qlink, host):
+        """through_qlink()'s result, counted; if it raises, host()'s, counted as a fallback
+        (FallbackRefused instead under strict)."""
+        try:
+            result = through_qlink()
+        except Exception as error:  # noqa: BLE001 (the host's own path, or FallbackRefused)
+            self.fallback(patch, error)
+            return host()
+        self.counters.qlink(patch)
+        return result
+
+
+def enable_visible_gpus(ctx):
+    """Peer access between every pair of the GPUs PyTorch sees (per the context's p2p
+    config): the hosts never ask for it, and qlink's copies and collectives between them
+    would otherwise be staged through host memory."""
+    torch = sys.modules.get("torch")
+    if torch is not None and not ctx.host_memory and torch.cuda.is_available():
+        ctx.enable_for_devices(range(min(torch.cuda.device_count(), ctx.device_count)))
+
+
+class Slot:
+    """An integration's one installation in this process."""
+
+    def __init__(self):
+        self.current = None
+
+    def install(self, installation):
+        """Applies `installation` (made after uninstall(): its originals must be the
+        host's own)."""
+        assert self.current is None, "uninstall() first"
+        enable_visible_gpus(installation.ctx)
+        installation.apply()
+        self.current = installation
+        return installation
+
+    def uninstall(self):
+        installation, self.current = self.current, None
+        if installation is not None:
+            installation.rebindings.undo()
+
+    def counters(self):
+        return self.current.counters.snapshot() if self.current is not None else {}
+
+
+def _functions_of(module):
+    """The plain functions and the methods of classes defined in `module`."""
+    for value in list(vars(module).values()):
+        if inspect.isfunction(value) and value.__module__ == module.__name__:
+            yield value
+        elif inspect.isclass(value) and value.__module__ == module.__name__:
+            for member in list(vars(value).values()):
+                member = getattr(member, "__func__", member)  # staticmethod, classmethod
+                if inspect.isfunction(member):
+                    yield member
+
+
+class Rebindings:
+    """Every change made to host modules, so it can be undone exactly."""
+
+    def __init__(self):
+        self._undo = []
+
+    def set(self, owner, name, value):
+        """owner.name = value (a module or class attribute)."""
+        old = vars(owner)[name]
+        setattr(owner, name, value)
+        self._undo.append(lambda: setattr(owner, name, old))
+
+    def everywhere(self, original, replacement, package):
+        """`original` replaced by `replacement` in every loaded module of `package` (the
+        defining one and each that imported it by name) and in every default argument of
+        their functions and methods that holds it. Returns how many bindings changed."""
+        changed = 0
+        prefix = package + "."
+        for name, module in list(sys.modules.items()):
+            if module is None or not (name == package or name.startswith(prefix)):
+                continue
+            for attr, value in list(vars(module).items()):
+                if value is original:
+                    self.set(module, attr, replacement)
+                    changed += 1
+            for fn in _functions_of(module):
+                changed += self._defaults(fn, original, replacement)
+        return changed
+
+    def _defaults(self, fn, original, replacement):
+        changed = 0
+        if fn.__defaults__ and any(d is original for d in fn.__defaults__):
+            old = fn.__defaults__
+            fn.__defaults__ = tuple(replacement if d is original else d for d in old)
+            self._undo.append(lambda: setattr(fn, "__defaults__", old))
+            changed += 1
+        if fn.__kwdefaults__ and any(d is original for d in fn.__kwdefaults__.values()):
+            old = fn.__kwdefaults__
+            fn.__kwdefaults__ = {k: replacement if d is original else d for k, d in old.items()}
+            self._undo.append(lambda: setattr(fn, "__kwdefaults__", old))
+            changed += 1
+        return changed
+
+    def undo(self):
+        while self._undo:
+            self._undo.pop()()

@@ -1,0 +1,128 @@
+"""The Context's moves: a module's parameters and buffers, or a nested batch of tensors,
+to another device (GPTQModel's move_module_to_device and move_nested_to_device)."""
+import collections
+
+import torch
+
+from .copies import gpu_bridge
+
+
+def _move_storage(t, device, moved):
+    """`t` moved with its whole storage, so tensors sharing that storage keep sharing it
+    (and non-contiguous layouts arrive as they were)."""
+    storage = t.untyped_storage()
+    key = storage.data_ptr()
+    if key not in moved:
+        whole = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
+        moved[key] = whole.to(device).untyped_storage()
+    return torch.empty(0, dtype=t.dtype, device=device).set_(moved[key], t.storage_offset(), t.size(), t.stride())
+
+
+def _move_regular(out, tensors, indices, target):
+    """out[i] = tensors[i] moved by PyTorch for i in indices: alone as Tensor.to moves it,
+    or, where several of them share a storage, with that storage whole, so they keep
+    sharing it."""
+    storages = {i: tensors[i].untyped_storage().data_ptr() for i in indices if tensors[i].is_cuda}
+    users = collections.Counter(storages.values())
+    moved = {}
+    for i in indices:
+        t = tensors[i]
+        out[i] = _move_storage(t, target, moved) if users[storages.get(i)] > 1 else t.to(target)
+
+
+def module_tensors(module):
+    """The distinct parameters and the distinct buffers of `module` and its submodules,
+    each list in first-seen order."""
+    params, buffers = {}, {}
+    for m in module.modules():
+        for p in m._parameters.values():
+            if p is not None:
+                params.setdefault(id(p), p)
+        for b in m._buffers.values():
+            if b is not None:
+                buffers.setdefault(id(b), b)
+    return list(params.values()), list(buffers.values())
+
+
+class MoveCalls:
+    """Moves of modules and nested batches; part of Context."""
+
+    def move_tensors(self, tensors, device):
+        """Copies of `tensors` on `device`, in order; those already there are returned as is.
+
+        Through the torch bridge, GPU leaves that are contiguous and share no bytes with
+        another leaf move in one call: one new allocation holds all but the largest, one
+        copy_batch fills every destination. The rest, and every leaf where the bridge is
+        missing, move by PyTorch (storage ties kept)."""
+        out = list(tensors)
+        if not out:
+            return out
+        target = torch.device(device)
+        if target.type == "cuda" and target.index is None:
+            target = torch.device("cuda", torch.cuda.current_device())
+        if target.type != "cuda":
+            for i, t in enumerate(tensors):
+                if t.device != target:
+                    out[i] = t.to(target)
+            return out
+        if target.index >= torch.cuda.device_count():
+            raise ValueError("device %s does not exist: PyTorch sees %d GPU(s)" % (target, torch.cuda.device_count()))
+        bridge = gpu_bridge(self)
+        if bridge is None:
+            _move_regular(out, tensors, [i for i, t in enumerate(tensors) if t.device != target], target)
+            return out
+        status, moved = bridge.move(*self.bridge_plugin(), out, target.index)
+        if status:
+            self.check(status)
+        _move_regular(moved, tensors, [i for i, m in enumerate(moved) if m is None], target)
+        return moved
+
+    def move_module_to_device(self, module, device):
+        """module.to(device) for parameters and buffers, through qlink: parameters keep their
+        identity (param.data is replaced, as module.to does), tied parameters stay tied."""
+        params, buffers = module_tensors(module)
+        moved = self.move_tensors(params + buffers, device)
+        with torch.no_grad():
+            for p, new in zip(params, moved):
+                if new is not p:
+                    p.data = new
+                if p.grad is not None:
+                    p.grad.data = p.grad.data.to(device)
+        new_buffers = {id(b): new for b, new in zip(buffers, moved[len(params):])}
+        for m in module.modules():
+            for name, b in m._buffers.items():
+                if b is not None:
+                    m._buffers[name] = new_buffers[id(b)]
+        return module
+
+    def move_nested_to_device(self, value, device):
+        """A copy of `value` (dicts, lists, tuples, namedtuples of tensors; anything else
+        passed through) with every tensor on `device`; container types are kept, a tensor
+        appearing twice is moved once."""
+        leaves = {}
+
+        def collect(v):
+            if isinstance(v, torch.Tensor):
+                leaves.setdefault(id(v), v)
+            elif isinstance(v, dict):
+                for x in v.values():
+                    collect(x)
+            elif isinstance(v, (list, tuple)):
+                for x in v:
+                    collect(x)
+
+        collect(value)
+        moved = dict(zip(leaves.keys(), self.move_tensors(list(leaves.values()), device)))
+
+        def rebuild(v):
+            if isinstance(v, torch.Tensor):
+                return moved[id(v)]
+            if isinstance(v, dict):
+                return type(v)((k, rebuild(x)) for k, x in v.items())
+            if isinstance(v, tuple) and hasattr(v, "_fields"):
+                return type(v)(*(rebuild(x) for x in v))
+            if isinstance(v, (list, tuple)):
+                return type(v)(rebuild(x) for x in v)
+            return v
+
+        return rebuild(value)

@@ -1,0 +1,1 @@
+from . import block_runner, quantization  # noqa: F401

@@ -1,0 +1,1 @@
+from . import base, rtn, sign_round  # noqa: F401

@@ -1,0 +1,1 @@
+from . import quantizer  # noqa: F401

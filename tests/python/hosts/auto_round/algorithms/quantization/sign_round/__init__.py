@@ -1,0 +1,1 @@
+from . import quantizer, sign_sgd  # noqa: F401

@@ -1,0 +1,13 @@
+"""Stand-in for auto_round.utils: module lookup by dotted name."""
+import functools
+
+from . import device_manager  # noqa: F401
+
+
+def get_module(model, name):
+    return functools.reduce(getattr, name.split("."), model) if name else model
+
+
+def set_module(model, name, module):
+    parent, _, child = name.rpartition(".")
+    setattr(get_module(model, parent), child, module)

@@ -1,0 +1,1 @@
+from . import forward_executor, module_looper  # noqa: F401

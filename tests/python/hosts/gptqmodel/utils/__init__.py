@@ -1,0 +1,1 @@
+from . import fallback, looper_helpers, model  # noqa: F401

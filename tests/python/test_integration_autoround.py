@@ -1,0 +1,202 @@
+"""qlink.integrations.autoround against a stand-in shaped like AutoRound (tests/python/hosts)
+on the CPU backend's virtual devices: data-parallel block tuning against AutoRound's own
+serial loop at worlds 2 and 4, replicas identical after every step, the plan's refusals
+and demotions, a failing replica named, iters=0 layers spread over the devices."""
+import random
+import sys
+import types
+
+import pytest
+import torch
+
+import qlink
+from qlink.integrations import autoround as adapter
+from qlink.integrations.autoround_tuning import ReplicaFailed
+from qlink.plan import PlanRefused
+
+from test_integration_gptqmodel import HOSTS
+
+HIDDEN, SEQ = 64, 6
+
+
+@pytest.fixture
+def host():
+    sys.path.insert(0, HOSTS)
+    import auto_round
+    from auto_round.algorithms import block_runner
+    from auto_round.algorithms.quantization.rtn import quantizer as rtn
+    from auto_round.algorithms.quantization.sign_round import quantizer as sign_round
+    yield types.SimpleNamespace(auto_round=auto_round, block_runner=block_runner, rtn=rtn, sign_round=sign_round)
+    adapter.uninstall()
+    sys.path.remove(HOSTS)
+    for name in [n for n in sys.modules if n == "auto_round" or n.startswith("auto_round.")]:
+        del sys.modules[name]
+
+
+def cpu(library, devices):
+    return qlink.load({"backend": "cpu", "cpu_devices": devices, "log_level": "off"}, library=library)
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(HIDDEN, 2 * HIDDEN)
+        self.down = torch.nn.Linear(2 * HIDDEN, HIDDEN)
+        for name, m in (("up", self.up), ("down", self.down)):
+            m.bits, m.group_size, m.global_name = 4, 32, "block." + name
+
+    def forward(self, hidden_states, scale=None):
+        return self.down(torch.nn.functional.silu(self.up(hidden_states))) * scale
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = Block()
+
+
+def _setup(host, seed=0, nsamples=16, batch_size=4, **config):
+    model, inputs, others, outputs = _data(seed, nsamples)
+    q = host.sign_round.SignRoundQuantizer(host.sign_round.SignRoundConfig(**config))
+    q.model, q.block_forward = model, host.block_runner.BlockForwardRunner(batch_size=batch_size)
+    q.calibration_context.batch_size = batch_size
+    return model, q, inputs, others, outputs
+
+
+def _data(seed, nsamples=16):
+    """A model at its full-precision start, calibration inputs and the block's outputs."""
+    torch.manual_seed(seed)
+    model = Model()
+    inputs = [torch.randn(1, SEQ, HIDDEN) for _ in range(nsamples)]
+    others = {"scale": torch.tensor(1.5)}
+    with torch.no_grad():
+        outputs = [model.block(x, **others) for x in inputs]
+    return model, inputs, others, outputs
+
+
+def _tune(host, seed=0, **config):
+    """One block tuned from the same start and the same sampler draws: (model, losses)."""
+    model, q, inputs, others, outputs = _setup(host, seed, **config)
+    random.seed(seed)  # AutoRound's sampler shuffles with `random`
+    block_ctx = types.SimpleNamespace(block_name="block", block_index=0, block_cnt=2)
+    best = q.quantize_block(model.block, inputs, others, outputs, None, block_ctx)
+    return model, best, getattr(q, "losses", None)
+
+
+def _error(model, seed=0):
+    """The tuned block's mean squared error against the full-precision block's outputs."""
+    _, inputs, others, outputs = _data(seed)
+    with torch.no_grad():
+        return float(sum(((model.block(x, **others) - y) ** 2).mean() for x, y in zip(inputs, outputs)))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_data_parallel_tuning_tracks_autorounds_serial_loop(host, library, world):
+    serial, _, serial_losses = _tune(host, iters=30)
+    adapter.install(world, ctx=cpu(library, 4), check_replicas=True)  # every step: replicas == home
+    tuned, best, _ = _tune(host, iters=30)
+    assert adapter.counters()["quantize_block"]["qlink"] == 1
+    name, plan = adapter.plans()[0]
+    assert name == "block" and plan.devices == tuple(range(world))
+    assert set(best) == {"up", "down"} and set(best["up"]) == {"value", "min_scale", "max_scale"}
+    # The same batches from the same start: the summed gradients are the serial ones up to
+    # rounding, so the tuned blocks agree closely, and their losses within 2 %.
+    for a, b in zip(serial.block.parameters(), tuned.block.parameters()):
+        assert (a == b).float().mean() > 0.9
+    assert abs(_error(tuned) / _error(serial) - 1) < 0.02
+
+
+def test_a_momentum_optimizer_exchanges_summed_gradients(host, library):
+    adapter.install(2, ctx=cpu(library, 2), check_replicas=True)
+    serial_config = dict(iters=10, momentum=0.9)
+    tuned, _, _ = _tune(host, **serial_config)
+    adapter.uninstall()
+    serial, _, _ = _tune(host, **serial_config)
+    assert abs(_error(tuned) / _error(serial) - 1) < 0.02
+
+
+def test_auto_on_one_device_runs_autorounds_own_loop_and_says_why(host, library, caplog):
+    serial, _, _ = _tune(host, iters=5)
+    adapter.install("auto", ctx=cpu(library, 1))
+    with caplog.at_level("WARNING", logger="qlink"):
+        same, _, _ = _tune(host, iters=5)
+        _tune(host, iters=5)
+    assert all(torch.equal(a, b) for a, b in zip(serial.block.parameters(), same.block.parameters()))
+    assert adapter.counters()["quantize_block"]["reasons"] == {"only 1 device visible: serial": 2}
+    assert [r.getMessage() for r in caplog.records] == [
+        "qlink: parallel_quantization=auto runs serial: only 1 device visible: serial"]  # once per reason
+
+
+def test_an_explicit_world_that_cannot_engage_raises_naming_every_reason(host, library):
+    adapter.install(3, ctx=cpu(library, 2))
+    with pytest.raises(PlanRefused) as refused:
+        _tune(host, iters=5)
+    assert refused.value.reasons == ["3 replicas asked, 2 devices visible",
+                                     "tuning (iters=5) needs a power-of-two world for halving-doubling, got 3"]
+
+
+def test_a_batch_smaller_than_the_world_demotes_it(host, library):
+    adapter.install(4, ctx=cpu(library, 4))
+    _tune(host, iters=3, batch_size=2)
+    (_, plan), = adapter.plans()
+    assert plan.devices == (0, 1)
+    assert plan.left_out == tuple("device %d: batch_size 2 < 4 replicas, demoted to 2 (every replica needs a sample)"
+                                  % d for d in (2, 3))
+
+
+def test_an_error_on_a_replica_names_the_replica(host, library, monkeypatch):
+    adapter.install(2, ctx=cpu(library, 2))
+    forward = host.block_runner.BlockForwardRunner.forward
+    homes = []
+
+    def failing_on_replicas(self, block, *args, **kwargs):
+        if homes and block is not homes[0]:
+            raise RuntimeError("injected")
+        return forward(self, block, *args, **kwargs)
+
+    model, q, inputs, others, outputs = _setup(host, iters=3)
+    homes.append(model.block)
+    monkeypatch.setattr(host.block_runner.BlockForwardRunner, "forward", failing_on_replicas)
+    with pytest.raises(ReplicaFailed, match=r"replica 1 \(qlink device 1\) failed during iteration 0: "
+                                            r"RuntimeError: injected"):
+        q.quantize_block(model.block, inputs, others, outputs, None, types.SimpleNamespace(block_name="block"))
+
+
+def test_settings_that_are_not_ones_are_refused_naming_them(host, library):
+    with pytest.raises(ValueError, match="parallel_quantization must be 'off', 'auto' or an int, got 'on'"):
+        adapter.install("on", ctx=cpu(library, 2))
+    with pytest.raises(ValueError, match="transport must be one of"):
+        adapter.install(2, ctx=cpu(library, 2), transport="fp16")
+
+
+def test_uninstall_restores_autorounds_methods(host, library):
+    originals = [host.sign_round.SignRoundQuantizer.quantize_block, host.rtn.RTNQuantizer.quantize_block,
+                 host.rtn.OptimizedRTNQuantizer.quantize_block]
+    adapter.install(2, ctx=cpu(library, 2))
+    assert host.sign_round.SignRoundQuantizer.quantize_block is not originals[0]
+    adapter.uninstall()
+    assert [host.sign_round.SignRoundQuantizer.quantize_block, host.rtn.RTNQuantizer.quantize_block,
+            host.rtn.OptimizedRTNQuantizer.quantize_block] == originals
+
+
+def _rtn(host, cls):
+    torch.manual_seed(3)
+    model = Model()
+    for m in (model.block.up, model.block.down):
+        m.imatrix, m.imatrix_cnt = torch.rand(m.in_features) * 4, 2
+    q = cls(None)
+    q.model = model
+    q.quantize_block(model.block, None, {}, None, None, types.SimpleNamespace(block_name="block"))
+    return model
+
+
+@pytest.mark.parametrize("name", ["RTNQuantizer", "OptimizedRTNQuantizer"])
+def test_iters_0_spreads_the_blocks_layers_over_the_devices(host, library, name):
+    serial = _rtn(host, getattr(host.rtn, name))
+    adapter.install("auto", ctx=cpu(library, 2))
+    spread = _rtn(host, getattr(host.rtn, name))
+    assert adapter.counters()["rtn_layers"]["qlink"] == 1
+    assert adapter.plans()[0][1].devices == (0, 1)  # at iters=0 every device, no power of two needed
+    for a, b in zip(serial.block.parameters(), spread.block.parameters()):
+        assert torch.equal(a, b)
+    assert not any(hasattr(m, "tuning_device") for m in spread.modules())
