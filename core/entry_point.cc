@@ -1,0 +1,10 @@
+#include "core/entry_point.h"
+
+namespace qlink {
+
+std::string& LastErrorOfThread() {
+  thread_local std::string message;
+  return message;
+}
+
+}  // namespace qlink
