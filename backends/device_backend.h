@@ -19,9 +19,16 @@
 
 #include <dlpack/dlpack.h>
 
-#include "core/status.h"
+#include "backends/status.h"
 
 namespace qlink {
+
+// Limits of the interface: core never asks more, so backends may rely on them.
+// Buffers one collective launch takes: ReduceSum's inputs, OneShot's ranks.
+constexpr size_t kMaxParticipants = 64;
+// Blocks one OneShot launch may use; each rank's flag array has a flag per (rank, block).
+constexpr int kOneShotMaxBlocks = 32;
+constexpr size_t kOneShotFlagsPerRank = kMaxParticipants * kOneShotMaxBlocks;
 
 namespace quant {
 class QuantMath;  // quant/quant_math.h
@@ -47,12 +54,12 @@ struct CopyLeaf {
 // One rank's part of a latency-bound all-reduce done by one kernel per device that
 // synchronizes with its peers through flags in peer memory instead of stream events.
 struct OneShotAllReduce {
-  int rank = 0, world = 0;
+  int rank = 0, world = 0;  // world <= kMaxParticipants
   const float* input = nullptr;  // this rank's buffer
   float* output = nullptr;       // may be `input`
   size_t count = 0;
   void* const* staging = nullptr;  // per rank: that rank's staging slot for this call
-  uint64_t* const* flags = nullptr;  // per rank: that rank's flag array (64 x 32 entries, zeroed)
+  uint64_t* const* flags = nullptr;  // per rank: that rank's kOneShotFlagsPerRank flags, zeroed before first use
   uint64_t epoch = 0;  // strictly increasing per workspace; flags reaching it mean "arrived"
   bool bf16 = false;   // staged partials are bf16
   float scale = 1.0f;
@@ -133,9 +140,9 @@ class DeviceBackend {
 
   // Collective kernels, one launch on `device`; inputs may live on peers it can read.
   // out[i] = scale * (inputs[0][i] + inputs[1][i] + ...), accumulated in fp32 in exactly
-  // the order given (deterministic whatever order the host handed partials over).
-  // Inputs are fp32 or bf16 (input_bf16); the result is written as fp32 to `out`, or, when
-  // `signs` is true, as int8 sign(result) in {-1, 0, 1}.
+  // the order given (deterministic whatever order the host handed partials over), from at
+  // most kMaxParticipants inputs. Inputs are fp32 or bf16 (input_bf16); the result is
+  // written as fp32 to `out`, or, when `signs` is true, as int8 sign(result) in {-1, 0, 1}.
   virtual Status ReduceSum(int device, void* out, const void* const* inputs, size_t num_inputs, bool input_bf16,
                            size_t count, float scale, bool signs, Stream stream) = 0;
   // bf16 (round to nearest even) copy of an fp32 buffer on `device`.

@@ -13,8 +13,7 @@
 namespace qlink {
 namespace {
 
-constexpr size_t kMaxParticipants = 64;  // partials one reduce launch takes
-constexpr size_t kChunkAlign = 64;       // elements: owned chunks start 256-byte aligned
+constexpr size_t kChunkAlign = 64;  // elements: owned chunks start 256-byte aligned
 
 Status CheckFp32(const DLTensor& t, const char* side, size_t i) {
   if (t.dtype.code == kDLFloat && t.dtype.bits == 32 && t.dtype.lanes == 1) return Status::Ok();

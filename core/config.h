@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "core/status.h"
+#include "backends/status.h"
 
 namespace qlink {
 

@@ -9,7 +9,7 @@
 
 #include <boost/dll/shared_library.hpp>
 
-#include "core/status.h"
+#include "backends/status.h"
 
 namespace qlink {
 

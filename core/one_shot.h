@@ -17,7 +17,7 @@ namespace qlink {
 class OneShotWorkspaces {
  public:
   static constexpr size_t kMaxBytes = size_t{1} << 20;  // per buffer; larger ones take two-shot
-  static constexpr size_t kFlagBytes = 64 * 32 * sizeof(uint64_t);  // ranks x blocks a backend may use
+  static constexpr size_t kFlagBytes = kOneShotFlagsPerRank * sizeof(uint64_t);
 
   struct Workspace {
     std::vector<int> devices;

@@ -6,7 +6,7 @@
 
 #include <dlpack/dlpack.h>
 
-#include "core/status.h"
+#include "backends/status.h"
 
 namespace qlink {
 

@@ -14,7 +14,7 @@
 
 #include <dlpack/dlpack.h>
 
-#include "core/status.h"
+#include "backends/status.h"
 
 namespace qlink {
 namespace quant {

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/status.h"
+#include "backends/status.h"
 
 namespace qlink {
 

@@ -13,7 +13,7 @@ namespace {
 constexpr int kThreads = 512;
 
 struct Inputs {
-  const void* ptr[kMaxReduceInputs];
+  const void* ptr[kMaxParticipants];
 };
 
 __device__ __forceinline__ float Load(const void* p, size_t i, bool bf16) {
@@ -217,7 +217,7 @@ bool Aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p
 
 gpuError_t LaunchReduceSum(void* out, const void* const* inputs, size_t num_inputs, bool input_bf16, size_t count,
                             float scale, bool signs, int sm_count, gpuStream_t stream) {
-  if (num_inputs == 0 || num_inputs > kMaxReduceInputs) return gpuErrorInvalidValue;
+  if (num_inputs == 0 || num_inputs > kMaxParticipants) return gpuErrorInvalidValue;
   if (count == 0) return gpuSuccess;
   Inputs in;
   bool vectorized = Aligned(out, signs ? 4 : 16);
@@ -249,11 +249,11 @@ gpuError_t LaunchExpandSigns(float* out, const int8_t* signs, size_t count, int 
 }
 
 gpuError_t LaunchOneShot(const OneShotAllReduce& a, gpuStream_t stream) {
-  if (a.world < 1 || a.world > static_cast<int>(kMaxReduceInputs)) return gpuErrorInvalidValue;
+  if (a.world < 1 || a.world > static_cast<int>(kMaxParticipants)) return gpuErrorInvalidValue;
   // Parameter space grows with the world; the usual worlds take a small instantiation.
   if (a.world <= 2) return LaunchOneShotOf<2>(a, stream);
   if (a.world <= 8) return LaunchOneShotOf<8>(a, stream);
-  return LaunchOneShotOf<kMaxReduceInputs>(a, stream);
+  return LaunchOneShotOf<kMaxParticipants>(a, stream);
 }
 
 }  // namespace gpu

@@ -1,4 +1,6 @@
 // Launchers of the collective kernels (built by nvcc, called from the backend's host code).
+// Their limits are the interface's (device_backend.h): at most kMaxParticipants inputs or
+// ranks, which travel in the kernel parameters, and kOneShotMaxBlocks blocks a one-shot.
 #pragma once
 
 #include <cstddef>
@@ -10,11 +12,6 @@
 
 namespace qlink {
 namespace gpu {
-
-// At most this many inputs per ReduceSum launch: they travel in the kernel parameters.
-constexpr size_t kMaxReduceInputs = 64;
-// Blocks of one one-shot launch; each rank's flag array holds world x this many flags.
-constexpr int kOneShotMaxBlocks = 32;
 
 gpuError_t LaunchReduceSum(void* out, const void* const* inputs, size_t num_inputs, bool input_bf16, size_t count,
                             float scale, bool signs, int sm_count, gpuStream_t stream);

@@ -16,7 +16,7 @@ _HDRS = [
     "//backends/gpu:gpu_runtime.h",
     "//backends/gpu:pull_kernel.h",
     "//backends:device_backend.h",
-    "//core:status.h",
+    "//backends:status.h",
     "//plugin_api:qlink.h",
     "//quant:quant_math.h",
     "//quant/kernels:gptq_kernels.h",

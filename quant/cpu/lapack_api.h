@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <string>
 
-#include "core/status.h"
+#include "backends/status.h"
 
 namespace qlink {
 namespace quant {

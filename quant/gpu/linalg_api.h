@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/status.h"
+#include "backends/status.h"
 
 namespace qlink {
 namespace quant {
