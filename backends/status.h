@@ -1,5 +1,7 @@
 // The error model shared by core and every backend: a qlink_status plus a message that
-// names the offending argument. Exceptions never cross the C ABI; this does.
+// names the offending argument. Exceptions never cross the C ABI; this does. It lives in
+// backends/, the lower of the two layers, so both use it and backends include nothing of
+// core. Part of the backend interface: a change here moves QLINK_BACKEND_INTERFACE_VERSION.
 #pragma once
 
 #include <string>

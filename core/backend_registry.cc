@@ -37,17 +37,40 @@ Status Open(const boost::dll::fs::path& path, std::shared_ptr<boost::dll::shared
   return Status::Ok();
 }
 
+// A backend meets core through a C++ vtable, so only a library built with this core's
+// interface version is called at all; anything else is refused from its exports alone.
+Status CheckInterfaceVersion(const boost::dll::shared_library& library, const std::string& path) {
+  const std::string ours = std::to_string(QLINK_BACKEND_INTERFACE_VERSION);
+  if (!library.has(QLINK_BACKEND_VERSION_SYMBOL)) {
+    return Unavailable("backend library '" + path + "' does not export " QLINK_BACKEND_VERSION_SYMBOL
+                       ": it predates versioned backend interfaces; this libqlink.so needs backend interface "
+                       "version " + ours + " (rebuild the backend with this qlink)");
+  }
+  const uint32_t theirs = library.get<qlink_backend_version_fn>(QLINK_BACKEND_VERSION_SYMBOL)();
+  if (theirs != QLINK_BACKEND_INTERFACE_VERSION) {
+    return Unavailable("backend library '" + path + "' implements backend interface version " +
+                       std::to_string(theirs) + ", this libqlink.so needs version " + ours +
+                       " (rebuild the backend with this qlink)");
+  }
+  if (!library.has(QLINK_BACKEND_CREATE_SYMBOL)) {
+    return Unavailable("backend library '" + path + "' does not export " QLINK_BACKEND_CREATE_SYMBOL);
+  }
+  return Status::Ok();
+}
+
 Status LoadFrom(const boost::dll::fs::path& path, const Config& config, LoadedBackend* out) {
   std::shared_ptr<boost::dll::shared_library> library;
   QLINK_RETURN_IF_ERROR(Open(path, &library));
-  if (!library->has(QLINK_BACKEND_ENTRY_V1)) {
-    return Unavailable("backend library '" + path.string() + "' does not export " QLINK_BACKEND_ENTRY_V1);
-  }
-  BackendOptions options;
+  QLINK_RETURN_IF_ERROR(CheckInterfaceVersion(*library, path.string()));
+  qlink_backend_options options{};
+  options.struct_size = sizeof(options);
   options.virtual_devices = config.cpu_devices;
   options.options_json = config.backend_options.c_str();
-  std::string error;
-  DeviceBackend* backend = library->get<qlink_backend_factory_v1>(QLINK_BACKEND_ENTRY_V1)(&options, &error);
+  options.blas_library = config.blas_library.c_str();
+  options.solver_library = config.solver_library.c_str();
+  char error[1024] = "";
+  DeviceBackend* backend =
+      library->get<qlink_backend_create_fn>(QLINK_BACKEND_CREATE_SYMBOL)(&options, error, sizeof(error));
   if (backend == nullptr) return Unavailable("backend library '" + path.string() + "' refused to start: " + error);
   out->backend.reset(backend);
   out->library = std::move(library);

@@ -127,7 +127,8 @@ Status ParseConfig(const char* text, Config* out) {
       QLINK_RETURN_IF_ERROR(ParseP2P(v.get_object(), &out->p2p));
     } else {
       return InvalidArgument("config has unknown field '" + field +
-                             "' (known: backend, backend_options, log_level, cpu_devices, nccl_library, blas_library, solver_library, p2p)");
+                             "' (known: backend, backend_options, log_level, cpu_devices, nccl_library, blas_library, "
+                             "solver_library, p2p)");
     }
   }
   return Status::Ok();

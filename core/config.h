@@ -23,7 +23,8 @@ struct Config {
   std::string log_level = "warn"; // trace | debug | info | warn | error | off
   int cpu_devices = 4;            // virtual devices of the CPU backend
   std::string nccl_library;       // NCCL/RCCL for multi-process collectives; "" = the backend's default
-  // The GPTQ engine's BLAS and LAPACK-style solver libraries; "" = the backend's default.
+  // The GPTQ engine's BLAS and LAPACK-style solver libraries, handed to the backend;
+  // "" = the backend's default.
   std::string blas_library;
   std::string solver_library;
   // Backend-specific settings, as a JSON object's text: core only checks that it is an

@@ -49,7 +49,7 @@ TEST(Abi, ExportsOnlyTheBootstrapSymbol) {
   void* handle = dlopen(RunfilePath("libqlink.so").c_str(), RTLD_NOW | RTLD_LOCAL);
   ASSERT_NE(handle, nullptr);
   EXPECT_NE(dlsym(handle, "qlink_get_api"), nullptr);
-  for (const char* hidden : {"_ZN5qlink11ParseConfigEPKcPNS_6ConfigE", "ContextCreate", "qlink_backend_v1"}) {
+  for (const char* hidden : {"_ZN5qlink11ParseConfigEPKcPNS_6ConfigE", "ContextCreate", "qlink_backend_create"}) {
     EXPECT_EQ(dlsym(handle, hidden), nullptr) << hidden;
   }
   dlclose(handle);

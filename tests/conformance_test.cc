@@ -47,11 +47,22 @@ class Conformance : public ::testing::TestWithParam<std::string> {
     if (!library_.is_loaded()) {
       library_.load(GetParam(), boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
     }
-    qlink::BackendOptions options;
-    options.virtual_devices = 3;
-    std::string error;
-    backend_.reset(library_.get<qlink_backend_factory_v1>(QLINK_BACKEND_ENTRY_V1)(&options, &error));
+    ASSERT_EQ(library_.get<qlink_backend_version_fn>(QLINK_BACKEND_VERSION_SYMBOL)(),
+              QLINK_BACKEND_INTERFACE_VERSION);
+    create_ = &library_.get<qlink_backend_create_fn>(QLINK_BACKEND_CREATE_SYMBOL);
+    qlink_backend_options options = Options();
+    char error[256] = "";
+    backend_.reset(create_(&options, error, sizeof(error)));
     ASSERT_NE(backend_, nullptr) << error;
+  }
+  static qlink_backend_options Options() {
+    qlink_backend_options options{};
+    options.struct_size = sizeof(options);
+    options.virtual_devices = 3;
+    options.options_json = "{}";
+    options.blas_library = "";
+    options.solver_library = "";
+    return options;
   }
   void TearDown() override { backend_.reset(); }
 
@@ -85,6 +96,7 @@ class Conformance : public ::testing::TestWithParam<std::string> {
     allocations_.clear();
   }
 
+  qlink_backend_create_fn* create_ = nullptr;
   std::unique_ptr<DeviceBackend> backend_;
   std::vector<std::pair<int, void*>> allocations_;
 };
@@ -103,6 +115,19 @@ TEST_P(Conformance, DescribesItself) {
     EXPECT_GT(p.total_bytes, 0u);
     EXPECT_LE(p.free_bytes, p.total_bytes);
   }
+}
+
+// The factory checks the options struct's size itself and reports through the caller's
+// buffer, truncated to its capacity.
+TEST_P(Conformance, RefusesOptionsOfAnotherSize) {
+  qlink_backend_options options = Options();
+  options.struct_size = sizeof(options) - sizeof(const char*);
+  char error[24];
+  std::memset(error, 'x', sizeof(error));
+  EXPECT_EQ(create_(&options, error, sizeof(error)), nullptr);
+  const std::string message(error);  // NUL-terminated within the buffer
+  EXPECT_EQ(message.size(), sizeof(error) - 1);
+  EXPECT_EQ(message.rfind("options->struct_size", 0), 0u) << message;
 }
 
 TEST_P(Conformance, MakesDevicesCurrent) {

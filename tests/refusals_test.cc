@@ -47,6 +47,8 @@ TEST_F(Refusals, WrongTypes) {
   ExpectConfigRefused(R"({"backend": 3})", QLINK_INVALID_ARGUMENT, "'backend' must be a string");
   ExpectConfigRefused(R"({"backend_options": "slow"})", QLINK_INVALID_ARGUMENT,
                       "'backend_options' must be an object");
+  ExpectConfigRefused(R"({"blas_library": 1})", QLINK_INVALID_ARGUMENT, "'blas_library' must be a string");
+  ExpectConfigRefused(R"({"solver_library": null})", QLINK_INVALID_ARGUMENT, "'solver_library' must be a string");
 }
 
 TEST_F(Refusals, OutOfRange) {
@@ -66,7 +68,7 @@ TEST_F(Refusals, BackendPathThatDoesNotExist) {
 
 TEST_F(Refusals, BackendPathWithoutTheEntryPoint) {
   const std::string config = R"({"backend": ")" + RunfilePath("libqlink.so") + R"("})";
-  ExpectConfigRefused(config, QLINK_UNAVAILABLE, "does not export qlink_backend_v1");
+  ExpectConfigRefused(config, QLINK_UNAVAILABLE, "does not export qlink_backend_interface_version");
 }
 
 TEST_F(Refusals, NullPointers) {

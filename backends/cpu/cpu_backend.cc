@@ -1,13 +1,13 @@
 // CPU backend: N virtual devices in host memory. Peer access does not apply (no pairs,
-// no warning), streams and events are no-ops because every copy completes before the
-// call returns, so every engine of core runs unchanged on a machine without a GPU.
+// no warning), and every copy completes before the call returns, so the interface's
+// defaults (no peers, null streams and events) are this backend, and every engine of core
+// runs unchanged on a machine without a GPU.
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
-#include <new>
 #include <string>
 
 #include "backends/cpu/cpu_kernels.h"
@@ -36,18 +36,6 @@ class CpuBackend final : public DeviceBackend {
     return Status::Ok();
   }
 
-  int CurrentDevice() override { return 0; }
-  void MakeCurrent(int) override {}
-
-  bool HasPeerAccess() const override { return false; }
-  Status CanAccessPeer(int, int, bool* out) override {
-    *out = false;
-    return Status::Ok();
-  }
-  Status EnablePeerAccess(int, int) override {
-    return Unavailable("the CPU backend has no peer access");
-  }
-
   Status Allocate(int, size_t bytes, void** out) override {
     *out = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
     if (*out == nullptr && bytes > 0) return OutOfMemory("cpu: cannot allocate " + std::to_string(bytes) + " bytes");
@@ -68,29 +56,10 @@ class CpuBackend final : public DeviceBackend {
     return Status::Ok();
   }
 
-  Status CreateStream(int, Stream* out) override {
-    *out = nullptr;
-    return Status::Ok();
-  }
-  void DestroyStream(int, Stream) override {}
-  Status CreateEvent(int, Event* out) override {
-    *out = nullptr;
-    return Status::Ok();
-  }
-  void DestroyEvent(int, Event) override {}
-  Status RecordEvent(int, Event, Stream) override { return Status::Ok(); }
-  Status StreamWaitEvent(int, Stream, Event) override { return Status::Ok(); }
-  Status SynchronizeStream(int, Stream) override { return Status::Ok(); }
-  bool StreamIdle(int, Stream) override { return true; }
-
-  Status PullLeaves(int, const CopyLeaf* leaves, size_t count, Stream) override {
-    return CopyLeaves(0, 0, leaves, count, nullptr);
-  }
   Status CopyLeaves(int, int, const CopyLeaf* leaves, size_t count, Stream) override {
     for (size_t i = 0; i < count; ++i) std::memcpy(leaves[i].dst, leaves[i].src, leaves[i].bytes);
     return Status::Ok();
   }
-  uint64_t PullCrossoverBytes() const override { return UINT64_MAX; }
 
   Status ReduceSum(int, void* out, const void* const* inputs, size_t num_inputs, bool input_bf16, size_t count,
                    float scale, bool signs, Stream) override {
@@ -104,10 +73,6 @@ class CpuBackend final : public DeviceBackend {
   Status ExpandSigns(int, float* out, const int8_t* signs, size_t count, Stream) override {
     cpu::ExpandSigns(out, signs, count);
     return Status::Ok();
-  }
-  bool HasOneShot() const override { return false; }
-  Status OneShot(int, const OneShotAllReduce&, Stream) override {
-    return Unavailable("cpu: one-shot all-reduce needs concurrently running ranks");
   }
 
   Status GetQuantMath(const quant::Libraries& libraries, quant::QuantMath** out) override {
@@ -123,14 +88,16 @@ class CpuBackend final : public DeviceBackend {
   std::unique_ptr<quant::QuantMath> quant_;  // made on first use
 };
 
+Status Create(const qlink_backend_options& options, std::unique_ptr<DeviceBackend>* out) {
+  if (options.virtual_devices < 1) {
+    return InvalidArgument("cpu backend: virtual_devices = " + std::to_string(options.virtual_devices) +
+                           " must be >= 1");
+  }
+  *out = std::make_unique<CpuBackend>(options.virtual_devices);
+  return Status::Ok();
+}
+
 }  // namespace
 }  // namespace qlink
 
-extern "C" qlink::DeviceBackend* qlink_backend_v1(const qlink::BackendOptions* options,
-                                                  std::string* error) {
-  if (options->virtual_devices < 1) {
-    *error = "cpu backend: virtual_devices must be >= 1";
-    return nullptr;
-  }
-  return new (std::nothrow) qlink::CpuBackend(options->virtual_devices);
-}
+QLINK_EXPORT_BACKEND(qlink::Create)

@@ -1,7 +1,9 @@
 // Fault-injecting test backend: N virtual devices in host memory like the CPU backend,
 // but with peer access, asynchronous streams (a worker thread each, optionally slow) and
 // the faults FaultOptions lists: refused or asymmetric peer pairs, a leaf that fails in
-// the middle of a batch, a failing allocation, a device that is lost. Tests only.
+// the middle of a batch, a failing allocation, a device that is lost. No one-shot
+// all-reduce (the interface's default): its workers run one stream each, so spinning
+// ranks could wait on each other forever. Tests only.
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -9,7 +11,6 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
-#include <new>
 #include <string>
 #include <vector>
 
@@ -182,11 +183,6 @@ class FaultBackend final : public DeviceBackend {
     Worker(device, stream).Enqueue([=] { cpu::ExpandSigns(out, signs, count); });
     return Status::Ok();
   }
-  // Its workers run one stream each, so spinning ranks could wait on each other forever.
-  bool HasOneShot() const override { return false; }
-  Status OneShot(int, const OneShotAllReduce&, Stream) override {
-    return Unavailable("fault backend: no one-shot all-reduce");
-  }
 
  private:
   static std::string Pair(int src, int dst) { return std::to_string(src) + "->" + std::to_string(dst); }
@@ -241,17 +237,14 @@ class FaultBackend final : public DeviceBackend {
   std::atomic<int64_t> allocations_{0};                          // Allocate calls so far
 };
 
+Status Create(const qlink_backend_options& options, std::unique_ptr<DeviceBackend>* out) {
+  FaultOptions parsed;
+  QLINK_RETURN_IF_ERROR(ParseFaultOptions(options.options_json, &parsed));
+  *out = std::make_unique<FaultBackend>(std::move(parsed));
+  return Status::Ok();
+}
+
 }  // namespace
 }  // namespace qlink
 
-extern "C" qlink::DeviceBackend* qlink_backend_v1(const qlink::BackendOptions* options, std::string* error) {
-  // A core older than options_json passes a shorter struct: no options then.
-  const bool has_json = options->struct_size >= offsetof(qlink::BackendOptions, options_json) + sizeof(const char*);
-  qlink::FaultOptions parsed;
-  qlink::Status s = qlink::ParseFaultOptions(has_json ? options->options_json : "{}", &parsed);
-  if (!s.ok()) {
-    *error = s.message();
-    return nullptr;
-  }
-  return new (std::nothrow) qlink::FaultBackend(std::move(parsed));
-}
+QLINK_EXPORT_BACKEND(qlink::Create)

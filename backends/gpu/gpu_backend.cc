@@ -5,7 +5,6 @@
 
 #include <memory>
 #include <mutex>
-#include <new>
 #include <set>
 #include <string>
 #include <utility>
@@ -347,11 +346,13 @@ class GpuBackend final : public DeviceBackend {
   std::unique_ptr<quant::QuantMath> quant_;  // the GPTQ engine's part, made on first use
 };
 
+// No option applies: the quant engine names its libraries to GetQuantMath.
+Status Create(const qlink_backend_options&, std::unique_ptr<DeviceBackend>* out) {
+  *out = std::make_unique<GpuBackend>();
+  return Status::Ok();
+}
+
 }  // namespace
 }  // namespace qlink
 
-extern "C" qlink::DeviceBackend* qlink_backend_v1(const qlink::BackendOptions*, std::string* error) {
-  auto* backend = new (std::nothrow) qlink::GpuBackend();
-  if (backend == nullptr) *error = "cuda backend: out of host memory";
-  return backend;
-}
+QLINK_EXPORT_BACKEND(qlink::Create)
