@@ -88,27 +88,22 @@ Status Communicator::SignAllReduce(float* data, size_t count, Stream stream) {
   BorrowedScratch scratch(ctx_.scratch());
   void* sums = nullptr;
   void* signs = nullptr;
-  Status s = scratch.Take(device_, padded * 4, stream, &sums);
-  if (s.ok()) s = scratch.Take(device_, padded, stream, &signs);
+  QLINK_RETURN_IF_ERROR(scratch.Take(device_, padded * 4, stream, &sums));
+  QLINK_RETURN_IF_ERROR(scratch.Take(device_, padded, stream, &signs));
   float* partial = static_cast<float*>(sums);
   int8_t* sign = static_cast<int8_t*>(signs);
   const CopyLeaf leaf{data, partial, count * 4};
-  if (s.ok()) s = b.CopyLeaves(device_, device_, &leaf, 1, stream);
-  if (s.ok() && padded > count) s = b.Memset(device_, partial + count, 0, (padded - count) * 4, stream);
-  if (s.ok()) {
-    s = nccl_.Check(nccl_.ReduceScatter(partial, partial + rank_ * chunk, chunk, NcclApi::kFloat32, NcclApi::kSum,
-                                        comm_, stream),
-                    "ncclReduceScatter");
-  }
+  QLINK_RETURN_IF_ERROR(b.CopyLeaves(device_, device_, &leaf, 1, stream));
+  if (padded > count) QLINK_RETURN_IF_ERROR(b.Memset(device_, partial + count, 0, (padded - count) * 4, stream));
+  QLINK_RETURN_IF_ERROR(nccl_.Check(
+      nccl_.ReduceScatter(partial, partial + rank_ * chunk, chunk, NcclApi::kFloat32, NcclApi::kSum, comm_, stream),
+      "ncclReduceScatter"));
   const void* owned = partial + rank_ * chunk;
-  if (s.ok()) s = b.ReduceSum(device_, sign + rank_ * chunk, &owned, 1, false, chunk, 1.0f, true, stream);
-  if (s.ok()) {
-    s = nccl_.Check(nccl_.AllGather(sign + rank_ * chunk, sign, chunk, NcclApi::kInt8, comm_, stream), "ncclAllGather");
-  }
-  if (s.ok()) s = b.ExpandSigns(device_, data, sign, count, stream);
-  Status released = scratch.GiveBack();
-  QLINK_RETURN_IF_ERROR(s);
-  return released;
+  QLINK_RETURN_IF_ERROR(b.ReduceSum(device_, sign + rank_ * chunk, &owned, 1, false, chunk, 1.0f, true, stream));
+  QLINK_RETURN_IF_ERROR(nccl_.Check(
+      nccl_.AllGather(sign + rank_ * chunk, sign, chunk, NcclApi::kInt8, comm_, stream), "ncclAllGather"));
+  QLINK_RETURN_IF_ERROR(b.ExpandSigns(device_, data, sign, count, stream));
+  return scratch.GiveBack();
 }
 
 Status Communicator::Broadcast(const DLTensor* buffer, int root, Stream stream) {

@@ -39,12 +39,11 @@ Status ScratchPool::Acquire(int device, size_t bytes, Stream stream, Block** out
 }
 
 Status ScratchPool::Release(Block* block, Stream stream) {
-  Status s;
-  if (block->last_use == nullptr) s = backend_.CreateEvent(block->device, &block->last_use);
-  if (s.ok()) s = backend_.RecordEvent(block->device, block->last_use, stream);
+  if (block->last_use == nullptr) QLINK_RETURN_IF_ERROR(backend_.CreateEvent(block->device, &block->last_use));
+  QLINK_RETURN_IF_ERROR(backend_.RecordEvent(block->device, block->last_use, stream));
   std::lock_guard<std::mutex> lock(mu_);
   block->busy = false;
-  return s;
+  return Status::Ok();
 }
 
 Status BorrowedScratch::Take(int device, size_t bytes, Stream stream, void** out) {

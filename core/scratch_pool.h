@@ -29,7 +29,9 @@ class ScratchPool {
 
   // A block of at least `bytes` on `device`, ordered after its previous use on `stream`.
   Status Acquire(int device, size_t bytes, Stream stream, Block** out);
-  // Marks the block's last use as the work enqueued on `stream` (of its device) so far.
+  // Marks the block's last use as the work enqueued on `stream` (of its device) so far and
+  // hands it back. A block whose mark cannot be recorded stays out of use until the pool
+  // is destroyed: handed out unordered, it could be overwritten while still being read.
   Status Release(Block* block, Stream stream);
 
  private:
@@ -39,14 +41,18 @@ class ScratchPool {
 };
 
 // The scratch blocks one call takes, each given back marked with the stream of its last
-// use on its device.
+// use on its device: by GiveBack at the end of a call that succeeded, which reports a
+// failed mark, else by the destructor (an early return reports its own failure).
 class BorrowedScratch {
  public:
   explicit BorrowedScratch(ScratchPool& pool) : pool_(pool) {}
+  ~BorrowedScratch() { (void)GiveBack(); }
+  BorrowedScratch(const BorrowedScratch&) = delete;
+  BorrowedScratch& operator=(const BorrowedScratch&) = delete;
 
   // A block of at least `bytes` on `device`, used on `stream` (of that device) from now on.
   Status Take(int device, size_t bytes, Stream stream, void** out);
-  // Gives every block back; the first failure, if any.
+  // Gives every block taken so far back; the first failure, if any.
   Status GiveBack();
 
  private:

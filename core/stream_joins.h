@@ -28,6 +28,20 @@ class StreamJoins {
 
   Status Wait(int device, Stream stream, Event event) { return backend_.StreamWaitEvent(device, stream, event); }
 
+  // Every stream of `devices` (streams[k] of devices[k]) waits for the work enqueued so
+  // far on every other one.
+  Status JoinAll(const std::vector<int>& devices, const std::vector<Stream>& streams) {
+    if (devices.size() < 2) return Status::Ok();
+    std::vector<Event> marks(devices.size());
+    for (size_t k = 0; k < devices.size(); ++k) QLINK_RETURN_IF_ERROR(Record(devices[k], streams[k], &marks[k]));
+    for (size_t k = 0; k < devices.size(); ++k) {
+      for (size_t j = 0; j < devices.size(); ++j) {
+        if (j != k) QLINK_RETURN_IF_ERROR(Wait(devices[k], streams[k], marks[j]));
+      }
+    }
+    return Status::Ok();
+  }
+
  private:
   DeviceBackend& backend_;
   EventPool& pool_;
