@@ -9,6 +9,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python")
 
 def pytest_addoption(parser):
     parser.addoption("--qlink-library", required=True, help="path of the built libqlink.so")
+    parser.addoption("--layout-dump", help="tests/abi_compat/layout_json: the header's layout as JSON")
 
 
 @pytest.fixture(scope="session")

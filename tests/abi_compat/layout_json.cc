@@ -1,0 +1,236 @@
+// Prints the live header's layout as JSON, for the Python package's ctypes mirror of it
+// (python/qlink/_abi.py) to be checked against (tests/python/test_abi_mirror.py): every
+// struct's size, size macro and fields (offset, size, kind), every function-table slot
+// with its parameters' and result's kind and size, and every enumerator.
+//
+// A field, slot or enumerator added to qlink.h goes here too; the Python test fails while
+// _abi.py mirrors one this dump does not list, and a struct size or *_STRUCT_SIZE macro
+// this dump reads catches what neither lists.
+#include <cstddef>
+#include <cstdio>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "plugin_api/qlink.h"
+
+namespace {
+
+// "i" integer or enum, "f" floating point, "p" pointer, "a" array, "s" struct; then the size.
+template <typename T>
+std::string Kind() {
+  const char* kind = std::is_array<T>::value             ? "a"
+                     : std::is_floating_point<T>::value  ? "f"
+                     : std::is_pointer<T>::value         ? "p"
+                     : std::is_class<T>::value           ? "s"
+                                                         : "i";
+  return std::string("[\"") + kind + "\", " + std::to_string(sizeof(T)) + "]";
+}
+
+template <typename R, typename... A>
+std::string Signature(R (*)(A...)) {
+  std::string params;
+  for (const std::string& p : {std::string(), Kind<A>()...}) {
+    if (!p.empty()) params += (params.empty() ? "" : ", ") + p;
+  }
+  return "{\"result\": " + Kind<R>() + ", \"params\": [" + params + "]}";
+}
+
+std::string Quoted(const char* s) { return std::string("\"") + s + "\""; }
+
+// One JSON object per struct: {"size": .., "size_macro": .., "fields": [[name, offset, kind], ..]}.
+class Structs {
+ public:
+  void Begin(const char* name, size_t size, size_t size_macro) {
+    Close();
+    out_ += std::string(out_.empty() ? "" : ",\n") + "  " + Quoted(name) + ": {\"size\": " + std::to_string(size) +
+            ", \"size_macro\": " + std::to_string(size_macro) + ", \"fields\": [";
+    first_field_ = true;
+  }
+  void Field(const char* name, size_t offset, const std::string& kind) {
+    out_ += std::string(first_field_ ? "" : ", ") + "[" + Quoted(name) + ", " + std::to_string(offset) + ", " + kind +
+            "]";
+    first_field_ = false;
+  }
+  std::string Done() {
+    Close();
+    return out_;
+  }
+
+ private:
+  void Close() {
+    if (!out_.empty() && out_.back() != '}') out_ += "]}";
+  }
+  std::string out_;
+  bool first_field_ = true;
+};
+
+}  // namespace
+
+int main() {
+  Structs s;
+#define STRUCT(type, size_macro) s.Begin(#type, sizeof(type), size_macro)
+#define FIELD(type, field) \
+  s.Field(#field, offsetof(type, field), Kind<std::remove_reference_t<decltype(((type*)nullptr)->field)>>())
+  STRUCT(DLDevice, sizeof(DLDevice));
+  FIELD(DLDevice, device_type);
+  FIELD(DLDevice, device_id);
+  STRUCT(DLDataType, sizeof(DLDataType));
+  FIELD(DLDataType, code);
+  FIELD(DLDataType, bits);
+  FIELD(DLDataType, lanes);
+  STRUCT(DLTensor, sizeof(DLTensor));
+  FIELD(DLTensor, data);
+  FIELD(DLTensor, device);
+  FIELD(DLTensor, ndim);
+  FIELD(DLTensor, dtype);
+  FIELD(DLTensor, shape);
+  FIELD(DLTensor, strides);
+  FIELD(DLTensor, byte_offset);
+  STRUCT(qlink_device_info, QLINK_DEVICE_INFO_STRUCT_SIZE);
+  FIELD(qlink_device_info, struct_size);
+  FIELD(qlink_device_info, device);
+  FIELD(qlink_device_info, name);
+  FIELD(qlink_device_info, total_bytes);
+  FIELD(qlink_device_info, free_bytes);
+  STRUCT(qlink_peer_info, QLINK_PEER_INFO_STRUCT_SIZE);
+  FIELD(qlink_peer_info, struct_size);
+  FIELD(qlink_peer_info, src_device);
+  FIELD(qlink_peer_info, dst_device);
+  FIELD(qlink_peer_info, state);
+  FIELD(qlink_peer_info, probed);
+  FIELD(qlink_peer_info, peer_gbps);
+  FIELD(qlink_peer_info, regular_gbps);
+  FIELD(qlink_peer_info, reason);
+  STRUCT(qlink_link_measurement, QLINK_LINK_MEASUREMENT_STRUCT_SIZE);
+  FIELD(qlink_link_measurement, struct_size);
+  FIELD(qlink_link_measurement, bytes);
+  FIELD(qlink_link_measurement, gbps);
+  FIELD(qlink_link_measurement, latency_us);
+  FIELD(qlink_link_measurement, used_peer);
+  STRUCT(qlink_stream, sizeof(qlink_stream));
+  FIELD(qlink_stream, device);
+  FIELD(qlink_stream, stream);
+  STRUCT(qlink_copy_args, QLINK_COPY_ARGS_STRUCT_SIZE);
+  FIELD(qlink_copy_args, struct_size);
+  FIELD(qlink_copy_args, sources);
+  FIELD(qlink_copy_args, destinations);
+  FIELD(qlink_copy_args, num_leaves);
+  FIELD(qlink_copy_args, streams);
+  FIELD(qlink_copy_args, num_streams);
+  FIELD(qlink_copy_args, flags);
+  STRUCT(qlink_broadcast_args, QLINK_BROADCAST_ARGS_STRUCT_SIZE);
+  FIELD(qlink_broadcast_args, struct_size);
+  FIELD(qlink_broadcast_args, sources);
+  FIELD(qlink_broadcast_args, num_leaves);
+  FIELD(qlink_broadcast_args, destinations);
+  FIELD(qlink_broadcast_args, num_replicas);
+  FIELD(qlink_broadcast_args, streams);
+  FIELD(qlink_broadcast_args, num_streams);
+  FIELD(qlink_broadcast_args, flags);
+  STRUCT(qlink_reduce_args, QLINK_REDUCE_ARGS_STRUCT_SIZE);
+  FIELD(qlink_reduce_args, struct_size);
+  FIELD(qlink_reduce_args, inputs);
+  FIELD(qlink_reduce_args, num_inputs);
+  FIELD(qlink_reduce_args, output);
+  FIELD(qlink_reduce_args, scale);
+  FIELD(qlink_reduce_args, streams);
+  FIELD(qlink_reduce_args, num_streams);
+  STRUCT(qlink_all_reduce_args, QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE);
+  FIELD(qlink_all_reduce_args, struct_size);
+  FIELD(qlink_all_reduce_args, buffers);
+  FIELD(qlink_all_reduce_args, num_buffers);
+  FIELD(qlink_all_reduce_args, op);
+  FIELD(qlink_all_reduce_args, transport);
+  FIELD(qlink_all_reduce_args, streams);
+  FIELD(qlink_all_reduce_args, num_streams);
+  FIELD(qlink_all_reduce_args, algorithm);
+  STRUCT(qlink_unique_id, sizeof(qlink_unique_id));
+  FIELD(qlink_unique_id, bytes);
+  STRUCT(qlink_api, QLINK_API_STRUCT_SIZE);
+  FIELD(qlink_api, struct_size);
+  FIELD(qlink_api, abi_major);
+  FIELD(qlink_api, abi_minor);
+#undef FIELD
+#undef STRUCT
+
+  // Slots in table order, each with its offset and signature.
+  std::vector<std::string> slots;
+#define SLOT(name)                                                                                           \
+  slots.push_back("[" + Quoted(#name) + ", " + std::to_string(offsetof(qlink_api, name)) + ", " + \
+                  Signature(static_cast<decltype(qlink_api::name)>(nullptr)) + "]")
+  SLOT(last_error);
+  SLOT(context_create);
+  SLOT(context_destroy);
+  SLOT(backend_name);
+  SLOT(device_count);
+  SLOT(device_info);
+  SLOT(enable_peer_access);
+  SLOT(peer_info);
+  SLOT(measure_link);
+  SLOT(copy_batch);
+  SLOT(copy_plan_create);
+  SLOT(copy_plan_execute);
+  SLOT(copy_plan_destroy);
+  SLOT(memory_allocate);
+  SLOT(memory_free);
+  SLOT(memory_to_host);
+  SLOT(memory_from_host);
+  SLOT(stream_synchronize);
+  SLOT(broadcast);
+  SLOT(reduce);
+  SLOT(all_reduce);
+  SLOT(comm_unique_id);
+  SLOT(comm_create);
+  SLOT(comm_destroy);
+  SLOT(comm_all_reduce);
+  SLOT(comm_broadcast);
+  SLOT(comm_reduce);
+  SLOT(all_reduce_plan_create);
+  SLOT(all_reduce_plan_execute);
+  SLOT(all_reduce_plan_destroy);
+#undef SLOT
+
+  std::vector<std::string> enums;
+#define ENUM(value) enums.push_back(Quoted(#value) + ": " + std::to_string(static_cast<long long>(value)))
+  ENUM(QLINK_ABI_MAJOR);
+  ENUM(QLINK_ABI_MINOR);
+  ENUM(kDLCPU);
+  ENUM(kDLCUDA);
+  ENUM(kDLROCM);
+  ENUM(QLINK_OK);
+  ENUM(QLINK_INVALID_ARGUMENT);
+  ENUM(QLINK_UNAVAILABLE);
+  ENUM(QLINK_VERSION_MISMATCH);
+  ENUM(QLINK_OUT_OF_MEMORY);
+  ENUM(QLINK_RUNTIME_ERROR);
+  ENUM(QLINK_INTERNAL);
+  ENUM(QLINK_PEER_NOT_APPLICABLE);
+  ENUM(QLINK_PEER_NOT_REQUESTED);
+  ENUM(QLINK_PEER_DISABLED);
+  ENUM(QLINK_PEER_UNSUPPORTED);
+  ENUM(QLINK_PEER_ENABLE_FAILED);
+  ENUM(QLINK_PEER_PROBE_REJECTED);
+  ENUM(QLINK_PEER_ENABLED);
+  ENUM(QLINK_COPY_SOURCES_READY);
+  ENUM(QLINK_COPY_SOURCES_HELD);
+  ENUM(QLINK_COPY_WAIT);
+  ENUM(QLINK_REDUCE_SUM);
+  ENUM(QLINK_REDUCE_AVG);
+  ENUM(QLINK_REDUCE_SIGN);
+  ENUM(QLINK_TRANSPORT_FP32);
+  ENUM(QLINK_TRANSPORT_BF16);
+  ENUM(QLINK_ALL_REDUCE_AUTO);
+  ENUM(QLINK_ALL_REDUCE_TWO_SHOT);
+  ENUM(QLINK_ALL_REDUCE_HALVING_DOUBLING);
+#undef ENUM
+
+  auto join = [](const std::vector<std::string>& items) {
+    std::string out;
+    for (const std::string& item : items) out += (out.empty() ? "    " : ",\n    ") + item;
+    return out;
+  };
+  std::printf("{\"structs\": {\n%s},\n \"slots\": [\n%s],\n \"enums\": {\n%s}}\n", s.Done().c_str(),
+              join(slots).c_str(), join(enums).c_str());
+  return 0;
+}
