@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
   h.Check(h.api->enable_peer_access(h.ctx, devices, 2), "enable_peer_access");
 
   std::printf("%-44s %12s %14s\n", "call", "enqueue_us", "completion_us");
-  // The module-move shapes of BASELINES.md, as p2p_bench.cu times its raw paths (best of 30,
+  // The module-move shapes of docs/BASELINES.md, as p2p_bench.cu times its raw paths (best of 30,
   // synchronizing the destination's stream).
   const std::vector<std::pair<int, int64_t>> shapes = {{8, 32768},      {64, 32768},    {8, 262144},
                                                        {64, 262144},    {256, 65536},   {8, 2 << 20},

@@ -1,7 +1,7 @@
 """Module moves GPU0 -> GPU1: qlink against the paths hosts use today, in one run.
 
 Host wall time per move including enqueue and a final synchronize, best of 30 (the
-method of ../shared/baselines/torch_bench.py), synchronizing the device whose stream
+method of bench/baselines/torch_bench.py), synchronizing the device whose stream
 carries the copy, as the baselines do: GPU0 for PyTorch's paths (its cross-device copy_
 runs on the source's stream), GPU1 for the ctypes per-leaf peer copies, the raw C++ paths
 of p2p_bench.cu and qlink's copies (the pull kernel runs on the destination). qlink's
@@ -10,7 +10,7 @@ GPU0, so it includes that join's cross-device latency; "host-ordered" is a plan 
 sources_ready and sources_held (no joins: the host orders the work, as the raw paths
 assume); "wait" plans return once the targets hold the data, so nothing follows them.
 Module moves synchronize every device for both paths. "raw pull kernel from Python" is
-BASELINES.md's fastest raw path for small leaves (bench/raw_pull.cu) launched through
+docs/BASELINES.md's fastest raw path for small leaves (bench/raw_pull.cu) launched through
 ctypes and timed as qlink is: what any native path pays for being called from Python.
 --plain-python measures the package without its torch bridge (libqlink_torch.so), as on a
 PyTorch without the stable C shim. Usage:

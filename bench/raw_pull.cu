@@ -1,4 +1,4 @@
-// BASELINES.md's fastest raw path for small leaves (one kernel on the destination pulling
+// docs/BASELINES.md's fastest raw path for small leaves (one kernel on the destination pulling
 // every leaf, descriptors already in device memory, as p2p_bench.cu launches it), callable
 // from Python through ctypes. copy_bench.py times it exactly as it times qlink, which
 // separates the cost of calling from Python from the cost of qlink.

@@ -1,5 +1,5 @@
 """Host wall-time measurement shared by the benchmarks, in the manner of the baseline
-scripts (../shared/baselines): best of N synchronized runs, or the mean of back-to-back
+scripts (bench/baselines): best of N synchronized runs, or the mean of back-to-back
 runs as nccl_bench.py does."""
 import time
 

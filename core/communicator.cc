@@ -80,7 +80,7 @@ Status Communicator::AllReduce(const DLTensor* buffer, int op, Stream stream) {
   });
 }
 
-// HOSTS.md's sign-cast: reduce-scatter, sign of the owned chunk as int8, all-gather of
+// docs/HOSTS.md's sign-cast: reduce-scatter, sign of the owned chunk as int8, all-gather of
 // the signs; every rank then applies bit-identical values.
 Status Communicator::SignAllReduce(float* data, size_t count, Stream stream) {
   DeviceBackend& b = ctx_.backend();

@@ -9,7 +9,7 @@ namespace qlink {
 
 enum class P2PMode { kAuto, kOn, kOff };
 
-// GPTQModel's P2PConfig (HOSTS.md), field for field.
+// GPTQModel's P2PConfig (docs/HOSTS.md), field for field.
 struct P2PConfig {
   P2PMode mode = P2PMode::kAuto;
   bool probe = false;     // time each pair before accepting it

@@ -107,7 +107,7 @@ Status CopyPlan::Build(Context& ctx, const qlink_copy_args* args, CopyPlan* out)
 
   // The copy engines overtake the pull kernel above the backend's crossover when several
   // large leaves run on them at once; one large leaf alone still goes faster through the
-  // kernel up to about four times that (bench/RESULTS.md: 16 MiB 48.5 vs 53.1 us).
+  // kernel up to about four times that (measured on the H200s: 16 MiB 48.5 vs 53.1 us).
   const uint64_t crossover = backend.PullCrossoverBytes();
   const uint64_t lone_crossover = crossover <= UINT64_MAX / 4 ? crossover * 4 : UINT64_MAX;
   std::vector<int> large_leaves(count, 0);  // per destination: leaves in [crossover, lone_crossover)

@@ -12,7 +12,7 @@ constexpr int kProbeReps = 5;
 
 std::string Pair(int src, int dst) { return std::to_string(src) + "->" + std::to_string(dst); }
 
-// Exactly one per process, whatever the number of contexts (HOSTS.md). A context whose
+// Exactly one per process, whatever the number of contexts (docs/HOSTS.md). A context whose
 // logging is off does not use it up: the next context that logs warnings still gets it.
 void WarnOnce(spdlog::logger& log, const std::string& pairs) {
   static std::atomic<bool> warned{false};

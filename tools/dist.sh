@@ -2,8 +2,9 @@
 # Collects the optimized build into one folder (default dist/): libqlink.so, its backends,
 # the torch bridge and the qlink CLI, side by side as they load each other, plus what the
 # GPU tests and benchmarks need there (the C++ test and bench binaries, the fake torch
-# shim, the baselines' scripts). This is what travels to a machine without Bazel (the
-# accelerator machine), where tools/device_run.sh runs it.
+# shim). This travels with the source tree (whose bench/ holds the benchmark and baseline
+# scripts) to a machine without Bazel (the accelerator machine), where tools/device_run.sh
+# runs it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-dist}
@@ -14,6 +15,5 @@ rm -f "$out"/*.so "$out"/qlink "$out"/rf/qlink/*.so
 cp -f bazel-bin/libqlink*.so bazel-bin/qlink bazel-bin/tests/python/libfake_torch_shim.so bazel-bin/tests/conformance_test \
   bazel-bin/tests/stress_test bazel-bin/bench/abi_overhead "$out"/
 cp -f bazel-bin/libqlink*.so "$out"/rf/qlink/  # stress_test finds the plugin as its runfiles
-if [ -d ../shared/baselines ]; then cp -rf ../shared/baselines "$out"/; fi
 chmod -R u+w "$out"
 ls -la "$out"

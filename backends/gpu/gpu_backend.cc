@@ -219,7 +219,7 @@ class GpuBackend final : public DeviceBackend {
   }
 
   // The copy engines overtake the pull kernel between 2 MiB and 16 MiB leaves on NVLink
-  // (bench/RESULTS.md).
+  // (docs/BASELINES.md).
   uint64_t PullCrossoverBytes() const override { return uint64_t{8} << 20; }
 
   Status ReduceSum(int device, void* out, const void* const* inputs, size_t num_inputs, bool input_bf16,
