@@ -23,6 +23,10 @@ MIRRORS = {
     "qlink_broadcast_args": _abi.BroadcastArgs,
     "qlink_reduce_args": _abi.ReduceArgs,
     "qlink_all_reduce_args": _abi.AllReduceArgs,
+    "qlink_hessian_args": _abi.HessianArgs,
+    "qlink_gptq_options": _abi.GptqOptions,
+    "qlink_gptq_layer": _abi.GptqLayer,
+    "qlink_gptq_args": _abi.GptqArgs,
     "qlink_unique_id": _abi.UniqueId,
     "qlink_api": _abi.Api,
 }
