@@ -25,7 +25,7 @@ class Forbidden(RuntimeError):
 def install_guards():
     """Makes every torch.cuda.comm entry point, torch._C._broadcast_coalesced,
     torch.nn.parallel.replicate and torch.distributed.all_reduce raise: what qlink must not
-    depend on (HOSTS.md: they tear copies or hang without the GIL)."""
+    depend on (docs/HOSTS.md: they tear copies or hang without the GIL)."""
     import torch
     import torch.cuda.comm
     import torch.nn.parallel

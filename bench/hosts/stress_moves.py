@@ -1,6 +1,6 @@
 """8 Python threads x 24 tasks of module moves, nested calibration staging and replica
 clones through qlink at once, each checked byte for byte, with the torch guards in force
-(HOSTS.md, seed 000's harness). Between GPUs where there are two or more; with one GPU the
+(docs/HOSTS.md, seed 000's harness). Between GPUs where there are two or more; with one GPU the
 moves go host <-> GPU and the clones stay on the GPU (qlink's same-device copy).
 
     python3 stress_moves.py [--threads 8] [--tasks 24]     exit status 0: every task exact

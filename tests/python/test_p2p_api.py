@@ -1,4 +1,4 @@
-"""GPTQModel's P2P names and shapes (HOSTS.md): P2PConfig with every field, a plain dict of
+"""GPTQModel's P2P names and shapes (docs/HOSTS.md): P2PConfig with every field, a plain dict of
 them, the module-level functions as calls on a context, and the hardware warning exactly
 once per process."""
 import dataclasses
