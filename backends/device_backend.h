@@ -181,9 +181,9 @@ class DeviceBackend {
   }
 
   // The GPTQ engine's linear algebra and kernels on this backend's devices
-  // (quant/quant_math.h), made on first use from `libraries` and owned by the backend.
-  // By default a backend has none.
-  virtual Status GetQuantMath(const quant::Libraries& libraries, quant::QuantMath** out);
+  // (quant/quant_math.h), made on first use from the libraries the options named, owned
+  // by the backend. By default a backend has none.
+  virtual Status GetQuantMath(quant::QuantMath** out);
 };
 
 namespace internal {
@@ -200,7 +200,7 @@ class HostPreparedPull final : public PreparedPull {
 };
 }  // namespace internal
 
-inline Status DeviceBackend::GetQuantMath(const quant::Libraries&, quant::QuantMath** out) {
+inline Status DeviceBackend::GetQuantMath(quant::QuantMath** out) {
   *out = nullptr;
   return Unavailable(std::string("the ") + name() + " backend has no GPTQ engine");
 }

@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "backends/cpu/cpu_kernels.h"
 #include "backends/device_backend.h"
@@ -23,7 +24,7 @@ uint64_t PhysicalBytes(int page_kind) {
 
 class CpuBackend final : public DeviceBackend {
  public:
-  explicit CpuBackend(int devices) : devices_(devices) {}
+  CpuBackend(int devices, quant::Libraries libraries) : devices_(devices), libraries_(std::move(libraries)) {}
 
   const char* name() const override { return "cpu"; }
   DLDeviceType device_type() const override { return kDLCPU; }
@@ -75,15 +76,16 @@ class CpuBackend final : public DeviceBackend {
     return Status::Ok();
   }
 
-  Status GetQuantMath(const quant::Libraries& libraries, quant::QuantMath** out) override {
+  Status GetQuantMath(quant::QuantMath** out) override {
     std::lock_guard<std::mutex> lock(quant_mu_);
-    if (!quant_) QLINK_RETURN_IF_ERROR(quant::MakeCpuQuantMath(libraries, &quant_));
+    if (!quant_) QLINK_RETURN_IF_ERROR(quant::MakeCpuQuantMath(libraries_, &quant_));
     *out = quant_.get();
     return Status::Ok();
   }
 
  private:
   const int devices_;
+  const quant::Libraries libraries_;  // what the quant engine loads
   std::mutex quant_mu_;
   std::unique_ptr<quant::QuantMath> quant_;  // made on first use
 };
@@ -93,7 +95,8 @@ Status Create(const qlink_backend_options& options, std::unique_ptr<DeviceBacken
     return InvalidArgument("cpu backend: virtual_devices = " + std::to_string(options.virtual_devices) +
                            " must be >= 1");
   }
-  *out = std::make_unique<CpuBackend>(options.virtual_devices);
+  *out = std::make_unique<CpuBackend>(options.virtual_devices,
+                                      quant::Libraries{options.blas_library, options.solver_library});
   return Status::Ok();
 }
 

@@ -60,7 +60,7 @@ class TablePull final : public PreparedPull {
 
 class GpuBackend final : public DeviceBackend {
  public:
-  GpuBackend() {
+  explicit GpuBackend(quant::Libraries libraries) : libraries_(std::move(libraries)) {
     int n = 0;
     if (gpuGetDeviceCount(&n) != gpuSuccess) {
       (void)gpuGetLastError();
@@ -245,9 +245,9 @@ class GpuBackend final : public DeviceBackend {
                  "sign expansion kernel launch");
   }
 
-  Status GetQuantMath(const quant::Libraries& libraries, quant::QuantMath** out) override {
+  Status GetQuantMath(quant::QuantMath** out) override {
     std::lock_guard<std::mutex> lock(quant_mu_);
-    if (!quant_) QLINK_RETURN_IF_ERROR(quant::MakeGpuQuantMath(libraries, device_count(), &quant_));
+    if (!quant_) QLINK_RETURN_IF_ERROR(quant::MakeGpuQuantMath(libraries_, device_count(), &quant_));
     *out = quant_.get();
     return Status::Ok();
   }
@@ -342,13 +342,13 @@ class GpuBackend final : public DeviceBackend {
   std::vector<int> sm_counts_;
   std::mutex mu_;
   std::vector<std::unique_ptr<Side>> sides_;  // per device, created on first use
+  const quant::Libraries libraries_;  // what the quant engine loads
   std::mutex quant_mu_;
   std::unique_ptr<quant::QuantMath> quant_;  // the GPTQ engine's part, made on first use
 };
 
-// No option applies: the quant engine names its libraries to GetQuantMath.
-Status Create(const qlink_backend_options&, std::unique_ptr<DeviceBackend>* out) {
-  *out = std::make_unique<GpuBackend>();
+Status Create(const qlink_backend_options& options, std::unique_ptr<DeviceBackend>* out) {
+  *out = std::make_unique<GpuBackend>(quant::Libraries{options.blas_library, options.solver_library});
   return Status::Ok();
 }
 

@@ -1,4 +1,4 @@
-"""GPTQModel's P2P names (HOSTS.md, gptqmodel.utils.p2p) on the process default context:
+"""GPTQModel's P2P names (docs/HOSTS.md, gptqmodel.utils.p2p) on the process default context:
 configure, P2PConfig, PeerStatus, enable_peer_access, enable_for_devices, peer_matrix,
 can_copy, peer_copy_batch, move_module_to_device, move_nested_to_device,
 clone_module_for_devices. Each is the same call on `ctx`, the default context if None."""

@@ -1,5 +1,5 @@
 """The data-parallel plan: which devices AutoRound's `parallel_quantization` engages
-(HOSTS.md), with every reason a device or a size was left out.
+(docs/HOSTS.md), with every reason a device or a size was left out.
 
     off   home alone.
     auto  home first, then the other devices ascending; the largest power of two of those

@@ -21,10 +21,7 @@ namespace qlink {
 namespace quant {
 namespace {
 
-Status QuantMathOf(Context& ctx, QuantMath** out) {
-  const Config& c = ctx.config();
-  return ctx.backend().GetQuantMath(Libraries{c.blas_library, c.solver_library}, out);
-}
+Status QuantMathOf(Context& ctx, QuantMath** out) { return ctx.backend().GetQuantMath(out); }
 
 // The inverses of one call as their devices finish them: layers placed elsewhere wait
 // for theirs, and no output is written until every inverse is known to exist.

@@ -22,7 +22,7 @@ def shard_sizes(total, world):
 
 
 class Placement:
-    """Rank r's torch device and qlink device id. Rank 0 is home (HOSTS.md: home first,
+    """Rank r's torch device and qlink device id. Rank 0 is home (docs/HOSTS.md: home first,
     then ascending)."""
 
     def __init__(self, devices, ctx=None):
