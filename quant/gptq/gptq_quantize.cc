@@ -80,7 +80,7 @@ struct Work {
 };
 
 // One device's share of the call: its inverses, then its rows.
-Status RunDevice(Work& work, InverseBoard& board, int device, Workspace* usage) {
+Status RunDevice(Work& work, InverseBoard& board, int device, Workspace* workspace) {
   DeviceBackend& backend = work.ctx->backend();
   const Stream stream = StreamFor(device, work.streams, work.num_streams);
   for (size_t g = 0; g < work.placement.inverse_device.size(); ++g) {
@@ -95,7 +95,7 @@ Status RunDevice(Work& work, InverseBoard& board, int device, Workspace* usage) 
     DeviceBuffer staged;
     if (first.device != device) {
       const uint64_t bytes = sizeof(float) * first.cols * first.cols;
-      QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*usage, bytes, &staged));
+      QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, bytes, &staged));
       const CopyLeaf leaf{h, staged.as<float>(), bytes};
       QLINK_RETURN_IF_ERROR(backend.CopyLeaves(device, first.device, &leaf, 1, stream));
       h = staged.as<float>();
@@ -103,7 +103,7 @@ Status RunDevice(Work& work, InverseBoard& board, int device, Workspace* usage) 
     auto inverse = std::make_unique<HessianInverse>();
     const auto start = std::chrono::steady_clock::now();
     QLINK_RETURN_IF_ERROR(
-        InvertHessian(backend, *work.math, device, stream, h, first.cols, work.options, who, usage, inverse.get()));
+        InvertHessian(backend, *work.math, device, stream, h, first.cols, work.options, who, workspace, inverse.get()));
     work.ctx->log().debug("gptq: inverse for {} ({} columns) on device {}: {:.2f} ms, damp {}", who, first.cols, device,
                           Milliseconds(start), inverse->damp);
     board.Publish(g, std::move(inverse));
@@ -116,7 +116,7 @@ Status RunDevice(Work& work, InverseBoard& board, int device, Workspace* usage) 
     if (inverse == nullptr) return Status::Ok();  // another device failed: stop quietly
     if (inverse->device != device) {
       auto [it, fresh] = copies.try_emplace(g);
-      if (fresh) QLINK_RETURN_IF_ERROR(CopyInverse(backend, *inverse, device, stream, usage, &it->second));
+      if (fresh) QLINK_RETURN_IF_ERROR(CopyInverse(backend, *inverse, device, stream, workspace, &it->second));
       inverse = &it->second;
     }
     const Layer& layer = work.layers[part.layer];
@@ -125,7 +125,7 @@ Status RunDevice(Work& work, InverseBoard& board, int device, Workspace* usage) 
     std::vector<double> loss;
     const auto start = std::chrono::steady_clock::now();
     QLINK_RETURN_IF_ERROR(
-        SolveRows(backend, *work.math, *inverse, job, work.options, [&] { return board.AllMade(); }, usage, &loss));
+        SolveRows(backend, *work.math, *inverse, job, work.options, [&] { return board.AllMade(); }, workspace, &loss));
     work.ctx->log().debug("gptq: rows {}..{} of {} on device {}: {:.2f} ms", part.row_begin, part.row_end, layer.name,
                           device, Milliseconds(start));
     std::copy(loss.begin(), loss.end(), work.row_loss[part.layer].begin() + part.row_begin);
@@ -190,8 +190,8 @@ Status GptqQuantize(Context& ctx, qlink_gptq_args* args) {
   for (int d : work.placement.inverse_device) workers.push_back(d);
   std::sort(workers.begin(), workers.end());
   workers.erase(std::unique(workers.begin(), workers.end()), workers.end());
-  std::deque<Workspace> usage;  // outlives every buffer, the board's too
-  for (int d : workers) usage.emplace_back(ctx.scratch(), d, StreamFor(d, args->streams, args->num_streams));
+  std::deque<Workspace> workspaces;  // outlive every buffer, the board's too
+  for (int d : workers) workspaces.emplace_back(ctx.scratch(), d, StreamFor(d, args->streams, args->num_streams));
   InverseBoard board(hessians.size());
   std::vector<Status> results(workers.size());
   {
@@ -199,7 +199,7 @@ Status GptqQuantize(Context& ctx, qlink_gptq_args* args) {
     for (size_t k = 0; k < workers.size(); ++k) {
       threads.emplace_back([&, k] {
         try {
-          results[k] = RunDevice(work, board, workers[k], &usage[k]);
+          results[k] = RunDevice(work, board, workers[k], &workspaces[k]);
         } catch (const std::bad_alloc&) {
           results[k] = OutOfMemory("host memory exhausted");
         } catch (const std::exception& e) {
@@ -231,7 +231,7 @@ Status GptqQuantize(Context& ctx, qlink_gptq_args* args) {
     args->layers[i].damp = inverse.damp;
   }
   uint64_t peak = 0;
-  for (const Workspace& u : usage) peak = std::max<uint64_t>(peak, u.peak.load());
+  for (const Workspace& u : workspaces) peak = std::max<uint64_t>(peak, u.peak.load());
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ctx.log().info("gptq: {} layer(s), {} Hessian(s) on {} device(s) in {:.3f} s; peak workspace {:.1f} MiB on one device",
                  work.layers.size(), hessians.size(), workers.size(), seconds, peak / 1048576.0);
@@ -290,7 +290,7 @@ Status HessianAccumulate(Context& ctx, const qlink_hessian_args* args) {
     const int64_t n = partial.shape[0];
     float* h = reinterpret_cast<float*>(MutableDataOf(partial));
     const Stream stream = StreamFor(device, args->streams, args->num_streams);
-    Workspace usage(ctx.scratch(), device, stream);
+    Workspace workspace(ctx.scratch(), device, stream);
     if (x.dtype.bits == 32) {
       QLINK_RETURN_IF_ERROR(math->SyrkAccumulate(device, stream, reinterpret_cast<const float*>(DataOf(x)), rows[i],
                                                  n, h));
@@ -299,7 +299,7 @@ Status HessianAccumulate(Context& ctx, const qlink_hessian_args* args) {
     // Narrow activations reach the rank-k update as fp32, a bounded chunk of rows at a time.
     const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(rows[i], (int64_t{512} << 20) / (4 * n)));
     DeviceBuffer staged;
-    QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(usage, sizeof(float) * chunk * n, &staged));
+    QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(workspace, sizeof(float) * chunk * n, &staged));
     for (int64_t r = 0; r < rows[i]; r += chunk) {
       const int64_t m = std::min(chunk, rows[i] - r);
       QLINK_RETURN_IF_ERROR(math->ToFloat(device, stream, DataOf(x) + r * n * 2, x.dtype, m * n, staged.as<float>()));

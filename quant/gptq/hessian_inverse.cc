@@ -17,14 +17,14 @@ std::string Damp(double d) {
 }  // namespace
 
 Status InvertHessian(DeviceBackend& backend, QuantMath& math, int device, Stream stream, const float* h, int64_t n,
-                     const GptqOptions& options, const std::string& who, Workspace* usage, HessianInverse* out) {
+                     const GptqOptions& options, const std::string& who, Workspace* workspace, HessianInverse* out) {
   out->device = device;
   out->n = n;
   // The diagonal decides the dead columns, the act-order and the damp's scale.
   std::vector<float> diag(static_cast<size_t>(n));
   {
     DeviceBuffer d;
-    QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*usage, sizeof(float) * n, &d));
+    QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, sizeof(float) * n, &d));
     QLINK_RETURN_IF_ERROR(math.Diagonal(device, stream, h, n, d.as<float>()));
     QLINK_RETURN_IF_ERROR(backend.SynchronizeStream(device, stream));
     QLINK_RETURN_IF_ERROR(backend.CopyToHost(device, diag.data(), d.as<float>(), sizeof(float) * n));
@@ -43,7 +43,7 @@ Status InvertHessian(DeviceBackend& backend, QuantMath& math, int device, Stream
   }
   DeviceBuffer perm;
   if (!out->perm.empty()) {
-    QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*usage, sizeof(int32_t) * n, &perm));
+    QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, sizeof(int32_t) * n, &perm));
     QLINK_RETURN_IF_ERROR(backend.CopyFromHost(device, perm.as<int32_t>(), out->perm.data(), sizeof(int32_t) * n));
   }
   out->dead.clear();
@@ -56,8 +56,8 @@ Status InvertHessian(DeviceBackend& backend, QuantMath& math, int device, Stream
   // Two n x n buffers while inverting: the damped Hessian and its factor, then the inverse
   // and its factor (kept as U).
   DeviceBuffer factor;
-  QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*usage, sizeof(float) * n * n, &factor));
-  QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*usage, sizeof(float) * n * n, &out->u));
+  QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, sizeof(float) * n * n, &factor));
+  QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, sizeof(float) * n * n, &out->u));
   float* l = factor.as<float>();
   float* u = out->u.as<float>();
   const int32_t* p = out->perm.empty() ? nullptr : perm.as<int32_t>();
@@ -92,7 +92,7 @@ Status InvertHessian(DeviceBackend& backend, QuantMath& math, int device, Stream
                                     : " (options->damp_auto_increment is 0: no other damp tried)"));
 }
 
-Status CopyInverse(DeviceBackend& backend, const HessianInverse& from, int device, Stream stream, Workspace* usage,
+Status CopyInverse(DeviceBackend& backend, const HessianInverse& from, int device, Stream stream, Workspace* workspace,
                    HessianInverse* out) {
   out->device = device;
   out->n = from.n;
@@ -100,7 +100,7 @@ Status CopyInverse(DeviceBackend& backend, const HessianInverse& from, int devic
   out->dead = from.dead;
   out->damp = from.damp;
   const uint64_t bytes = sizeof(float) * from.n * from.n;
-  QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*usage, bytes, &out->u));
+  QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, bytes, &out->u));
   const CopyLeaf leaf{from.u.as<float>(), out->u.as<float>(), bytes};
   return backend.CopyLeaves(device, from.device, &leaf, 1, stream);
 }

@@ -27,11 +27,11 @@ struct HessianInverse {
 // stays indefinite up to the largest damp tried is INVALID_ARGUMENT naming `who` and the
 // damps tried.
 Status InvertHessian(DeviceBackend& backend, QuantMath& math, int device, Stream stream, const float* h, int64_t n,
-                     const GptqOptions& options, const std::string& who, Workspace* usage, HessianInverse* out);
+                     const GptqOptions& options, const std::string& who, Workspace* workspace, HessianInverse* out);
 
 // A copy of `from` on `device` (U copied by the runtime), for layers placed away from
 // where their inverse was computed. `from`'s device must be idle.
-Status CopyInverse(DeviceBackend& backend, const HessianInverse& from, int device, Stream stream, Workspace* usage,
+Status CopyInverse(DeviceBackend& backend, const HessianInverse& from, int device, Stream stream, Workspace* workspace,
                    HessianInverse* out);
 
 }  // namespace quant

@@ -7,9 +7,9 @@ namespace quant {
 namespace {
 
 template <typename T>
-Status Upload(DeviceBackend& backend, int device, const std::vector<T>& host, Workspace* usage, DeviceBuffer* out) {
+Status Upload(DeviceBackend& backend, int device, const std::vector<T>& host, Workspace* workspace, DeviceBuffer* out) {
   if (host.empty()) return Status::Ok();
-  QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*usage, sizeof(T) * host.size(), out));
+  QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, sizeof(T) * host.size(), out));
   return backend.CopyFromHost(device, out->as<T>(), host.data(), sizeof(T) * host.size());
 }
 
@@ -32,7 +32,7 @@ std::vector<int32_t> GroupIndex(const HessianInverse& inverse, const GptqOptions
 }
 
 Status SolveRows(DeviceBackend& backend, QuantMath& math, const HessianInverse& inverse, const RowsJob& job,
-                 const GptqOptions& options, const std::function<bool()>& may_write, Workspace* usage,
+                 const GptqOptions& options, const std::function<bool()>& may_write, Workspace* workspace,
                  std::vector<double>* row_loss) {
   const Layer& layer = *job.layer;
   const int device = job.device;
@@ -47,15 +47,15 @@ Status SolveRows(DeviceBackend& backend, QuantMath& math, const HessianInverse& 
   DeviceBuffer staged;
   if (!local) {
     const uint64_t bytes = rows * cols * ElementBytes(w);
-    QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*usage, bytes, &staged));
+    QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, bytes, &staged));
     const CopyLeaf leaf{w_rows, staged.as<char>(), bytes};
     QLINK_RETURN_IF_ERROR(backend.CopyLeaves(device, layer.device, &leaf, 1, s));
     w_rows = staged.as<char>();
   }
   DeviceBuffer perm, position, column_group, wf, scales, zeros, codes, err, loss;
-  QLINK_RETURN_IF_ERROR(Upload(backend, device, inverse.perm, usage, &perm));
+  QLINK_RETURN_IF_ERROR(Upload(backend, device, inverse.perm, workspace, &perm));
   const int32_t* p = inverse.perm.empty() ? nullptr : perm.as<int32_t>();
-  QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*usage, sizeof(float) * rows * cols, &wf));
+  QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, sizeof(float) * rows * cols, &wf));
   QLINK_RETURN_IF_ERROR(math.LoadWeight(device, s, w_rows, w.dtype, rows, cols, p, wf.as<float>()));
   staged = DeviceBuffer();
 
@@ -66,9 +66,9 @@ Status SolveRows(DeviceBackend& backend, QuantMath& math, const HessianInverse& 
       group_of[c] = static_cast<int32_t>((options.static_groups && p != nullptr ? inverse.perm[c] : c) / gs);
     }
   }
-  QLINK_RETURN_IF_ERROR(Upload(backend, device, group_of, usage, &column_group));
-  QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*usage, sizeof(float) * rows * groups, &scales));
-  QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*usage, sizeof(float) * rows * groups, &zeros));
+  QLINK_RETURN_IF_ERROR(Upload(backend, device, group_of, workspace, &column_group));
+  QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, sizeof(float) * rows * groups, &scales));
+  QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, sizeof(float) * rows * groups, &zeros));
   auto ranges = [&](int64_t group_size, int64_t first, int64_t count, const int32_t* columns) {
     return math.GroupRanges(device, s, wf.as<float>(), rows, cols, group_size, first, count, columns, options.grid,
                             scales.as<float>(), zeros.as<float>(), groups);
@@ -76,7 +76,7 @@ Status SolveRows(DeviceBackend& backend, QuantMath& math, const HessianInverse& 
   // GPTQModel takes the whole-row range before zeroing dead columns, static groups after.
   if (gs == -1) QLINK_RETURN_IF_ERROR(ranges(cols, 0, 1, nullptr));
   DeviceBuffer dead;
-  QLINK_RETURN_IF_ERROR(Upload(backend, device, inverse.dead, usage, &dead));
+  QLINK_RETURN_IF_ERROR(Upload(backend, device, inverse.dead, workspace, &dead));
   if (!inverse.dead.empty()) {
     QLINK_RETURN_IF_ERROR(math.ZeroColumns(device, s, wf.as<float>(), rows, cols, dead.as<int32_t>(),
                                            static_cast<int64_t>(inverse.dead.size())));
@@ -85,14 +85,14 @@ Status SolveRows(DeviceBackend& backend, QuantMath& math, const HessianInverse& 
     // Group g is the original columns g * gs + j, found at their working positions.
     std::vector<int32_t> at(static_cast<size_t>(cols));
     for (int64_t c = 0; c < cols; ++c) at[p != nullptr ? inverse.perm[c] : c] = static_cast<int32_t>(c);
-    QLINK_RETURN_IF_ERROR(Upload(backend, device, at, usage, &position));
+    QLINK_RETURN_IF_ERROR(Upload(backend, device, at, workspace, &position));
     QLINK_RETURN_IF_ERROR(ranges(gs, 0, groups, position.as<int32_t>()));
   }
 
-  if (layer.codes != nullptr) QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*usage, rows * cols, &codes));
+  if (layer.codes != nullptr) QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, rows * cols, &codes));
   QLINK_RETURN_IF_ERROR(
-      DeviceBuffer::Make(*usage, sizeof(float) * rows * std::min(cols, kBlockColumns), &err));
-  QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*usage, sizeof(double) * rows, &loss));
+      DeviceBuffer::Make(*workspace, sizeof(float) * rows * std::min(cols, kBlockColumns), &err));
+  QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, sizeof(double) * rows, &loss));
   QLINK_RETURN_IF_ERROR(backend.Memset(device, loss.as<void>(), 0, sizeof(double) * rows, s));
   const float* u = inverse.u.as<float>();
   for (int64_t first = 0; first < cols; first += kBlockColumns) {
@@ -137,7 +137,7 @@ Status SolveRows(DeviceBackend& backend, QuantMath& math, const HessianInverse& 
   auto destination = [&](const DLTensor* t, int64_t row_bytes, DeviceBuffer* stage) -> Status {
     char* final_rows = MutableDataOf(*t) + job.row_begin * row_bytes;
     if (local) return Status::Ok();
-    QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*usage, rows * row_bytes, stage));
+    QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, rows * row_bytes, stage));
     copies.push_back({stage->as<char>(), final_rows, static_cast<uint64_t>(rows * row_bytes)});
     return Status::Ok();
   };

@@ -24,7 +24,7 @@ struct RowsJob {
 // of the call is known) says the call goes ahead. row_loss receives each row's
 // sum of (w - q)^2 / d^2.
 Status SolveRows(DeviceBackend& backend, QuantMath& math, const HessianInverse& inverse, const RowsJob& job,
-                 const GptqOptions& options, const std::function<bool()>& may_write, Workspace* usage,
+                 const GptqOptions& options, const std::function<bool()>& may_write, Workspace* workspace,
                  std::vector<double>* row_loss);
 
 // Each original column's group index (the layer's g_idx).
