@@ -4,10 +4,7 @@
 #pragma once
 
 #include <cstddef>
-#include <memory>
 #include <string>
-
-#include <boost/dll/shared_library.hpp>
 
 #include "backends/status.h"
 

@@ -85,7 +85,7 @@ def gpu_backend(vendor):
         srcs = ["//backends/gpu:gpu_backend.cc"] + _QUANT_SRCS + [":%s_%s" % (vendor, k) for k in _KERNELS],
         hdrs = _HDRS + _QUANT_HDRS,
         local_defines = [v.define],
-        deps = ["//backends:device_backend", "//quant:quant_math", "//third_party:boost_dll"] + v.deps,
+        deps = ["//backends:device_backend", "//backends:vendor_library", "//quant:quant_math"] + v.deps,
         alwayslink = True,
     )
 

@@ -1,12 +1,8 @@
 #include "quant/gpu/linalg_api.h"
 
-#include <map>
-#include <memory>
-#include <mutex>
-#include <type_traits>
-#include <utility>
+#include <vector>
 
-#include <boost/dll/shared_library.hpp>
+#include "backends/vendor_library.h"
 
 #if defined(QLINK_GPU_CUDA)
 #include <cublas_api.h>
@@ -42,66 +38,25 @@ struct Names {
 };
 #endif
 
-Status Open(const std::string& name, const char* what, boost::dll::shared_library* lib) {
-  boost::dll::fs::error_code ec;
-  lib->load(name, boost::dll::load_mode::search_system_folders | boost::dll::load_mode::rtld_now, ec);
-  if (ec) {
-    return Unavailable(std::string(kVendor) + ": the GPTQ engine's " + what + " library '" + name +
-                       "' cannot be loaded: " + ec.message() + " (set config field '" + what + "_library' to its path)");
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
-Status LoadLinalg(const std::string& blas_name, const std::string& solver_name, const LinalgApi** out) {
-  struct Loaded {
-    boost::dll::shared_library blas, solver;
-    LinalgApi api = kEnums;
-  };
-  static std::mutex mu;
-  static std::map<std::pair<std::string, std::string>, std::unique_ptr<Loaded>> cache;
-  const std::string blas = blas_name.empty() ? kBlas : blas_name;
-  const std::string solver = solver_name.empty() ? kSolver : solver_name;
-  std::lock_guard<std::mutex> lock(mu);
-  auto& slot = cache[{blas, solver}];
-  if (!slot) {
-    auto loaded = std::make_unique<Loaded>();
-    Status s = Open(blas, "blas", &loaded->blas);
-    if (s.ok()) s = Open(solver, "solver", &loaded->solver);
-    const char* missing = nullptr;
-    const std::string* missing_from = nullptr;
-    auto resolve = [&](boost::dll::shared_library& lib, const std::string& from, auto& fn, const char* name) {
-      if (name == nullptr) return;
-      if (!lib.has(name)) {
-        if (missing == nullptr) missing = name, missing_from = &from;
-        return;
-      }
-      fn = &lib.get<std::remove_pointer_t<std::remove_reference_t<decltype(fn)>>>(name);
-    };
-    if (s.ok()) {
-      const Names n;
-      LinalgApi& a = loaded->api;
-      resolve(loaded->blas, blas, a.BlasCreate, n.blas_create);
-      resolve(loaded->blas, blas, a.BlasSetStream, n.blas_stream);
-      resolve(loaded->blas, blas, a.BlasSetMathMode, n.math);
-      resolve(loaded->blas, blas, a.Sgemm, n.sgemm);
-      resolve(loaded->blas, blas, a.Ssyrk, n.ssyrk);
-      resolve(loaded->solver, solver, a.SolverCreate, n.solver_create);
-      resolve(loaded->solver, solver, a.SolverSetStream, n.solver_stream);
-      resolve(loaded->solver, solver, a.SpotrfBufferSize, n.potrf_size);
-      resolve(loaded->solver, solver, a.Spotrf, n.potrf);
-      resolve(loaded->solver, solver, a.Spotrs, n.potrs);
-      if (missing != nullptr) s = Unavailable(std::string(kVendor) + ": '" + *missing_from + "' lacks " + missing);
-    }
-    if (!s.ok()) {
-      cache.erase({blas, solver});
-      return s;
-    }
-    slot = std::move(loaded);
-  }
-  *out = &slot->api;
-  return Status::Ok();
+Status LoadLinalg(const std::string& blas, const std::string& solver, const LinalgApi** out) {
+  const std::string what = std::string(kVendor) + " GPTQ engine's";
+  const std::vector<VendorLibrary> libraries = {{blas.empty() ? kBlas : blas, what + " BLAS", "blas_library"},
+                                                {solver.empty() ? kSolver : solver, what + " solver", "solver_library"}};
+  return LoadVendorLibraries(libraries, kEnums, [](VendorSymbols& take, LinalgApi* a) {
+    const Names n;
+    take(0, a->BlasCreate, n.blas_create);
+    take(0, a->BlasSetStream, n.blas_stream);
+    take(0, a->BlasSetMathMode, n.math);
+    take(0, a->Sgemm, n.sgemm);
+    take(0, a->Ssyrk, n.ssyrk);
+    take(1, a->SolverCreate, n.solver_create);
+    take(1, a->SolverSetStream, n.solver_stream);
+    take(1, a->SpotrfBufferSize, n.potrf_size);
+    take(1, a->Spotrf, n.potrf);
+    take(1, a->Spotrs, n.potrs);
+  }, out);
 }
 
 }  // namespace quant
