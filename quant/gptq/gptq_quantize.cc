@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <tuple>
 
@@ -283,9 +284,11 @@ Status HessianAccumulate(Context& ctx, const qlink_hessian_args* args) {
   if (args->num_inputs == 0) return Status::Ok();
   QuantMath* math = nullptr;
   QLINK_RETURN_IF_ERROR(QuantMathOf(ctx, &math));
+  std::set<int> touched;  // devices whose partial received an input
   for (size_t i = 0; i < args->num_inputs; ++i) {
     const DLTensor& x = args->inputs[i];
     const int device = x.device.device_id;
+    touched.insert(device);
     const DLTensor& partial = args->partials[partial_of[device]];
     const int64_t n = partial.shape[0];
     float* h = reinterpret_cast<float*>(MutableDataOf(partial));
@@ -302,16 +305,14 @@ Status HessianAccumulate(Context& ctx, const qlink_hessian_args* args) {
     QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(workspace, sizeof(float) * chunk * n, &staged));
     for (int64_t r = 0; r < rows[i]; r += chunk) {
       const int64_t m = std::min(chunk, rows[i] - r);
-      QLINK_RETURN_IF_ERROR(math->ToFloat(device, stream, DataOf(x) + r * n * 2, x.dtype, m * n, staged.as<float>()));
+      QLINK_RETURN_IF_ERROR(math->ToFloat(device, stream, DataOf(x) + r * n * (x.dtype.bits / 8), x.dtype, m * n,
+                                          staged.as<float>()));
       QLINK_RETURN_IF_ERROR(math->SyrkAccumulate(device, stream, staged.as<float>(), m, n, h));
     }
   }
   // Both triangles, once per partial touched.
-  for (const auto& [device, index] : partial_of) {
-    const DLTensor& partial = args->partials[index];
-    bool touched = false;
-    for (size_t i = 0; i < args->num_inputs; ++i) touched = touched || args->inputs[i].device.device_id == device;
-    if (!touched) continue;
+  for (int device : touched) {
+    const DLTensor& partial = args->partials[partial_of[device]];
     QLINK_RETURN_IF_ERROR(math->MirrorTriangle(device, StreamFor(device, args->streams, args->num_streams),
                                                reinterpret_cast<float*>(MutableDataOf(partial)), partial.shape[0],
                                                /*lower_to_upper=*/true));

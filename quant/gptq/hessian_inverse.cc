@@ -40,6 +40,8 @@ Status InvertHessian(DeviceBackend& backend, QuantMath& math, int device, Stream
     // torch.argsort(diag, descending=True), ties kept in column order.
     std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return diag[a] > diag[b]; });
     out->perm = order;
+    out->position.resize(static_cast<size_t>(n));
+    for (int64_t c = 0; c < n; ++c) out->position[order[c]] = static_cast<int32_t>(c);
   }
   DeviceBuffer perm;
   if (!out->perm.empty()) {
@@ -97,6 +99,7 @@ Status CopyInverse(DeviceBackend& backend, const HessianInverse& from, int devic
   out->device = device;
   out->n = from.n;
   out->perm = from.perm;
+  out->position = from.position;
   out->dead = from.dead;
   out->damp = from.damp;
   const uint64_t bytes = sizeof(float) * from.n * from.n;

@@ -21,12 +21,11 @@ std::vector<int32_t> GroupIndex(const HessianInverse& inverse, const GptqOptions
   const int64_t n = inverse.n;
   std::vector<int32_t> g(static_cast<size_t>(n), 0);
   if (options.group_size == -1) return g;
-  std::vector<int32_t> position(static_cast<size_t>(n));  // original column -> working column
-  for (int64_t c = 0; c < n; ++c) position[inverse.perm.empty() ? c : inverse.perm[c]] = static_cast<int32_t>(c);
   for (int64_t j = 0; j < n; ++j) {
     // Static groups keep the original columns' groups; otherwise a column joins the group
     // of the position it was visited in.
-    g[j] = static_cast<int32_t>((options.static_groups ? j : position[j]) / options.group_size);
+    const bool visited_in_place = options.static_groups || inverse.position.empty();
+    g[j] = static_cast<int32_t>((visited_in_place ? j : inverse.position[j]) / options.group_size);
   }
   return g;
 }
@@ -83,9 +82,7 @@ Status SolveRows(DeviceBackend& backend, QuantMath& math, const HessianInverse& 
   }
   if (options.static_groups) {
     // Group g is the original columns g * gs + j, found at their working positions.
-    std::vector<int32_t> at(static_cast<size_t>(cols));
-    for (int64_t c = 0; c < cols; ++c) at[p != nullptr ? inverse.perm[c] : c] = static_cast<int32_t>(c);
-    QLINK_RETURN_IF_ERROR(Upload(backend, device, at, workspace, &position));
+    QLINK_RETURN_IF_ERROR(Upload(backend, device, inverse.position, workspace, &position));
     QLINK_RETURN_IF_ERROR(ranges(gs, 0, groups, position.as<int32_t>()));
   }
 

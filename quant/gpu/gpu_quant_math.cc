@@ -58,11 +58,7 @@ class GpuQuantMath final : public QuantMath {
     DeviceState* st = nullptr;
     QLINK_RETURN_IF_ERROR(Acquire(device, &st));
     std::lock_guard<std::mutex> lock(st->mu);
-    QLINK_RETURN_IF_ERROR(CheckLib(api_.BlasSetStream(st->blas, stream), "blas set stream"));
-    if (api_.BlasSetMathMode != nullptr) {
-      QLINK_RETURN_IF_ERROR(
-          CheckLib(api_.BlasSetMathMode(st->blas, tf32 ? api_.math_tf32 : api_.math_default), "blas math mode"));
-    }
+    QLINK_RETURN_IF_ERROR(Blas(*st, stream, tf32));
     // Row-major C = A B is column-major C^T = B^T A^T: the operands swap.
     return CheckLib(api_.Sgemm(st->blas, api_.op_n, api_.op_n, Int(n), Int(m), Int(k), &alpha, b, Int(ldb), a,
                                Int(lda), &beta, c, Int(ldc)),
@@ -75,10 +71,7 @@ class GpuQuantMath final : public QuantMath {
     DeviceState* st = nullptr;
     QLINK_RETURN_IF_ERROR(Acquire(device, &st));
     std::lock_guard<std::mutex> lock(st->mu);
-    QLINK_RETURN_IF_ERROR(CheckLib(api_.BlasSetStream(st->blas, stream), "blas set stream"));
-    if (api_.BlasSetMathMode != nullptr) {
-      QLINK_RETURN_IF_ERROR(CheckLib(api_.BlasSetMathMode(st->blas, api_.math_default), "blas math mode"));
-    }
+    QLINK_RETURN_IF_ERROR(Blas(*st, stream, /*tf32=*/false));
     const float one = 1.0f;
     return CheckLib(api_.Ssyrk(st->blas, api_.fill_lower, api_.op_n, Int(n), Int(rows), &one, x, Int(n), &one, h, Int(n)),
                     "ssyrk");
@@ -196,6 +189,13 @@ class GpuQuantMath final : public QuantMath {
     }
     *out = &st;
     return Status::Ok();
+  }
+
+  // The BLAS handle on `stream`, in IEEE fp32 unless tf32 (st.mu held).
+  Status Blas(DeviceState& st, Stream stream, bool tf32) {
+    QLINK_RETURN_IF_ERROR(CheckLib(api_.BlasSetStream(st.blas, stream), "blas set stream"));
+    if (api_.BlasSetMathMode == nullptr) return Status::Ok();
+    return CheckLib(api_.BlasSetMathMode(st.blas, tf32 ? api_.math_tf32 : api_.math_default), "blas math mode");
   }
 
   Status Solver(DeviceState& st, Stream stream) {
