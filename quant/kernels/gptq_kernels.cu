@@ -37,11 +37,21 @@ __device__ __forceinline__ T TeamXor(T v, int mask, int width) {
 // Group ranges: a team of 32 lanes per (row, group).
 constexpr int kRangeTeam = 32;
 constexpr int kRangeTeamsPerBlock = kThreads / kRangeTeam;
-// The column loop: a team of 16 lanes per row, 8 of the block's columns in each lane's
-// registers, 2 rows a warp (enough warps to hide each step's latency on 4096-row layers).
-constexpr int kTeam = 16;
-constexpr int kSlots = kBlockColumns / kTeam;
-constexpr int kTeamsPerBlock = kThreads / kTeam;
+// The column loop: a team of 8 lanes per row, 16 of the block's columns in each lane's
+// registers (with their ranges), 4 rows a warp, 32 rows a launch block. The launch
+// block's 64 KiB square of U and its registers allow three per SM; measured on an H200
+// against teams of 4 and 16 and blocks of 128 threads, this shape keeps the most steps in
+// flight. A lane's columns come in quads, so U's row reaches it four values to a read.
+constexpr int kTeam = 8;
+constexpr int kQuad = 4;
+constexpr int kSlots = kBlockColumns / kTeam;      // columns per lane
+constexpr int kQuadsPerLane = kSlots / kQuad;      // quad m of lane l: 32 m + 4 l .. + 3
+constexpr int kLoopThreads = 256;
+constexpr int kLoopRows = kLoopThreads / kTeam;
+
+__device__ __forceinline__ int LaneColumn(int lane, int k) {
+  return (k / kQuad) * kTeam * kQuad + lane * kQuad + k % kQuad;
+}
 
 __device__ __forceinline__ int64_t At(const int32_t* perm, int64_t c) { return perm != nullptr ? perm[c] : c; }
 
@@ -162,23 +172,45 @@ __global__ void GroupRangesKernel(const float* w, int64_t rows, int64_t ld, int6
   }
 }
 
-// GPTQ's column loop over one block, one team per row: lane l holds the block's columns
-// l, l + 16, ..., l + 112 in registers with their groups' scale and zero, and the block's
-// square of U sits in shared memory (below its diagonal zeroed, so an update needs no test
-// of which columns come after). Step i: column i's owner hands its value and range to the
-// team, every lane quantizes it alike and updates its columns with U's row i. Levels and
-// errors stay in the owner's registers until the block ends.
-constexpr size_t kBlockSharedBytes = sizeof(float) * kBlockColumns * kBlockColumns;
+// GPTQ's column loop over one block, one team per row. The block's square of U sits in
+// shared memory, below its diagonal zeroed (a lane's column already done in the current
+// quad takes a zero update). Step i: column i's owner hands its value and range to the team, every
+// lane quantizes it alike with the column's range and updates its columns of the current
+// quad and later ones with U's row i; earlier quads are done and are not touched. Each
+// lane holds its columns' ranges too; the owner keeps the dequantized value, the error
+// and the level in registers until the block ends.
+constexpr size_t kBlockSharedBytes = sizeof(float) * kBlockColumns * kBlockColumns + sizeof(int32_t) * kBlockColumns;
 
-__global__ void __launch_bounds__(kThreads) QuantizeBlockKernel(const BlockArgs a) {
-  extern __shared__ float u_block[];  // kBlockColumns x kBlockColumns, row-major
-  for (int64_t k = threadIdx.x; k < kBlockColumns * kBlockColumns; k += blockDim.x) {
-    const int64_t i = k / kBlockColumns, j = k % kBlockColumns;
-    u_block[k] = i <= j && j < a.count ? a.u[(a.first + i) * a.n + a.first + j] : 0.0f;
+__global__ void __launch_bounds__(kLoopThreads) QuantizeBlockKernel(const BlockArgs a) {
+  extern __shared__ float4 shared[];
+  float* u_block = reinterpret_cast<float*>(shared);  // kBlockColumns x kBlockColumns, row-major
+  int32_t* group = reinterpret_cast<int32_t*>(u_block + kBlockColumns * kBlockColumns);
+  const float* u_rows = a.u + a.first * a.n + a.first;
+  const bool vector_rows = a.n % 4 == 0 && reinterpret_cast<uintptr_t>(a.u) % 16 == 0;
+#pragma unroll 8
+  for (int k = threadIdx.x; k < kBlockColumns * kBlockColumns / 4; k += blockDim.x) {
+    const int i = k / (kBlockColumns / 4), j = (k % (kBlockColumns / 4)) * 4;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (i < a.count && j < a.count && j + 3 >= i) {
+      const float* src = u_rows + i * a.n + j;
+      if (vector_rows && j + 4 <= a.count) {
+        v = *reinterpret_cast<const float4*>(src);
+      } else {
+        v.x = src[0];
+        if (j + 1 < a.count) v.y = src[1];
+        if (j + 2 < a.count) v.z = src[2];
+        if (j + 3 < a.count) v.w = src[3];
+      }
+      if (j < i) v.x = 0.0f;
+      if (j + 1 < i) v.y = 0.0f;
+      if (j + 2 < i) v.z = 0.0f;
+    }
+    shared[k] = v;
   }
+  for (int j = threadIdx.x; j < kBlockColumns; j += blockDim.x) group[j] = j < a.count ? a.column_group[a.first + j] : 0;
   __syncthreads();
   const int lane = threadIdx.x % kTeam;
-  const int64_t r = blockIdx.x * static_cast<int64_t>(kTeamsPerBlock) + threadIdx.x / kTeam;
+  const int64_t r = blockIdx.x * static_cast<int64_t>(kLoopRows) + threadIdx.x / kTeam;
   const bool active = r < a.rows;
   const int64_t row_index = active ? r : 0;
   const int maxq = (1 << a.grid.bits) - 1;
@@ -186,47 +218,56 @@ __global__ void __launch_bounds__(kThreads) QuantizeBlockKernel(const BlockArgs 
   const float* scales = a.scales + row_index * a.groups;
   const float* zeros = a.zeros + row_index * a.groups;
   float w[kSlots], scale[kSlots], zero[kSlots], err[kSlots];
-  uint8_t level[kSlots];
+  uint32_t levels[kQuadsPerLane];
 #pragma unroll
   for (int k = 0; k < kSlots; ++k) {
-    const int c = lane + k * kTeam;
+    const int c = LaneColumn(lane, k);
     const bool in = c < a.count;
-    const int64_t g = in ? a.column_group[a.first + c] : 0;
     w[k] = in ? row[c] : 0.0f;
-    scale[k] = in ? scales[g] : 1.0f;
-    zero[k] = in ? zeros[g] : 0.0f;
+    scale[k] = in ? scales[group[c]] : 1.0f;
+    zero[k] = in ? zeros[group[c]] : 0.0f;
     err[k] = 0.0f;
-    level[k] = 0;
+    if (k % kQuad == 0) levels[k / kQuad] = 0;
   }
 #pragma unroll
-  for (int slot = 0; slot < kSlots; ++slot) {
+  for (int m = 0; m < kQuadsPerLane; ++m) {
     for (int owner = 0; owner < kTeam; ++owner) {
-      const int i = slot * kTeam + owner;
-      if (i >= a.count) break;  // the same for every lane of the launch
-      const float* u = u_block + i * kBlockColumns;
-      const float x = TeamShuffle(w[slot], owner, kTeam);
-      const float s = TeamShuffle(scale[slot], owner, kTeam);
-      const float z = TeamShuffle(zero[slot], owner, kTeam);
-      uint8_t l = 0;
-      const float q = QuantizeValue(x, s, z, maxq, &l);
-      const float e = (x - q) / u[i];
 #pragma unroll
-      for (int k = 0; k < kSlots; ++k) w[k] = Sub(w[k], Mul(e, u[lane + k * kTeam]));
-      if (lane == owner) {
-        w[slot] = q;
-        err[slot] = e;
-        level[slot] = l;
+      for (int t = 0; t < kQuad; ++t) {
+        const int i = m * kTeam * kQuad + owner * kQuad + t;
+        if (i < a.count) {  // the same for every lane of the launch
+          const float4* u = shared + i * (kBlockColumns / 4);
+          const float x = TeamShuffle(w[m * kQuad + t], owner, kTeam);
+          const float s = TeamShuffle(scale[m * kQuad + t], owner, kTeam);
+          const float z = TeamShuffle(zero[m * kQuad + t], owner, kTeam);
+          uint8_t l = 0;
+          const float q = QuantizeValue(x, s, z, maxq, &l);
+          const float e = (x - q) / u_block[i * kBlockColumns + i];
+#pragma unroll
+          for (int mm = m; mm < kQuadsPerLane; ++mm) {
+            const float4 v = u[mm * kTeam + lane];
+            w[mm * kQuad + 0] = Sub(w[mm * kQuad + 0], Mul(e, v.x));
+            w[mm * kQuad + 1] = Sub(w[mm * kQuad + 1], Mul(e, v.y));
+            w[mm * kQuad + 2] = Sub(w[mm * kQuad + 2], Mul(e, v.z));
+            w[mm * kQuad + 3] = Sub(w[mm * kQuad + 3], Mul(e, v.w));
+          }
+          if (lane == owner) {
+            w[m * kQuad + t] = q;
+            err[m * kQuad + t] = e;
+            levels[m] |= static_cast<uint32_t>(l) << (8 * t);
+          }
+        }
       }
     }
   }
   double loss = 0;  // the row's sum of err^2 = (w - q)^2 / d^2, each lane's columns first
 #pragma unroll
   for (int k = 0; k < kSlots; ++k) {
-    const int c = lane + k * kTeam;
+    const int c = LaneColumn(lane, k);
     if (!active || c >= a.count) continue;
     row[c] = w[k];
     a.err[r * a.count + c] = err[k];
-    if (a.codes != nullptr) a.codes[r * a.ld + a.first + c] = level[k];
+    if (a.codes != nullptr) a.codes[r * a.ld + a.first + c] = static_cast<uint8_t>(levels[k / kQuad] >> (8 * (k % kQuad)));
     loss += static_cast<double>(err[k]) * err[k];
   }
   for (int mask = kTeam / 2; mask > 0; mask /= 2) loss += TeamXor(loss, mask, kTeam);  // a fixed tree
@@ -292,7 +333,7 @@ gpuError_t LaunchGroupRanges(const float* w, int64_t rows, int64_t ld, int64_t g
 }
 
 gpuError_t LaunchQuantizeBlock(const BlockArgs& args, gpuStream_t stream) {
-  // 64 KiB of shared memory is past the default 48 KiB a launch may take (per function,
+  // 64.5 KiB of shared memory is past the default 48 KiB a launch may take (per function,
   // for whichever device is current; setting it again is cheap).
 #if defined(QLINK_GPU_HIP)
   gpuError_t e = hipFuncSetAttribute(reinterpret_cast<const void*>(&QuantizeBlockKernel),
@@ -302,8 +343,8 @@ gpuError_t LaunchQuantizeBlock(const BlockArgs& args, gpuStream_t stream) {
                                       static_cast<int>(kBlockSharedBytes));
 #endif
   if (e != gpuSuccess) return e;
-  const unsigned blocks = static_cast<unsigned>((args.rows + kTeamsPerBlock - 1) / kTeamsPerBlock);
-  QuantizeBlockKernel<<<blocks, kThreads, kBlockSharedBytes, stream>>>(args);
+  const unsigned blocks = static_cast<unsigned>((args.rows + kLoopRows - 1) / kLoopRows);
+  QuantizeBlockKernel<<<blocks, kLoopThreads, kBlockSharedBytes, stream>>>(args);
   return gpuGetLastError();
 }
 

@@ -13,7 +13,9 @@ def find_params(x, maxq, sym):
         xmin = torch.where(xmin < 0, -xmax, xmin)
     flat = (xmin == 0) & (xmax == 0)
     xmin[flat], xmax[flat] = -1, 1
-    scale = (xmax - xmin) / maxq
+    # maxq as a tensor on x's device, as GPTQModel's Quantizer keeps it: PyTorch's CUDA
+    # division by a Python number multiplies by its reciprocal, which rounds differently.
+    scale = (xmax - xmin) / torch.tensor(maxq, dtype=x.dtype, device=x.device)
     zero = torch.full_like(scale, (maxq + 1) / 2) if sym else torch.round(-xmin / scale)
     return scale.unsqueeze(1), zero.unsqueeze(1)
 

@@ -23,22 +23,17 @@ def _problem(rows=96, cols=384, seed=0):
     (4, 128, True, False, False), (4, 32, False, True, False), (3, 64, True, True, True), (2, -1, False, False, False),
     (8, 128, True, True, False)])
 def test_gptq_on_the_gpu_matches_the_reference(ctx, bits, group_size, sym, desc_act, static_groups):
-    # gate_proj's shape. Against GPTQModel's own GPTQ.quantize at this shape the engine's
-    # codes agree on 100 % (bench/gptq_bench.py, bench/RESULTS.md); against this reference
-    # on this Hessian (made in float64, with a dead column) they agree on 98.8-99.7 %, a
-    # last-rounding difference not yet traced (on the CPU the two are bit-identical).
+    # gate_proj's shape, a dead column; the engine follows PyTorch's CUDA calls one for one.
     w, h = _problem(rows=11008, cols=4096)
     h[9, :], h[:, 9] = 0, 0  # a dead column
     opts = dict(bits=bits, group_size=group_size, sym=sym, desc_act=desc_act, static_groups=static_groups)
     got = gptq_quantize(w.bfloat16(), h, ctx=ctx, **opts)
     codes, scales, zeros, g_idx, weight, loss, damp = reference_gptq(w.bfloat16(), h, **opts)
     assert got.weight.dtype == torch.bfloat16
-    assert (got.codes == codes).float().mean() >= 0.98
+    assert (got.codes == codes).float().mean() >= 0.999
     assert torch.equal(got.g_idx, g_idx)
-    # cuSOLVER's factorizations round apart from PyTorch's own calls: rows whose codes agree
-    # agree on their ranges to float noise.
-    same = (got.codes == codes).all(1)
-    assert torch.allclose(got.scales[same], scales[same], rtol=1e-5)
+    same = (got.codes == codes).all(1)  # rows whose codes agree have the same ranges
+    assert torch.equal(got.scales[same], scales[same]) and torch.equal(got.zeros[same], zeros[same])
     assert got.loss == pytest.approx(loss, rel=1e-3)
     g = got.g_idx.long()
     assert torch.equal(got.weight, (got.scales[:, g] * (got.codes.float() - got.zeros[:, g])).bfloat16())
