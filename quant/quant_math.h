@@ -94,12 +94,13 @@ class QuantMath {
   // out[r][c] = float(w[r][p(c)]) for w (rows x cols) of dtype fp32, bf16 or fp16.
   virtual Status LoadWeight(int device, Stream stream, const void* w, DLDataType dtype, int64_t rows, int64_t cols,
                             const int32_t* perm, float* out) = 0;
-  // out[r][p(c)] = w[r][c] in `dtype` (fp32, bf16 or fp16, rounded to nearest even).
+  // out[r][c] = w[r][q(c)] in `dtype` (fp32, bf16 or fp16, rounded to nearest even), q
+  // the inverse of LoadWeight's p: gathered, so the writes stay in order.
   virtual Status StoreWeight(int device, Stream stream, const float* w, int64_t rows, int64_t cols,
-                             const int32_t* perm, DLDataType dtype, void* out) = 0;
-  // out[r][p(c)] = codes[r][c] (rows x cols).
+                             const int32_t* position, DLDataType dtype, void* out) = 0;
+  // out[r][c] = codes[r][q(c)] (rows x cols), q as for StoreWeight.
   virtual Status StoreCodes(int device, Stream stream, const uint8_t* codes, int64_t rows, int64_t cols,
-                            const int32_t* perm, uint8_t* out) = 0;
+                            const int32_t* position, uint8_t* out) = 0;
   // w[r][c] = 0 for the `count` listed columns.
   virtual Status ZeroColumns(int device, Stream stream, float* w, int64_t rows, int64_t ld, const int32_t* columns,
                              int64_t count) = 0;

@@ -109,18 +109,18 @@ class CpuQuantMath final : public QuantMath {
     return Status::Ok();
   }
 
-  Status StoreWeight(int, Stream, const float* w, int64_t rows, int64_t cols, const int32_t* perm, DLDataType dtype,
-                     void* out) override {
+  Status StoreWeight(int, Stream, const float* w, int64_t rows, int64_t cols, const int32_t* position,
+                     DLDataType dtype, void* out) override {
     for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < cols; ++c) StoreElement(out, dtype, r * cols + Col(perm, c), w[r * cols + c]);
+      for (int64_t c = 0; c < cols; ++c) StoreElement(out, dtype, r * cols + c, w[r * cols + Col(position, c)]);
     }
     return Status::Ok();
   }
 
-  Status StoreCodes(int, Stream, const uint8_t* codes, int64_t rows, int64_t cols, const int32_t* perm,
+  Status StoreCodes(int, Stream, const uint8_t* codes, int64_t rows, int64_t cols, const int32_t* position,
                     uint8_t* out) override {
     for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < cols; ++c) out[r * cols + Col(perm, c)] = codes[r * cols + c];
+      for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = codes[r * cols + Col(position, c)];
     }
     return Status::Ok();
   }

@@ -53,7 +53,9 @@ Status SolveRows(DeviceBackend& backend, QuantMath& math, const HessianInverse& 
   }
   DeviceBuffer perm, position, column_group, wf, scales, zeros, codes, err, loss;
   QLINK_RETURN_IF_ERROR(Upload(backend, device, inverse.perm, workspace, &perm));
+  QLINK_RETURN_IF_ERROR(Upload(backend, device, inverse.position, workspace, &position));
   const int32_t* p = inverse.perm.empty() ? nullptr : perm.as<int32_t>();
+  const int32_t* q = inverse.position.empty() ? nullptr : position.as<int32_t>();
   QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, sizeof(float) * rows * cols, &wf));
   QLINK_RETURN_IF_ERROR(math.LoadWeight(device, s, w_rows, w.dtype, rows, cols, p, wf.as<float>()));
   staged = DeviceBuffer();
@@ -82,8 +84,7 @@ Status SolveRows(DeviceBackend& backend, QuantMath& math, const HessianInverse& 
   }
   if (options.static_groups) {
     // Group g is the original columns g * gs + j, found at their working positions.
-    QLINK_RETURN_IF_ERROR(Upload(backend, device, inverse.position, workspace, &position));
-    QLINK_RETURN_IF_ERROR(ranges(gs, 0, groups, position.as<int32_t>()));
+    QLINK_RETURN_IF_ERROR(ranges(gs, 0, groups, q));
   }
 
   if (layer.codes != nullptr) QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, rows * cols, &codes));
@@ -145,14 +146,14 @@ Status SolveRows(DeviceBackend& backend, QuantMath& math, const HessianInverse& 
     DeviceBuffer stage;
     const int64_t row_bytes = cols * ElementBytes(*layer.dequantized);
     QLINK_RETURN_IF_ERROR(destination(layer.dequantized, row_bytes, &stage));
-    QLINK_RETURN_IF_ERROR(math.StoreWeight(device, s, wf.as<float>(), rows, cols, p, layer.dequantized->dtype,
+    QLINK_RETURN_IF_ERROR(math.StoreWeight(device, s, wf.as<float>(), rows, cols, q, layer.dequantized->dtype,
                                            target(layer.dequantized, row_bytes, &stage)));
     outbound.push_back(std::move(stage));
   }
   if (layer.codes != nullptr) {
     DeviceBuffer stage;
     QLINK_RETURN_IF_ERROR(destination(layer.codes, cols, &stage));
-    QLINK_RETURN_IF_ERROR(math.StoreCodes(device, s, codes.as<uint8_t>(), rows, cols, p,
+    QLINK_RETURN_IF_ERROR(math.StoreCodes(device, s, codes.as<uint8_t>(), rows, cols, q,
                                           reinterpret_cast<uint8_t*>(target(layer.codes, cols, &stage))));
     outbound.push_back(std::move(stage));
   }

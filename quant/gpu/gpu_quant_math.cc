@@ -145,16 +145,16 @@ class GpuQuantMath final : public QuantMath {
     return Check(gpu::LaunchLoadWeight(w, dtype, rows, cols, perm, out, S(stream)), "load-weight kernel");
   }
 
-  Status StoreWeight(int device, Stream stream, const float* w, int64_t rows, int64_t cols, const int32_t* perm,
+  Status StoreWeight(int device, Stream stream, const float* w, int64_t rows, int64_t cols, const int32_t* position,
                      DLDataType dtype, void* out) override {
     QLINK_RETURN_IF_ERROR(Activate(device));
-    return Check(gpu::LaunchStoreWeight(w, rows, cols, perm, dtype, out, S(stream)), "store-weight kernel");
+    return Check(gpu::LaunchStoreWeight(w, rows, cols, position, dtype, out, S(stream)), "store-weight kernel");
   }
 
-  Status StoreCodes(int device, Stream stream, const uint8_t* codes, int64_t rows, int64_t cols, const int32_t* perm,
+  Status StoreCodes(int device, Stream stream, const uint8_t* codes, int64_t rows, int64_t cols, const int32_t* position,
                     uint8_t* out) override {
     QLINK_RETURN_IF_ERROR(Activate(device));
-    return Check(gpu::LaunchStoreCodes(codes, rows, cols, perm, out, S(stream)), "store-codes kernel");
+    return Check(gpu::LaunchStoreCodes(codes, rows, cols, position, out, S(stream)), "store-codes kernel");
   }
 
   Status ZeroColumns(int device, Stream stream, float* w, int64_t rows, int64_t ld, const int32_t* columns,

@@ -129,14 +129,14 @@ __global__ void LoadWeightKernel(const void* w, int code, int bits, int64_t rows
   QLINK_ROWS_COLS(r, c, rows, cols) out[r * cols + c] = Load(w, code, bits, r * cols + At(perm, c));
 }
 
-__global__ void StoreWeightKernel(const float* w, int64_t rows, int64_t cols, const int32_t* perm, int code, int bits,
-                                  void* out) {
-  QLINK_ROWS_COLS(r, c, rows, cols) Store(out, code, bits, r * cols + At(perm, c), w[r * cols + c]);
+__global__ void StoreWeightKernel(const float* w, int64_t rows, int64_t cols, const int32_t* position, int code,
+                                  int bits, void* out) {
+  QLINK_ROWS_COLS(r, c, rows, cols) Store(out, code, bits, r * cols + c, w[r * cols + At(position, c)]);
 }
 
-__global__ void StoreCodesKernel(const uint8_t* codes, int64_t rows, int64_t cols, const int32_t* perm,
+__global__ void StoreCodesKernel(const uint8_t* codes, int64_t rows, int64_t cols, const int32_t* position,
                                  uint8_t* out) {
-  QLINK_ROWS_COLS(r, c, rows, cols) out[r * cols + At(perm, c)] = codes[r * cols + c];
+  QLINK_ROWS_COLS(r, c, rows, cols) out[r * cols + c] = codes[r * cols + At(position, c)];
 }
 
 __global__ void ZeroColumnsKernel(float* w, int64_t rows, int64_t ld, const int32_t* columns, int64_t count) {
@@ -304,15 +304,15 @@ gpuError_t LaunchLoadWeight(const void* w, DLDataType dtype, int64_t rows, int64
   return gpuGetLastError();
 }
 
-gpuError_t LaunchStoreWeight(const float* w, int64_t rows, int64_t cols, const int32_t* perm, DLDataType dtype,
+gpuError_t LaunchStoreWeight(const float* w, int64_t rows, int64_t cols, const int32_t* position, DLDataType dtype,
                              void* out, gpuStream_t stream) {
-  StoreWeightKernel<<<Grid2D(rows, cols), kThreads, 0, stream>>>(w, rows, cols, perm, dtype.code, dtype.bits, out);
+  StoreWeightKernel<<<Grid2D(rows, cols), kThreads, 0, stream>>>(w, rows, cols, position, dtype.code, dtype.bits, out);
   return gpuGetLastError();
 }
 
-gpuError_t LaunchStoreCodes(const uint8_t* codes, int64_t rows, int64_t cols, const int32_t* perm, uint8_t* out,
+gpuError_t LaunchStoreCodes(const uint8_t* codes, int64_t rows, int64_t cols, const int32_t* position, uint8_t* out,
                             gpuStream_t stream) {
-  StoreCodesKernel<<<Grid2D(rows, cols), kThreads, 0, stream>>>(codes, rows, cols, perm, out);
+  StoreCodesKernel<<<Grid2D(rows, cols), kThreads, 0, stream>>>(codes, rows, cols, position, out);
   return gpuGetLastError();
 }
 

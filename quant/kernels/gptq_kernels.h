@@ -19,9 +19,9 @@ gpuError_t LaunchIdentity(float* a, int64_t n, gpuStream_t stream);
 gpuError_t LaunchMirrorTriangle(float* a, int64_t n, bool lower_to_upper, gpuStream_t stream);
 gpuError_t LaunchLoadWeight(const void* w, DLDataType dtype, int64_t rows, int64_t cols, const int32_t* perm,
                             float* out, gpuStream_t stream);
-gpuError_t LaunchStoreWeight(const float* w, int64_t rows, int64_t cols, const int32_t* perm, DLDataType dtype,
+gpuError_t LaunchStoreWeight(const float* w, int64_t rows, int64_t cols, const int32_t* position, DLDataType dtype,
                              void* out, gpuStream_t stream);
-gpuError_t LaunchStoreCodes(const uint8_t* codes, int64_t rows, int64_t cols, const int32_t* perm, uint8_t* out,
+gpuError_t LaunchStoreCodes(const uint8_t* codes, int64_t rows, int64_t cols, const int32_t* position, uint8_t* out,
                             gpuStream_t stream);
 gpuError_t LaunchZeroColumns(float* w, int64_t rows, int64_t ld, const int32_t* columns, int64_t count,
                              gpuStream_t stream);
