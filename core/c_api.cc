@@ -9,6 +9,7 @@
 #include "core/link_probe.h"
 #include "plugin_api/qlink.h"
 #include "quant/gptq/gptq_quantize.h"
+#include "quant/gptq/hessian_accumulate.h"
 
 namespace qlink {
 namespace {

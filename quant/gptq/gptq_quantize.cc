@@ -7,7 +7,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <thread>
 #include <tuple>
 
@@ -236,87 +235,6 @@ Status GptqQuantize(Context& ctx, qlink_gptq_args* args) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ctx.log().info("gptq: {} layer(s), {} Hessian(s) on {} device(s) in {:.3f} s; peak workspace {:.1f} MiB on one device",
                  work.layers.size(), hessians.size(), workers.size(), seconds, peak / 1048576.0);
-  return Status::Ok();
-}
-
-Status HessianAccumulate(Context& ctx, const qlink_hessian_args* args) {
-  if (args == nullptr) return InvalidArgument("args is NULL");
-  QLINK_RETURN_IF_ERROR(CheckStructSize(args->struct_size, QLINK_HESSIAN_ARGS_STRUCT_SIZE_1_4, "args", "1.4"));
-  if (args->num_inputs > 0 && args->inputs == nullptr) return InvalidArgument("args->inputs is NULL with num_inputs > 0");
-  if (args->num_partials > 0 && args->partials == nullptr) {
-    return InvalidArgument("args->partials is NULL with num_partials > 0");
-  }
-  QLINK_RETURN_IF_ERROR(CheckStreams(ctx, args->streams, args->num_streams));
-  DeviceBackend& backend = ctx.backend();
-  std::map<int, size_t> partial_of;  // device -> partials index
-  for (size_t i = 0; i < args->num_partials; ++i) {
-    const DLTensor& p = args->partials[i];
-    const std::string what = "args->partials[" + std::to_string(i) + "]";
-    uint64_t bytes = 0;
-    QLINK_RETURN_IF_ERROR(CheckTensor(p, what, backend.device_type(), backend.device_count(), &bytes));
-    if (p.ndim != 2 || p.shape[0] != p.shape[1] || p.shape[0] < 1) {
-      return InvalidArgument(what + " is not a square (columns, columns) matrix");
-    }
-    if (p.dtype.code != kDLFloat || p.dtype.bits != 32 || p.dtype.lanes != 1) {
-      return InvalidArgument(what + " is not float32");
-    }
-    if (!partial_of.emplace(p.device.device_id, i).second) {
-      return InvalidArgument(what + " is a second partial on device " + std::to_string(p.device.device_id));
-    }
-  }
-  std::vector<int64_t> rows(args->num_inputs);
-  for (size_t i = 0; i < args->num_inputs; ++i) {
-    const DLTensor& x = args->inputs[i];
-    const std::string what = "args->inputs[" + std::to_string(i) + "]";
-    uint64_t bytes = 0;
-    QLINK_RETURN_IF_ERROR(CheckTensor(x, what, backend.device_type(), backend.device_count(), &bytes));
-    if (!IsFloatDtype(x.dtype)) return InvalidArgument(what + " is not float32, bfloat16 or float16");
-    auto p = partial_of.find(x.device.device_id);
-    if (p == partial_of.end()) {
-      return InvalidArgument(what + " is on device " + std::to_string(x.device.device_id) + ", which has no partial");
-    }
-    const int64_t n = args->partials[p->second].shape[0];
-    if (x.ndim < 1 || x.shape[x.ndim - 1] != n) {
-      return InvalidArgument(what + " does not end in the partial's " + std::to_string(n) + " columns");
-    }
-    rows[i] = n == 0 ? 0 : static_cast<int64_t>(bytes / (x.dtype.bits / 8) / n);
-  }
-  if (args->num_inputs == 0) return Status::Ok();
-  QuantMath* math = nullptr;
-  QLINK_RETURN_IF_ERROR(QuantMathOf(ctx, &math));
-  std::set<int> touched;  // devices whose partial received an input
-  for (size_t i = 0; i < args->num_inputs; ++i) {
-    const DLTensor& x = args->inputs[i];
-    const int device = x.device.device_id;
-    touched.insert(device);
-    const DLTensor& partial = args->partials[partial_of[device]];
-    const int64_t n = partial.shape[0];
-    float* h = reinterpret_cast<float*>(MutableDataOf(partial));
-    const Stream stream = StreamFor(device, args->streams, args->num_streams);
-    Workspace workspace(ctx.scratch(), device, stream);
-    if (x.dtype.bits == 32) {
-      QLINK_RETURN_IF_ERROR(math->SyrkAccumulate(device, stream, reinterpret_cast<const float*>(DataOf(x)), rows[i],
-                                                 n, h));
-      continue;
-    }
-    // Narrow activations reach the rank-k update as fp32, a bounded chunk of rows at a time.
-    const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(rows[i], (int64_t{512} << 20) / (4 * n)));
-    DeviceBuffer staged;
-    QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(workspace, sizeof(float) * chunk * n, &staged));
-    for (int64_t r = 0; r < rows[i]; r += chunk) {
-      const int64_t m = std::min(chunk, rows[i] - r);
-      QLINK_RETURN_IF_ERROR(math->ToFloat(device, stream, DataOf(x) + r * n * (x.dtype.bits / 8), x.dtype, m * n,
-                                          staged.as<float>()));
-      QLINK_RETURN_IF_ERROR(math->SyrkAccumulate(device, stream, staged.as<float>(), m, n, h));
-    }
-  }
-  // Both triangles, once per partial touched.
-  for (int device : touched) {
-    const DLTensor& partial = args->partials[partial_of[device]];
-    QLINK_RETURN_IF_ERROR(math->MirrorTriangle(device, StreamFor(device, args->streams, args->num_streams),
-                                               reinterpret_cast<float*>(MutableDataOf(partial)), partial.shape[0],
-                                               /*lower_to_upper=*/true));
-  }
   return Status::Ok();
 }
 

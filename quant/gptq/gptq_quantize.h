@@ -1,4 +1,4 @@
-// The ABI's GPTQ entry points behind qlink_api.hessian_accumulate and gptq_quantize.
+// The ABI's GPTQ entry point behind qlink_api.gptq_quantize.
 #pragma once
 
 #include "core/context.h"
@@ -6,7 +6,6 @@
 namespace qlink {
 namespace quant {
 
-Status HessianAccumulate(Context& ctx, const qlink_hessian_args* args);
 Status GptqQuantize(Context& ctx, qlink_gptq_args* args);
 
 }  // namespace quant

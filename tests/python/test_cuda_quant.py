@@ -48,6 +48,22 @@ def test_gpu_hessian_matches_float64(ctx):
     assert torch.allclose(h.double(), want, rtol=1e-4, atol=1e-5) and torch.equal(h, h.t())
 
 
+def test_gpu_hessian_converts_the_next_chunk_beside_the_update(ctx):
+    # 3.5 chunks of bf16 rows at 1024 columns (a chunk is 512 MiB of fp32): each converted on
+    # a second stream while the previous one's update runs, the same sums as chunk by chunk.
+    cols = 1024
+    chunk = (512 << 20) // (4 * cols)
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    x = torch.randn(chunk * 7 // 2, cols, generator=gen, device="cuda").bfloat16()
+    whole, pieces = torch.zeros(cols, cols, device="cuda"), torch.zeros(cols, cols, device="cuda")
+    ctx.hessian_accumulate([x], [whole])
+    ctx.hessian_accumulate([x[r:r + chunk] for r in range(0, len(x), chunk)], [pieces])
+    torch.cuda.synchronize()
+    assert torch.equal(whole, pieces) and torch.equal(whole, whole.t())
+    want = x.double().t() @ x.double()
+    assert (whole.double() - want).abs().max() <= 2e-4 * want.abs().max()  # fp32 sums of 458752 rows
+
+
 @two_gpus
 def test_parallel_gptq_on_two_gpus_equals_one(ctx):
     (w1, h1), (w2, h2) = _problem(rows=301), _problem(rows=200, cols=256, seed=1)

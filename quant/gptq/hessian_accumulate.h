@@ -1,0 +1,13 @@
+// The ABI's Hessian entry point behind qlink_api.hessian_accumulate: H += X^T X per device
+// in IEEE fp32, one triangle by the vendor's rank-k update, then mirrored.
+#pragma once
+
+#include "core/context.h"
+
+namespace qlink {
+namespace quant {
+
+Status HessianAccumulate(Context& ctx, const qlink_hessian_args* args);
+
+}  // namespace quant
+}  // namespace qlink
