@@ -1,7 +1,8 @@
 """The native GPTQ engine on LLaMA-7B shapes, against GPTQModel's own GPTQ.quantize and
 the Python engine it replaces, on one GPU, same weights and Hessians, same run:
-gate_proj (11008 x 4096) and down_proj (4096 x 11008), 4-bit g128 sym, with and without
-desc_act; codes equal to GPTQModel's and the loss; the Hessian of 128 x 2048 tokens at
+gate_proj (11008 x 4096) and down_proj (4096 x 11008), 4-bit g128 sym, columns in their
+order, in act-order (desc_act) and in GPTQModel's group-aware order (act_group_aware, its
+default without desc_act); codes equal to GPTQModel's and the loss; the Hessian of 128 x 2048 tokens at
 d = 4096; peak device memory per solve; the 7 linears of a decoder layer at each world.
     python3 bench/gptq_bench.py --library DIST/libqlink.so [--gptqmodel DIR] [--python-engine FILE]
         [--markdown OUT.md]
@@ -68,8 +69,8 @@ def hessian_of(d, gen, tokens=8192):
 
 
 def gptqmodel_solver(paths):
-    """GPTQModel's GPTQ.quantize as a function (w, h, desc_act) -> (Q, scale, zero, g_idx,
-    loss, damp), or the reason it cannot be imported. paths: where its package (and the
+    """GPTQModel's GPTQ.quantize as a function (w, h, desc_act, act_group_aware, nsamples) ->
+    (Q, scale, zero, g_idx, loss, damp), or the reason it cannot be imported. paths: where its package (and the
     stand-ins for what it imports) live, os.pathsep-separated."""
     sys.path[:0] = paths.split(os.pathsep)
     try:
@@ -78,12 +79,10 @@ def gptqmodel_solver(paths):
     except Exception as e:  # noqa: BLE001  (any import failure is reported, not fatal)
         return None, "%s: %s" % (type(e).__name__, e)
 
-    def solve(w, h, desc_act, nsamples):
+    def solve(w, h, desc_act, act_group_aware, nsamples):
         layer = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device="cuda", dtype=w.dtype)
         layer.weight.data.copy_(w)
-        # act_group_aware (GPTQModel's own reordering, on by default without desc_act) is
-        # not GPTQ as the engine runs it: off, so both solve the same problem.
-        cfg = QuantizeConfig(bits=4, group_size=128, sym=True, desc_act=desc_act, act_group_aware=False,
+        cfg = QuantizeConfig(bits=4, group_size=128, sym=True, desc_act=desc_act, act_group_aware=act_group_aware,
                              damp_percent=0.01, damp_auto_increment=0.01)
         g = GPTQ(layer, cfg)
         g.quantizer.configure(perchannel=True)
@@ -115,7 +114,7 @@ def main():
 
     say("## GPTQ solve of one layer, 4-bit g128 sym, one GPU (%s)" % torch.cuda.get_device_name())
     say()
-    say("| layer | desc_act | qlink ms | GPTQModel ms | speedup | Python engine ms | codes = GPTQModel | "
+    say("| layer | column order | qlink ms | GPTQModel ms | speedup | Python engine ms | codes = GPTQModel | "
         "loss qlink / GPTQModel | peak device memory (qlink) |")
     say("|---|---|---|---|---|---|---|---|---|")
     solve_gm, why = gptqmodel_solver(a.gptqmodel) if a.gptqmodel else (None, "not given")
@@ -129,24 +128,26 @@ def main():
     h_gate, h_down = hessian_of(HIDDEN, gen), hessian_of(INTERMEDIATE, gen)
     for name, rows, h in (("gate_proj", INTERMEDIATE, h_gate), ("down_proj", HIDDEN, h_down)):
         w = (torch.randn(rows, h.shape[0], device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
-        for desc_act in (False, True):
+        for order in ("as given", "desc_act", "act_group_aware"):
+            desc_act, gar = order == "desc_act", order == "act_group_aware"
             run = lambda: gptq_quantize(w, h, bits=4, group_size=128, sym=True, desc_act=desc_act,  # noqa: E731
-                                        nsamples=TOKENS, ctx=ctx)
+                                        act_group_aware=gar, nsamples=TOKENS, ctx=ctx)
             with PeakMemory() as mem:
                 run()
             q, t_q = timed(run, a.reps)
             gm_ms = speed = same = loss_ratio = "-"
             if solve_gm is not None:
-                (gq, gs, gz, gg, gloss, gdamp), t_gm = timed(lambda: solve_gm(w, h, desc_act, TOKENS), max(1, a.reps // 2))
+                (gq, gs, gz, gg, gloss, gdamp), t_gm = timed(lambda: solve_gm(w, h, desc_act, gar, TOKENS),
+                                                             max(1, a.reps // 2))
                 gm_ms, speed = "%.1f" % (t_gm * 1e3), "%.1fx" % (t_gm / t_q)
                 same = "%.4f %%" % (100 * (q.codes == codes_of(gq, gs, gz, gg)).float().mean().item())
                 loss_ratio = "%.5f" % (q.loss / gloss)
             py_ms = "-"
-            if python_engine is not None and not desc_act:
+            if python_engine is not None and order == "as given":
                 _, t_py = timed(lambda: python_engine.gptq_quantize(w, h, bits=4, group_size=128), max(1, a.reps // 2))
                 py_ms = "%.1f" % (t_py * 1e3)
             say("| %s %d x %d | %s | **%.1f** | %s | %s | %s | %s | %s | %.0f MiB |" % (
-                name, rows, h.shape[0], desc_act, t_q * 1e3, gm_ms, speed, py_ms, same, loss_ratio, mem.peak / 2**20))
+                name, rows, h.shape[0], order, t_q * 1e3, gm_ms, speed, py_ms, same, loss_ratio, mem.peak / 2**20))
     say()
 
     say("## Hessian of 128 x 2048 tokens, d = 4096 (bf16 activations), one GPU")

@@ -175,6 +175,11 @@ static_assert(QLINK_GPTQ_ARGS_STRUCT_SIZE_1_4 == 64, "qlink_gptq_args 1.4 size")
 QLINK_SLOT(hessian_accumulate, 30);
 QLINK_SLOT(gptq_quantize, 31);
 static_assert(QLINK_API_STRUCT_SIZE_1_4 == 16 + 32 * 8, "qlink_api 1.4 size");
+
+// ---- 1.5: GPTQ's group-aware reordering --------------------------------------------------
+QLINK_PIN(qlink_gptq_options, act_group_aware, 56);
+static_assert(QLINK_GPTQ_OPTIONS_STRUCT_SIZE_1_5 == 60, "qlink_gptq_options 1.5 size");
+static_assert(QLINK_API_STRUCT_SIZE_1_5 == QLINK_API_STRUCT_SIZE_1_4, "qlink_api 1.5 size");
 #endif
 
 // Every current *_STRUCT_SIZE covers its struct's last field, on every platform.
@@ -182,4 +187,6 @@ static_assert(QLINK_COPY_ARGS_STRUCT_SIZE == offsetof(qlink_copy_args, flags) + 
 static_assert(QLINK_BROADCAST_ARGS_STRUCT_SIZE == offsetof(qlink_broadcast_args, flags) + sizeof(uint32_t), "bcast");
 static_assert(QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE == offsetof(qlink_all_reduce_args, algorithm) + sizeof(int32_t),
               "all-reduce args");
+static_assert(QLINK_GPTQ_OPTIONS_STRUCT_SIZE == offsetof(qlink_gptq_options, act_group_aware) + sizeof(int32_t),
+              "gptq options");
 static_assert(QLINK_API_STRUCT_SIZE == sizeof(qlink_api), "the table's size macro covers every slot");

@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 #define QLINK_ABI_MAJOR 1
-#define QLINK_ABI_MINOR 4
+#define QLINK_ABI_MINOR 5
 
 /* Size of a struct up to and including `last_field`: what a host built against the
  * minor that introduced `last_field` passes as struct_size.
@@ -292,9 +292,18 @@ typedef struct qlink_gptq_options {
   double nsamples;            /* calibration rows behind the Hessian: loss = sum of
                                  (w - q)^2 / d^2 / 2 over the layer, divided by nsamples;
                                  0 leaves the sum undivided */
+  /* 1.5 */
+  int32_t act_group_aware;    /* nonzero: GPTQModel's group-aware reordering (GAR): columns
+                                 visited group by group, groups in descending order of their
+                                 largest diagonal entry of the Hessian, columns within a
+                                 group in descending order of theirs. Needs a group_size;
+                                 excludes desc_act and static_groups. Each column keeps its
+                                 group (g_idx = column / group_size). 0 where struct_size
+                                 ends before it */
 } qlink_gptq_options;
-#define QLINK_GPTQ_OPTIONS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_gptq_options, nsamples)
-#define QLINK_GPTQ_OPTIONS_STRUCT_SIZE_1_4 QLINK_GPTQ_OPTIONS_STRUCT_SIZE
+#define QLINK_GPTQ_OPTIONS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_gptq_options, act_group_aware)
+#define QLINK_GPTQ_OPTIONS_STRUCT_SIZE_1_4 QLINK_STRUCT_SIZE(qlink_gptq_options, nsamples)
+#define QLINK_GPTQ_OPTIONS_STRUCT_SIZE_1_5 QLINK_GPTQ_OPTIONS_STRUCT_SIZE
 
 /* One linear layer to quantize. Inputs are read only; every output is optional (NULL: not
  * wanted) and lives on the weight's device. */
@@ -309,7 +318,8 @@ typedef struct qlink_gptq_layer {
                                   computed once */
   const DLTensor* codes;       /* borrowed; (rows, columns) uint8 levels in [0, 2^bits) */
   const DLTensor* scales;      /* borrowed; (rows, groups) fp32; groups = columns / group_size
-                                  (1 for -1), in the order the columns were visited */
+                                  (1 for -1), in the order the columns were visited (under
+                                  act_group_aware: in the groups' own order) */
   const DLTensor* zeros;       /* borrowed; (rows, groups) fp32 holding integers */
   const DLTensor* g_idx;       /* borrowed; (columns) int32: each column's group */
   const DLTensor* dequantized; /* borrowed; (rows, columns) fp32, bf16 or fp16:
@@ -453,7 +463,8 @@ typedef struct qlink_api {
 #define QLINK_API_STRUCT_SIZE_1_2 QLINK_STRUCT_SIZE(qlink_api, all_reduce_plan_destroy)
 #define QLINK_API_STRUCT_SIZE_1_3 QLINK_API_STRUCT_SIZE_1_2 /* 1.3 added a flag, no entry */
 #define QLINK_API_STRUCT_SIZE_1_4 QLINK_STRUCT_SIZE(qlink_api, gptq_quantize)
-#define QLINK_API_STRUCT_SIZE QLINK_API_STRUCT_SIZE_1_4
+#define QLINK_API_STRUCT_SIZE_1_5 QLINK_API_STRUCT_SIZE_1_4 /* 1.5 added an option, no entry */
+#define QLINK_API_STRUCT_SIZE QLINK_API_STRUCT_SIZE_1_5
 
 /* The one exported symbol. Returns the table of ABI `major` if this library provides
  * at least `min_minor`, else NULL with *error (when error is non-NULL) pointing at a

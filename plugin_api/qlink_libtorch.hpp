@@ -100,6 +100,7 @@ struct GptqOptions {
   double damp = 0.01;
   double damp_auto_increment = 0.01;
   double nsamples = 0;  // 0: loss is the undivided sum
+  bool act_group_aware = false;  // GPTQModel's group-aware reordering (ABI 1.5)
 };
 
 struct GptqResult {
@@ -156,7 +157,7 @@ class Context {
                                         const std::vector<int32_t>& devices) {
     const qlink_gptq_options o{QLINK_GPTQ_OPTIONS_STRUCT_SIZE, options.bits, options.group_size, options.sym,
                                options.desc_act, options.static_groups, options.tf32, options.damp,
-                               options.damp_auto_increment, options.nsamples};
+                               options.damp_auto_increment, options.nsamples, options.act_group_aware};
     std::vector<GptqResult> results(layers.size());
     std::deque<View> views;
     std::vector<qlink_gptq_layer> specs(layers.size());

@@ -148,7 +148,7 @@ int GptqDemo(const qlink_api& api, qlink_context* ctx) {
     identities.emplace_back(api, ctx, on(0), d, d, DLDataType{kDLFloat, 32, 1});
     identities.back().Upload(eye.data());
   }
-  const qlink_gptq_options options{QLINK_GPTQ_OPTIONS_STRUCT_SIZE, 4, 64, 1, 1, 0, 0, 0.01, 0.01, kTokens};
+  const qlink_gptq_options options{QLINK_GPTQ_OPTIONS_STRUCT_SIZE, 4, 64, 1, 1, 0, 0, 0.01, 0.01, kTokens, 0};
   struct Run {
     std::deque<Buffer> weights, codes, dequantized;
     double seconds = 0;

@@ -55,7 +55,9 @@ def main():
     from gptqmodel.quantization.gptq import GPTQ
     layers = {}
     record_solves(GPTQ, layers)
-    config = QuantizeConfig(bits=4, group_size=128, desc_act=False, act_group_aware=False)
+    # GPTQModel's defaults otherwise: its group-aware reordering (act_group_aware) is on.
+    config = QuantizeConfig(bits=4, group_size=128, desc_act=False)
+    result["act_group_aware"] = bool(config.act_group_aware)
     model = GPTQModel.load(args.model, config)
     ids = token_batches(args.samples, args.seqlen)
     calibration = [{"input_ids": row, "attention_mask": torch.ones_like(row)} for row in ids]

@@ -3,7 +3,7 @@ import ctypes
 from ctypes import POINTER, c_char, c_char_p, c_double, c_int32, c_size_t, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p
 
 ABI_MAJOR = 1
-ABI_MINOR = 4
+ABI_MINOR = 5
 
 OK, INVALID_ARGUMENT, UNAVAILABLE, VERSION_MISMATCH, OUT_OF_MEMORY, RUNTIME_ERROR, INTERNAL = range(7)
 
@@ -85,10 +85,10 @@ class HessianArgs(ctypes.Structure):  # 1.4
                 ("num_partials", c_size_t), ("streams", POINTER(Stream)), ("num_streams", c_size_t)]
 
 
-class GptqOptions(ctypes.Structure):  # 1.4
+class GptqOptions(ctypes.Structure):  # 1.4; act_group_aware 1.5
     _fields_ = [("struct_size", c_size_t), ("bits", c_int32), ("group_size", c_int32), ("sym", c_int32),
                 ("desc_act", c_int32), ("static_groups", c_int32), ("tf32", c_int32), ("damp", c_double),
-                ("damp_auto_increment", c_double), ("nsamples", c_double)]
+                ("damp_auto_increment", c_double), ("nsamples", c_double), ("act_group_aware", c_int32)]
 
 
 class GptqLayer(ctypes.Structure):  # 1.4; the tensors as addresses of DLTensors

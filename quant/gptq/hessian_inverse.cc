@@ -8,6 +8,35 @@ namespace qlink {
 namespace quant {
 namespace {
 
+// GPTQModel's group-aware reordering (its gar.py): groups in descending order of their
+// largest diagonal entry, each group's columns in descending order of theirs; ties keep
+// the column order. Returns the working order of the columns and fills *group_position.
+std::vector<int32_t> GroupAwareOrder(const std::vector<float>& diag, int64_t group_size,
+                                     std::vector<int32_t>* group_position) {
+  const int64_t n = static_cast<int64_t>(diag.size()), groups = n / group_size;
+  auto descending = [&](int32_t a, int32_t b) { return diag[a] > diag[b]; };
+  std::vector<int32_t> local(static_cast<size_t>(n));
+  std::vector<float> largest(static_cast<size_t>(groups));
+  for (int64_t g = 0; g < groups; ++g) {
+    const auto first = local.begin() + g * group_size, last = first + group_size;
+    std::iota(first, last, static_cast<int32_t>(g * group_size));
+    std::stable_sort(first, last, descending);
+    largest[g] = diag[*first];
+  }
+  std::vector<int32_t> group_order(static_cast<size_t>(groups));
+  std::iota(group_order.begin(), group_order.end(), 0);
+  std::stable_sort(group_order.begin(), group_order.end(), [&](int32_t a, int32_t b) { return largest[a] > largest[b]; });
+  std::vector<int32_t> order;
+  order.reserve(static_cast<size_t>(n));
+  group_position->assign(static_cast<size_t>(groups), 0);
+  for (int64_t k = 0; k < groups; ++k) {
+    const int32_t g = group_order[k];
+    (*group_position)[g] = static_cast<int32_t>(k);
+    order.insert(order.end(), local.begin() + g * group_size, local.begin() + (g + 1) * group_size);
+  }
+  return order;
+}
+
 std::string Damp(double d) {
   char text[32];
   std::snprintf(text, sizeof(text), "%.5g", d);
@@ -20,7 +49,7 @@ Status InvertHessian(DeviceBackend& backend, QuantMath& math, int device, Stream
                      const GptqOptions& options, const std::string& who, Workspace* workspace, HessianInverse* out) {
   out->device = device;
   out->n = n;
-  // The diagonal decides the dead columns, the act-order and the damp's scale.
+  // The diagonal decides the dead columns, the column order and the damp's scale.
   std::vector<float> diag(static_cast<size_t>(n));
   {
     DeviceBuffer d;
@@ -39,6 +68,10 @@ Status InvertHessian(DeviceBackend& backend, QuantMath& math, int device, Stream
   if (options.desc_act) {
     // torch.argsort(diag, descending=True), ties kept in column order.
     std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return diag[a] > diag[b]; });
+  } else if (options.act_group_aware) {
+    order = GroupAwareOrder(diag, options.group_size, &out->group_position);
+  }
+  if (options.desc_act || options.act_group_aware) {
     out->perm = order;
     out->position.resize(static_cast<size_t>(n));
     for (int64_t c = 0; c < n; ++c) out->position[order[c]] = static_cast<int32_t>(c);
@@ -100,6 +133,7 @@ Status CopyInverse(DeviceBackend& backend, const HessianInverse& from, int devic
   out->n = from.n;
   out->perm = from.perm;
   out->position = from.position;
+  out->group_position = from.group_position;
   out->dead = from.dead;
   out->damp = from.damp;
   const uint64_t bytes = sizeof(float) * from.n * from.n;

@@ -1,5 +1,5 @@
 // The part of GPTQ that depends on the Hessian alone, shared by every layer given that
-// Hessian: the act-order permutation, the dead columns, and the upper Cholesky factor U of
+// Hessian: the column order (act-order or group-aware), the dead columns, and the upper Cholesky factor U of
 // the damped inverse (H + damp * mean(diag H) * I)^-1 = U^T U, with damp raised after
 // each failed Cholesky as GPTQModel's hessian_inverse does.
 #pragma once
@@ -20,6 +20,7 @@ struct HessianInverse {
   DeviceBuffer u;               // n x n; its upper triangle is U
   std::vector<int32_t> perm;      // working column -> original column; empty: identity
   std::vector<int32_t> position;  // original column -> working column (perm's inverse); empty: identity
+  std::vector<int32_t> group_position;  // group-aware order: original group -> working group
   std::vector<int32_t> dead;    // working columns whose diagonal was zero
   double damp = 0;              // the damp the factorizations succeeded with
 };

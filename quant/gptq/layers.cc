@@ -75,10 +75,19 @@ Status ReadOptions(const qlink_gptq_options* o, GptqOptions* out) {
   if (!(o->nsamples >= 0) || std::isinf(o->nsamples)) {
     return InvalidArgument("options->nsamples = " + std::to_string(o->nsamples) + " is not a finite count >= 0");
   }
+  const bool act_group_aware = o->struct_size >= QLINK_GPTQ_OPTIONS_STRUCT_SIZE_1_5 && o->act_group_aware != 0;
+  if (act_group_aware && o->group_size == -1) {
+    return InvalidArgument("options->act_group_aware needs a group_size, got -1");
+  }
+  if (act_group_aware && (o->desc_act || o->static_groups)) {
+    return InvalidArgument(std::string("options->act_group_aware excludes options->") +
+                           (o->desc_act ? "desc_act" : "static_groups"));
+  }
   out->grid.bits = o->bits;
   out->grid.sym = o->sym != 0;
   out->group_size = o->group_size;
   out->desc_act = o->desc_act != 0;
+  out->act_group_aware = act_group_aware;
   out->static_groups = o->static_groups != 0;
   out->tf32 = o->tf32 != 0;
   out->damp = o->damp;

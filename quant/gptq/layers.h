@@ -17,6 +17,7 @@ struct GptqOptions {
   Grid grid;
   int64_t group_size = -1;  // as given: -1 or a divisor of the columns
   bool desc_act = false;
+  bool act_group_aware = false;  // GPTQModel's GAR order (excludes desc_act, static_groups)
   bool static_groups = false;
   bool tf32 = false;
   double damp = 0.01;

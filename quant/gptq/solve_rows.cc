@@ -22,9 +22,10 @@ std::vector<int32_t> GroupIndex(const HessianInverse& inverse, const GptqOptions
   std::vector<int32_t> g(static_cast<size_t>(n), 0);
   if (options.group_size == -1) return g;
   for (int64_t j = 0; j < n; ++j) {
-    // Static groups keep the original columns' groups; otherwise a column joins the group
-    // of the position it was visited in.
-    const bool visited_in_place = options.static_groups || inverse.position.empty();
+    // Static groups keep the original columns' groups, and so does the group-aware order
+    // (it visits each group whole); under act-order a column joins the group of the
+    // position it was visited in.
+    const bool visited_in_place = options.static_groups || options.act_group_aware || inverse.position.empty();
     g[j] = static_cast<int32_t>((visited_in_place ? j : inverse.position[j]) / options.group_size);
   }
   return g;
@@ -157,10 +158,23 @@ Status SolveRows(DeviceBackend& backend, QuantMath& math, const HessianInverse& 
                                           reinterpret_cast<uint8_t*>(target(layer.codes, cols, &stage))));
     outbound.push_back(std::move(stage));
   }
+  // The tables hold the groups in visiting order; the group-aware order gives them back in
+  // the groups' own order.
+  DeviceBuffer group_position;
+  QLINK_RETURN_IF_ERROR(Upload(backend, device, inverse.group_position, workspace, &group_position));
   for (auto [t, table] : {std::make_pair(layer.scales, &scales), std::make_pair(layer.zeros, &zeros)}) {
     if (t == nullptr) continue;
     const uint64_t bytes = sizeof(float) * rows * groups;
-    copies.push_back({table->as<char>(), MutableDataOf(*t) + job.row_begin * sizeof(float) * groups, bytes});
+    const char* from = table->as<char>();
+    if (!inverse.group_position.empty()) {
+      DeviceBuffer ordered;
+      QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, bytes, &ordered));
+      QLINK_RETURN_IF_ERROR(math.StoreWeight(device, s, table->as<float>(), rows, groups, group_position.as<int32_t>(),
+                                             DLDataType{kDLFloat, 32, 1}, ordered.as<void>()));
+      from = ordered.as<char>();
+      outbound.push_back(std::move(ordered));
+    }
+    copies.push_back({from, MutableDataOf(*t) + job.row_begin * sizeof(float) * groups, bytes});
   }
   QLINK_RETURN_IF_ERROR(backend.SynchronizeStream(device, s));
   if (!copies.empty()) {

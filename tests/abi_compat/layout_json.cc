@@ -164,6 +164,7 @@ int main() {
   FIELD(qlink_gptq_options, damp);
   FIELD(qlink_gptq_options, damp_auto_increment);
   FIELD(qlink_gptq_options, nsamples);
+  FIELD(qlink_gptq_options, act_group_aware);
   STRUCT(qlink_gptq_layer, QLINK_GPTQ_LAYER_STRUCT_SIZE);
   FIELD(qlink_gptq_layer, struct_size);
   FIELD(qlink_gptq_layer, name);

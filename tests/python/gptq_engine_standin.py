@@ -1,6 +1,7 @@
 """A stand-in for qlink's native GPTQ engine (the quant/ issue) with its agreed Python call,
 for the GPTQModel integration's CPU tests: GPTQ with lazy block updates, min-max groups
-taken as each group starts, sym/asym grids; desc_act and static_groups refused (ValueError),
+taken as each group starts, sym/asym grids; desc_act, static_groups and act_group_aware
+refused (ValueError),
 as an engine refuses options it does not cover. Records every call."""
 import dataclasses
 
@@ -34,12 +35,13 @@ def _grid(w, bits, sym):
 
 
 def gptq_quantize(weight, hessian, bits=4, group_size=128, sym=True, desc_act=False, static_groups=False, damp=0.01,
-                  damp_auto_increment=0.01, nsamples=0, ctx=None):
+                  damp_auto_increment=0.01, nsamples=0, act_group_aware=False, ctx=None):
     CALLS.append(dict(shape=tuple(weight.shape), dtype=weight.dtype, bits=bits, group_size=group_size, sym=sym,
                       desc_act=desc_act, static_groups=static_groups, damp=damp,
-                      damp_auto_increment=damp_auto_increment, nsamples=nsamples, ctx=ctx))
-    if desc_act or static_groups:
-        raise ValueError("the stand-in engine covers neither desc_act nor static_groups")
+                      damp_auto_increment=damp_auto_increment, nsamples=nsamples, act_group_aware=act_group_aware,
+                      ctx=ctx))
+    if desc_act or static_groups or act_group_aware:
+        raise ValueError("the stand-in engine covers neither desc_act nor static_groups nor act_group_aware")
     rows, cols = weight.shape
     maxq, block = 2 ** bits - 1, 128
     W, H = weight.float().clone(), hessian.clone()

@@ -26,7 +26,7 @@ def quantize(x, scale, zero, maxq):
 
 
 def reference_gptq(weight, hessian, bits=4, group_size=128, sym=True, desc_act=False, static_groups=False,
-                   damp=0.01, damp_auto_increment=0.01, block=128):
+                   damp=0.01, damp_auto_increment=0.01, block=128, act_group_aware=False):
     """(codes, scales, zeros, g_idx, dequantized fp32, loss sum, damp)."""
     maxq = 2 ** bits - 1
     W = weight.float().clone()
@@ -38,8 +38,14 @@ def reference_gptq(weight, hessian, bits=4, group_size=128, sym=True, desc_act=F
     H[dead, dead] = 1
     W[:, dead] = 0
     statics = [find_params(W[:, g:g + gs], maxq, sym) for g in range(0, cols, gs)] if static_groups else []
+    perm = None
     if desc_act:
         perm = torch.argsort(torch.diag(H), descending=True, stable=True)
+    elif act_group_aware:  # GPTQModel's gar.py: columns within each group, then the groups
+        values, local = torch.sort(torch.diag(H).reshape(-1, gs), dim=1, descending=True, stable=True)
+        group_order = torch.argsort(values[:, 0], descending=True, stable=True)
+        perm = (local + torch.arange(len(local), device=H.device).unsqueeze(1) * gs)[group_order].reshape(-1)
+    if perm is not None:
         W, H = W[:, perm], H[perm][:, perm]
         invperm = torch.argsort(perm)
     mean = torch.diag(H).double().mean().float()
@@ -82,8 +88,13 @@ def reference_gptq(weight, hessian, bits=4, group_size=128, sym=True, desc_act=F
         W[:, i2:] -= Err1.matmul(Hinv[i1:i2, i2:])
     g_idx = torch.tensor([(perm[i].item() if static_groups and desc_act else i) // gs for i in range(cols)],
                          dtype=torch.int32, device=W.device)
+    if perm is not None:
+        Q, levels = Q[:, invperm], levels[:, invperm]
     if desc_act:
-        Q, levels, g_idx = Q[:, invperm], levels[:, invperm], g_idx[invperm]
+        g_idx = g_idx[invperm]
+    if act_group_aware:  # the groups' ranges back in the groups' own order
+        scales = [scales[k] for k in torch.argsort(group_order).tolist()]
+        zeros = [zeros[k] for k in torch.argsort(group_order).tolist()]
     if static_groups:
         scales, zeros = [s for s, _ in statics], [z for _, z in statics]
     if not scales:

@@ -19,14 +19,15 @@ def _problem(rows=96, cols=384, seed=0):
     return 0.02 * torch.randn(rows, cols, generator=gen, device="cuda"), ((x.t() @ x) * (2.0 / tokens)).float()
 
 
-@pytest.mark.parametrize("bits,group_size,sym,desc_act,static_groups", [
-    (4, 128, True, False, False), (4, 32, False, True, False), (3, 64, True, True, True), (2, -1, False, False, False),
-    (8, 128, True, True, False)])
-def test_gptq_on_the_gpu_matches_the_reference(ctx, bits, group_size, sym, desc_act, static_groups):
+@pytest.mark.parametrize("bits,group_size,sym,desc_act,static_groups,act_group_aware", [
+    (4, 128, True, False, False, False), (4, 32, False, True, False, False), (3, 64, True, True, True, False),
+    (2, -1, False, False, False, False), (8, 128, True, True, False, False), (4, 128, True, False, False, True)])
+def test_gptq_on_the_gpu_matches_the_reference(ctx, bits, group_size, sym, desc_act, static_groups, act_group_aware):
     # gate_proj's shape, a dead column; the engine follows PyTorch's CUDA calls one for one.
     w, h = _problem(rows=11008, cols=4096)
     h[9, :], h[:, 9] = 0, 0  # a dead column
-    opts = dict(bits=bits, group_size=group_size, sym=sym, desc_act=desc_act, static_groups=static_groups)
+    opts = dict(bits=bits, group_size=group_size, sym=sym, desc_act=desc_act, static_groups=static_groups,
+                act_group_aware=act_group_aware)
     got = gptq_quantize(w.bfloat16(), h, ctx=ctx, **opts)
     codes, scales, zeros, g_idx, weight, loss, damp = reference_gptq(w.bfloat16(), h, **opts)
     assert got.weight.dtype == torch.bfloat16

@@ -166,7 +166,7 @@ def test_the_layer_solve_runs_through_the_engine_shaped_as_the_hosts(host, sym):
     q, scales, zeros, g_idx, duration, loss, damp, nsamples = g.quantize()
     assert engine.CALLS[-1] == dict(shape=(48, 256), dtype=torch.float32, bits=4, group_size=128, sym=sym,
                                     desc_act=False, static_groups=False, damp=0.05, damp_auto_increment=0.01,
-                                    nsamples=300, ctx=host["ctx"])
+                                    nsamples=300, act_group_aware=False, ctx=host["ctx"])
     assert q.shape == g.module.weight.shape and q.dtype == g.module.weight.dtype
     assert torch.allclose(q, own[0], atol=1e-5)
     assert torch.allclose(scales, own[1]) and torch.equal(zeros, own[2]) and torch.equal(g_idx, own[3])
@@ -198,9 +198,26 @@ def test_the_layer_solve_runs_through_qlinks_native_engine(host, sym, group_size
     assert abs(loss / own[5] - 1) < 1e-3 and damp == pytest.approx(own[6]) and nsamples == own[7]
 
 
+def test_group_aware_reordering_runs_through_qlinks_native_engine(host):
+    """GPTQModel's default without desc_act (act_group_aware) is the engine's option: the
+    solve is qlink's, the same as calling the engine with it on the merged Hessian."""
+    import qlink.quant
+
+    qcfg = host["config"].QuantizeConfig(group_size=32, act_group_aware=True)
+    g = _task(host, qcfg)
+    g.finalize_hessian()
+    want = qlink.quant.gptq_quantize(g.module.weight.data, g.H.clone(), group_size=32, act_group_aware=True,
+                                     damp=qcfg.damp_percent, nsamples=g.nsamples, ctx=host["ctx"])
+    adapter.install(ctx=host["ctx"], strict=True)
+    q, scales, zeros, g_idx, _, loss, damp, _ = _task(host, qcfg).quantize()
+    assert adapter.counters()["quantize"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
+    assert torch.equal(q, want.weight) and torch.equal(scales, want.scales) and torch.equal(zeros, want.zeros)
+    assert torch.equal(g_idx, torch.arange(256, dtype=torch.int32) // 32) and loss == want.loss
+
+
 @pytest.mark.parametrize("change, reason", [
     (dict(mse=2.4), "mse > 0 (a scale search per group)"),
-    (dict(act_group_aware=True), "act_group_aware"),
+    (dict(act_group_aware=True, static_groups=True), "act_group_aware with static_groups"),
     (dict(mock_quantization=True), "mock_quantization"),
     (dict(bits=5), "bits=5"),
     (dict(fallback=1e9), "a fallback strategy for too few samples"),

@@ -65,13 +65,15 @@ def test_merged_hessian_is_bit_identical_for_every_arrival_order(cpu8):
     assert all(torch.equal(m, merged[0]) for m in merged)
 
 
-@pytest.mark.parametrize("bits,group_size,sym,desc_act,static_groups", [
-    (4, 128, True, False, False), (4, 32, False, True, False), (3, 64, True, True, True), (2, -1, False, False, False),
-    (8, 32, True, False, True)])
-def test_gptq_matches_the_reference(cpu8, bits, group_size, sym, desc_act, static_groups):
+@pytest.mark.parametrize("bits,group_size,sym,desc_act,static_groups,act_group_aware", [
+    (4, 128, True, False, False, False), (4, 32, False, True, False, False), (3, 64, True, True, True, False),
+    (2, -1, False, False, False, False), (8, 32, True, False, True, False), (4, 32, True, False, False, True),
+    (3, 64, False, False, False, True)])
+def test_gptq_matches_the_reference(cpu8, bits, group_size, sym, desc_act, static_groups, act_group_aware):
     w, h, _ = _layer(40, 256, bits)
     h[7, :], h[:, 7] = 0, 0  # a dead column
-    opts = dict(bits=bits, group_size=group_size, sym=sym, desc_act=desc_act, static_groups=static_groups)
+    opts = dict(bits=bits, group_size=group_size, sym=sym, desc_act=desc_act, static_groups=static_groups,
+                act_group_aware=act_group_aware)
     got = gptq_quantize(w, h, ctx=cpu8, nsamples=4, **opts)
     codes, scales, zeros, g_idx, weight, loss, damp = reference_gptq(w, h, **opts)
     assert (got.codes == codes).float().mean() >= 0.999
@@ -98,8 +100,9 @@ def test_parallel_gptq_is_bit_identical_at_every_world(cpu8, world):
     h_qkv, h_down = _layer(1, 128, 1)[1], _layer(1, 256, 2)[1]
     layers = [GPTQLayer(_layer(rows, h.shape[0], 10 + i)[0], h, name)
               for i, (name, rows, h) in enumerate([("q", 48, h_qkv), ("k", 48, h_qkv), ("down", 128, h_down)])]
-    serial = parallel_gptq(layers, None, ctx=cpu8, desc_act=True)
-    dp = parallel_gptq(layers, Placement(range(world), ctx=cpu8), desc_act=True)
+    order = dict(desc_act=True) if world % 2 else dict(act_group_aware=True, group_size=32)
+    serial = parallel_gptq(layers, None, ctx=cpu8, **order)
+    dp = parallel_gptq(layers, Placement(range(world), ctx=cpu8), **order)
     for a, b in zip(serial, dp):
         for field in ("codes", "scales", "zeros", "g_idx", "weight"):
             assert torch.equal(getattr(a, field), getattr(b, field)), field
@@ -112,6 +115,8 @@ def test_refusals_name_the_layer_and_argument(cpu8):
         parallel_gptq([GPTQLayer(w, h, "v_proj")], None, ctx=cpu8, group_size=64)
     with pytest.raises(qlink.InvalidArgumentError, match=r"options->bits = 5"):
         gptq_quantize(w, h, bits=5, ctx=cpu8)
+    with pytest.raises(qlink.InvalidArgumentError, match=r"options->act_group_aware excludes options->static_groups"):
+        gptq_quantize(w, h, group_size=32, static_groups=True, act_group_aware=True, ctx=cpu8)
     with pytest.raises(qlink.InvalidArgumentError, match=r"'o_proj': the Hessian is not positive definite"):
         parallel_gptq([GPTQLayer(w, -h, "o_proj")], None, ctx=cpu8, group_size=32, damp_auto_increment=0.3)
 

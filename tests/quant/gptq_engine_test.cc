@@ -133,7 +133,8 @@ struct Block {
 };
 
 TEST_F(Gptq, ResultsAreBitIdenticalAcrossWorldsOneToEight) {
-  // Per act-order setting: each layer's outputs and loss at the first world run with it.
+  // Per column order (as given, act-order, group-aware): each layer's outputs and loss at
+  // the first world run with it.
   std::map<int, std::vector<std::pair<std::vector<uint8_t>, double>>> first;
   for (int world = 1; world <= 8; ++world) {
     qlink_context* ctx = Make(8);
@@ -141,12 +142,13 @@ TEST_F(Gptq, ResultsAreBitIdenticalAcrossWorldsOneToEight) {
     auto specs = block.specs();
     std::vector<int32_t> devices(world);
     for (int d = 0; d < world; ++d) devices[d] = (d + 3) % 8;  // not the layers' own device first
-    const int desc_act = world % 2;
-    const qlink_gptq_options o = Options(4, 32, desc_act);
+    const int order = world % 3;
+    qlink_gptq_options o = Options(4, 32, order == 1);
+    o.act_group_aware = order == 2;
     qlink_gptq_args args{QLINK_GPTQ_ARGS_STRUCT_SIZE, &o, specs.data(), specs.size(), devices.data(),
                          devices.size(), nullptr, 0};
     ASSERT_EQ(api_.gptq_quantize(ctx, &args), QLINK_OK) << "world " << world << ": " << api_.last_error();
-    auto [it, fresh] = first.try_emplace(desc_act);
+    auto [it, fresh] = first.try_emplace(order);
     for (size_t i = 0; i < block.layers.size(); ++i) {
       EXPECT_GT(specs[i].loss, 0);
       EXPECT_EQ(specs[i].damp, 0.01);
@@ -242,6 +244,12 @@ TEST_F(Gptq, RefusalsNameTheArgumentAndWriteNothing) {
   o = Options();
   o.struct_size = 8;
   refused(o, "options->struct_size 8 is below the 1.4 size");
+  o = Options(4, 32, /*desc_act=*/1);
+  o.act_group_aware = 1;
+  refused(o, "options->act_group_aware excludes options->desc_act");
+  o = Options(4, -1);
+  o.act_group_aware = 1;
+  refused(o, "options->act_group_aware needs a group_size, got -1");
   {
     auto bad = specs;
     Matrix wrong(48, 48, kF32, 0);
@@ -271,6 +279,27 @@ TEST_F(Gptq, RefusalsNameTheArgumentAndWriteNothing) {
   refused(o, "layers[3] 'o_proj': the Hessian is not positive definite with damp 0.01 .. 0.76 (4 damps tried", &bad);
   o.damp_auto_increment = 0;
   refused(o, "no other damp tried", &bad);
+}
+
+// A host built against 1.4 passes options ending at nsamples: whatever lies beyond is not
+// read, so the group-aware order stays off.
+TEST_F(Gptq, OptionsOfTheOneFourSizeReadNoGroupAwareOrder) {
+  qlink_context* ctx = Make(1);
+  std::vector<std::vector<uint8_t>> outputs;
+  for (auto [size, group_aware] : {std::pair{QLINK_GPTQ_OPTIONS_STRUCT_SIZE, 0},
+                                   std::pair{QLINK_GPTQ_OPTIONS_STRUCT_SIZE_1_4, 1},
+                                   std::pair{QLINK_GPTQ_OPTIONS_STRUCT_SIZE, 1}}) {
+    Block block;
+    auto specs = block.specs();
+    qlink_gptq_options o = Options();
+    o.struct_size = size;
+    o.act_group_aware = group_aware;
+    qlink_gptq_args args{QLINK_GPTQ_ARGS_STRUCT_SIZE, &o, specs.data(), specs.size(), nullptr, 0, nullptr, 0};
+    ASSERT_EQ(api_.gptq_quantize(ctx, &args), QLINK_OK) << api_.last_error();
+    outputs.push_back(block.layers[6].outputs());
+  }
+  EXPECT_EQ(outputs[1], outputs[0]);
+  EXPECT_NE(outputs[2], outputs[0]) << "the group-aware order changes down_proj's result";
 }
 
 // Without its solver library the engine says which one is missing; the rest of qlink works.

@@ -14,6 +14,7 @@ struct ReferenceOptions {
   int group_size = 128;
   bool sym = true;
   bool desc_act = false;
+  bool act_group_aware = false;
   bool static_groups = false;
   double damp = 0.01;
   double damp_auto_increment = 0.01;
@@ -73,9 +74,19 @@ inline ReferenceResult ReferenceGptq(const at::Tensor& weight, const at::Tensor&
       static_zero.push_back(z);
     }
   }
-  at::Tensor perm, invperm;
+  at::Tensor perm, invperm, group_order;
   if (o.desc_act) {
     perm = at::argsort(H.diagonal(), /*stable=*/true, /*dim=*/0, /*descending=*/true);
+  } else if (o.act_group_aware) {
+    // GPTQModel's gar.py: each group's columns by their diagonal entry, the groups by their
+    // largest one, both descending.
+    const int64_t groups = cols / gs;
+    auto [values, local] = at::sort(H.diagonal().reshape({groups, gs}), /*stable=*/true, /*dim=*/1,
+                                    /*descending=*/true);
+    group_order = at::argsort(values.select(1, 0), /*stable=*/true, /*dim=*/0, /*descending=*/true);
+    perm = (local + at::arange(groups).unsqueeze(1) * gs).index_select(0, group_order).reshape({-1});
+  }
+  if (perm.defined()) {
     W = W.index_select(1, perm);
     H = H.index_select(0, perm).index_select(1, perm);
     invperm = at::argsort(perm);
@@ -146,10 +157,19 @@ inline ReferenceResult ReferenceGptq(const at::Tensor& weight, const at::Tensor&
     g[i] = static_cast<int32_t>((o.static_groups && o.desc_act ? perm[i].item<int64_t>() : i) / gs);
   }
   at::Tensor g_idx = at::tensor(g, at::kInt);
-  if (o.desc_act) {
+  if (perm.defined()) {
     Q = Q.index_select(1, invperm);
     levels_all = levels_all.index_select(1, invperm);
-    g_idx = g_idx.index_select(0, invperm);
+  }
+  if (o.desc_act) g_idx = g_idx.index_select(0, invperm);
+  if (o.act_group_aware) {  // the groups' ranges back in the groups' own order
+    const at::Tensor position = at::argsort(group_order);
+    std::vector<at::Tensor> by_group;
+    for (int64_t k = 0; k < position.size(0); ++k) by_group.push_back(scales[position[k].item<int64_t>()]);
+    scales = by_group;
+    by_group.clear();
+    for (int64_t k = 0; k < position.size(0); ++k) by_group.push_back(zeros[position[k].item<int64_t>()]);
+    zeros = by_group;
   }
   ReferenceResult r;
   if (o.static_groups) {

@@ -35,14 +35,14 @@ std::tuple<at::Tensor, at::Tensor> Layer(int64_t rows, int64_t cols, int64_t see
 
 struct Combo {
   int bits, group_size;
-  bool sym, desc_act, static_groups;
+  bool sym, desc_act, static_groups, act_group_aware = false;
 };
 
 std::string Name(const Combo& c) {
   char s[96];
-  std::snprintf(s, sizeof(s), "bits%d_g%s%d_%s%s%s", c.bits, c.group_size < 0 ? "minus" : "", std::abs(c.group_size),
-                c.sym ? "sym" : "asym",
-                c.desc_act ? "_descact" : "", c.static_groups ? "_static" : "");
+  std::snprintf(s, sizeof(s), "bits%d_g%s%d_%s%s%s%s", c.bits, c.group_size < 0 ? "minus" : "",
+                std::abs(c.group_size), c.sym ? "sym" : "asym", c.desc_act ? "_descact" : "",
+                c.static_groups ? "_static" : "", c.act_group_aware ? "_groupaware" : "");
   return s;
 }
 
@@ -58,6 +58,7 @@ TEST_P(EveryCombination, CodesScalesZerosAndLossMatchTheReference) {
   o.sym = c.sym;
   o.desc_act = c.desc_act;
   o.static_groups = c.static_groups;
+  o.act_group_aware = c.act_group_aware;
   o.nsamples = 0;
   const auto got = ctx.gptq_quantize(w, h, o);
   qlink_test::ReferenceOptions ro;
@@ -66,6 +67,7 @@ TEST_P(EveryCombination, CodesScalesZerosAndLossMatchTheReference) {
   ro.sym = c.sym;
   ro.desc_act = c.desc_act;
   ro.static_groups = c.static_groups;
+  ro.act_group_aware = c.act_group_aware;
   const auto want = qlink_test::ReferenceGptq(w, h, ro);
 
   const at::Tensor same = got.codes == want.codes;
@@ -96,6 +98,7 @@ std::vector<Combo> Combos() {
             all.push_back({bits, gs, sym, desc, stat});
           }
         }
+        if (gs != -1) all.push_back({bits, gs, sym, false, false, /*act_group_aware=*/true});
       }
     }
   }

@@ -8,10 +8,10 @@ import time
 import torch
 
 # The native engine's call (the quant/ issue): qlink.quant.gptq_quantize(weight, hessian,
-# bits, group_size, sym, desc_act, static_groups, damp, damp_auto_increment, nsamples, ctx)
-# -> codes, scales, zeros, g_idx, weight (dequantized), loss, damp.
+# bits, group_size, sym, desc_act, static_groups, damp, damp_auto_increment, nsamples,
+# act_group_aware, ctx) -> codes, scales, zeros, g_idx, weight (dequantized), loss, damp.
 ENGINE_PARAMETERS = ("weight", "hessian", "bits", "group_size", "sym", "desc_act", "static_groups", "damp",
-                     "damp_auto_increment", "nsamples", "ctx")
+                     "damp_auto_increment", "nsamples", "act_group_aware", "ctx")
 SUPPORTED_BITS = (2, 3, 4, 8)
 
 
@@ -37,7 +37,9 @@ def unsupported(gptq, host):
         (type(gptq) is not host.GPTQ, "a GPTQ subclass (%s) with its own solve" % type(gptq).__name__),
         (bool(getattr(qcfg, "mock_quantization", False)), "mock_quantization"),
         (float(getattr(qcfg, "mse", 0.0) or 0.0) > 0.0, "mse > 0 (a scale search per group)"),
-        (bool(getattr(qcfg, "act_group_aware", False)), "act_group_aware"),
+        # GPTQModel then takes static ranges by visiting position, not by group: its own solve.
+        (bool(getattr(qcfg, "act_group_aware", False)) and bool(qcfg.static_groups),
+         "act_group_aware with static_groups"),
         # nn.Linear and its subclasses (GPTQModel's HookedLinear); Conv1D/Conv layers are not.
         (not isinstance(module, torch.nn.Linear),
          "a %s layer (the engine solves linear layers)" % type(module).__name__),
@@ -71,7 +73,8 @@ def solve(gptq, engine, ctx):
     group_size = qcfg.group_size if qcfg.group_size != -1 else weight.shape[1]  # -1: one group per row
     out = engine(weight, hessian, bits=qcfg.bits, group_size=group_size, sym=bool(qcfg.sym),
                  desc_act=bool(qcfg.desc_act), static_groups=bool(qcfg.static_groups), damp=qcfg.damp_percent,
-                 damp_auto_increment=qcfg.damp_auto_increment, nsamples=gptq.nsamples, ctx=ctx)
+                 damp_auto_increment=qcfg.damp_auto_increment, nsamples=gptq.nsamples,
+                 act_group_aware=bool(getattr(qcfg, "act_group_aware", False)), ctx=ctx)
     loss = float(out.loss)
     if math.isnan(loss):
         raise ValueError("the engine's loss for %s is NaN" % gptq.name)

@@ -13,6 +13,7 @@ from ..p2p import current_streams, default_context
 class GPTQResult:
     codes: torch.Tensor   # uint8 (rows, columns): levels in [0, 2^bits)
     scales: torch.Tensor  # fp32 (rows, groups), groups in the order the columns were visited
+                          # (act_group_aware: in the groups' own order)
     zeros: torch.Tensor   # fp32 (rows, groups), integer values
     g_idx: torch.Tensor   # int32 (columns): each column's group
     weight: torch.Tensor  # dequantized, the weight's dtype
@@ -31,10 +32,11 @@ class GPTQLayer:
 
 
 def _options(bits=4, group_size=128, sym=True, desc_act=False, static_groups=False, damp=0.01,
-             damp_auto_increment=0.01, nsamples=0, tf32=False):
+             damp_auto_increment=0.01, nsamples=0, tf32=False, act_group_aware=False):
     return {"bits": int(bits), "group_size": int(group_size), "sym": int(bool(sym)), "desc_act": int(bool(desc_act)),
             "static_groups": int(bool(static_groups)), "tf32": int(bool(tf32)), "damp": float(damp),
-            "damp_auto_increment": float(damp_auto_increment), "nsamples": float(nsamples)}
+            "damp_auto_increment": float(damp_auto_increment), "nsamples": float(nsamples),
+            "act_group_aware": int(bool(act_group_aware))}
 
 
 def _streams(ctx, tensors):
@@ -74,13 +76,15 @@ def parallel_gptq(layers, placement=None, **options):
 
 
 def gptq_quantize(weight, hessian, bits=4, group_size=128, sym=True, desc_act=False, static_groups=False, damp=0.01,
-                  damp_auto_increment=0.01, nsamples=0, tf32=False, ctx=None, device=None):
+                  damp_auto_increment=0.01, nsamples=0, tf32=False, act_group_aware=False, ctx=None, device=None):
     """GPTQ of one layer on its device. weight (rows, columns) fp32/bf16/fp16; hessian
     (columns, columns) fp32 = (2/N) sum X^T X. nsamples: the N behind the Hessian, which
-    divides the reported loss as GPTQModel's avg_loss (0: the undivided sum)."""
+    divides the reported loss as GPTQModel's avg_loss (0: the undivided sum).
+    act_group_aware: GPTQModel's group-aware reordering (its default without desc_act)."""
     return parallel_gptq([GPTQLayer(weight, hessian, device=device)], None, ctx=ctx, bits=bits, group_size=group_size,
                          sym=sym, desc_act=desc_act, static_groups=static_groups, damp=damp,
-                         damp_auto_increment=damp_auto_increment, nsamples=nsamples, tf32=tf32)[0]
+                         damp_auto_increment=damp_auto_increment, nsamples=nsamples, tf32=tf32,
+                         act_group_aware=act_group_aware)[0]
 
 
 def parallel_hessian(shards, placement):
