@@ -3,7 +3,8 @@ the Python engine it replaces, on one GPU, same weights and Hessians, same run:
 gate_proj (11008 x 4096) and down_proj (4096 x 11008), 4-bit g128 sym, columns in their
 order, in act-order (desc_act) and in GPTQModel's group-aware order (act_group_aware, its
 default without desc_act); codes equal to GPTQModel's and the loss; the Hessian of 128 x 2048 tokens at
-d = 4096; peak device memory per solve; the 7 linears of a decoder layer at each world.
+d = 4096, on one GPU and at each world; peak device memory per solve; the 7 linears of a
+decoder layer at each world.
     python3 bench/gptq_bench.py --library DIST/libqlink.so [--gptqmodel DIR] [--python-engine FILE]
         [--markdown OUT.md]
 """
@@ -164,6 +165,17 @@ def main():
     say("| qlink hessian_accumulate + reduce | torch fp32 X^T X (GPTQModel's) | max rel. difference |")
     say("|---|---|---|")
     say("| **%.1f ms** | %.1f ms | %.1e |" % (t_h * 1e3, t_ref * 1e3, err))
+    say()
+    say("The same tokens split over the GPUs: a partial per device, merged in device order on GPU 0.")
+    say()
+    say("| world | seconds | speedup | max rel. difference to world 1 |")
+    say("|---|---|---|---|")
+    for world in range(1, torch.cuda.device_count() + 1):
+        place = Placement(list(range(world)), ctx=ctx)
+        shards = [s.to("cuda:%d" % r) for r, s in enumerate(x.chunk(world))]
+        hw, t = timed(lambda: parallel_hessian(shards, place), a.reps)  # the merge waits for every partial
+        diff = ((hw - h).abs().max() / h.abs().max()).item()
+        say("| %d | %.4f | %.2fx | %.1e |" % (world, t, t_h / t, diff))
     say()
 
     say("## The 7 linears of a LLaMA-7B decoder layer (4 Hessians), solved together")
