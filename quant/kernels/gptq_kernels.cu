@@ -174,11 +174,10 @@ __global__ void GroupRangesKernel(const float* w, int64_t rows, int64_t ld, int6
 
 // GPTQ's column loop over one block, one team per row. The block's square of U sits in
 // shared memory, below its diagonal zeroed (a lane's column already done in the current
-// quad takes a zero update). Step i: column i's owner hands its value and range to the team, every
-// lane quantizes it alike with the column's range and updates its columns of the current
-// quad and later ones with U's row i; earlier quads are done and are not touched. Each
-// lane holds its columns' ranges too; the owner keeps the dequantized value, the error
-// and the level in registers until the block ends.
+// quad takes a zero update). Step i: column i's owner hands its value and range to the
+// team, every lane quantizes it alike and updates its columns of the current quad and
+// later ones with U's row i; earlier quads are done and are not touched. The owner keeps
+// the dequantized value, the error and the level in registers until the block ends.
 constexpr size_t kBlockSharedBytes = sizeof(float) * kBlockColumns * kBlockColumns + sizeof(int32_t) * kBlockColumns;
 
 __global__ void __launch_bounds__(kLoopThreads) QuantizeBlockKernel(const BlockArgs a) {
