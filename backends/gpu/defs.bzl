@@ -14,6 +14,7 @@ _HDRS = [
     "//backends/gpu:collective_kernels.h",
     "//backends/gpu:gpu_device.h",
     "//backends/gpu:gpu_runtime.h",
+    "//backends/gpu:gpu_status.h",
     "//backends/gpu:pull_kernel.h",
     "//backends:device_backend.h",
     "//backends:status.h",

@@ -12,6 +12,7 @@
 
 #include "backends/gpu/collective_kernels.h"
 #include "backends/gpu/gpu_runtime.h"
+#include "backends/gpu/gpu_status.h"
 #include "backends/gpu/pull_kernel.h"
 #include "backends/device_backend.h"
 #include "quant/gpu/gpu_quant_math.h"
@@ -19,22 +20,8 @@
 namespace qlink {
 namespace {
 
-// Turns a runtime error into a Status and drains the runtime's last error, so the host
-// framework's next launch does not fail on our leftovers.
-Status Check(gpuError_t e, const char* what) {
-  if (e == gpuSuccess) return Status::Ok();
-  (void)gpuGetLastError();
-  std::string message = std::string(QLINK_GPU_BACKEND_NAME ": ") + what + ": " + gpuGetErrorName(e) + " (" + gpuGetErrorString(e) + ")";
-  return e == gpuErrorMemoryAllocation ? OutOfMemory(message) : RuntimeError(message);
-}
-
-// Makes `device` current for the enqueue that follows; core restores the host's device
-// once per public call.
-Status Activate(int device) {
-  int now = -1;
-  if (gpuGetDevice(&now) == gpuSuccess && now == device) return Status::Ok();
-  return Check(gpuSetDevice(device), "gpuSetDevice");
-}
+using gpu::Activate;
+using gpu::Check;
 
 #define QLINK_GPU_SCOPE(device) QLINK_RETURN_IF_ERROR(Activate(device))
 
