@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/copy_plan.h"
+#include "core/stream_joins.h"
 #include "core/tensor_check.h"
 #include "quant/gptq/device_buffer.h"
 #include "quant/gptq/layers.h"
@@ -15,44 +16,31 @@ namespace qlink {
 namespace quant {
 namespace {
 
-// A second stream on one device with the events that order two staging buffers between
-// it and the call's stream; destroyed with the object (pending work still completes).
-struct SideStream {
-  SideStream(DeviceBackend& backend, int device) : backend(backend), device(device) {}
-  ~SideStream() {
-    for (Event e : {start, converted[0], converted[1], consumed[0], consumed[1]}) {
-      if (e != nullptr) backend.DestroyEvent(device, e);
-    }
-    if (stream != nullptr) backend.DestroyStream(device, stream);
+// A stream of one device made for one call, destroyed with it (work on it still completes).
+class CallStream {
+ public:
+  CallStream(DeviceBackend& backend, int device) : backend_(backend), device_(device) {}
+  ~CallStream() {
+    if (stream_ != nullptr) backend_.DestroyStream(device_, stream_);
   }
-  SideStream(const SideStream&) = delete;
-  SideStream& operator=(const SideStream&) = delete;
+  CallStream(const CallStream&) = delete;
+  CallStream& operator=(const CallStream&) = delete;
 
-  Status Open() {
-    QLINK_RETURN_IF_ERROR(backend.CreateStream(device, &stream));
-    for (Event* e : {&start, &converted[0], &converted[1], &consumed[0], &consumed[1]}) {
-      QLINK_RETURN_IF_ERROR(backend.CreateEvent(device, e));
-    }
-    return Status::Ok();
-  }
-  // The side stream waits for the work enqueued on `other` so far.
-  Status Follow(Stream other, Event mark) {
-    QLINK_RETURN_IF_ERROR(backend.RecordEvent(device, mark, other));
-    return backend.StreamWaitEvent(device, stream, mark);
-  }
+  Status Open() { return backend_.CreateStream(device_, &stream_); }
+  Stream get() const { return stream_; }
 
-  DeviceBackend& backend;
-  const int device;
-  Stream stream = nullptr;
-  Event start = nullptr, converted[2] = {nullptr, nullptr}, consumed[2] = {nullptr, nullptr};
+ private:
+  DeviceBackend& backend_;
+  const int device_;
+  Stream stream_ = nullptr;
 };
 
 // h += x^T x for activations narrower than fp32: they reach the rank-k update as fp32, a
 // bounded chunk of rows at a time. With more than one chunk, the next chunk is converted
 // on a second stream into the other of two staging buffers while the update of the
 // current one runs (the update is bound by arithmetic, the conversion by memory).
-Status AccumulateNarrow(DeviceBackend& backend, QuantMath& math, int device, Stream stream, const DLTensor& x,
-                        int64_t rows, int64_t n, float* h, Workspace* workspace) {
+Status AccumulateNarrow(Context& ctx, QuantMath& math, int device, Stream stream, const DLTensor& x, int64_t rows,
+                        int64_t n, float* h, Workspace* workspace) {
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(rows, (int64_t{512} << 20) / (4 * n)));
   const int64_t row_bytes = n * (x.dtype.bits / 8);
   DeviceBuffer staged[2];
@@ -62,20 +50,23 @@ Status AccumulateNarrow(DeviceBackend& backend, QuantMath& math, int device, Str
     return math.SyrkAccumulate(device, stream, staged[0].as<float>(), rows, n, h);
   }
   QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, sizeof(float) * chunk * n, &staged[1]));
-  SideStream side(backend, device);
+  CallStream side(ctx.backend(), device);
   QLINK_RETURN_IF_ERROR(side.Open());
+  StreamJoins joins(ctx);
+  Event mark = nullptr, consumed[2] = {nullptr, nullptr};
   // The side stream starts after what `stream` holds so far (the staging buffers' last use).
-  QLINK_RETURN_IF_ERROR(side.Follow(stream, side.start));
+  QLINK_RETURN_IF_ERROR(joins.Record(device, stream, &mark));
+  QLINK_RETURN_IF_ERROR(joins.Wait(device, side.get(), mark));
   for (int64_t r = 0, k = 0; r < rows; r += chunk, ++k) {
     const int b = static_cast<int>(k % 2);
     const int64_t m = std::min(chunk, rows - r);
-    if (k >= 2) QLINK_RETURN_IF_ERROR(backend.StreamWaitEvent(device, side.stream, side.consumed[b]));
-    QLINK_RETURN_IF_ERROR(math.ToFloat(device, side.stream, DataOf(x) + r * row_bytes, x.dtype, m * n,
+    if (k >= 2) QLINK_RETURN_IF_ERROR(joins.Wait(device, side.get(), consumed[b]));
+    QLINK_RETURN_IF_ERROR(math.ToFloat(device, side.get(), DataOf(x) + r * row_bytes, x.dtype, m * n,
                                        staged[b].as<float>()));
-    QLINK_RETURN_IF_ERROR(backend.RecordEvent(device, side.converted[b], side.stream));
-    QLINK_RETURN_IF_ERROR(backend.StreamWaitEvent(device, stream, side.converted[b]));
+    QLINK_RETURN_IF_ERROR(joins.Record(device, side.get(), &mark));
+    QLINK_RETURN_IF_ERROR(joins.Wait(device, stream, mark));
     QLINK_RETURN_IF_ERROR(math.SyrkAccumulate(device, stream, staged[b].as<float>(), m, n, h));
-    QLINK_RETURN_IF_ERROR(backend.RecordEvent(device, side.consumed[b], stream));
+    QLINK_RETURN_IF_ERROR(joins.Record(device, stream, &consumed[b]));
   }
   return Status::Ok();  // every conversion is ordered before an update on `stream`
 }
@@ -126,7 +117,7 @@ Status HessianAccumulate(Context& ctx, const qlink_hessian_args* args) {
   }
   if (args->num_inputs == 0) return Status::Ok();
   QuantMath* math = nullptr;
-  QLINK_RETURN_IF_ERROR(ctx.backend().GetQuantMath(&math));
+  QLINK_RETURN_IF_ERROR(backend.GetQuantMath(&math));
   std::set<int> touched;  // devices whose partial received an input
   for (size_t i = 0; i < args->num_inputs; ++i) {
     const DLTensor& x = args->inputs[i];
@@ -142,7 +133,7 @@ Status HessianAccumulate(Context& ctx, const qlink_hessian_args* args) {
                                                  n, h));
       continue;
     }
-    QLINK_RETURN_IF_ERROR(AccumulateNarrow(backend, *math, device, stream, x, rows[i], n, h, &workspace));
+    QLINK_RETURN_IF_ERROR(AccumulateNarrow(ctx, *math, device, stream, x, rows[i], n, h, &workspace));
   }
   // Both triangles, once per partial touched.
   for (int device : touched) {

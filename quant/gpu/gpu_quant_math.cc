@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "backends/gpu/gpu_runtime.h"
+#include "backends/gpu/gpu_status.h"
 #include "quant/gpu/linalg_api.h"
 #include "quant/kernels/gptq_kernels.h"
 
@@ -11,13 +12,8 @@ namespace qlink {
 namespace quant {
 namespace {
 
-Status Check(gpuError_t e, const char* what) {
-  if (e == gpuSuccess) return Status::Ok();
-  (void)gpuGetLastError();
-  std::string message = std::string(QLINK_GPU_BACKEND_NAME ": ") + what + ": " + gpuGetErrorName(e) + " (" +
-                        gpuGetErrorString(e) + ")";
-  return e == gpuErrorMemoryAllocation ? OutOfMemory(message) : RuntimeError(message);
-}
+using ::qlink::gpu::Activate;
+using ::qlink::gpu::Check;
 
 Status CheckLib(int result, const char* what) {
   if (result == 0) return Status::Ok();
@@ -183,12 +179,6 @@ class GpuQuantMath final : public QuantMath {
   }
 
  private:
-  static Status Activate(int device) {
-    int now = -1;
-    if (gpuGetDevice(&now) == gpuSuccess && now == device) return Status::Ok();
-    return Check(gpuSetDevice(device), "gpuSetDevice");
-  }
-
   // The device's state with its handles made, `device` current.
   Status Acquire(int device, DeviceState** out) {
     if (device < 0 || static_cast<size_t>(device) >= states_.size()) return Internal("quant: no device " + std::to_string(device));
