@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "core/scratch_pool.h"
 
@@ -67,6 +68,14 @@ class DeviceBuffer {
   Workspace* ws_ = nullptr;
   ScratchPool::Block* block_ = nullptr;
 };
+
+// `host` copied into a new buffer on ws's device; an empty vector leaves *out empty.
+template <typename T>
+Status Upload(DeviceBackend& backend, const std::vector<T>& host, Workspace& ws, DeviceBuffer* out) {
+  if (host.empty()) return Status::Ok();
+  QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(ws, sizeof(T) * host.size(), out));
+  return backend.CopyFromHost(ws.device, out->as<T>(), host.data(), sizeof(T) * host.size());
+}
 
 }  // namespace quant
 }  // namespace qlink

@@ -21,8 +21,6 @@ namespace qlink {
 namespace quant {
 namespace {
 
-Status QuantMathOf(Context& ctx, QuantMath** out) { return ctx.backend().GetQuantMath(out); }
-
 // The inverses of one call as their devices finish them: layers placed elsewhere wait
 // for theirs, and no output is written until every inverse is known to exist.
 class InverseBoard {
@@ -166,7 +164,7 @@ Status GptqQuantize(Context& ctx, qlink_gptq_args* args) {
     if (fresh) work.group_first_layer.push_back(i);
   }
   if (work.layers.empty()) return Status::Ok();
-  QLINK_RETURN_IF_ERROR(QuantMathOf(ctx, &work.math));
+  QLINK_RETURN_IF_ERROR(ctx.backend().GetQuantMath(&work.math));
 
   std::vector<LayerShape> shapes;
   for (size_t i = 0; i < work.layers.size(); ++i) {

@@ -77,10 +77,7 @@ Status InvertHessian(DeviceBackend& backend, QuantMath& math, int device, Stream
     for (int64_t c = 0; c < n; ++c) out->position[order[c]] = static_cast<int32_t>(c);
   }
   DeviceBuffer perm;
-  if (!out->perm.empty()) {
-    QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, sizeof(int32_t) * n, &perm));
-    QLINK_RETURN_IF_ERROR(backend.CopyFromHost(device, perm.as<int32_t>(), out->perm.data(), sizeof(int32_t) * n));
-  }
+  QLINK_RETURN_IF_ERROR(Upload(backend, out->perm, *workspace, &perm));
   out->dead.clear();
   double sum = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -95,7 +92,7 @@ Status InvertHessian(DeviceBackend& backend, QuantMath& math, int device, Stream
   QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, sizeof(float) * n * n, &out->u));
   float* l = factor.as<float>();
   float* u = out->u.as<float>();
-  const int32_t* p = out->perm.empty() ? nullptr : perm.as<int32_t>();
+  const int32_t* p = perm.as<int32_t>();  // null for the columns in their order
   double damp = options.damp;
   const double first = damp;
   int tries = 0;

@@ -17,11 +17,14 @@ std::string DtypeName(DLDataType t) {
 
 bool Is(DLDataType t, uint8_t code, uint8_t bits) { return t.code == code && t.bits == bits && t.lanes == 1; }
 
-std::string ShapeText(const DLTensor& t) {
+// Extents as Python writes a shape tuple: (a, b), or (a,) for one.
+std::string ShapeText(const int64_t* extents, size_t count) {
   std::string s = "(";
-  for (int d = 0; d < t.ndim; ++d) s += (d > 0 ? ", " : "") + std::to_string(t.shape[d]);
-  return s + (t.ndim == 1 ? ",)" : ")");
+  for (size_t d = 0; d < count; ++d) s += (d > 0 ? ", " : "") + std::to_string(extents[d]);
+  return s + (count == 1 ? ",)" : ")");
 }
+
+std::string ShapeText(const DLTensor& t) { return ShapeText(t.shape, static_cast<size_t>(t.ndim)); }
 
 // A contiguous tensor of the context on `device` with exactly `shape` and a dtype `ok`
 // accepts (described by `wanted` in refusals).
@@ -38,11 +41,7 @@ Status CheckTensorOf(const Context& ctx, const DLTensor* t, const std::string& w
   int d = 0;
   for (int64_t extent : shape) same = same && t->shape[d++] == extent;
   if (!same) {
-    std::string want = "(";
-    d = 0;
-    for (int64_t extent : shape) want += (d++ > 0 ? ", " : "") + std::to_string(extent);
-    want += shape.size() == 1 ? ",)" : ")";
-    return InvalidArgument(what + " has shape " + ShapeText(*t) + ", expected " + want);
+    return InvalidArgument(what + " has shape " + ShapeText(*t) + ", expected " + ShapeText(shape.begin(), shape.size()));
   }
   if (!ok(t->dtype)) return InvalidArgument(what + " has dtype " + DtypeName(t->dtype) + ", expected " + wanted);
   return Status::Ok();

@@ -6,13 +6,6 @@ namespace qlink {
 namespace quant {
 namespace {
 
-template <typename T>
-Status Upload(DeviceBackend& backend, int device, const std::vector<T>& host, Workspace* workspace, DeviceBuffer* out) {
-  if (host.empty()) return Status::Ok();
-  QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, sizeof(T) * host.size(), out));
-  return backend.CopyFromHost(device, out->as<T>(), host.data(), sizeof(T) * host.size());
-}
-
 int64_t ElementBytes(const DLTensor& t) { return t.dtype.bits / 8; }
 
 }  // namespace
@@ -21,11 +14,11 @@ std::vector<int32_t> GroupIndex(const HessianInverse& inverse, const GptqOptions
   const int64_t n = inverse.n;
   std::vector<int32_t> g(static_cast<size_t>(n), 0);
   if (options.group_size == -1) return g;
+  // Static groups keep the original columns' groups, and so does the group-aware order (it
+  // visits each group whole); under act-order a column joins the group of the position it
+  // was visited in.
+  const bool visited_in_place = options.static_groups || options.act_group_aware || inverse.position.empty();
   for (int64_t j = 0; j < n; ++j) {
-    // Static groups keep the original columns' groups, and so does the group-aware order
-    // (it visits each group whole); under act-order a column joins the group of the
-    // position it was visited in.
-    const bool visited_in_place = options.static_groups || options.act_group_aware || inverse.position.empty();
     g[j] = static_cast<int32_t>((visited_in_place ? j : inverse.position[j]) / options.group_size);
   }
   return g;
@@ -53,10 +46,10 @@ Status SolveRows(DeviceBackend& backend, QuantMath& math, const HessianInverse& 
     w_rows = staged.as<char>();
   }
   DeviceBuffer perm, position, column_group, wf, scales, zeros, codes, err, loss;
-  QLINK_RETURN_IF_ERROR(Upload(backend, device, inverse.perm, workspace, &perm));
-  QLINK_RETURN_IF_ERROR(Upload(backend, device, inverse.position, workspace, &position));
-  const int32_t* p = inverse.perm.empty() ? nullptr : perm.as<int32_t>();
-  const int32_t* q = inverse.position.empty() ? nullptr : position.as<int32_t>();
+  QLINK_RETURN_IF_ERROR(Upload(backend, inverse.perm, *workspace, &perm));
+  QLINK_RETURN_IF_ERROR(Upload(backend, inverse.position, *workspace, &position));
+  const int32_t* p = perm.as<int32_t>();  // both null for the columns in their order
+  const int32_t* q = position.as<int32_t>();
   QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, sizeof(float) * rows * cols, &wf));
   QLINK_RETURN_IF_ERROR(math.LoadWeight(device, s, w_rows, w.dtype, rows, cols, p, wf.as<float>()));
   staged = DeviceBuffer();
@@ -68,7 +61,7 @@ Status SolveRows(DeviceBackend& backend, QuantMath& math, const HessianInverse& 
       group_of[c] = static_cast<int32_t>((options.static_groups && p != nullptr ? inverse.perm[c] : c) / gs);
     }
   }
-  QLINK_RETURN_IF_ERROR(Upload(backend, device, group_of, workspace, &column_group));
+  QLINK_RETURN_IF_ERROR(Upload(backend, group_of, *workspace, &column_group));
   QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, sizeof(float) * rows * groups, &scales));
   QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, sizeof(float) * rows * groups, &zeros));
   auto ranges = [&](int64_t group_size, int64_t first, int64_t count, const int32_t* columns) {
@@ -78,7 +71,7 @@ Status SolveRows(DeviceBackend& backend, QuantMath& math, const HessianInverse& 
   // GPTQModel takes the whole-row range before zeroing dead columns, static groups after.
   if (gs == -1) QLINK_RETURN_IF_ERROR(ranges(cols, 0, 1, nullptr));
   DeviceBuffer dead;
-  QLINK_RETURN_IF_ERROR(Upload(backend, device, inverse.dead, workspace, &dead));
+  QLINK_RETURN_IF_ERROR(Upload(backend, inverse.dead, *workspace, &dead));
   if (!inverse.dead.empty()) {
     QLINK_RETURN_IF_ERROR(math.ZeroColumns(device, s, wf.as<float>(), rows, cols, dead.as<int32_t>(),
                                            static_cast<int64_t>(inverse.dead.size())));
@@ -161,7 +154,7 @@ Status SolveRows(DeviceBackend& backend, QuantMath& math, const HessianInverse& 
   // The tables hold the groups in visiting order; the group-aware order gives them back in
   // the groups' own order.
   DeviceBuffer group_position;
-  QLINK_RETURN_IF_ERROR(Upload(backend, device, inverse.group_position, workspace, &group_position));
+  QLINK_RETURN_IF_ERROR(Upload(backend, inverse.group_position, *workspace, &group_position));
   for (auto [t, table] : {std::make_pair(layer.scales, &scales), std::make_pair(layer.zeros, &zeros)}) {
     if (t == nullptr) continue;
     const uint64_t bytes = sizeof(float) * rows * groups;
