@@ -6,6 +6,8 @@
 
 #include <dlfcn.h>
 
+#include <climits>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -17,6 +19,16 @@
 #include "backends/status.h"
 
 namespace qlink {
+
+// The file that defines `symbol` as the dynamic linker resolved it, symlinks followed (a
+// library's functions may live in one of its dependencies, and Debian's liblapack.so.3 is an
+// alternative that may point at either of two implementations); "?" when unknown.
+inline std::string DefiningFile(const void* symbol) {
+  Dl_info info{};
+  if (symbol == nullptr || dladdr(symbol, &info) == 0 || info.dli_fname == nullptr) return "?";
+  char resolved[PATH_MAX];
+  return realpath(info.dli_fname, resolved) != nullptr ? resolved : info.dli_fname;
+}
 
 // One library to open: its file name or path, what it is in messages ("NCCL"), and the
 // config field that names it.

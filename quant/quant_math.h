@@ -27,6 +27,13 @@ struct Libraries {
   std::string solver;
 };
 
+// What the libraries resolved to, for the log: which implementation, from which files,
+// and a warning when that choice costs the user (the CPU engine on the reference BLAS).
+struct LibraryReport {
+  std::string loaded;   // e.g. "OpenBLAS 0.3.21 ... (BLAS /usr/lib/..., LAPACK /usr/lib/...)"
+  std::string warning;  // "" when there is nothing to warn about
+};
+
 // The quantization grid of GPTQModel's Quantizer: levels 0..maxq; symmetric ranges put
 // the zero point at (maxq + 1) / 2.
 struct Grid {
@@ -59,6 +66,9 @@ constexpr int64_t kBlockColumns = 128;  // GPTQ's lazy batch (blocksize)
 class QuantMath {
  public:
   virtual ~QuantMath() = default;
+
+  // The libraries this math runs on (fixed once made).
+  virtual const LibraryReport& libraries() const = 0;
 
   // ---- from the vendor's libraries ----
   // c (m x n, ldc) = alpha * a (m x k, lda) * b (k x n, ldb) + beta * c. tf32 allows the

@@ -5,7 +5,8 @@ set -euo pipefail
 packages=(bazel-bootstrap libboost1.81-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libdlpack-dev
           python3-torch python3-pytest python3-numpy
           libtorch-dev               # ATen's headers: the GPTQ reference tests and the LibTorch host
-          liblapack3                 # BLAS/LAPACK the CPU backend's GPTQ engine loads at run time
+          libopenblas0-pthread       # OpenBLAS: the CPU backend's GPTQ engine loads it at run time
+          liblapack3 libblas3        # the reference BLAS/LAPACK: the engine's fallback, tested beside OpenBLAS
           python3-dev                # CPython's headers: the torch bridge (python/bridge)
           clang libclang-rt-14-dev   # clang and its libFuzzer runtime: the fuzz targets
           libamdhip64-dev hipcc)     # the HIP backend: runtime headers, and hipcc for its kernels

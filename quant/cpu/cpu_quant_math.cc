@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "quant/cpu/lapack_api.h"
@@ -33,14 +34,32 @@ void StoreElement(void* p, DLDataType dtype, int64_t i, float v) {
 
 class CpuQuantMath final : public QuantMath {
  public:
-  explicit CpuQuantMath(const LapackApi& api) : api_(api) {}
+  CpuQuantMath(const LapackApi& api, LibraryReport report) : api_(api), report_(std::move(report)) {}
 
-  // Row-major C = A B is column-major C^T = B^T A^T: the operands swap.
+  const LibraryReport& libraries() const override { return report_; }
+
+  // Row-major C = A B is column-major C^T = B^T A^T: the operands swap. With beta != 0 the
+  // product is rounded on its own before it is added, as GPTQModel's W -= E @ U: a BLAS may
+  // accumulate the product into C term by term (the reference BLAS does), and with -1 and 1
+  // the two roundings then differ from GPTQModel's on every library but OpenBLAS.
   Status Gemm(int, Stream, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
               const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool) override {
     if (m == 0 || n == 0) return Status::Ok();
-    const int mm = Int(n), nn = Int(m), kk = Int(k), la = Int(ldb), lb = Int(lda), lc = Int(ldc);
-    api_.sgemm("N", "N", &mm, &nn, &kk, &alpha, b, &la, a, &lb, &beta, c, &lc, 1, 1);
+    const int mm = Int(n), nn = Int(m), kk = Int(k), la = Int(ldb), lb = Int(lda);
+    if (beta == 0.0f) {
+      const int lc = Int(ldc);
+      api_.sgemm("N", "N", &mm, &nn, &kk, &alpha, b, &la, a, &lb, &beta, c, &lc, 1, 1);
+      return Status::Ok();
+    }
+    thread_local std::vector<float> product;  // one per virtual device's thread, kept
+    product.resize(static_cast<size_t>(m * n));
+    const float one = 1.0f, zero = 0.0f;
+    api_.sgemm("N", "N", &mm, &nn, &kk, &one, b, &la, a, &lb, &zero, product.data(), &mm, 1, 1);
+    for (int64_t r = 0; r < m; ++r) {
+      float* row = c + r * ldc;
+      const float* p = product.data() + r * n;
+      for (int64_t j = 0; j < n; ++j) row[j] = beta * row[j] + alpha * p[j];
+    }
     return Status::Ok();
   }
 
@@ -187,14 +206,16 @@ class CpuQuantMath final : public QuantMath {
 
  private:
   const LapackApi& api_;
+  const LibraryReport report_;
 };
 
 }  // namespace
 
 Status MakeCpuQuantMath(const Libraries& libraries, std::unique_ptr<QuantMath>* out) {
   const LapackApi* api = nullptr;
-  QLINK_RETURN_IF_ERROR(LoadLapack(libraries.solver, &api));
-  *out = std::make_unique<CpuQuantMath>(*api);
+  LibraryReport report;
+  QLINK_RETURN_IF_ERROR(LoadLapack(libraries, &api, &report));
+  *out = std::make_unique<CpuQuantMath>(*api, std::move(report));
   return Status::Ok();
 }
 

@@ -4,20 +4,63 @@
 
 namespace qlink {
 namespace quant {
+namespace {
 
-Status LoadLapack(const std::string& library, const LapackApi** out) {
-  const std::string file = library.empty() ? "liblapack.so.3" : library;
-  return LoadVendorLibraries({{file, "LAPACK", "solver_library"}}, LapackApi{}, [](VendorSymbols& take, LapackApi* a) {
-    take(0, a->sgemm, "sgemm_");
-    take(0, a->ssyrk, "ssyrk_");
-    take(0, a->spotrf, "spotrf_");
-    take(0, a->spotri, "spotri_");
-    // The CPU backend's parallelism is its virtual devices, one host thread each: BLAS
-    // threads of its own under every one of them oversubscribe the cores (OpenBLAS then
-    // spins: a 4-device solve ran 17x slower than a serial one).
-    using SetThreads = void(int);
-    if (void* set = take.Find(0, "openblas_set_num_threads")) reinterpret_cast<SetThreads*>(set)(1);
-  }, out);
+// Which implementation the BLAS library is, from the symbols only it exports; "" when
+// none of the optimized ones (the reference BLAS, or one qlink does not know).
+std::string Implementation(const VendorSymbols& take) {
+  using Text = const char*();
+  if (void* config = take.Find(1, "openblas_get_config")) {
+    return std::string("OpenBLAS (") + reinterpret_cast<Text*>(config)() + ")";
+  }
+  if (take.Find(1, "mkl_get_version_string") != nullptr) return "MKL";
+  if (take.Find(1, "bli_info_get_version_str") != nullptr) return "BLIS";
+  return "";
+}
+
+Status Load(const std::string& blas, const std::string& solver, const LapackApi** out) {
+  return LoadVendorLibraries(
+      {{solver, "LAPACK", "solver_library"}, {blas, "BLAS", "blas_library"}}, LapackApi{},
+      [](VendorSymbols& take, LapackApi* a) {
+        take(1, a->sgemm, "sgemm_");
+        take(1, a->ssyrk, "ssyrk_");
+        take(0, a->spotrf, "spotrf_");
+        take(0, a->spotri, "spotri_");
+        // The CPU backend's parallelism is its virtual devices, one host thread each: BLAS
+        // threads of its own under every one of them oversubscribe the cores (OpenBLAS then
+        // spins: a 4-device solve ran 17x slower than a serial one).
+        using SetThreads = void(int);
+        if (void* set = take.Find(1, "openblas_set_num_threads")) reinterpret_cast<SetThreads*>(set)(1);
+        a->implementation = Implementation(take);
+        a->blas_file = DefiningFile(reinterpret_cast<void*>(a->sgemm));
+        a->lapack_file = DefiningFile(reinterpret_cast<void*>(a->spotrf));
+      },
+      out);
+}
+
+}  // namespace
+
+Status LoadLapack(const Libraries& libraries, const LapackApi** out, LibraryReport* report) {
+  std::string fallback;  // why the default was not loaded, when it was not
+  if (!libraries.solver.empty() || !libraries.blas.empty()) {
+    const std::string solver = libraries.solver.empty() ? kDefaultCpuLinalg : libraries.solver;
+    QLINK_RETURN_IF_ERROR(Load(libraries.blas.empty() ? solver : libraries.blas, solver, out));
+  } else if (Status s = Load(kDefaultCpuLinalg, kDefaultCpuLinalg, out); !s.ok()) {
+    fallback = s.message();
+    QLINK_RETURN_IF_ERROR(Load(kFallbackCpuLinalg, kFallbackCpuLinalg, out));
+  }
+  const LapackApi& a = **out;
+  report->loaded = (a.implementation.empty() ? std::string("an unrecognized BLAS") : a.implementation) + " (BLAS " +
+                   a.blas_file + ", LAPACK " + a.lapack_file + ")";
+  report->warning.clear();
+  if (!fallback.empty()) report->warning = fallback + "; ";
+  if (!fallback.empty() || a.implementation.empty()) {
+    report->warning += "the CPU GPTQ engine runs on " + report->loaded +
+                       (a.implementation.empty() ? ", likely the reference BLAS: many times slower than OpenBLAS" : "") +
+                       " (install libopenblas0-pthread, or name the libraries in config fields blas_library / "
+                       "solver_library)";
+  }
+  return Status::Ok();
 }
 
 }  // namespace quant

@@ -1,12 +1,16 @@
 // The BLAS and LAPACK routines the CPU backend's GPTQ engine calls, resolved at run time
 // from the reference Fortran interface every implementation exports (OpenBLAS, reference
-// LAPACK, MKL): qlink builds and loads without them, and takes whichever the machine has.
+// LAPACK, MKL, BLIS): qlink builds and loads without them. The engine is what a machine
+// without a GPU quantizes with, so by default it loads OpenBLAS by name, not whatever
+// liblapack.so.3 the system's alternatives point at (Debian's default is the reference
+// implementation, many times slower).
 #pragma once
 
 #include <cstddef>
 #include <string>
 
 #include "backends/status.h"
+#include "quant/quant_math.h"
 
 namespace qlink {
 namespace quant {
@@ -22,15 +26,25 @@ struct LapackApi {
   using Spotrf = void(const char* uplo, const int* n, float* a, const int* lda, int* info, size_t);
   using Spotri = void(const char* uplo, const int* n, float* a, const int* lda, int* info, size_t);
 
-  Sgemm* sgemm = nullptr;
+  Sgemm* sgemm = nullptr;  // from the BLAS library
   Ssyrk* ssyrk = nullptr;
-  Spotrf* spotrf = nullptr;
+  Spotrf* spotrf = nullptr;  // from the LAPACK library
   Spotri* spotri = nullptr;
+  std::string implementation;  // "OpenBLAS (config)", "MKL", "BLIS", or "" (not recognized)
+  std::string blas_file, lapack_file;  // where sgemm_ and spotrf_ came from, symlinks resolved
 };
 
-// Loads `library` ("" = liblapack.so.3, whose BLAS dependency supplies sgemm_ and ssyrk_)
-// once per process; the API stays valid for the life of the process.
-Status LoadLapack(const std::string& library, const LapackApi** out);
+// The optimized library loaded when neither config field names one.
+constexpr const char* kDefaultCpuLinalg = "libopenblas.so.0";
+// What the engine falls back to without it, with a warning: the system's LAPACK, whose
+// BLAS dependency supplies sgemm_ and ssyrk_.
+constexpr const char* kFallbackCpuLinalg = "liblapack.so.3";
+
+// Loads the BLAS (libraries.blas; "" = the LAPACK library's own) and LAPACK
+// (libraries.solver; "" = kDefaultCpuLinalg, else kFallbackCpuLinalg) once per process
+// for each choice; the API stays valid for the life of the process. *report says what was
+// loaded, with a warning when it is not a known optimized library or a fallback.
+Status LoadLapack(const Libraries& libraries, const LapackApi** out, LibraryReport* report);
 
 }  // namespace quant
 }  // namespace qlink

@@ -14,6 +14,7 @@
 
 #include "core/copy_plan.h"
 #include "core/tensor_check.h"
+#include "quant/gptq/engine_math.h"
 #include "quant/gptq/placement.h"
 #include "quant/gptq/solve_rows.h"
 
@@ -164,7 +165,7 @@ Status GptqQuantize(Context& ctx, qlink_gptq_args* args) {
     if (fresh) work.group_first_layer.push_back(i);
   }
   if (work.layers.empty()) return Status::Ok();
-  QLINK_RETURN_IF_ERROR(ctx.backend().GetQuantMath(&work.math));
+  QLINK_RETURN_IF_ERROR(GetEngineMath(ctx, &work.math));
 
   std::vector<LayerShape> shapes;
   for (size_t i = 0; i < work.layers.size(); ++i) {

@@ -10,6 +10,7 @@
 #include "core/stream_joins.h"
 #include "core/tensor_check.h"
 #include "quant/gptq/device_buffer.h"
+#include "quant/gptq/engine_math.h"
 #include "quant/gptq/layers.h"
 
 namespace qlink {
@@ -117,7 +118,7 @@ Status HessianAccumulate(Context& ctx, const qlink_hessian_args* args) {
   }
   if (args->num_inputs == 0) return Status::Ok();
   QuantMath* math = nullptr;
-  QLINK_RETURN_IF_ERROR(backend.GetQuantMath(&math));
+  QLINK_RETURN_IF_ERROR(GetEngineMath(ctx, &math));
   std::set<int> touched;  // devices whose partial received an input
   for (size_t i = 0; i < args->num_inputs; ++i) {
     const DLTensor& x = args->inputs[i];

@@ -5,6 +5,7 @@
 
 #include "backends/gpu/gpu_runtime.h"
 #include "backends/gpu/gpu_status.h"
+#include "backends/vendor_library.h"
 #include "quant/gpu/linalg_api.h"
 #include "quant/kernels/gptq_kernels.h"
 
@@ -35,7 +36,12 @@ struct DeviceState {
 
 class GpuQuantMath final : public QuantMath {
  public:
-  GpuQuantMath(const LinalgApi& api, int devices) : api_(api), states_(static_cast<size_t>(devices)) {}
+  GpuQuantMath(const LinalgApi& api, int devices)
+      : api_(api),
+        report_{"BLAS " + DefiningFile(reinterpret_cast<const void*>(api.Sgemm)) + ", solver " +
+                    DefiningFile(reinterpret_cast<const void*>(api.Spotrf)),
+                ""},
+        states_(static_cast<size_t>(devices)) {}
   ~GpuQuantMath() override {
     for (size_t d = 0; d < states_.size(); ++d) {
       DeviceState& st = states_[d];
@@ -47,6 +53,8 @@ class GpuQuantMath final : public QuantMath {
       // driver has shut down (a backend lives as long as its context, maybe at exit).
     }
   }
+
+  const LibraryReport& libraries() const override { return report_; }
 
   Status Gemm(int device, Stream stream, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
               const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool tf32) override {
@@ -221,6 +229,7 @@ class GpuQuantMath final : public QuantMath {
   }
 
   const LinalgApi& api_;
+  const LibraryReport report_;
   std::vector<DeviceState> states_;
 };
 

@@ -1,6 +1,8 @@
 """GPTQ as GPTQModel's GPTQ.quantize and Quantizer run it, column by column in PyTorch: the
 reference the native engine is compared with (in CI on the CPU, on the GPU machine on
 CUDA). The damp's mean is summed in double, as the engine does."""
+import os
+
 import torch
 
 
@@ -99,4 +101,20 @@ def reference_gptq(weight, hessian, bits=4, group_size=128, sym=True, desc_act=F
         scales, zeros = [s for s, _ in statics], [z for _, z in statics]
     if not scales:
         scales, zeros = [scale], [zero]
-    return (levels.to(torch.uint8), torch.cat(scales, 1), torch.cat(zeros, 1), g_idx, Q, losses.sum().item(), damp)
+    return (levels.to(torch.uint8), torch.cat(scales, 1), torch.cat(zeros, 1), g_idx, Q, losses.double().sum().item(), damp)
+
+
+def torch_linalg_files():
+    """(BLAS file, LAPACK file) this process's PyTorch runs on, or None where PyTorch carries
+    its BLAS inside itself (pip's wheels link MKL statically): the engine pointed at the same
+    files runs the same kernels as the reference, so the two can be compared bit for bit."""
+    torch.ones(2, 2) @ torch.ones(2, 2)  # the libraries are loaded with torch itself; this makes sure
+    mapped = set()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) >= 6 and fields[5].startswith("/"):
+                mapped.add(fields[5])
+    named = lambda prefix: sorted(f for f in mapped if os.path.basename(f).startswith(prefix))  # noqa: E731
+    blas, lapack = named("libblas.so"), named("liblapack.so")
+    return (blas[0], lapack[0]) if len(blas) == 1 and len(lapack) == 1 else None

@@ -4,5 +4,5 @@
 # header's layout dump checks the package's ctypes mirror of it.
 set -euo pipefail
 here="$(dirname "$0")"
-exec /usr/bin/python3 -m pytest -q -p no:cacheprovider "$here" \
+exec /usr/bin/python3 -m pytest -q -p no:cacheprovider "$here" "$@" \
   --qlink-library "$here/../../libqlink.so" --layout-dump "$here/../abi_compat/layout_json" ${XML_OUTPUT_FILE:+--junitxml="$XML_OUTPUT_FILE"}

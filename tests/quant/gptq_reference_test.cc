@@ -1,5 +1,13 @@
 // The engine (through the C ABI, by plugin_api/qlink_libtorch.hpp) against the independent
 // ATen reference (gptq_reference.h) on the CPU backend, for every option combination.
+//
+// Bit for bit: the engine is pointed at the very BLAS and LAPACK files ATen resolved in
+// this process, so both run the same kernels (which ones is the machine's: the BUILD file
+// runs this test once over OpenBLAS and once over the reference BLAS, choosing ATen's by
+// LD_LIBRARY_PATH, and QLINK_TEST_EXPECT_BLAS makes sure the choice took).
+#include <dlfcn.h>
+
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -20,6 +28,31 @@ using qlink::libtorch::Library;
 Library& Lib() {
   static Library lib(qlink_test::RunfilePath("libqlink.so"));
   return lib;
+}
+
+// The file that defines `symbol` in this process's global scope, where libtorch's own
+// references were bound.
+std::string FileDefining(const char* symbol) {
+  void* address = dlsym(RTLD_DEFAULT, symbol);
+  Dl_info info{};
+  if (address == nullptr || dladdr(address, &info) == 0) return "";
+  char resolved[PATH_MAX];
+  return realpath(info.dli_fname, resolved) != nullptr ? resolved : info.dli_fname;
+}
+
+// The CPU backend on ATen's own BLAS and LAPACK.
+std::string Config() {
+  static const std::string config = [] {
+    const std::string blas = FileDefining("sgemm_"), lapack = FileDefining("spotrf_");
+    EXPECT_FALSE(blas.empty() || lapack.empty()) << "ATen's BLAS/LAPACK not found in the process";
+    if (const char* expect = std::getenv("QLINK_TEST_EXPECT_BLAS")) {
+      EXPECT_NE(blas.find(expect), std::string::npos) << "ATen resolved sgemm_ from " << blas << ", not " << expect;
+    }
+    std::printf("engine and reference on BLAS %s, LAPACK %s\n", blas.c_str(), lapack.c_str());
+    return R"({"backend": "cpu", "cpu_devices": 1, "log_level": "warn", "blas_library": ")" + blas +
+           R"(", "solver_library": ")" + lapack + R"("})";
+  }();
+  return config;
 }
 
 // A random layer: weight (rows, cols) and H = X^T X of `tokens` activations whose columns
@@ -50,7 +83,7 @@ class EveryCombination : public ::testing::TestWithParam<Combo> {};
 
 TEST_P(EveryCombination, CodesScalesZerosAndLossMatchTheReference) {
   const Combo c = GetParam();
-  Context ctx(Lib(), R"({"backend": "cpu", "cpu_devices": 1, "log_level": "warn"})");
+  Context ctx(Lib(), Config());
   auto [w, h] = Layer(48, 384, c.bits * 1000 + c.group_size, {5, 200});
   GptqOptions o;
   o.bits = c.bits;
@@ -110,7 +143,7 @@ INSTANTIATE_TEST_SUITE_P(Gptq, EveryCombination, ::testing::ValuesIn(Combos()),
 
 // A bf16 weight comes back as bf16, rounded from the fp32 result.
 TEST(Dtypes, Bf16WeightIsQuantizedAsItsFp32Values) {
-  Context ctx(Lib(), R"({"backend": "cpu", "cpu_devices": 1, "log_level": "warn"})");
+  Context ctx(Lib(), Config());
   auto [w, h] = Layer(32, 256, 7);
   const at::Tensor wb = w.to(at::kBFloat16);
   const auto got = ctx.gptq_quantize(wb, h);
@@ -122,7 +155,7 @@ TEST(Dtypes, Bf16WeightIsQuantizedAsItsFp32Values) {
 
 // Hessian accumulation: X^T X of bf16 and fp32 activations as the reference computes it.
 TEST(Hessian, AccumulatesXtXOverBatches) {
-  Context ctx(Lib(), R"({"backend": "cpu", "cpu_devices": 1, "log_level": "warn"})");
+  Context ctx(Lib(), Config());
   at::manual_seed(3);
   const at::Tensor a = at::randn({2, 50, 96}), b = at::randn({70, 96}).to(at::kBFloat16);
   at::Tensor h = at::zeros({96, 96});
