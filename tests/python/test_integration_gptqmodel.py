@@ -147,12 +147,19 @@ def test_a_merge_qlink_cannot_hold_still_sums_in_device_order(host, library):
         "partials the cpu backend's 4 devices cannot hold": 2}
 
 
-def _task(host, qcfg=None, layer=None, seed=0):
+def _task(host, qcfg=None, layer=None, seed=0, dead=()):
+    """A GPTQ task; `dead`: input columns no calibration row reaches (zero Hessian
+    diagonal), each holding its rows' extremes in the weight."""
     torch.manual_seed(seed)
     layer = layer or torch.nn.Linear(256, 48)
     g = host["gptq"].GPTQ(layer, qcfg or host["config"].QuantizeConfig())
     g.quantizer.configure(perchannel=True)
     x = torch.randn(300, 32) @ torch.randn(32, 256) + 0.1 * torch.randn(300, 256)  # correlated, like activations
+    for c in dead:
+        x[:, c] = 0
+        with torch.no_grad():
+            extreme = 3 * layer.weight.abs().amax(1)
+            layer.weight[:, c] = torch.where(torch.arange(layer.out_features) % 2 == 0, extreme, -extreme)
     g.add_batch(x, None)
     return g
 
@@ -195,6 +202,24 @@ def test_the_layer_solve_runs_through_qlinks_native_engine(host, sym, group_size
     same = (levels == own_levels).all(1)  # rows on the same levels: grids and weights equal to float noise
     assert torch.allclose(scales[same], own[1][same], rtol=1e-5) and torch.equal(zeros[same], own[2][same])
     assert torch.allclose(q[same], own[0][same], rtol=1e-5, atol=1e-7)
+    assert abs(loss / own[5] - 1) < 1e-3 and damp == pytest.approx(own[6]) and nsamples == own[7]
+
+
+@pytest.mark.parametrize("sym", [True, False])
+@pytest.mark.parametrize("static_groups", [False, True])
+def test_group_size_minus_one_takes_each_rows_range_before_its_dead_columns_go(host, sym, static_groups):
+    """GPTQModel's GPTQ.quantize with group_size -1 takes each row's range from the whole
+    weight, then zeroes the dead columns: a dead column holding a row's extreme sets that
+    row's scale, unlike a group as wide as the row (its range taken after). static_groups
+    does nothing with -1 in GPTQModel, so it is no reason to leave qlink's solve either."""
+    qcfg = host["config"].QuantizeConfig(sym=sym, group_size=-1, static_groups=static_groups, damp_percent=0.05)
+    own = _task(host, qcfg, dead=(5, 200)).quantize()
+    adapter.install(ctx=host["ctx"], strict=True)
+    q, scales, zeros, g_idx, _, loss, damp, nsamples = _task(host, qcfg, dead=(5, 200)).quantize()
+    assert adapter.counters()["quantize"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
+    assert scales.shape == own[1].shape == (48, 1)
+    assert torch.equal(scales, own[1]) and torch.equal(zeros, own[2]) and torch.equal(g_idx, own[3])
+    assert torch.equal(q[:, [5, 200]], torch.zeros(48, 2))  # the dead columns themselves are zeroed, as the host's
     assert abs(loss / own[5] - 1) < 1e-3 and damp == pytest.approx(own[6]) and nsamples == own[7]
 
 

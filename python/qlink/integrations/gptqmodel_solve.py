@@ -70,9 +70,12 @@ def solve(gptq, engine, ctx):
     gptq.finalize_hessian(target_device=getattr(module, "target_device", None))
     hessian = gptq.H
     weight = module.weight.data.to(hessian.device)
-    group_size = qcfg.group_size if qcfg.group_size != -1 else weight.shape[1]  # -1: one group per row
-    out = engine(weight, hessian, bits=qcfg.bits, group_size=group_size, sym=bool(qcfg.sym),
-                 desc_act=bool(qcfg.desc_act), static_groups=bool(qcfg.static_groups), damp=qcfg.damp_percent,
+    # -1 goes through as -1: the engine then takes each row's range before zeroing the dead
+    # columns, as GPTQModel does, where a group as wide as the row takes it after. GPTQModel's
+    # static groups exist only for a group_size: with -1 it ignores the flag, so does this.
+    static_groups = bool(qcfg.static_groups) and qcfg.group_size != -1
+    out = engine(weight, hessian, bits=qcfg.bits, group_size=qcfg.group_size, sym=bool(qcfg.sym),
+                 desc_act=bool(qcfg.desc_act), static_groups=static_groups, damp=qcfg.damp_percent,
                  damp_auto_increment=qcfg.damp_auto_increment, nsamples=gptq.nsamples,
                  act_group_aware=bool(getattr(qcfg, "act_group_aware", False)), ctx=ctx)
     loss = float(out.loss)
