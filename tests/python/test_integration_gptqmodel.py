@@ -106,6 +106,71 @@ def test_a_failing_qlink_path_falls_back_counted_or_raises_when_strict(host, mon
         host["looper_helpers"].clone_module_for_devices(torch.nn.Linear(4, 4), [torch.device("cuda", 0)])
 
 
+class HostError(Exception):
+    """Raised by the host's own code: never qlink's to catch."""
+
+
+def test_the_hosts_own_errors_in_a_clone_propagate_once_never_a_fallback(host):
+    """clone_module_for_devices calls the host's clear_state_fn on qlink's path: what it
+    raises is the host's, raised as it is, and nothing runs a second time."""
+    adapter.install(ctx=host["ctx"], engine=engine.gptq_quantize)
+    cleared = []
+
+    def clear(module):
+        cleared.append(module)
+        raise HostError("the host's clear")
+
+    layer = torch.nn.Linear(4, 4)
+    with pytest.raises(HostError, match="the host's clear"):
+        host["looper_helpers"].clone_module_for_devices(layer, [torch.device("cuda", 0)], clear_state_fn=clear)
+    assert cleared == [layer]
+    counts = adapter.counters()
+    assert counts["clone_module_for_devices"]["fallback"] == 0 and counts["torch_replicate"]["fallback"] == 0
+
+
+def test_a_failing_replicate_falls_back_to_the_hosts_replicate_alone(host, monkeypatch):
+    """qlink's replicas fail after the host's callbacks staged the module: the fallback is
+    the host's replicate step only (the staging is not run again), and what the host's
+    replicate raises is its own."""
+    ctx = host["ctx"]
+    adapter.install(ctx=ctx, engine=engine.gptq_quantize)
+    calls = []
+
+    def qlink_fails(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    def host_replicate(module, devices, detach=True):
+        calls.append("replicate")
+        raise HostError("the host's replicate")
+
+    monkeypatch.setattr(ctx, "clone_module_for_devices", qlink_fails)
+    monkeypatch.setattr(torch.nn.parallel, "replicate", host_replicate)
+    with pytest.raises(HostError, match="the host's replicate"):
+        host["looper_helpers"].clone_module_for_devices(torch.nn.Linear(4, 4), [torch.device("cuda", 0)],
+                                                        clear_state_fn=lambda m: calls.append("clear"))
+    assert calls == ["clear", "replicate"]
+    counts = adapter.counters()
+    assert counts["torch_replicate"]["reasons"] == {"RuntimeError: injected": 1}
+    assert counts["clone_module_for_devices"]["fallback"] == 0
+
+
+def test_the_hosts_own_errors_in_a_solve_propagate_once_never_a_fallback(host):
+    """GPTQ.quantize's qlink path starts with the host's Hessian merge: what it raises is
+    the host's, raised once, not a fallback into the host's solve (which would merge again)."""
+    adapter.install(ctx=host["ctx"], engine=engine.gptq_quantize)
+    g, asked = _task(host), []
+
+    def target(requested):
+        asked.append(requested)
+        raise HostError("the host's target device")
+
+    g._select_hessian_target_device = target
+    with pytest.raises(HostError, match="the host's target device"):
+        g.quantize()
+    assert len(asked) == 1
+    assert adapter.counters()["quantize"]["fallback"] == 0
+
+
 def _partials(columns, seed):
     gen = torch.Generator().manual_seed(seed)
     return {torch.device("cuda", d): (lambda x: x.t() @ x)(torch.randn(50, columns, generator=gen)) for d in range(3)}

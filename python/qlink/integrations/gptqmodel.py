@@ -27,7 +27,7 @@ import importlib
 import torch
 
 from ..defaults import configure
-from .gptqmodel_solve import native_engine, solve, unsupported
+from .gptqmodel_solve import done_with_hessian, native_engine, solve, unsupported
 from .patches import Counters, Guard, Rebindings, Slot
 
 PATCHES = ("clone_module_for_devices", "torch_replicate", "move_to", "nested_move_to", "materialize_global_hessian",
@@ -104,7 +104,7 @@ class _Installation:
         return torch_replicate
 
     def _make_clone_module_for_devices(self):
-        h, counters, guard = self.host, self.counters, self.guard
+        h, counters = self.host, self.counters
         original = h.clone_module_for_devices
 
         @_like(original)
@@ -117,22 +117,30 @@ class _Installation:
             if not devices or all(torch.device(d).type == "cpu" for d in devices):
                 counters.host("clone_module_for_devices", "host devices: P2P is an accelerator concept")
                 return host()
-            notify = progress_callback or (lambda *args: None)
 
-            def clones():
-                module.eval()
-                clear(module)
-                notify(0, len(devices), devices[0], "stage")
-                # The host's own binding, so a clone runs through the torch_replicate patch too.
-                replicas, out = h.helpers.torch_replicate(module, devices), {}
-                for i, (device, replica) in enumerate(zip(devices, replicas), start=1):
-                    replica.eval()
-                    clear(replica)
-                    replica._gptqmodule_device_hint = device
-                    out[device] = replica
-                    notify(i, len(devices), device, "replica")
-                return out
-            return guard.attempt("clone_module_for_devices", clones, host)
+            def notify(index, device, step):  # GPTQModel ignores a failing progress callback
+                try:
+                    if progress_callback is not None:
+                        progress_callback(index, len(devices), device, step)
+                except Exception:  # noqa: BLE001
+                    pass
+
+            # GPTQModel's steps, in its order. Its callbacks (clear) run once each and what
+            # they raise is theirs; the replicas are the one step of qlink's, through the
+            # host's torch_replicate binding (the patch below: qlink's replicas, or the
+            # host's replicate if qlink's fail, before anything else is redone).
+            module.eval()
+            clear(module)
+            notify(0, devices[0], "stage")
+            replicas, out = h.helpers.torch_replicate(module, devices), {}
+            for i, (device, replica) in enumerate(zip(devices, replicas), start=1):
+                replica.eval()
+                clear(replica)
+                replica._gptqmodule_device_hint = device
+                out[device] = replica
+                notify(i, device, "replica")
+            counters.qlink("clone_module_for_devices")
+            return out
         return clone_module_for_devices
 
     # -- moves ---------------------------------------------------------------------------
@@ -153,7 +161,7 @@ class _Installation:
             if reason:
                 counters.host("move_to", reason)
                 return original(obj, device, dtype)
-            if isinstance(obj, torch.nn.Module):
+            if isinstance(obj, torch.nn.Module):  # changed only once every tensor has arrived (moves.py)
                 return guard.attempt("move_to", lambda: ctx.move_module_to_device(obj, device),
                                      lambda: original(obj, device, dtype))
             return guard.attempt("move_to", lambda: ctx.move_tensors([obj], device)[0],
@@ -205,19 +213,22 @@ class _Installation:
                 else:
                     reason = self._merge_refusal(partials, target)
                 if reason is None:
-                    merged = torch.empty(gptq.columns, gptq.columns, dtype=torch.float32, device=target)
-                    ids = list(range(len(partials))) if ctx.host_memory else None
-                    try:
+                    def merge():
+                        merged = torch.empty(gptq.columns, gptq.columns, dtype=torch.float32, device=target)
+                        ids = list(range(len(partials))) if ctx.host_memory else None
                         ctx.reduce([p for _, p in partials], merged, 2.0 / total, input_devices=ids,
                                    output_device=0 if ids else None)
-                    except Exception as error:  # noqa: BLE001
-                        guard.fallback(patch, error)
-                    else:
+                        return merged
+
+                    def commit(merged):
                         gptq.H, gptq.nsamples, gptq._hessian_dirty = merged, total, False
                         gptq._final_hessian_device_hint = merged.device
                         gptq._device_hessian_partials.clear()
                         gptq._device_sample_counts.clear()
-                        counters.qlink(patch)
+                        return True
+
+                    # A fallback is the host's merge below, once this lock is released.
+                    if guard.attempt(patch, merge, lambda: False, commit):
                         return None
                 else:
                     counters.host(patch, reason)
@@ -233,7 +244,12 @@ class _Installation:
             if reason:
                 counters.host("quantize", reason)
                 return original(gptq, blocksize)
-            return guard.attempt("quantize", lambda: solve(gptq, self.engine, ctx), lambda: original(gptq, blocksize))
+            # GPTQModel's solve starts by merging the Hessian; merged here once, outside the
+            # guard (what the host's merge raises is its own), the host's solve finds it
+            # merged if qlink's fails (GPTQModel's merge returns at once when nothing is new).
+            gptq.finalize_hessian(target_device=getattr(gptq.module, "target_device", None))
+            return guard.attempt("quantize", lambda: solve(gptq, self.engine, ctx), lambda: original(gptq, blocksize),
+                                 commit=lambda result: done_with_hessian(gptq, result))
         return quantize
 
 

@@ -61,13 +61,13 @@ def unsupported(gptq, host):
 
 def solve(gptq, engine, ctx):
     """GPTQ.quantize's result, (Q, scale, zero, g_idx, duration, avg_loss, damp, nsamples),
-    from the native engine: the merged Hessian, the layer's weight on its device, Q back in
-    the weight's shape, dtype and device. Raises the engine's error, or ValueError for a
-    NaN loss (GPTQModel's own solve knows what to do then)."""
+    from the native engine on the merged Hessian (finalize_hessian done), the layer's
+    weight on its device, Q back in the weight's shape, dtype and device; nothing of the
+    task's changed. Raises the engine's error, or ValueError for a NaN loss (GPTQModel's
+    own solve knows what to do then)."""
     start = time.time()
     qcfg, module = gptq.qcfg, gptq.module
     result_device = module.weight.data.device
-    gptq.finalize_hessian(target_device=getattr(module, "target_device", None))
     hessian = gptq.H
     weight = module.weight.data.to(hessian.device)
     # -1 goes through as -1: the engine then takes each row's range before zeroing the dead
@@ -82,5 +82,10 @@ def solve(gptq, engine, ctx):
     if math.isnan(loss):
         raise ValueError("the engine's loss for %s is NaN" % gptq.name)
     q = out.weight.reshape(module.weight.shape).to(dtype=module.weight.dtype, device=result_device)
-    del gptq.H  # as GPTQModel's solve: the Hessian is done with
     return q, out.scales, out.zeros, out.g_idx, time.time() - start, loss, float(out.damp), gptq.nsamples
+
+
+def done_with_hessian(gptq, result):
+    """solve()'s result made the task's: its Hessian dropped, as GPTQModel's solve drops it."""
+    del gptq.H
+    return result

@@ -6,8 +6,9 @@ function or method was defined; undone in reverse order by undo().
 
 Counters, per patch: "qlink" (the call ran through qlink), "host" (the host's own code
 ran by design: host memory, options qlink does not cover; the reason is counted) and
-"fallback" (qlink's path failed and the host's ran instead; with strict=True that raises
-FallbackRefused instead)."""
+"fallback" (qlink's path failed before changing anything the host can see, and the
+host's ran instead; with strict=True that raises FallbackRefused instead). The host's own
+errors, raised by its callbacks on qlink's path, propagate as they are (Guard.attempt)."""
 import collections
 import inspect
 import sys
@@ -61,14 +62,23 @@ class Guard:
                 patch, reason)) from error
         self.counters.fallback(patch, reason)
 
-    def attempt(self, patch, through_qlink, host):
-        """through_qlink()'s result, counted; if it raises, host()'s, counted as a fallback
-        (FallbackRefused instead under strict)."""
+    def attempt(self, patch, through_qlink, host, commit=None):
+        """One call the qlink way, or the host's way when qlink fails before the host saw
+        anything.
+
+        through_qlink(): qlink's work, changing nothing the host can see (new tensors,
+        new modules). If it raises, host() runs in its place, once, counted as a fallback
+        (FallbackRefused instead under strict). commit(result), when given, then makes
+        the result the host's (it may call the host's callbacks). What host() or commit()
+        raises propagates as it is: the host's own errors are no qlink failure, and a
+        fallback after the host's state changed would run the host's code twice."""
         try:
             result = through_qlink()
-        except Exception as error:  # noqa: BLE001 (the host's own path, or FallbackRefused)
+        except Exception as error:  # noqa: BLE001 (qlink's own failure: nothing of the host's ran)
             self.fallback(patch, error)
             return host()
+        if commit is not None:
+            result = commit(result)
         self.counters.qlink(patch)
         return result
 
