@@ -27,7 +27,7 @@ import importlib
 import torch
 
 from ..defaults import configure
-from .gptqmodel_solve import done_with_hessian, native_engine, solve, unsupported
+from .gptqmodel_solve import done_with_hessian, solve, unsupported
 from .patches import Counters, Guard, Rebindings, Slot
 
 PATCHES = ("clone_module_for_devices", "torch_replicate", "move_to", "nested_move_to", "materialize_global_hessian",
@@ -72,17 +72,12 @@ def _has_meta(module):
 
 
 class _Installation:
-    def __init__(self, ctx, strict, engine):
+    def __init__(self, ctx, strict):
         self.ctx, self.strict = ctx, strict
         self.host = _Host()
         self.counters = Counters(PATCHES)
         self.guard = Guard(self.counters, strict)
         self.rebindings = Rebindings()
-        if engine is None:
-            engine, self.engine_missing = native_engine()
-        else:
-            self.engine_missing = None
-        self.engine = engine
 
     def apply(self):
         h, bind = self.host, self.rebindings
@@ -240,7 +235,7 @@ class _Installation:
 
         @_like(original)
         def quantize(gptq, blocksize=128):
-            reason = self.engine_missing or unsupported(gptq, self.host)
+            reason = unsupported(gptq, self.host)
             if reason:
                 counters.host("quantize", reason)
                 return original(gptq, blocksize)
@@ -248,21 +243,20 @@ class _Installation:
             # guard (what the host's merge raises is its own), the host's solve finds it
             # merged if qlink's fails (GPTQModel's merge returns at once when nothing is new).
             gptq.finalize_hessian(target_device=getattr(gptq.module, "target_device", None))
-            return guard.attempt("quantize", lambda: solve(gptq, self.engine, ctx), lambda: original(gptq, blocksize),
+            return guard.attempt("quantize", lambda: solve(gptq, ctx), lambda: original(gptq, blocksize),
                                  commit=lambda result: done_with_hessian(gptq, result))
         return quantize
 
 
-def install(config=None, strict=False, *, ctx=None, library=None, engine=None):
+def install(config=None, strict=False, *, ctx=None, library=None):
     """Routes this process's GPTQModel through qlink (see the module's docstring); a second
     install replaces the first.
 
     config: the qlink context's config (a P2PConfig, a dict of its fields, or a whole
     config), made the process default context; or ctx: a context to use instead. strict:
-    a failing qlink path raises FallbackRefused instead of running GPTQModel's own.
-    engine: the GPTQ solve to call (default: qlink.quant.gptq_quantize, the native engine)."""
+    a failing qlink path raises FallbackRefused instead of running GPTQModel's own."""
     uninstall()
-    return _slot.install(_Installation(ctx or configure(config, library), strict, engine)).ctx
+    return _slot.install(_Installation(ctx or configure(config, library), strict)).ctx
 
 
 def uninstall():
