@@ -27,34 +27,45 @@ import importlib
 import torch
 
 from ..defaults import configure
+from .base import HostSpec, Installation, Integration
 from .gptqmodel_solve import done_with_hessian, solve, unsupported
-from .patches import Counters, Guard, Rebindings, Slot
 
 PATCHES = ("clone_module_for_devices", "torch_replicate", "move_to", "nested_move_to", "materialize_global_hessian",
            "quantize")
 
-_slot = Slot()
+_HELPERS, _MODEL, _GPTQ = "gptqmodel.utils.looper_helpers:", "gptqmodel.utils.model:", "gptqmodel.quantization.gptq:GPTQ."
+# Every GPTQModel name the patches replace, call or read, GPTQ's task state included.
+HOST = HostSpec("GPTQModel", "gptqmodel", "gptqmodel.version", "7.3", "f4c327a", [
+    _HELPERS + "clone_module_for_devices", _HELPERS + "torch_replicate", _HELPERS + "clear_non_picklable_state",
+    _MODEL + "move_to", _MODEL + "nested_move_to",
+    "gptqmodel.looper.forward_executor:ForwardExecutor.run_parallel",  # binds the clone as a default
+    "gptqmodel.looper.module_looper:clone_module_for_devices",         # imports the helpers by name
+    "gptqmodel.quantization.gptq:GPTQ", "gptqmodel.quantization.quantizer:Quantizer",
+    "gptqmodel.quantization.quantizer:Quantizer.requires_groupwise_processing",
+    "gptqmodel.quantization.quantizer:Quantizer.perchannel", "gptqmodel.utils.fallback:should_use_fallback",
+] + [_GPTQ + name for name in (
+    "quantize", "materialize_global_hessian", "finalize_hessian", "_select_hessian_target_device", "lock", "H",
+    "nsamples", "columns", "name", "qcfg", "module", "quantizer", "module_copy", "fallback", "expected_nsamples",
+    "_tp_pad_cols", "_device_hessian_partials", "_device_sample_counts", "_hessian_dirty",
+    "_final_hessian_device_hint")])
+
+_integration = Integration()
 
 
 class _Host:
     """The GPTQModel modules and originals the patches use."""
 
-    def __init__(self):
-        importlib.import_module("gptqmodel")
+    def __init__(self, names):
         self.helpers = importlib.import_module("gptqmodel.utils.looper_helpers")
-        self.model = importlib.import_module("gptqmodel.utils.model")
-        gptq = importlib.import_module("gptqmodel.quantization.gptq")
-        self.GPTQ = gptq.GPTQ
-        self.Quantizer = importlib.import_module("gptqmodel.quantization.quantizer").Quantizer
-        self.should_use_fallback = importlib.import_module("gptqmodel.utils.fallback").should_use_fallback
-        for name in ("gptqmodel.looper.forward_executor", "gptqmodel.looper.module_looper"):
-            importlib.import_module(name)  # their bindings are rebound below
-        self.clone_module_for_devices = self.helpers.clone_module_for_devices
-        self.torch_replicate = self.helpers.torch_replicate
-        self.move_to = self.model.move_to
-        self.nested_move_to = self.model.nested_move_to
-        self.materialize_global_hessian = self.GPTQ.materialize_global_hessian
-        self.quantize = self.GPTQ.quantize
+        self.GPTQ = names["gptqmodel.quantization.gptq:GPTQ"]
+        self.Quantizer = names["gptqmodel.quantization.quantizer:Quantizer"]
+        self.should_use_fallback = names["gptqmodel.utils.fallback:should_use_fallback"]
+        for name in ("clone_module_for_devices", "torch_replicate"):
+            setattr(self, name, names[_HELPERS + name])
+        for name in ("move_to", "nested_move_to"):
+            setattr(self, name, names[_MODEL + name])
+        for name in ("materialize_global_hessian", "quantize"):
+            setattr(self, name, names[_GPTQ + name])
 
 
 def _like(original):
@@ -71,13 +82,12 @@ def _has_meta(module):
     return any(t.is_meta for t in list(module.parameters()) + list(module.buffers()))
 
 
-class _Installation:
+class _Installation(Installation):
+    PATCHES, HOST = PATCHES, HOST
+
     def __init__(self, ctx, strict):
-        self.ctx, self.strict = ctx, strict
-        self.host = _Host()
-        self.counters = Counters(PATCHES)
-        self.guard = Guard(self.counters, strict)
-        self.rebindings = Rebindings()
+        super().__init__(ctx, strict)
+        self.host = _Host(self.names)
 
     def apply(self):
         h, bind = self.host, self.rebindings
@@ -254,17 +264,21 @@ def install(config=None, strict=False, *, ctx=None, library=None):
 
     config: the qlink context's config (a P2PConfig, a dict of its fields, or a whole
     config), made the process default context; or ctx: a context to use instead. strict:
-    a failing qlink path raises FallbackRefused instead of running GPTQModel's own."""
+    a failing qlink path raises FallbackRefused instead of running GPTQModel's own.
+    GPTQModel's version is checked against HOST's (another warns once; UnsupportedHost
+    under strict) and every name the patches touch must be where HOST says (HostChanged
+    naming each that moved); nothing is patched otherwise."""
     uninstall()
-    return _slot.install(_Installation(ctx or configure(config, library), strict)).ctx
+    return _integration.install(_Installation(ctx or configure(config, library), strict)).ctx
 
 
 def uninstall():
-    """Restores every binding install() changed."""
-    _slot.uninstall()
+    """Restores every binding install() changed that is still qlink's; returns what it left
+    (Integration.uninstall)."""
+    return _integration.uninstall()
 
 
 def counters():
     """Per patch, how many calls ran through qlink, through the host by design ("host") or
     after qlink failed ("fallback"), and why ({} when not installed)."""
-    return _slot.counters()
+    return _integration.counters()
