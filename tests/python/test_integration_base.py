@@ -4,12 +4,13 @@ patched name resolved first (HostChanged naming the ones that moved, nothing pat
 uninstall restoring only what is still qlink's, AutoRound's fallback and strict."""
 import importlib
 import logging
+import shutil
 import sys
 
 import pytest
 import qlink
 from qlink.integrations import autoround, base, gptqmodel
-from qlink.integrations.patches import FallbackRefused
+from qlink.integrations.host_sources import SourceTree
 
 from test_integration_gptqmodel import HOSTS
 
@@ -110,3 +111,19 @@ def test_uninstall_keeps_a_later_patchers_binding_and_says_so(integration, caplo
 def test_the_stand_ins_carry_every_name_the_patches_touch(integration):
     adapter, package, ctx = integration
     assert adapter.HOST.resolve()
+
+
+@pytest.mark.parametrize("adapter", [gptqmodel, autoround], ids=["gptqmodel", "auto_round"])
+def test_the_source_lookup_finds_every_name_in_the_stand_ins_and_names_one_that_moved(adapter, tmp_path):
+    """bench/hosts/check_hosts.py's lookup, which runs against the hosts' real trees where
+    they are fetched (their code is never committed), here against the stand-ins."""
+    assert SourceTree([HOSTS]).missing(adapter.HOST) == []
+    shutil.copytree(HOSTS, str(tmp_path / "hosts"))
+    module, _, path = adapter.HOST.names[0].partition(":")
+    source = tmp_path.joinpath("hosts", *module.split(".")).with_suffix(".py")
+    text = source.read_text()
+    source.write_text(text.replace("def %s(" % path, "def %s_renamed(" % path).replace(
+        "class %s(" % path, "class %s_renamed(" % path))
+    moved = SourceTree([str(tmp_path / "hosts")]).missing(adapter.HOST)
+    assert moved[0] == "%s (no %s in %s)" % (adapter.HOST.names[0], path, module)
+    assert all(m.startswith(adapter.HOST.names[0]) for m in moved)  # a class's members move with it
