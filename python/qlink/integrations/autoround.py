@@ -58,7 +58,8 @@ class _Host:
 
     def __init__(self, names):
         self.SignRoundQuantizer = names[_SIGN_ROUND]
-        self.RTNQuantizer, self.OptimizedRTNQuantizer = names[_RTN + "RTNQuantizer"], names[_RTN + "OptimizedRTNQuantizer"]
+        self.RTNQuantizer = names[_RTN + "RTNQuantizer"]
+        self.OptimizedRTNQuantizer = names[_RTN + "OptimizedRTNQuantizer"]
         for name in HOST.names:
             short = name.rpartition(":")[2]
             if "." not in short and not hasattr(self, short):

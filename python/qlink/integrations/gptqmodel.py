@@ -33,7 +33,8 @@ from .gptqmodel_solve import done_with_hessian, solve, unsupported
 PATCHES = ("clone_module_for_devices", "torch_replicate", "move_to", "nested_move_to", "materialize_global_hessian",
            "quantize")
 
-_HELPERS, _MODEL, _GPTQ = "gptqmodel.utils.looper_helpers:", "gptqmodel.utils.model:", "gptqmodel.quantization.gptq:GPTQ."
+_HELPERS, _MODEL = "gptqmodel.utils.looper_helpers:", "gptqmodel.utils.model:"
+_GPTQ = "gptqmodel.quantization.gptq:GPTQ."
 # Every GPTQModel name the patches replace, call or read, GPTQ's task state included.
 HOST = HostSpec("GPTQModel", "gptqmodel", "gptqmodel.version", "7.3", "f4c327a", [
     _HELPERS + "clone_module_for_devices", _HELPERS + "torch_replicate", _HELPERS + "clear_non_picklable_state",

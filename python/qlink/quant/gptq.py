@@ -44,7 +44,8 @@ def _options(**options):
     o = dict(DEFAULTS, **options)
     return {"bits": int(o["bits"]), "group_size": int(o["group_size"]), "sym": int(bool(o["sym"])),
             "desc_act": int(bool(o["desc_act"])), "static_groups": int(bool(o["static_groups"])),
-            "tf32": int(bool(o["tf32"])), "damp": float(o["damp"]), "damp_auto_increment": float(o["damp_auto_increment"]),
+            "tf32": int(bool(o["tf32"])), "damp": float(o["damp"]),
+            "damp_auto_increment": float(o["damp_auto_increment"]),
             "nsamples": float(o["nsamples"]), "act_group_aware": int(bool(o["act_group_aware"]))}
 
 
