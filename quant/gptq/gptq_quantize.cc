@@ -72,7 +72,7 @@ struct Work {
   std::vector<Layer> layers;
   std::vector<size_t> group_of;            // per layer
   std::vector<size_t> group_first_layer;   // per group: its first layer, for messages
-  Placement placement;
+  Assignment placement;
   const qlink_stream* streams;
   size_t num_streams;
   std::vector<std::vector<double>> row_loss;  // per layer, per row

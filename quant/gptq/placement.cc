@@ -26,8 +26,8 @@ size_t LeastLoaded(const std::vector<double>& load) {
 
 }  // namespace
 
-Placement Place(const std::vector<LayerShape>& layers, size_t groups, const std::vector<int>& devices) {
-  Placement p;
+Assignment Place(const std::vector<LayerShape>& layers, size_t groups, const std::vector<int>& devices) {
+  Assignment p;
   p.inverse_device.assign(groups, 0);
   if (devices.empty()) {
     for (size_t i = 0; i < layers.size(); ++i) {

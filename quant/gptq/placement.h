@@ -23,13 +23,15 @@ struct RowsPart {
   int device = 0;
 };
 
-struct Placement {
+// Where each piece of a call's work runs (qlink.quant.Placement, in Python, is a set of
+// replica devices: another thing).
+struct Assignment {
   std::vector<int> inverse_device;  // per Hessian
   std::vector<RowsPart> parts;      // per device: the parts whose inverse is local first
 };
 
 // devices empty: every layer, and its Hessian's inverse, on the weight's device.
-Placement Place(const std::vector<LayerShape>& layers, size_t groups, const std::vector<int>& devices);
+Assignment Place(const std::vector<LayerShape>& layers, size_t groups, const std::vector<int>& devices);
 
 }  // namespace quant
 }  // namespace qlink

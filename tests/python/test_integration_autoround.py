@@ -12,6 +12,7 @@ import torch
 import qlink
 from qlink.integrations import autoround as adapter
 from qlink.integrations.autoround_tuning import ReplicaFailed
+from qlink.integrations.patches import FallbackRefused
 from qlink.plan import PlanRefused
 
 from test_integration_gptqmodel import HOSTS
@@ -160,6 +161,27 @@ def test_an_error_on_a_replica_names_the_replica(host, library, monkeypatch):
     with pytest.raises(ReplicaFailed, match=r"replica 1 \(qlink device 1\) failed during iteration 0: "
                                             r"RuntimeError: injected"):
         q.quantize_block(model.block, inputs, others, outputs, None, types.SimpleNamespace(block_name="block"))
+
+
+def test_replicas_qlink_fails_to_make_fall_back_to_autorounds_loop_or_raise_when_strict(host, library, monkeypatch):
+    """The mirrors are the one qlink step before AutoRound's state changes: if they fail,
+    AutoRound's serial loop tunes the untouched block (counted, with the reason); strict
+    refuses instead."""
+    serial, _, _ = _tune(host, iters=5)
+    ctx = cpu(library, 2)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(ctx, "mirror_module", broken)
+    adapter.install(2, ctx=ctx)
+    fallen_back, _, _ = _tune(host, iters=5)
+    assert all(torch.equal(a, b) for a, b in zip(serial.block.parameters(), fallen_back.block.parameters()))
+    assert adapter.counters()["quantize_block"] == {"qlink": 0, "host": 0, "fallback": 1,
+                                                    "reasons": {"RuntimeError: injected": 1}}
+    adapter.install(2, strict=True, ctx=ctx)
+    with pytest.raises(FallbackRefused, match="quantize_block failed and strict=True.*injected"):
+        _tune(host, iters=5)
 
 
 def test_settings_that_are_not_ones_are_refused_naming_them(host, library):

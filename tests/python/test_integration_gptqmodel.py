@@ -1,16 +1,16 @@
 """qlink.integrations.gptqmodel against a stand-in shaped like GPTQModel (tests/python/hosts)
 on the CPU backend: every binding patched and restored, what runs through qlink and what
 does not (counted, with reasons), strict mode, the Hessian merge in device order, and the
-layer solve through an engine with the native engine's call."""
+layer solve through qlink's native engine (a recorder around it keeps its calls)."""
 import os
 import sys
 
 import pytest
 import torch
 
-import gptq_engine_standin as engine
 import qlink
 from qlink.integrations import gptqmodel as adapter
+from qlink.integrations import gptqmodel_solve
 from qlink.integrations.patches import FallbackRefused
 
 HOSTS = os.path.join(os.path.dirname(__file__), "hosts")
@@ -24,7 +24,6 @@ def host(library):
     from gptqmodel.looper import forward_executor, module_looper
     from gptqmodel.quantization import config, gptq
     from gptqmodel.utils import looper_helpers, model
-    engine.CALLS.clear()
     ctx = qlink.load({"backend": "cpu", "cpu_devices": 4, "log_level": "off"}, library=library)
     yield dict(gptqmodel=gptqmodel, forward_executor=forward_executor, module_looper=module_looper, config=config,
                gptq=gptq, looper_helpers=looper_helpers, model=model, ctx=ctx)
@@ -32,6 +31,20 @@ def host(library):
     sys.path.remove(HOSTS)
     for name in [n for n in sys.modules if n == "gptqmodel" or n.startswith("gptqmodel.")]:
         del sys.modules[name]
+
+
+@pytest.fixture
+def engine_calls(monkeypatch):
+    """The options of every call the adapter makes to qlink's native engine, which it
+    still runs."""
+    calls, engine = [], gptqmodel_solve.gptq_quantize
+
+    def recorder(weight, hessian, **options):
+        calls.append(dict(options, shape=tuple(weight.shape), dtype=weight.dtype))
+        return engine(weight, hessian, **options)
+
+    monkeypatch.setattr(gptqmodel_solve, "gptq_quantize", recorder)
+    return calls
 
 
 def _bindings(h):
@@ -47,7 +60,7 @@ def _bindings(h):
 
 def test_install_rebinds_every_binding_and_uninstall_restores_them(host):
     before = _bindings(host)
-    adapter.install(ctx=host["ctx"], engine=engine.gptq_quantize)
+    adapter.install(ctx=host["ctx"])
     after = _bindings(host)
     assert all(a is not b for a, b in zip(after, before))
     assert all(getattr(f, "__module__", "").startswith("qlink.") for f in after)
@@ -64,7 +77,7 @@ class Scaled(torch.nn.Linear):
 
 
 def test_a_forward_pass_runs_its_moves_through_qlink(host):
-    adapter.install(ctx=host["ctx"], engine=engine.gptq_quantize)
+    adapter.install(ctx=host["ctx"])
     layer = Scaled(16, 16)
     inputs = [[torch.randn(2, 16)] for _ in range(4)]
     kwargs = [{"scale": [torch.tensor(2.0)], "flag": True} for _ in range(4)]
@@ -80,7 +93,7 @@ def test_a_forward_pass_runs_its_moves_through_qlink(host):
 
 
 def test_moves_the_engine_does_not_cover_go_to_the_host_counted(host):
-    adapter.install(ctx=host["ctx"], engine=engine.gptq_quantize)
+    adapter.install(ctx=host["ctx"])
     move_to = host["model"].move_to
     assert move_to(torch.ones(3), "cpu", dtype=torch.float16).dtype == torch.float16
     assert adapter.counters()["move_to"]["reasons"] == {"a dtype conversion": 1}
@@ -92,18 +105,83 @@ def test_a_failing_qlink_path_falls_back_counted_or_raises_when_strict(host, mon
     def broken(*args, **kwargs):
         raise RuntimeError("injected")
 
-    adapter.install(ctx=ctx, engine=engine.gptq_quantize)
+    adapter.install(ctx=ctx)
     monkeypatch.setattr(ctx, "move_tensors", broken)
     assert torch.equal(host["forward_executor"].move_to(torch.arange(4.0), "cpu"), torch.arange(4.0))
     assert adapter.counters()["move_to"] == {"qlink": 0, "host": 0, "fallback": 1,
                                              "reasons": {"RuntimeError: injected": 1}}
-    adapter.install(ctx=ctx, strict=True, engine=engine.gptq_quantize)
+    adapter.install(ctx=ctx, strict=True)
     with pytest.raises(FallbackRefused, match="move_to failed and strict=True.*injected"):
         host["module_looper"].move_to(torch.arange(4.0), "cpu")
     # A failing GPU clone: strict names the patch where GPTQModel would deep-copy.
     monkeypatch.setattr(ctx, "clone_module_for_devices", broken)
     with pytest.raises(FallbackRefused, match="torch_replicate failed.*injected"):
         host["looper_helpers"].clone_module_for_devices(torch.nn.Linear(4, 4), [torch.device("cuda", 0)])
+
+
+class HostError(Exception):
+    """Raised by the host's own code: never qlink's to catch."""
+
+
+def test_the_hosts_own_errors_in_a_clone_propagate_once_never_a_fallback(host):
+    """clone_module_for_devices calls the host's clear_state_fn on qlink's path: what it
+    raises is the host's, raised as it is, and nothing runs a second time."""
+    adapter.install(ctx=host["ctx"])
+    cleared = []
+
+    def clear(module):
+        cleared.append(module)
+        raise HostError("the host's clear")
+
+    layer = torch.nn.Linear(4, 4)
+    with pytest.raises(HostError, match="the host's clear"):
+        host["looper_helpers"].clone_module_for_devices(layer, [torch.device("cuda", 0)], clear_state_fn=clear)
+    assert cleared == [layer]
+    counts = adapter.counters()
+    assert counts["clone_module_for_devices"]["fallback"] == 0 and counts["torch_replicate"]["fallback"] == 0
+
+
+def test_a_failing_replicate_falls_back_to_the_hosts_replicate_alone(host, monkeypatch):
+    """qlink's replicas fail after the host's callbacks staged the module: the fallback is
+    the host's replicate step only (the staging is not run again), and what the host's
+    replicate raises is its own."""
+    ctx = host["ctx"]
+    adapter.install(ctx=ctx)
+    calls = []
+
+    def qlink_fails(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    def host_replicate(module, devices, detach=True):
+        calls.append("replicate")
+        raise HostError("the host's replicate")
+
+    monkeypatch.setattr(ctx, "clone_module_for_devices", qlink_fails)
+    monkeypatch.setattr(torch.nn.parallel, "replicate", host_replicate)
+    with pytest.raises(HostError, match="the host's replicate"):
+        host["looper_helpers"].clone_module_for_devices(torch.nn.Linear(4, 4), [torch.device("cuda", 0)],
+                                                        clear_state_fn=lambda m: calls.append("clear"))
+    assert calls == ["clear", "replicate"]
+    counts = adapter.counters()
+    assert counts["torch_replicate"]["reasons"] == {"RuntimeError: injected": 1}
+    assert counts["clone_module_for_devices"]["fallback"] == 0
+
+
+def test_the_hosts_own_errors_in_a_solve_propagate_once_never_a_fallback(host):
+    """GPTQ.quantize's qlink path starts with the host's Hessian merge: what it raises is
+    the host's, raised once, not a fallback into the host's solve (which would merge again)."""
+    adapter.install(ctx=host["ctx"])
+    g, asked = _task(host), []
+
+    def target(requested):
+        asked.append(requested)
+        raise HostError("the host's target device")
+
+    g._select_hessian_target_device = target
+    with pytest.raises(HostError, match="the host's target device"):
+        g.quantize()
+    assert len(asked) == 1
+    assert adapter.counters()["quantize"]["fallback"] == 0
 
 
 def _partials(columns, seed):
@@ -125,7 +203,7 @@ def test_the_hessian_merge_is_summed_in_device_order_whatever_the_arrival(host):
     devices = list(partials)
     orders = [devices, devices[::-1], [devices[1], devices[2], devices[0]]]
     arrival = [_merge(host, partials, o) for o in orders]  # the host's own merge: arrival order
-    adapter.install(ctx=host["ctx"], engine=engine.gptq_quantize)
+    adapter.install(ctx=host["ctx"])
     merged = [_merge(host, partials, o) for o in orders]
     assert all(torch.equal(m, merged[0]) for m in merged)
     assert not all(torch.equal(a, arrival[0]) for a in arrival)  # what the patch fixes
@@ -140,43 +218,32 @@ def test_a_merge_qlink_cannot_hold_still_sums_in_device_order(host, library):
     partials = {torch.device("cuda", d): p for d, p in enumerate(_partials(64, seed=1).values())}
     partials.update({torch.device("cuda", 3 + k): p * 0.5 for k, p in enumerate(list(partials.values())[:2])})
     devices = list(partials)
-    adapter.install(ctx=host["ctx"], engine=engine.gptq_quantize)
+    adapter.install(ctx=host["ctx"])
     merged = [_merge(host, partials, o) for o in (devices, devices[::-1])]
     assert torch.equal(merged[0], merged[1])
     assert adapter.counters()["materialize_global_hessian"]["reasons"] == {
         "partials the cpu backend's 4 devices cannot hold": 2}
 
 
-def _task(host, qcfg=None, layer=None, seed=0):
+def _task(host, qcfg=None, layer=None, seed=0, dead=()):
+    """A GPTQ task; `dead`: input columns no calibration row reaches (zero Hessian
+    diagonal), each holding its rows' extremes in the weight."""
     torch.manual_seed(seed)
     layer = layer or torch.nn.Linear(256, 48)
     g = host["gptq"].GPTQ(layer, qcfg or host["config"].QuantizeConfig())
     g.quantizer.configure(perchannel=True)
     x = torch.randn(300, 32) @ torch.randn(32, 256) + 0.1 * torch.randn(300, 256)  # correlated, like activations
+    for c in dead:
+        x[:, c] = 0
+        with torch.no_grad():
+            extreme = 3 * layer.weight.abs().amax(1)
+            layer.weight[:, c] = torch.where(torch.arange(layer.out_features) % 2 == 0, extreme, -extreme)
     g.add_batch(x, None)
     return g
 
 
-@pytest.mark.parametrize("sym", [True, False])
-def test_the_layer_solve_runs_through_the_engine_shaped_as_the_hosts(host, sym):
-    qcfg = host["config"].QuantizeConfig(sym=sym, group_size=128, damp_percent=0.05)
-    own = _task(host, qcfg).quantize()
-    adapter.install(ctx=host["ctx"], engine=engine.gptq_quantize)
-    g = _task(host, qcfg)
-    q, scales, zeros, g_idx, duration, loss, damp, nsamples = g.quantize()
-    assert engine.CALLS[-1] == dict(shape=(48, 256), dtype=torch.float32, bits=4, group_size=128, sym=sym,
-                                    desc_act=False, static_groups=False, damp=0.05, damp_auto_increment=0.01,
-                                    nsamples=300, act_group_aware=False, ctx=host["ctx"])
-    assert q.shape == g.module.weight.shape and q.dtype == g.module.weight.dtype
-    assert torch.allclose(q, own[0], atol=1e-5)
-    assert torch.allclose(scales, own[1]) and torch.equal(zeros, own[2]) and torch.equal(g_idx, own[3])
-    assert abs(loss / own[5] - 1) < 1e-4 and damp == own[6] and nsamples == own[7] == 300
-    assert not hasattr(g, "H")  # done with, as the host's solve leaves it
-    assert adapter.counters()["quantize"]["qlink"] == 1
-
-
 @pytest.mark.parametrize("sym, group_size", [(True, 128), (False, 128), (True, -1)])
-def test_the_layer_solve_runs_through_qlinks_native_engine(host, sym, group_size):
+def test_the_layer_solve_runs_through_qlinks_native_engine(host, engine_calls, sym, group_size):
     """The real engine (qlink.quant.gptq_quantize on the CPU backend) in place of the host's
     column loop: the same levels, grids and weights up to rounding, the same loss. (The
     engine's factorizations and PyTorch's round apart: a later group's range, taken after
@@ -185,8 +252,13 @@ def test_the_layer_solve_runs_through_qlinks_native_engine(host, sym, group_size
     qcfg = host["config"].QuantizeConfig(sym=sym, group_size=group_size, damp_percent=0.05)
     own = _task(host, qcfg).quantize()
     adapter.install(ctx=host["ctx"])
-    q, scales, zeros, g_idx, _, loss, damp, nsamples = _task(host, qcfg).quantize()
+    g = _task(host, qcfg)
+    q, scales, zeros, g_idx, _, loss, damp, nsamples = g.quantize()
     assert adapter.counters()["quantize"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
+    assert engine_calls == [dict(shape=(48, 256), dtype=torch.float32, bits=4, group_size=group_size, sym=sym,
+                                 desc_act=False, static_groups=False, damp=0.05, damp_auto_increment=0.01,
+                                 nsamples=300, act_group_aware=False, ctx=host["ctx"])]
+    assert not hasattr(g, "H")  # done with, as the host's solve leaves it
     assert q.shape == own[0].shape and q.dtype == own[0].dtype and scales.shape == own[1].shape
     assert torch.equal(g_idx, own[3])
     g = g_idx.long()
@@ -195,6 +267,24 @@ def test_the_layer_solve_runs_through_qlinks_native_engine(host, sym, group_size
     same = (levels == own_levels).all(1)  # rows on the same levels: grids and weights equal to float noise
     assert torch.allclose(scales[same], own[1][same], rtol=1e-5) and torch.equal(zeros[same], own[2][same])
     assert torch.allclose(q[same], own[0][same], rtol=1e-5, atol=1e-7)
+    assert abs(loss / own[5] - 1) < 1e-3 and damp == pytest.approx(own[6]) and nsamples == own[7]
+
+
+@pytest.mark.parametrize("sym", [True, False])
+@pytest.mark.parametrize("static_groups", [False, True])
+def test_group_size_minus_one_takes_each_rows_range_before_its_dead_columns_go(host, sym, static_groups):
+    """GPTQModel's GPTQ.quantize with group_size -1 takes each row's range from the whole
+    weight, then zeroes the dead columns: a dead column holding a row's extreme sets that
+    row's scale, unlike a group as wide as the row (its range taken after). static_groups
+    does nothing with -1 in GPTQModel, so it is no reason to leave qlink's solve either."""
+    qcfg = host["config"].QuantizeConfig(sym=sym, group_size=-1, static_groups=static_groups, damp_percent=0.05)
+    own = _task(host, qcfg, dead=(5, 200)).quantize()
+    adapter.install(ctx=host["ctx"], strict=True)
+    q, scales, zeros, g_idx, _, loss, damp, nsamples = _task(host, qcfg, dead=(5, 200)).quantize()
+    assert adapter.counters()["quantize"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
+    assert scales.shape == own[1].shape == (48, 1)
+    assert torch.equal(scales, own[1]) and torch.equal(zeros, own[2]) and torch.equal(g_idx, own[3])
+    assert torch.equal(q[:, [5, 200]], torch.zeros(48, 2))  # the dead columns themselves are zeroed, as the host's
     assert abs(loss / own[5] - 1) < 1e-3 and damp == pytest.approx(own[6]) and nsamples == own[7]
 
 
@@ -220,11 +310,11 @@ def test_group_aware_reordering_runs_through_qlinks_native_engine(host):
     (dict(act_group_aware=True, static_groups=True), "act_group_aware with static_groups"),
     (dict(mock_quantization=True), "mock_quantization"),
     (dict(bits=5), "bits=5"),
+    (dict(group_size=96), "group_size 96 does not divide the 256 columns"),
     (dict(fallback=1e9), "a fallback strategy for too few samples"),
 ])
-def test_options_the_engine_does_not_cover_go_to_the_hosts_solve(host, change, reason):
-    adapter.install(ctx=host["ctx"], engine=engine.gptq_quantize)
-    calls = len(engine.CALLS)
+def test_options_the_engine_does_not_cover_go_to_the_hosts_solve(host, engine_calls, change, reason):
+    adapter.install(ctx=host["ctx"])
     qcfg = host["config"].QuantizeConfig(**change)
     g = _task(host, qcfg)
     if change.get("fallback"):
@@ -232,12 +322,12 @@ def test_options_the_engine_does_not_cover_go_to_the_hosts_solve(host, change, r
             g.quantize()
     else:
         g.quantize()
-    assert len(engine.CALLS) == calls
+    assert engine_calls == []
     assert adapter.counters()["quantize"]["reasons"] == {reason: 1}
 
 
 def test_a_subclass_or_another_layer_type_keeps_its_own_solve(host):
-    adapter.install(ctx=host["ctx"], engine=engine.gptq_quantize)
+    adapter.install(ctx=host["ctx"])
 
     class Tuned(host["gptq"].GPTQ):
         pass
@@ -249,25 +339,18 @@ def test_a_subclass_or_another_layer_type_keeps_its_own_solve(host):
     assert adapter.counters()["quantize"]["reasons"] == {"a GPTQ subclass (Tuned) with its own solve": 1}
 
 
-def test_an_engine_refusal_falls_back_or_raises_when_strict(host):
-    qcfg = host["config"].QuantizeConfig(desc_act=True)  # the stand-in engine refuses it
-    adapter.install(ctx=host["ctx"], engine=engine.gptq_quantize)
-    _task(host, qcfg).quantize()
-    assert adapter.counters()["quantize"]["fallback"] == 1
-    adapter.install(ctx=host["ctx"], strict=True, engine=engine.gptq_quantize)
-    with pytest.raises(FallbackRefused, match="quantize failed.*neither desc_act"):
-        _task(host, qcfg).quantize()
+def test_a_failing_engine_falls_back_or_raises_when_strict(host, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected")
 
-
-def test_without_the_native_engine_every_solve_is_the_hosts_saying_why(host, monkeypatch):
-    import qlink.quant
-
-    def old_call(w, h, bits=4, group_size=128, damp=0.01):
-        raise AssertionError("not the native engine: never called")
-
-    monkeypatch.setattr(qlink.quant, "gptq_quantize", old_call)
+    own = _task(host).quantize()
+    monkeypatch.setattr(host["ctx"], "gptq_quantize", broken)
     adapter.install(ctx=host["ctx"])
-    _task(host).quantize()
-    (reason, count), = adapter.counters()["quantize"]["reasons"].items()
-    assert count == 1
-    assert reason.startswith("qlink.quant.gptq_quantize is not the native engine's call (no weight, hessian, sym")
+    g = _task(host)
+    assert torch.equal(g.quantize()[0], own[0])  # the host's solve, on the Hessian merged once
+    assert adapter.counters()["quantize"] == {"qlink": 0, "host": 0, "fallback": 1,
+                                              "reasons": {"RuntimeError: injected": 1}}
+    assert adapter.counters()["materialize_global_hessian"]["qlink"] == 1
+    adapter.install(ctx=host["ctx"], strict=True)
+    with pytest.raises(FallbackRefused, match="quantize failed.*injected"):
+        _task(host).quantize()

@@ -6,17 +6,19 @@
     qlink_autoround.plans()       # per block: the world, the devices, why others were left out
     qlink_autoround.counters()    # what ran data-parallel, what ran serial and why
 
-What install() changes (each a patch with its own counters):
+What install() changes (each a patch with its own counters; the same install, uninstall,
+counters and strict as the GPTQModel integration's, integrations/base.py):
   quantize_block  SignRoundQuantizer.quantize_block, AutoRound's block tuning, data-parallel
                   over the plan's replicas (autoround_tuning.py): pure SignSGD exchanges
                   sign(sum of gradients), anything else the fp32 (or bf16) sum
   rtn_layers      iters=0 (RTN and optimized RTN): the block's per-layer searches spread over
                   the plan's devices, each layer on one device, moved there and back by qlink
+                  (no fallback: AutoRound's own loop has run when qlink's moves start, so a
+                  failure propagates rather than run the block twice)
 
 The plan (qlink.plan) is resolved per block on the context's devices and their free memory:
 an explicit N that cannot engage raises PlanRefused naming every reason; auto with fewer
 than two usable devices runs AutoRound's own serial code and says why, once per reason."""
-import importlib
 import logging
 
 import torch
@@ -24,33 +26,44 @@ import torch
 from ..defaults import configure
 from ..plan import check_setting, resolve_plan
 from ..quant.placement import Placement
-from .autoround_tuning import move_tensor_attributes, run_on_replicas, tune_block
-from .patches import Counters, Rebindings, Slot
+from .autoround_tuning import make_mirrors, move_tensor_attributes, run_on_replicas, tune_block
+from .base import HostSpec, Installation, Integration
 
 PATCHES = ("quantize_block", "rtn_layers")
 TRANSPORTS = ("fp32", "bf16")
 
+_SIGN_ROUND = "auto_round.algorithms.quantization.sign_round.quantizer:SignRoundQuantizer"
+_RTN = "auto_round.algorithms.quantization.rtn.quantizer:"
+# Every AutoRound name the patches replace, call or read.
+HOST = HostSpec("AutoRound", "auto_round", "auto_round.version", "0.15", "b9f3d00", [
+    _SIGN_ROUND, _RTN + "RTNQuantizer", _RTN + "OptimizedRTNQuantizer",
+    _RTN + "RTNQuantizer.quantize_block", _RTN + "OptimizedRTNQuantizer.quantize_block",
+    _RTN + "RTNQuantizer._quantize_layer_via_rtn",
+    "auto_round.algorithms.quantization.sign_round.sign_sgd:SignSGD",
+    "auto_round.compressors.utils:IndexSampler", "auto_round.compressors.utils:collect_best_params",
+    "auto_round.wrapper:unwrapper_block", "auto_round.logger:logger", "auto_round.utils.device_manager:device_manager",
+    "auto_round.utils:get_module",
+] + [_SIGN_ROUND + "." + name for name in (
+    "quantize_block", "_compute_valid_token_mask", "_get_loss", "_scale_loss_and_backward", "_get_non_zero_cnt",
+    "_step", "_maybe_log_low_bit_lr", "wrapper_block", "block_forward", "calibration_context", "compress_context",
+    "enable_quanted_input", "gradient_accumulate_steps", "not_use_best_mse", "dynamic_max_gap", "optimizer",
+    "momentum", "lr_scheduler", "iters")])
+
 log = logging.getLogger("qlink")
-_slot = Slot()
+_integration = Integration()
 
 
 class _Host:
-    """The AutoRound modules and originals the patches use."""
+    """The AutoRound classes and functions the patches use."""
 
-    def __init__(self):
-        importlib.import_module("auto_round")
-        sign_round = importlib.import_module("auto_round.algorithms.quantization.sign_round.quantizer")
-        rtn = importlib.import_module("auto_round.algorithms.quantization.rtn.quantizer")
-        utils = importlib.import_module("auto_round.compressors.utils")
-        wrapper = importlib.import_module("auto_round.wrapper")
-        self.SignRoundQuantizer = sign_round.SignRoundQuantizer
-        self.SignSGD = importlib.import_module("auto_round.algorithms.quantization.sign_round.sign_sgd").SignSGD
-        self.RTNQuantizer, self.OptimizedRTNQuantizer = rtn.RTNQuantizer, rtn.OptimizedRTNQuantizer
-        self.IndexSampler, self.collect_best_params = utils.IndexSampler, utils.collect_best_params
-        self.unwrapper_block = wrapper.unwrapper_block
-        self.logger = importlib.import_module("auto_round.logger").logger
-        self.device_manager = importlib.import_module("auto_round.utils.device_manager").device_manager
-        self.get_module = importlib.import_module("auto_round.utils").get_module
+    def __init__(self, names):
+        self.SignRoundQuantizer = names[_SIGN_ROUND]
+        self.RTNQuantizer = names[_RTN + "RTNQuantizer"]
+        self.OptimizedRTNQuantizer = names[_RTN + "OptimizedRTNQuantizer"]
+        for name in HOST.names:
+            short = name.rpartition(":")[2]
+            if "." not in short and not hasattr(self, short):
+                setattr(self, short, names[name])
 
 
 def _nbytes(tensors):
@@ -61,15 +74,16 @@ def _quantized_linears(block):
     return [m for m in block.modules() if isinstance(m, torch.nn.Linear) and getattr(m, "bits", 16) <= 8]
 
 
-class _Installation:
-    def __init__(self, ctx, parallel, transport, check_replicas):
+class _Installation(Installation):
+    PATCHES, HOST = PATCHES, HOST
+
+    def __init__(self, ctx, strict, parallel, transport, check_replicas):
         check_setting(parallel)
         if transport not in TRANSPORTS:
             raise ValueError("transport must be one of %s, got %r" % (TRANSPORTS, transport))
-        self.ctx, self.parallel, self.transport, self.check_replicas = ctx, parallel, transport, check_replicas
-        self.host = _Host()
-        self.counters = Counters(PATCHES)
-        self.rebindings = Rebindings()
+        super().__init__(ctx, strict)
+        self.parallel, self.transport, self.check_replicas = parallel, transport, check_replicas
+        self.host = _Host(self.names)
         self.plans = []         # (block name, Plan), in the order the blocks came
         self._placements = {}   # devices -> Placement (its worker threads kept between blocks)
         self._said = set()      # serial reasons already logged
@@ -148,10 +162,15 @@ class _Installation:
                 self.counters.host("quantize_block", "; ".join(plan.left_out) or "a world of 1")
                 return original(q, *args, input_ids=input_ids, **kwargs)
             op = "sign" if q.optimizer is self.host.SignSGD and not q.momentum else "sum"
-            result = tune_block(q, self.host, self.ctx, self.placement(plan), op, self.transport, self.check_replicas,
-                                *args, input_ids=input_ids, **kwargs)
-            self.counters.qlink("quantize_block")
-            return result
+            placement = self.placement(plan)
+            # The mirrors are qlink's alone: if they fail, AutoRound's serial loop runs on an
+            # untouched block. Once the tuning starts (it wraps the block, AutoRound's
+            # callbacks run) whatever fails propagates, never a second run of the block.
+            return self.guard.attempt(
+                "quantize_block", lambda: make_mirrors(self.ctx, placement, block),
+                lambda: original(q, *args, input_ids=input_ids, **kwargs),
+                lambda mirrors: tune_block(q, self.host, self.ctx, placement, mirrors, op, self.transport,
+                                           self.check_replicas, *args, input_ids=input_ids, **kwargs))
         quantize_block.__qualname__ = original.__qualname__
         return quantize_block
 
@@ -206,7 +225,7 @@ class _Installation:
         run_on_replicas(placement, run, "the RTN of its layers")
 
 
-def install(parallel_quantization="auto", *, config=None, ctx=None, library=None, transport="fp32",
+def install(parallel_quantization="auto", strict=False, *, config=None, ctx=None, library=None, transport="fp32",
             check_replicas=False):
     """Makes this process's AutoRound tune blocks data-parallel (see the module's docstring);
     a second install replaces the first.
@@ -215,23 +234,28 @@ def install(parallel_quantization="auto", *, config=None, ctx=None, library=None
     config: the qlink context's config, made the process default context; or ctx: a
     context to use instead. transport: "fp32" or "bf16" for the gradient exchange.
     check_replicas: compare every replica's tuning parameters with home's after each step
-    (ReplicaDiverged if they differ; a test aid, it synchronizes every step)."""
+    (ReplicaDiverged if they differ; a test aid, it synchronizes every step). strict: a
+    block whose replicas qlink fails to make raises FallbackRefused instead of running
+    AutoRound's serial loop. AutoRound's version is checked against HOST's (another warns
+    once; UnsupportedHost under strict) and every name the patches touch must be where
+    HOST says (HostChanged naming each that moved); nothing is patched otherwise."""
     uninstall()
-    return _slot.install(_Installation(ctx or configure(config, library), parallel_quantization, transport,
-                                      check_replicas)).ctx
+    return _integration.install(_Installation(ctx or configure(config, library), strict, parallel_quantization,
+                                              transport, check_replicas)).ctx
 
 
 def uninstall():
-    """Restores AutoRound's own quantize_block methods."""
-    _slot.uninstall()
+    """Restores AutoRound's own quantize_block methods where they are still qlink's;
+    returns what it left (Integration.uninstall)."""
+    return _integration.uninstall()
 
 
 def counters():
     """Per patch: blocks run through qlink, run serial ("host") and why ({} when not
     installed)."""
-    return _slot.counters()
+    return _integration.counters()
 
 
 def plans():
     """(block name, qlink.plan.Plan) for every block seen since install(), in order."""
-    return list(_slot.current.plans) if _slot.current is not None else []
+    return list(_integration.current.plans) if _integration.current is not None else []

@@ -72,21 +72,26 @@ def move_tensor_attributes(ctx, block, device):
             vars(m).update(ctx.move_nested_to_device(tensors, device))
 
 
-class Replicas:
-    """The block's mirrors, wrapped, each with its optimizer, lr schedule, forward runner
-    and calibration kwargs; rank 0 is home (the block itself)."""
+def make_mirrors(ctx, placement, block):
+    """The block's mirrors for ranks 1.., their tensor attributes on their devices: new
+    modules of qlink's, nothing of the block's changed."""
+    if placement.cpu:  # one host memory: the CPU backend's virtual devices stand in for GPUs
+        mirrors = [ctx.mirror_module(block, ["cpu"])[0] for _ in range(1, placement.world)]
+    else:
+        mirrors = ctx.mirror_module(block, placement.torch_devices[1:])
+    for mirror, device in zip(mirrors, placement.torch_devices[1:]):
+        move_tensor_attributes(ctx, mirror, device)
+    return mirrors
 
-    def __init__(self, quantizer, host, ctx, placement, block, input_others):
+
+class Replicas:
+    """The block and its mirrors, wrapped, each with its optimizer, lr schedule, forward
+    runner and calibration kwargs; rank 0 is home (the block itself)."""
+
+    def __init__(self, quantizer, ctx, placement, block, mirrors, input_others):
         self.placement, self.ctx = placement, ctx
-        world = placement.world
-        if placement.cpu:  # one host memory: the CPU backend's virtual devices stand in for GPUs
-            mirrors = [ctx.mirror_module(block, ["cpu"])[0] for _ in range(1, world)]
-        else:
-            mirrors = ctx.mirror_module(block, placement.torch_devices[1:])
         self.blocks = [block] + mirrors
         self.devices = placement.torch_devices
-        for b, d in zip(self.blocks[1:], self.devices[1:]):
-            move_tensor_attributes(ctx, b, d)
         compile_ = quantizer.compress_context.enable_torch_compile
         names = [quantizer.wrapper_block(b, quantizer.enable_minmax_tuning, quantizer.enable_norm_bias_tuning,
                                          enable_torch_compile=compile_, device=d)
@@ -154,10 +159,11 @@ class GradientExchange:
             offset += n
 
 
-def tune_block(quantizer, host, ctx, placement, exchange_op, transport, check_replicas, block, fp_inputs,
+def tune_block(quantizer, host, ctx, placement, mirrors, exchange_op, transport, check_replicas, block, fp_inputs,
                input_others, fp_outputs, q_inputs, block_ctx, input_ids=None, **kwargs):
-    """SignRoundQuantizer.quantize_block on placement.world replicas; returns the best
-    parameters as AutoRound's does. exchange_op: "sign" for pure SignSGD, else "sum"."""
+    """SignRoundQuantizer.quantize_block on placement.world replicas (the block and its
+    mirrors); returns the best parameters as AutoRound's does. exchange_op: "sign" for
+    pure SignSGD, else "sum"."""
     q = quantizer
     valid_token_mask = None
     if input_ids is not None:
@@ -167,7 +173,7 @@ def tune_block(quantizer, host, ctx, placement, exchange_op, transport, check_re
     active_inputs = q_inputs if (q_inputs is not None and q.enable_quanted_input) else fp_inputs
     nsamples = len(active_inputs)
 
-    reps = Replicas(q, host, ctx, placement, block, input_others)
+    reps = Replicas(q, ctx, placement, block, mirrors, input_others)
     quantized_names, unquantized_names = reps.layer_names
     if reps.count == 0:
         host.logger.info("quantized %d/%d layers in the block" % (len(quantized_names),

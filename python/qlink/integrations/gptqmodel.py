@@ -27,34 +27,46 @@ import importlib
 import torch
 
 from ..defaults import configure
-from .gptqmodel_solve import native_engine, solve, unsupported
-from .patches import Counters, Guard, Rebindings, Slot
+from .base import HostSpec, Installation, Integration
+from .gptqmodel_solve import done_with_hessian, solve, unsupported
 
 PATCHES = ("clone_module_for_devices", "torch_replicate", "move_to", "nested_move_to", "materialize_global_hessian",
            "quantize")
 
-_slot = Slot()
+_HELPERS, _MODEL = "gptqmodel.utils.looper_helpers:", "gptqmodel.utils.model:"
+_GPTQ = "gptqmodel.quantization.gptq:GPTQ."
+# Every GPTQModel name the patches replace, call or read, GPTQ's task state included.
+HOST = HostSpec("GPTQModel", "gptqmodel", "gptqmodel.version", "7.3", "f4c327a", [
+    _HELPERS + "clone_module_for_devices", _HELPERS + "torch_replicate", _HELPERS + "clear_non_picklable_state",
+    _MODEL + "move_to", _MODEL + "nested_move_to",
+    "gptqmodel.looper.forward_executor:ForwardExecutor.run_parallel",  # binds the clone as a default
+    "gptqmodel.looper.module_looper:clone_module_for_devices",         # imports the helpers by name
+    "gptqmodel.quantization.gptq:GPTQ", "gptqmodel.quantization.quantizer:Quantizer",
+    "gptqmodel.quantization.quantizer:Quantizer.requires_groupwise_processing",
+    "gptqmodel.quantization.quantizer:Quantizer.perchannel", "gptqmodel.utils.fallback:should_use_fallback",
+] + [_GPTQ + name for name in (
+    "quantize", "materialize_global_hessian", "finalize_hessian", "_select_hessian_target_device", "lock", "H",
+    "nsamples", "columns", "name", "qcfg", "module", "quantizer", "module_copy", "fallback", "expected_nsamples",
+    "_tp_pad_cols", "_device_hessian_partials", "_device_sample_counts", "_hessian_dirty",
+    "_final_hessian_device_hint")])
+
+_integration = Integration()
 
 
 class _Host:
     """The GPTQModel modules and originals the patches use."""
 
-    def __init__(self):
-        importlib.import_module("gptqmodel")
+    def __init__(self, names):
         self.helpers = importlib.import_module("gptqmodel.utils.looper_helpers")
-        self.model = importlib.import_module("gptqmodel.utils.model")
-        gptq = importlib.import_module("gptqmodel.quantization.gptq")
-        self.GPTQ = gptq.GPTQ
-        self.Quantizer = importlib.import_module("gptqmodel.quantization.quantizer").Quantizer
-        self.should_use_fallback = importlib.import_module("gptqmodel.utils.fallback").should_use_fallback
-        for name in ("gptqmodel.looper.forward_executor", "gptqmodel.looper.module_looper"):
-            importlib.import_module(name)  # their bindings are rebound below
-        self.clone_module_for_devices = self.helpers.clone_module_for_devices
-        self.torch_replicate = self.helpers.torch_replicate
-        self.move_to = self.model.move_to
-        self.nested_move_to = self.model.nested_move_to
-        self.materialize_global_hessian = self.GPTQ.materialize_global_hessian
-        self.quantize = self.GPTQ.quantize
+        self.GPTQ = names["gptqmodel.quantization.gptq:GPTQ"]
+        self.Quantizer = names["gptqmodel.quantization.quantizer:Quantizer"]
+        self.should_use_fallback = names["gptqmodel.utils.fallback:should_use_fallback"]
+        for name in ("clone_module_for_devices", "torch_replicate"):
+            setattr(self, name, names[_HELPERS + name])
+        for name in ("move_to", "nested_move_to"):
+            setattr(self, name, names[_MODEL + name])
+        for name in ("materialize_global_hessian", "quantize"):
+            setattr(self, name, names[_GPTQ + name])
 
 
 def _like(original):
@@ -71,18 +83,12 @@ def _has_meta(module):
     return any(t.is_meta for t in list(module.parameters()) + list(module.buffers()))
 
 
-class _Installation:
-    def __init__(self, ctx, strict, engine):
-        self.ctx, self.strict = ctx, strict
-        self.host = _Host()
-        self.counters = Counters(PATCHES)
-        self.guard = Guard(self.counters, strict)
-        self.rebindings = Rebindings()
-        if engine is None:
-            engine, self.engine_missing = native_engine()
-        else:
-            self.engine_missing = None
-        self.engine = engine
+class _Installation(Installation):
+    PATCHES, HOST = PATCHES, HOST
+
+    def __init__(self, ctx, strict):
+        super().__init__(ctx, strict)
+        self.host = _Host(self.names)
 
     def apply(self):
         h, bind = self.host, self.rebindings
@@ -104,7 +110,7 @@ class _Installation:
         return torch_replicate
 
     def _make_clone_module_for_devices(self):
-        h, counters, guard = self.host, self.counters, self.guard
+        h, counters = self.host, self.counters
         original = h.clone_module_for_devices
 
         @_like(original)
@@ -117,22 +123,30 @@ class _Installation:
             if not devices or all(torch.device(d).type == "cpu" for d in devices):
                 counters.host("clone_module_for_devices", "host devices: P2P is an accelerator concept")
                 return host()
-            notify = progress_callback or (lambda *args: None)
 
-            def clones():
-                module.eval()
-                clear(module)
-                notify(0, len(devices), devices[0], "stage")
-                # The host's own binding, so a clone runs through the torch_replicate patch too.
-                replicas, out = h.helpers.torch_replicate(module, devices), {}
-                for i, (device, replica) in enumerate(zip(devices, replicas), start=1):
-                    replica.eval()
-                    clear(replica)
-                    replica._gptqmodule_device_hint = device
-                    out[device] = replica
-                    notify(i, len(devices), device, "replica")
-                return out
-            return guard.attempt("clone_module_for_devices", clones, host)
+            def notify(index, device, step):  # GPTQModel ignores a failing progress callback
+                try:
+                    if progress_callback is not None:
+                        progress_callback(index, len(devices), device, step)
+                except Exception:  # noqa: BLE001
+                    pass
+
+            # GPTQModel's steps, in its order. Its callbacks (clear) run once each and what
+            # they raise is theirs; the replicas are the one step of qlink's, through the
+            # host's torch_replicate binding (the patch below: qlink's replicas, or the
+            # host's replicate if qlink's fail, before anything else is redone).
+            module.eval()
+            clear(module)
+            notify(0, devices[0], "stage")
+            replicas, out = h.helpers.torch_replicate(module, devices), {}
+            for i, (device, replica) in enumerate(zip(devices, replicas), start=1):
+                replica.eval()
+                clear(replica)
+                replica._gptqmodule_device_hint = device
+                out[device] = replica
+                notify(i, device, "replica")
+            counters.qlink("clone_module_for_devices")
+            return out
         return clone_module_for_devices
 
     # -- moves ---------------------------------------------------------------------------
@@ -153,7 +167,7 @@ class _Installation:
             if reason:
                 counters.host("move_to", reason)
                 return original(obj, device, dtype)
-            if isinstance(obj, torch.nn.Module):
+            if isinstance(obj, torch.nn.Module):  # changed only once every tensor has arrived (moves.py)
                 return guard.attempt("move_to", lambda: ctx.move_module_to_device(obj, device),
                                      lambda: original(obj, device, dtype))
             return guard.attempt("move_to", lambda: ctx.move_tensors([obj], device)[0],
@@ -205,19 +219,22 @@ class _Installation:
                 else:
                     reason = self._merge_refusal(partials, target)
                 if reason is None:
-                    merged = torch.empty(gptq.columns, gptq.columns, dtype=torch.float32, device=target)
-                    ids = list(range(len(partials))) if ctx.host_memory else None
-                    try:
+                    def merge():
+                        merged = torch.empty(gptq.columns, gptq.columns, dtype=torch.float32, device=target)
+                        ids = list(range(len(partials))) if ctx.host_memory else None
                         ctx.reduce([p for _, p in partials], merged, 2.0 / total, input_devices=ids,
                                    output_device=0 if ids else None)
-                    except Exception as error:  # noqa: BLE001
-                        guard.fallback(patch, error)
-                    else:
+                        return merged
+
+                    def commit(merged):
                         gptq.H, gptq.nsamples, gptq._hessian_dirty = merged, total, False
                         gptq._final_hessian_device_hint = merged.device
                         gptq._device_hessian_partials.clear()
                         gptq._device_sample_counts.clear()
-                        counters.qlink(patch)
+                        return True
+
+                    # A fallback is the host's merge below, once this lock is released.
+                    if guard.attempt(patch, merge, lambda: False, commit):
                         return None
                 else:
                     counters.host(patch, reason)
@@ -229,32 +246,40 @@ class _Installation:
 
         @_like(original)
         def quantize(gptq, blocksize=128):
-            reason = self.engine_missing or unsupported(gptq, self.host)
+            reason = unsupported(gptq, self.host)
             if reason:
                 counters.host("quantize", reason)
                 return original(gptq, blocksize)
-            return guard.attempt("quantize", lambda: solve(gptq, self.engine, ctx), lambda: original(gptq, blocksize))
+            # GPTQModel's solve starts by merging the Hessian; merged here once, outside the
+            # guard (what the host's merge raises is its own), the host's solve finds it
+            # merged if qlink's fails (GPTQModel's merge returns at once when nothing is new).
+            gptq.finalize_hessian(target_device=getattr(gptq.module, "target_device", None))
+            return guard.attempt("quantize", lambda: solve(gptq, ctx), lambda: original(gptq, blocksize),
+                                 commit=lambda result: done_with_hessian(gptq, result))
         return quantize
 
 
-def install(config=None, strict=False, *, ctx=None, library=None, engine=None):
+def install(config=None, strict=False, *, ctx=None, library=None):
     """Routes this process's GPTQModel through qlink (see the module's docstring); a second
     install replaces the first.
 
     config: the qlink context's config (a P2PConfig, a dict of its fields, or a whole
     config), made the process default context; or ctx: a context to use instead. strict:
     a failing qlink path raises FallbackRefused instead of running GPTQModel's own.
-    engine: the GPTQ solve to call (default: qlink.quant.gptq_quantize, the native engine)."""
+    GPTQModel's version is checked against HOST's (another warns once; UnsupportedHost
+    under strict) and every name the patches touch must be where HOST says (HostChanged
+    naming each that moved); nothing is patched otherwise."""
     uninstall()
-    return _slot.install(_Installation(ctx or configure(config, library), strict, engine)).ctx
+    return _integration.install(_Installation(ctx or configure(config, library), strict)).ctx
 
 
 def uninstall():
-    """Restores every binding install() changed."""
-    _slot.uninstall()
+    """Restores every binding install() changed that is still qlink's; returns what it left
+    (Integration.uninstall)."""
+    return _integration.uninstall()
 
 
 def counters():
     """Per patch, how many calls ran through qlink, through the host by design ("host") or
     after qlink failed ("fallback"), and why ({} when not installed)."""
-    return _slot.counters()
+    return _integration.counters()

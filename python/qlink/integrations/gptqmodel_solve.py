@@ -1,32 +1,14 @@
 """GPTQModel's layer solve (GPTQ.quantize) through qlink's native GPTQ engine, for the
 options the engine covers; which ones it does not is said here, so the adapter can send
 those layers to GPTQModel's own solve."""
-import inspect
 import math
 import time
 
 import torch
 
-# The native engine's call (the quant/ issue): qlink.quant.gptq_quantize(weight, hessian,
-# bits, group_size, sym, desc_act, static_groups, damp, damp_auto_increment, nsamples,
-# act_group_aware, ctx) -> codes, scales, zeros, g_idx, weight (dequantized), loss, damp.
-ENGINE_PARAMETERS = ("weight", "hessian", "bits", "group_size", "sym", "desc_act", "static_groups", "damp",
-                     "damp_auto_increment", "nsamples", "act_group_aware", "ctx")
+from ..quant.gptq import gptq_quantize
+
 SUPPORTED_BITS = (2, 3, 4, 8)
-
-
-def native_engine():
-    """(qlink.quant.gptq_quantize, None) when this qlink has the native engine's call, else
-    (None, why not)."""
-    try:
-        from ..quant import gptq_quantize
-    except ImportError as error:
-        return None, "qlink.quant is not importable: %s" % error
-    parameters = inspect.signature(gptq_quantize).parameters
-    missing = [p for p in ENGINE_PARAMETERS if p not in parameters]
-    if missing:
-        return None, "qlink.quant.gptq_quantize is not the native engine's call (no %s)" % ", ".join(missing)
-    return gptq_quantize, None
 
 
 def unsupported(gptq, host):
@@ -47,6 +29,9 @@ def unsupported(gptq, host):
         (getattr(gptq, "module_copy", None) is not None, "a module_copy weight"),
         (type(quantizer) is not host.Quantizer, "a %s quantizer" % type(quantizer).__name__),
         (qcfg.bits not in SUPPORTED_BITS, "bits=%s" % (qcfg.bits,)),
+        # GPTQModel then ends each row with a narrower group; the engine's groups are equal.
+        (qcfg.group_size != -1 and gptq.columns % qcfg.group_size != 0,
+         "group_size %s does not divide the %d columns" % (qcfg.group_size, gptq.columns)),
         (gptq.nsamples == 0, "no calibration samples"),
     ]
     for failed, reason in checks:
@@ -59,25 +44,33 @@ def unsupported(gptq, host):
     return None
 
 
-def solve(gptq, engine, ctx):
+def solve(gptq, ctx):
     """GPTQ.quantize's result, (Q, scale, zero, g_idx, duration, avg_loss, damp, nsamples),
-    from the native engine: the merged Hessian, the layer's weight on its device, Q back in
-    the weight's shape, dtype and device. Raises the engine's error, or ValueError for a
-    NaN loss (GPTQModel's own solve knows what to do then)."""
+    from the native engine on the merged Hessian (finalize_hessian done), the layer's
+    weight on its device, Q back in the weight's shape, dtype and device; nothing of the
+    task's changed. Raises the engine's error, or ValueError for a NaN loss (GPTQModel's
+    own solve knows what to do then)."""
     start = time.time()
     qcfg, module = gptq.qcfg, gptq.module
     result_device = module.weight.data.device
-    gptq.finalize_hessian(target_device=getattr(module, "target_device", None))
     hessian = gptq.H
     weight = module.weight.data.to(hessian.device)
-    group_size = qcfg.group_size if qcfg.group_size != -1 else weight.shape[1]  # -1: one group per row
-    out = engine(weight, hessian, bits=qcfg.bits, group_size=group_size, sym=bool(qcfg.sym),
-                 desc_act=bool(qcfg.desc_act), static_groups=bool(qcfg.static_groups), damp=qcfg.damp_percent,
-                 damp_auto_increment=qcfg.damp_auto_increment, nsamples=gptq.nsamples,
-                 act_group_aware=bool(getattr(qcfg, "act_group_aware", False)), ctx=ctx)
+    # -1 goes through as -1: the engine then takes each row's range before zeroing the dead
+    # columns, as GPTQModel does, where a group as wide as the row takes it after. GPTQModel's
+    # static groups exist only for a group_size: with -1 it ignores the flag, so does this.
+    static_groups = bool(qcfg.static_groups) and qcfg.group_size != -1
+    out = gptq_quantize(weight, hessian, bits=qcfg.bits, group_size=qcfg.group_size, sym=bool(qcfg.sym),
+                        desc_act=bool(qcfg.desc_act), static_groups=static_groups, damp=qcfg.damp_percent,
+                        damp_auto_increment=qcfg.damp_auto_increment, nsamples=gptq.nsamples,
+                        act_group_aware=bool(getattr(qcfg, "act_group_aware", False)), ctx=ctx)
     loss = float(out.loss)
     if math.isnan(loss):
         raise ValueError("the engine's loss for %s is NaN" % gptq.name)
     q = out.weight.reshape(module.weight.shape).to(dtype=module.weight.dtype, device=result_device)
-    del gptq.H  # as GPTQModel's solve: the Hessian is done with
     return q, out.scales, out.zeros, out.g_idx, time.time() - start, loss, float(out.damp), gptq.nsamples
+
+
+def done_with_hessian(gptq, result):
+    """solve()'s result made the task's: its Hessian dropped, as GPTQModel's solve drops it."""
+    del gptq.H
+    return result

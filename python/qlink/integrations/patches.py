@@ -6,8 +6,9 @@ function or method was defined; undone in reverse order by undo().
 
 Counters, per patch: "qlink" (the call ran through qlink), "host" (the host's own code
 ran by design: host memory, options qlink does not cover; the reason is counted) and
-"fallback" (qlink's path failed and the host's ran instead; with strict=True that raises
-FallbackRefused instead)."""
+"fallback" (qlink's path failed before changing anything the host can see, and the
+host's ran instead; with strict=True that raises FallbackRefused instead). The host's own
+errors, raised by its callbacks on qlink's path, propagate as they are (Guard.attempt)."""
 import collections
 import inspect
 import sys
@@ -61,49 +62,25 @@ class Guard:
                 patch, reason)) from error
         self.counters.fallback(patch, reason)
 
-    def attempt(self, patch, through_qlink, host):
-        """through_qlink()'s result, counted; if it raises, host()'s, counted as a fallback
-        (FallbackRefused instead under strict)."""
+    def attempt(self, patch, through_qlink, host, commit=None):
+        """One call the qlink way, or the host's way when qlink fails before the host saw
+        anything.
+
+        through_qlink(): qlink's work, changing nothing the host can see (new tensors,
+        new modules). If it raises, host() runs in its place, once, counted as a fallback
+        (FallbackRefused instead under strict). commit(result), when given, then makes
+        the result the host's (it may call the host's callbacks). What host() or commit()
+        raises propagates as it is: the host's own errors are no qlink failure, and a
+        fallback after the host's state changed would run the host's code twice."""
         try:
             result = through_qlink()
-        except Exception as error:  # noqa: BLE001 (the host's own path, or FallbackRefused)
+        except Exception as error:  # noqa: BLE001 (qlink's own failure: nothing of the host's ran)
             self.fallback(patch, error)
             return host()
+        if commit is not None:
+            result = commit(result)
         self.counters.qlink(patch)
         return result
-
-
-def enable_visible_gpus(ctx):
-    """Peer access between every pair of the GPUs PyTorch sees (per the context's p2p
-    config): the hosts never ask for it, and qlink's copies and collectives between them
-    would otherwise be staged through host memory."""
-    torch = sys.modules.get("torch")
-    if torch is not None and not ctx.host_memory and torch.cuda.is_available():
-        ctx.enable_for_devices(range(min(torch.cuda.device_count(), ctx.device_count)))
-
-
-class Slot:
-    """An integration's one installation in this process."""
-
-    def __init__(self):
-        self.current = None
-
-    def install(self, installation):
-        """Applies `installation` (made after uninstall(): its originals must be the
-        host's own)."""
-        assert self.current is None, "uninstall() first"
-        enable_visible_gpus(installation.ctx)
-        installation.apply()
-        self.current = installation
-        return installation
-
-    def uninstall(self):
-        installation, self.current = self.current, None
-        if installation is not None:
-            installation.rebindings.undo()
-
-    def counters(self):
-        return self.current.counters.snapshot() if self.current is not None else {}
 
 
 def _functions_of(module):
@@ -118,17 +95,23 @@ def _functions_of(module):
                     yield member
 
 
+def _label(owner, name):
+    return "%s.%s" % (getattr(owner, "__qualname__", None) or owner.__name__, name)
+
+
 class Rebindings:
-    """Every change made to host modules, so it can be undone exactly."""
+    """Every change made to host modules, so it can be undone exactly where it is still
+    qlink's."""
 
     def __init__(self):
-        self._undo = []
+        self._undo = []  # (label, is it still ours?, restore), in the order they were made
 
     def set(self, owner, name, value):
         """owner.name = value (a module or class attribute)."""
         old = vars(owner)[name]
         setattr(owner, name, value)
-        self._undo.append(lambda: setattr(owner, name, old))
+        self._undo.append((_label(owner, name), lambda: vars(owner).get(name) is value,
+                           lambda: setattr(owner, name, old)))
 
     def everywhere(self, original, replacement, package):
         """`original` replaced by `replacement` in every loaded module of `package` (the
@@ -149,18 +132,29 @@ class Rebindings:
 
     def _defaults(self, fn, original, replacement):
         changed = 0
+        label = fn.__module__ + "." + fn.__qualname__
         if fn.__defaults__ and any(d is original for d in fn.__defaults__):
             old = fn.__defaults__
-            fn.__defaults__ = tuple(replacement if d is original else d for d in old)
-            self._undo.append(lambda: setattr(fn, "__defaults__", old))
+            new = fn.__defaults__ = tuple(replacement if d is original else d for d in old)
+            self._undo.append((label + " (defaults)", lambda: fn.__defaults__ is new,
+                               lambda: setattr(fn, "__defaults__", old)))
             changed += 1
         if fn.__kwdefaults__ and any(d is original for d in fn.__kwdefaults__.values()):
             old = fn.__kwdefaults__
-            fn.__kwdefaults__ = {k: replacement if d is original else d for k, d in old.items()}
-            self._undo.append(lambda: setattr(fn, "__kwdefaults__", old))
+            new = fn.__kwdefaults__ = {k: replacement if d is original else d for k, d in old.items()}
+            self._undo.append((label + " (keyword defaults)", lambda: fn.__kwdefaults__ is new,
+                               lambda: setattr(fn, "__kwdefaults__", old)))
             changed += 1
         return changed
 
     def undo(self):
+        """Restores, newest first, every binding that still holds qlink's replacement;
+        returns the labels of those another patcher has rebound since (left as they are)."""
+        kept = []
         while self._undo:
-            self._undo.pop()()
+            label, ours, restore = self._undo.pop()
+            if ours():
+                restore()
+            else:
+                kept.append(label)
+        return kept

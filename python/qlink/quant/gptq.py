@@ -6,7 +6,13 @@ import dataclasses
 import torch
 
 from .. import collectives
-from ..p2p import current_streams, default_context
+from ..defaults import default_context
+from ..streams import current_streams
+
+# The engine's options and their defaults (GPTQModel's), in one place: gptq_quantize's and
+# parallel_gptq's keyword arguments.
+DEFAULTS = dict(bits=4, group_size=128, sym=True, desc_act=False, static_groups=False, damp=0.01,
+                damp_auto_increment=0.01, nsamples=0, tf32=False, act_group_aware=False)
 
 
 @dataclasses.dataclass
@@ -31,17 +37,27 @@ class GPTQLayer:
     device: int = None
 
 
-def _options(bits=4, group_size=128, sym=True, desc_act=False, static_groups=False, damp=0.01,
-             damp_auto_increment=0.01, nsamples=0, tf32=False, act_group_aware=False):
-    return {"bits": int(bits), "group_size": int(group_size), "sym": int(bool(sym)), "desc_act": int(bool(desc_act)),
-            "static_groups": int(bool(static_groups)), "tf32": int(bool(tf32)), "damp": float(damp),
-            "damp_auto_increment": float(damp_auto_increment), "nsamples": float(nsamples),
-            "act_group_aware": int(bool(act_group_aware))}
+def _options(**options):
+    unknown = sorted(set(options) - set(DEFAULTS))
+    if unknown:
+        raise TypeError("unknown GPTQ options %s (the options: %s)" % (unknown, ", ".join(DEFAULTS)))
+    o = dict(DEFAULTS, **options)
+    return {"bits": int(o["bits"]), "group_size": int(o["group_size"]), "sym": int(bool(o["sym"])),
+            "desc_act": int(bool(o["desc_act"])), "static_groups": int(bool(o["static_groups"])),
+            "tf32": int(bool(o["tf32"])), "damp": float(o["damp"]),
+            "damp_auto_increment": float(o["damp_auto_increment"]),
+            "nsamples": float(o["nsamples"]), "act_group_aware": int(bool(o["act_group_aware"]))}
+
+
+def group_count(columns, group_size):
+    """The groups per row: one for group_size -1 (the engine refuses a group_size that
+    does not divide the columns)."""
+    return 1 if group_size == -1 else columns // group_size
 
 
 def _streams(ctx, tensors):
     gpus = {t.device.index for t in tensors if t.device.type == "cuda"}
-    return current_streams(ctx, gpus) if gpus and ctx.backend != "cpu" else None
+    return current_streams(ctx, gpus) if gpus and not ctx.host_memory else None
 
 
 def parallel_gptq(layers, placement=None, **options):
@@ -53,14 +69,13 @@ def parallel_gptq(layers, placement=None, **options):
     layers = [layer if isinstance(layer, GPTQLayer) else GPTQLayer(*layer) for layer in layers]
     ctx = placement.ctx if placement is not None else options.pop("ctx", None) or default_context()
     opts = _options(**options)
-    groups = lambda cols: 1 if opts["group_size"] == -1 else cols // opts["group_size"]  # noqa: E731
     results, specs = [], []
     for layer in layers:
         w = layer.weight
         rows, cols = w.shape if w.dim() == 2 else (0, 0)
         r = GPTQResult(torch.empty((rows, cols), dtype=torch.uint8, device=w.device),
-                       torch.empty((rows, groups(cols)), dtype=torch.float32, device=w.device),
-                       torch.empty((rows, groups(cols)), dtype=torch.float32, device=w.device),
+                       torch.empty((rows, group_count(cols, opts["group_size"])), dtype=torch.float32, device=w.device),
+                       torch.empty((rows, group_count(cols, opts["group_size"])), dtype=torch.float32, device=w.device),
                        torch.empty((cols,), dtype=torch.int32, device=w.device), torch.empty_like(w), 0.0, 0.0)
         results.append(r)
         spec = {"name": layer.name, "weight": w, "hessian": layer.hessian, "codes": r.codes, "scales": r.scales,
@@ -75,16 +90,14 @@ def parallel_gptq(layers, placement=None, **options):
     return results
 
 
-def gptq_quantize(weight, hessian, bits=4, group_size=128, sym=True, desc_act=False, static_groups=False, damp=0.01,
-                  damp_auto_increment=0.01, nsamples=0, tf32=False, act_group_aware=False, ctx=None, device=None):
+def gptq_quantize(weight, hessian, ctx=None, device=None, **options):
     """GPTQ of one layer on its device. weight (rows, columns) fp32/bf16/fp16; hessian
-    (columns, columns) fp32 = (2/N) sum X^T X. nsamples: the N behind the Hessian, which
-    divides the reported loss as GPTQModel's avg_loss (0: the undivided sum).
-    act_group_aware: GPTQModel's group-aware reordering (its default without desc_act)."""
-    return parallel_gptq([GPTQLayer(weight, hessian, device=device)], None, ctx=ctx, bits=bits, group_size=group_size,
-                         sym=sym, desc_act=desc_act, static_groups=static_groups, damp=damp,
-                         damp_auto_increment=damp_auto_increment, nsamples=nsamples, tf32=tf32,
-                         act_group_aware=act_group_aware)[0]
+    (columns, columns) fp32 = (2/N) sum X^T X. options (DEFAULTS): bits, group_size (-1:
+    one group per row), sym, desc_act, static_groups, damp, damp_auto_increment, nsamples
+    (the N behind the Hessian, which divides the reported loss as GPTQModel's avg_loss; 0:
+    the undivided sum), tf32, act_group_aware (GPTQModel's group-aware reordering, its
+    default without desc_act)."""
+    return parallel_gptq([GPTQLayer(weight, hessian, device=device)], None, ctx=ctx, **options)[0]
 
 
 def parallel_hessian(shards, placement):

@@ -5,7 +5,8 @@ import concurrent.futures
 
 import torch
 
-from ..p2p import current_streams, default_context
+from ..defaults import default_context
+from ..streams import current_streams
 from ..plan import power_of_two_at_most as _power_of_two_at_most, resolve_plan
 
 
@@ -27,7 +28,7 @@ class Placement:
 
     def __init__(self, devices, ctx=None):
         self.ctx = ctx or default_context()
-        self.cpu = self.ctx.backend == "cpu"
+        self.cpu = self.ctx.host_memory
         if self.cpu:
             self.ids = [int(d) for d in devices]
             self.torch_devices = [torch.device("cpu")] * len(self.ids)

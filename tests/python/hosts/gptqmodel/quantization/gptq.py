@@ -1,6 +1,8 @@
 """Stand-in for gptqmodel.quantization.gptq.GPTQ: per-device Hessian partials merged in
 arrival order, and GPTQ's column loop (lazy block updates) returning what the host's
-quantize returns."""
+quantize returns. As the host's: group_size -1 takes each row's range before the dead
+columns (zero Hessian diagonal) are zeroed, static groups after, dynamic groups as each
+group starts; static_groups does nothing with -1."""
 import math
 import threading
 import time
@@ -67,19 +69,27 @@ class GPTQ:
         self.finalize_hessian(self.module.target_device)
         W = self.module.weight.data.float().clone()
         H = self.H.clone()
+        self.quantizer.find_params(W, weight=True)  # as the host: the whole rows' range, before the dead columns go
         dead = torch.diag(H) == 0
         H[dead, dead] = 1
         W[:, dead] = 0
+        group = self.qcfg.group_size
+        static = []
+        if self.qcfg.static_groups and group != -1:  # the host's static groups: ranges after the dead columns go
+            for i in range(0, self.columns, group):
+                self.quantizer.find_params(W[:, i:i + group], weight=True)
+                static.append((self.quantizer.scale, self.quantizer.zero))
         damp = self.qcfg.damp_percent
         H += damp * torch.mean(torch.diag(H)) * torch.eye(self.columns)
         Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
-        group = self.qcfg.group_size if self.qcfg.group_size != -1 else self.columns
-        Q, losses, scales, zeros = torch.zeros_like(W), torch.zeros_like(W), [], []
+        Q, losses, scales, zeros = torch.zeros_like(W), torch.zeros_like(W), [s for s, _ in static], [z for _, z in static]
         for i1 in range(0, self.columns, blocksize):
             i2 = min(i1 + blocksize, self.columns)
             W1, Err1 = W[:, i1:i2].clone(), torch.zeros(self.rows, i2 - i1)
             for i in range(i2 - i1):
-                if (i1 + i) % group == 0:
+                if static:
+                    self.quantizer.scale, self.quantizer.zero = static[(i1 + i) // group]
+                elif group != -1 and (i1 + i) % group == 0:
                     self.quantizer.find_params(W[:, i1 + i:i1 + i + group], weight=True)  # as the host: W, not W1
                     scales.append(self.quantizer.scale)
                     zeros.append(self.quantizer.zero)
@@ -93,7 +103,10 @@ class GPTQ:
         avg_loss = torch.sum(losses).item() / self.nsamples
         if math.isnan(avg_loss):
             raise ValueError("NaN loss")
-        g_idx = torch.arange(self.columns, dtype=torch.int32) // group
+        if not scales:  # group_size -1: the range taken before the dead columns went
+            scales.append(self.quantizer.scale)
+            zeros.append(self.quantizer.zero)
+        g_idx = torch.arange(self.columns, dtype=torch.int32) // (group if group != -1 else self.columns)
         del self.H
         return (Q.to(self.module.weight.dtype), torch.cat(scales, 1), torch.cat(zeros, 1), g_idx, time.time() - start,
                 avg_loss, damp, self.nsamples)

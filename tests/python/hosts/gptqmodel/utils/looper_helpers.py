@@ -7,9 +7,6 @@ import torch
 
 from .model import move_to, nested_move_to
 
-CLONE_LOG = []  # which way each clone went: "replicate" or "deepcopy"
-
-
 def clear_non_picklable_state(module):
     return []
 
@@ -19,17 +16,30 @@ def torch_replicate(module, devices, detach=True):
 
 
 def clone_module_for_devices(module, devices, *, clear_state_fn=clear_non_picklable_state, progress_callback=None):
+    """As the host's: the module staged (eval, its state cleared) and announced, replicas by
+    torch_replicate or, if that raises, a deepcopy per device; each replica cleared and
+    announced. A failing progress callback is ignored, as the host ignores it."""
+    def notify(index, device, step):
+        try:
+            if progress_callback is not None:
+                progress_callback(index, len(devices), device, step)
+        except Exception:  # noqa: BLE001 (the host logs it at debug level)
+            pass
+
     clones = {}
+    module.eval()
+    clear_state_fn(module)
+    notify(0, devices[0], "stage")
     try:
         replicas = torch_replicate(module, devices)
-        CLONE_LOG.append("replicate")
     except Exception:  # the host logs at info level and falls back
         replicas = [copy.deepcopy(module).to(d) for d in devices]
-        CLONE_LOG.append("deepcopy")
-    for device, replica in zip(devices, replicas):
+    for i, (device, replica) in enumerate(zip(devices, replicas), start=1):
+        replica.eval()
         clear_state_fn(replica)
         replica._gptqmodule_device_hint = device
         clones[device] = replica
+        notify(i, device, "replica")
     return clones
 
 

@@ -41,8 +41,14 @@ class SignRoundConfig:
 class SignRoundQuantizer(BaseQuantizer):
     def __init__(self, config):
         super().__init__(config)
-        for field in dataclasses.fields(config):
-            setattr(self, field.name, getattr(config, field.name))
+        # The config's fields as attributes, each by name as the host sets them.
+        self.iters, self.lr_scheduler, self.momentum = config.iters, config.lr_scheduler, config.momentum
+        self.enable_minmax_tuning = config.enable_minmax_tuning
+        self.enable_norm_bias_tuning = config.enable_norm_bias_tuning
+        self.gradient_accumulate_steps, self.enable_alg_ext = config.gradient_accumulate_steps, config.enable_alg_ext
+        self.not_use_best_mse, self.enable_quanted_input = config.not_use_best_mse, config.enable_quanted_input
+        self.dynamic_max_gap, self.enable_lfq = config.dynamic_max_gap, config.enable_lfq
+        self.is_act_nv_fp = config.is_act_nv_fp
         self.lr = config.lr if config.lr is not None else 1.0 / max(config.iters, 1)
         self.minmax_lr = config.minmax_lr if config.minmax_lr is not None else self.lr
         self.optimizer = SignSGD

@@ -1,0 +1,129 @@
+"""What both integrations share (qlink.integrations.base), against the stand-in hosts:
+the host version checked at install (another warns once, strict refuses it), every
+patched name resolved first (HostChanged naming the ones that moved, nothing patched),
+uninstall restoring only what is still qlink's, AutoRound's fallback and strict."""
+import importlib
+import logging
+import shutil
+import sys
+
+import pytest
+import qlink
+from qlink.integrations import autoround, base, gptqmodel
+from qlink.integrations.host_sources import SourceTree
+
+from test_integration_gptqmodel import HOSTS
+
+INTEGRATIONS = {"gptqmodel": gptqmodel, "auto_round": autoround}
+
+
+@pytest.fixture(params=sorted(INTEGRATIONS))
+def integration(request, library):
+    """(the integration's module, its host package freshly imported, a CPU context)."""
+    sys.path.insert(0, HOSTS)
+    adapter = INTEGRATIONS[request.param]
+    package = importlib.import_module(request.param)
+    ctx = qlink.load({"backend": "cpu", "cpu_devices": 2, "log_level": "off"}, library=library)
+    yield adapter, package, ctx
+    adapter.uninstall()
+    sys.path.remove(HOSTS)
+    for name in [n for n in sys.modules if n == request.param or n.startswith(request.param + ".")]:
+        del sys.modules[name]
+
+
+def _install(adapter, ctx, strict=False):
+    return adapter.install(ctx=ctx, strict=strict) if adapter is gptqmodel else adapter.install(2, strict, ctx=ctx)
+
+
+# A host method install() replaces, per integration: (its class, its name).
+PATCHED = {gptqmodel: ("gptqmodel.quantization.gptq:GPTQ", "quantize"), autoround: (autoround.HOST.names[0],
+                                                                                     "quantize_block")}
+
+
+def _owner(adapter):
+    module, _, path = PATCHED[adapter][0].partition(":")
+    return getattr(importlib.import_module(module), path), PATCHED[adapter][1]
+
+
+def test_another_host_version_warns_once_saying_what_was_checked(integration, monkeypatch, caplog):
+    adapter, package, ctx = integration
+    version = importlib.import_module(adapter.HOST.version_module)
+    monkeypatch.setattr(version, "__version__", "99.0.1")
+    monkeypatch.setattr(base, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="qlink"):
+        _install(adapter, ctx)
+        _install(adapter, ctx)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["qlink: %s 99.0.1 is not the version qlink's integration was checked against (%s.x, %s); its "
+                    "%d patched names resolve, their behaviour is unchecked" % (
+                        adapter.HOST.title, adapter.HOST.supported, adapter.HOST.checked_at, len(adapter.HOST.names))]
+    assert adapter.counters() != {}  # installed all the same
+
+
+def test_strict_refuses_another_host_version_patching_nothing(integration, monkeypatch):
+    adapter, package, ctx = integration
+    owner, name = _owner(adapter)
+    before = vars(owner)[name]
+    monkeypatch.setattr(importlib.import_module(adapter.HOST.version_module), "__version__", "99.0.1")
+    with pytest.raises(base.UnsupportedHost, match="99.0.1 is not the version.*strict=True refuses it"):
+        _install(adapter, ctx, strict=True)
+    assert vars(owner)[name] is before and adapter.counters() == {}
+
+
+@pytest.mark.parametrize("which", [0, -1])  # a module attribute, a task attribute
+def test_a_patched_name_that_moved_is_named_and_nothing_is_patched(integration, monkeypatch, which):
+    adapter, package, ctx = integration
+    owner, name = _owner(adapter)
+    before = vars(owner)[name]
+    moved = adapter.HOST.names[which]
+    module, _, path = moved.partition(":")
+    holder = importlib.import_module(module)
+    for part in path.split(".")[:-1]:
+        holder = getattr(holder, part)
+    if path.split(".")[-1] in vars(holder):
+        monkeypatch.delattr(holder, path.split(".")[-1])
+    else:  # task state set in __init__: the class is given a source without it
+        monkeypatch.setattr(base, "_source", lambda cls: "")
+    with pytest.raises(base.HostChanged, match=r"has moved what qlink patches.*%s \(AttributeError" % moved.replace(
+            ".", r"\.")):
+        _install(adapter, ctx)
+    assert vars(owner)[name] is before and adapter.counters() == {}
+
+
+def test_uninstall_keeps_a_later_patchers_binding_and_says_so(integration, caplog):
+    adapter, package, ctx = integration
+    owner, name = _owner(adapter)
+    original = vars(owner)[name]
+    _install(adapter, ctx)
+
+    def later(*args, **kwargs):
+        return "a later patcher's"
+
+    setattr(owner, name, later)
+    with caplog.at_level(logging.WARNING, logger="qlink"):
+        left = adapter.uninstall()
+    assert vars(owner)[name] is later
+    assert left["kept"] == ["%s.%s" % (owner.__qualname__, name)] and left["peer_pairs"] == []
+    assert "left %s's %s.%s as they are" % (adapter.HOST.title, owner.__qualname__, name) in caplog.text
+    setattr(owner, name, original)
+
+
+def test_the_stand_ins_carry_every_name_the_patches_touch(integration):
+    adapter, package, ctx = integration
+    assert adapter.HOST.resolve()
+
+
+@pytest.mark.parametrize("adapter", [gptqmodel, autoround], ids=["gptqmodel", "auto_round"])
+def test_the_source_lookup_finds_every_name_in_the_stand_ins_and_names_one_that_moved(adapter, tmp_path):
+    """bench/hosts/check_hosts.py's lookup, which runs against the hosts' real trees where
+    they are fetched (their code is never committed), here against the stand-ins."""
+    assert SourceTree([HOSTS]).missing(adapter.HOST) == []
+    shutil.copytree(HOSTS, str(tmp_path / "hosts"))
+    module, _, path = adapter.HOST.names[0].partition(":")
+    source = tmp_path.joinpath("hosts", *module.split(".")).with_suffix(".py")
+    text = source.read_text()
+    source.write_text(text.replace("def %s(" % path, "def %s_renamed(" % path).replace(
+        "class %s(" % path, "class %s_renamed(" % path))
+    moved = SourceTree([str(tmp_path / "hosts")]).missing(adapter.HOST)
+    assert moved[0] == "%s (no %s in %s)" % (adapter.HOST.names[0], path, module)
+    assert all(m.startswith(adapter.HOST.names[0]) for m in moved)  # a class's members move with it
