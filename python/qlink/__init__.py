@@ -12,7 +12,8 @@ from .collectives import PreparedAllReduce, all_reduce, broadcast, mirror_module
 from .comm import Communicator, torch_nccl_library, unique_id
 from .config import P2PConfig
 from .context import Context
-from .copies import CopyPlan, PreparedCopy
+from .copies import PreparedCopy
+from .copy_calls import CopyPlan
 from .errors import InvalidArgumentError, QlinkError, UnavailableError, VersionMismatchError
 from .p2p import (can_copy, clone_module_for_devices, configure, default_context, enable_for_devices,
                   enable_peer_access, move_module_to_device, move_nested_to_device, peer_copy_batch, peer_matrix)
