@@ -8,6 +8,7 @@
 Every call is a method of a Context; the module-level functions below are the same calls
 on the process default context (qlink.configure installs it), or on ctx= where given.
 Hosts: qlink.integrations.gptqmodel and qlink.integrations.autoround."""
+from ._version import __version__
 from .collectives import PreparedAllReduce, all_reduce, broadcast, mirror_module, reduce
 from .comm import Communicator, torch_nccl_library, unique_id
 from .config import P2PConfig
@@ -28,7 +29,7 @@ def load(config=None, library=None):
     return Context(config, library)
 
 
-__all__ = ["load", "configure", "default_context", "Context", "P2PConfig", "PeerStatus", "DeviceInfo",
+__all__ = ["__version__", "load", "configure", "default_context", "Context", "P2PConfig", "PeerStatus", "DeviceInfo",
            "enable_peer_access", "enable_for_devices", "peer_matrix", "can_copy", "peer_copy_batch",
            "move_module_to_device", "move_nested_to_device", "clone_module_for_devices", "mirror_module",
            "PreparedCopy", "CopyPlan", "broadcast", "reduce", "all_reduce", "PreparedAllReduce", "Communicator",

@@ -83,6 +83,11 @@ class Context(PeerCalls, CopyCalls, MoveCalls, CollectiveCalls, ReplicaCalls, En
         return not getattr(self, "_handle", None)
 
     @property
+    def abi_version(self):
+        """(major, minor) of the ABI the loaded library provides."""
+        return self._api.abi_major, self._api.abi_minor
+
+    @property
     def host_memory(self):
         """Whether this backend's devices live in host memory (the CPU and test backends):
         there are no PyTorch GPU streams to order against then."""
