@@ -79,10 +79,10 @@ class Run:
         self.settings, self.report_dir = settings, report_dir
         self.ctx = None
         self.states = {name: {"host": HOSTS[name], "state": "not imported"} for name in settings.integrations}
+        self._by_package = {HOSTS[name]: name for name in settings.integrations}
 
     def start(self):
-        packages = {HOSTS[name]: name for name in self.settings.integrations}
-        self._by_package = packages
+        packages = self._by_package
         already = [p for p in packages if p in sys.modules]  # imported before this process's site ran
         sys.meta_path.insert(0, HostImportHook(set(packages) - set(already), self.install))
         atexit.register(self.write)
