@@ -33,7 +33,8 @@ mkdir -p "$work/cwd" && cd "$work/cwd"
 
 echo "== one version"
 version=$(basename "$wheel" | cut -d- -f2)
-[ "$("$qlink" --version)" = "qlink $version (C ABI 1.5)" ] || fail "qlink --version: $("$qlink" --version)"
+abi=$("$py" -c "from qlink import _abi; print('%d.%d' % (_abi.ABI_MAJOR, _abi.ABI_MINOR))")
+[ "$("$qlink" --version)" = "qlink $version (C ABI $abi)" ] || fail "qlink --version: $("$qlink" --version)"
 "$py" - "$version" <<'EOF'
 import importlib.metadata, os, sys
 import qlink
@@ -41,7 +42,7 @@ assert qlink.__version__ == importlib.metadata.version("qlink") == sys.argv[1], 
 assert qlink.__file__.startswith(sys.prefix), qlink.__file__  # the venv's copy, not a source tree
 assert os.path.isfile(os.path.join(os.path.dirname(qlink.__file__), "lib", "libqlink.so"))
 with qlink.load({"backend": "cpu", "log_level": "off"}) as ctx:  # the library found beside the package
-    assert ctx.backend == "cpu" and ctx.abi_version == (1, 5)
+    assert ctx.backend == "cpu" and ctx.abi_version == (qlink._abi.ABI_MAJOR, qlink._abi.ABI_MINOR)
 EOF
 
 echo "== qlink env"
@@ -51,7 +52,8 @@ grep -q "^backend: cpu (auto: no GPU backend has a device" "$work/env.txt" || fa
 "$py" - "$work/env.json" "$version" <<'EOF'
 import json, sys
 info = json.load(open(sys.argv[1]))
-assert info["qlink"]["version"] == sys.argv[2] and info["qlink"]["library_abi"] == "1.5", info["qlink"]
+assert info["qlink"]["version"] == sys.argv[2], info["qlink"]
+assert info["qlink"]["library_abi"] == info["qlink"]["package_abi"], info["qlink"]
 assert info["qlink"]["library"].startswith(info["python"]["executable"].rsplit("/bin/", 1)[0]), info["qlink"]
 assert "cpu" in info["qlink"]["backend_libraries"], info["qlink"]
 assert info["backend"]["chosen"] == "cpu" and info["backend"]["host_memory"], info["backend"]

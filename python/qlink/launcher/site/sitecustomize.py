@@ -1,5 +1,6 @@
 """Started by `qlink run` (its folder first on PYTHONPATH): arms qlink's installation into
 the host packages of this process, then runs the sitecustomize this one shadows, if any."""
+import importlib.machinery
 import importlib.util
 import json
 import os
