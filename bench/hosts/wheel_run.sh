@@ -27,7 +27,7 @@ pip=("$out/venv/bin/python" -m pip)  # the system's pip, seen through --system-s
 "$out/venv/bin/python" -c "import numpy, torch; print('numpy', numpy.__version__, 'torch', torch.__version__)" || exit 1
 qlink="$out/venv/bin/qlink"
 "$qlink" --version
-"$qlink" env 2>&1 | tee "$out/env.txt"
+PYTHONPATH="$prepared/hosts" "$qlink" env 2>&1 | tee "$out/env.txt"  # GPTQModel's tree seen, as a user's install
 
 # GPTQModel's tree and the stand-ins, and no python/: qlink comes from the venv.
 mkdir -p "$out/root" && ln -sfn "$prepared/hosts" "$out/root/hosts"
