@@ -4,6 +4,7 @@
 set -euo pipefail
 packages=(bazel-bootstrap libboost1.81-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libdlpack-dev
           python3-torch python3-pytest python3-numpy
+          python3-pip python3-setuptools python3-wheel python3-venv   # the wheel (tools/wheel.sh) and its test
           libtorch-dev               # ATen's headers: the GPTQ reference tests and the LibTorch host
           libopenblas0-pthread       # OpenBLAS: the CPU backend's GPTQ engine loads it at run time
           liblapack3 libblas3        # the reference BLAS/LAPACK: the engine's fallback, tested beside OpenBLAS

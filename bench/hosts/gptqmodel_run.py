@@ -1,13 +1,16 @@
 """One GPTQModel quantization (4-bit, group 128) of the issue's model with GPTQModel's own
-code, alone or with qlink installed (torch guards in force then); prints and writes its
+code, alone, with qlink installed by this script (--qlink), or with no qlink line at all
+under `qlink run` (--guards: the same torch guards, qlink installed by the launcher as
+GPTQModel is first imported: wheel_run.sh); prints and writes its
 wall time, per-layer losses, a digest of every layer's solve (Q, scales, zeros, g_idx as
 GPTQ.quantize returns them: the packed model's finished layers are offloaded to meta) and
 qlink's counters.
 
-    python3 gptqmodel_run.py --model DIR [--qlink] [--strict] [--out FILE]
+    python3 gptqmodel_run.py --model DIR [--qlink [--strict] | --guards] [--out FILE]
 """
 import argparse
 import hashlib
+import sys
 
 from common import install_guards, make_llama, setup_paths, timed, token_batches, write
 
@@ -40,15 +43,18 @@ def main():
     a.add_argument("--model", required=True)
     a.add_argument("--qlink", action="store_true")
     a.add_argument("--strict", action="store_true")
+    a.add_argument("--guards", action="store_true", help="the torch guards without installing qlink (qlink run)")
     a.add_argument("--samples", type=int, default=128)
     a.add_argument("--seqlen", type=int, default=2048)
     a.add_argument("--out")
     args = a.parse_args()
     import torch
     make_llama(args.model)
-    result = {"host": "GPTQModel", "qlink": args.qlink, "strict": args.strict, "gpus": torch.cuda.device_count()}
-    if args.qlink:
+    result = {"host": "GPTQModel", "qlink": args.qlink, "strict": args.strict, "guards": args.qlink or args.guards,
+              "gpus": torch.cuda.device_count()}
+    if args.qlink or args.guards:
         install_guards()
+    if args.qlink:
         import qlink.integrations.gptqmodel as qlink_gptqmodel
         qlink_gptqmodel.install({"backend": "cuda", "log_level": "warn"}, strict=args.strict)
     from gptqmodel import GPTQModel, QuantizeConfig
@@ -67,6 +73,8 @@ def main():
     result["digest"], result["packed_tensors"] = combined_digest(layers), len(layers)
     if args.qlink:
         result["counters"] = qlink_gptqmodel.counters()
+    # Which qlink ran (the wheel's or a source tree's), however it was loaded; not an import.
+    result["qlink_package"] = getattr(sys.modules.get("qlink"), "__file__", None)
     write(result, args.out)
 
 

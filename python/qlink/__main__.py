@@ -1,51 +1,6 @@
-"""`python3 -m qlink plan`: the data-parallel plan AutoRound's parallel_quantization would
-resolve to on the configured backend (qlink.plan's rules over the backend's devices and
-their free memory).
-
-    python3 -m qlink plan --parallel auto|N|off --iters N --batch-size N
-                          [--mirror-gib G] [--config JSON] [--library PATH]
-"""
-import argparse
-import json
+"""`python3 -m qlink ...`: the same as the `qlink` command (qlink.cli)."""
 import sys
 
-from .context import Context
-from .plan import GIB, PlanRefused, resolve_plan
+from .cli import main
 
-
-def _parallel(text):
-    return text if text in ("off", "auto") else int(text)
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python3 -m qlink")
-    commands = parser.add_subparsers(dest="command", required=True)
-    plan = commands.add_parser("plan", help="the devices parallel_quantization engages, and why others are not")
-    plan.add_argument("--parallel", type=_parallel, default="auto", help="off, auto or a replica count")
-    plan.add_argument("--iters", type=int, default=200, help="tuning iterations (0: round to nearest)")
-    plan.add_argument("--batch-size", type=int, default=8)
-    plan.add_argument("--mirror-gib", type=float, default=0.0,
-                      help="what one block mirror needs (parameters, tuning state, activations); the 2 GiB "
-                           "margin is added")
-    plan.add_argument("--config", default="{}", help="the qlink JSON config (backend, ...)")
-    plan.add_argument("--library", default=None, help="libqlink.so (default: the package's own)")
-    a = parser.parse_args(argv)
-    with Context(json.loads(a.config), a.library) as ctx:
-        devices = ctx.devices()
-        print("backend: %s, %d device(s)%s" % (ctx.backend, len(devices),
-                                                 ": virtual, in host memory" if ctx.host_memory else ""))
-        try:
-            resolved = resolve_plan(a.parallel, [d.index for d in devices], a.iters, a.batch_size,
-                                    free_bytes={d.index: d.free_bytes for d in devices},
-                                    mirror_parts={"mirror": int(a.mirror_gib * GIB)})
-        except PlanRefused as refused:
-            print("refused: parallel_quantization=%s cannot engage" % (a.parallel,))
-            for reason in refused.reasons:
-                print("  " + reason)
-            return 1
-        print(resolved.describe())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+sys.exit(main())

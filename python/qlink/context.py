@@ -1,7 +1,9 @@
 """A loaded plugin and one qlink context. The Context owns every call: devices and peers
-(peers.py), copies (copies.py), moves (moves.py), collectives (collectives.py), replicas
-(replicas.py) and the native quantization engine (engine.py) are its methods; the
-module-level functions of the package call them on the default context (defaults.py)."""
+(peers.py), copies (copy_calls.py), moves (moves.py), collectives (collective_calls.py),
+replicas (replicas.py) and the native quantization engine (engine.py) are its methods.
+None of them imports what sits above the Context: the default context (defaults.py) and
+the module-level functions and prepared replays that use it (p2p.py, copies.py,
+collectives.py)."""
 import ctypes
 import os
 import threading
@@ -9,9 +11,9 @@ import threading
 import numpy as np
 
 from . import _abi, _bridge
-from .collectives import CollectiveCalls
+from .collective_calls import CollectiveCalls
 from .config import resolve
-from .copies import CopyCalls
+from .copy_calls import CopyCalls
 from .engine import EngineCalls
 from .errors import VersionMismatchError, error_for
 from .moves import MoveCalls
@@ -79,6 +81,11 @@ class Context(PeerCalls, CopyCalls, MoveCalls, CollectiveCalls, ReplicaCalls, En
     @property
     def closed(self):
         return not getattr(self, "_handle", None)
+
+    @property
+    def abi_version(self):
+        """(major, minor) of the ABI the loaded library provides."""
+        return self._api.abi_major, self._api.abi_minor
 
     @property
     def host_memory(self):

@@ -1,13 +1,14 @@
 """The process-wide default context the module-level functions use."""
 import threading
 
+from .context import Context
+
 _default = None
 _lock = threading.Lock()
 
 
 def configure(config=None, library=None):
     """Installs a new process-wide default context (config and library as for qlink.load)."""
-    from .context import Context
     global _default
     ctx = Context(config, library)
     with _lock:
@@ -17,7 +18,6 @@ def configure(config=None, library=None):
 
 def default_context():
     """The process-wide default context, created with the default config on first use."""
-    from .context import Context
     global _default
     with _lock:
         if _default is None:

@@ -4,7 +4,7 @@ import collections
 
 import torch
 
-from .copies import gpu_bridge
+from .copy_calls import gpu_bridge
 
 
 def _move_storage(t, device, moved):

@@ -15,6 +15,7 @@ import copy
 
 import torch
 
+from ..collectives import PreparedAllReduce
 from ..quant.placement import shard_sizes
 
 
@@ -139,7 +140,7 @@ class GradientExchange:
         self.params = params
         total = sum(p.numel() for p in params[0])
         self.buffers = [torch.zeros(total, dtype=torch.float32, device=d) for d in placement.torch_devices]
-        self.plan = ctx.prepare_all_reduce(self.buffers, op=op, transport=transport, devices=placement.device_ids())
+        self.plan = PreparedAllReduce(self.buffers, op=op, transport=transport, ctx=ctx, devices=placement.device_ids())
 
     def pack(self, rank):
         buf, offset = self.buffers[rank], 0
