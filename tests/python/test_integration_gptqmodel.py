@@ -204,11 +204,11 @@ def test_group_aware_reordering_runs_through_qlinks_native_engine(host):
     import qlink.quant
 
     qcfg = host["config"].QuantizeConfig(group_size=32, act_group_aware=True)
+    adapter.install(ctx=host["ctx"], strict=True)  # both Hessians from the add_batch patch
     g = _task(host, qcfg)
     g.finalize_hessian()
     want = qlink.quant.gptq_quantize(g.module.weight.data, g.H.clone(), group_size=32, act_group_aware=True,
                                      damp=qcfg.damp_percent, nsamples=g.nsamples, ctx=host["ctx"])
-    adapter.install(ctx=host["ctx"], strict=True)
     q, scales, zeros, g_idx, _, loss, damp, _ = _task(host, qcfg).quantize()
     assert adapter.counters()["quantize"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
     assert torch.equal(q, want.weight) and torch.equal(scales, want.scales) and torch.equal(zeros, want.zeros)

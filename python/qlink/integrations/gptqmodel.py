@@ -13,6 +13,10 @@ What install() routes through qlink (each a patch with its own counters):
                             torch.nn.parallel.replicate (broadcast_coalesced)
   move_to, nested_move_to   tensor, module and calibration-batch moves (in every module that
                             imported them by name)
+  add_batch                 the per-batch Hessian through qlink.quant.HessianAccumulator
+                            (gptqmodel_hessian): stream-ordered, no synchronization, one
+                            accumulation for the layers reading one input (q/k/v, gate/up);
+                            hessian_counters() says how many ran and how many were shared
   materialize_global_hessian  the Hessian partials summed in device order by qlink.reduce, so
                             the result no longer depends on the order they arrived in
   quantize                  GPTQ.quantize through qlink's native GPTQ engine where it covers
@@ -27,11 +31,13 @@ import importlib
 import torch
 
 from ..defaults import configure
+from ..quant.hessian import HessianAccumulator
+from .gptqmodel_hessian import make_add_batch
 from .gptqmodel_solve import native_engine, solve, unsupported
 from .patches import Counters, Guard, Rebindings, Slot
 
-PATCHES = ("clone_module_for_devices", "torch_replicate", "move_to", "nested_move_to", "materialize_global_hessian",
-           "quantize")
+PATCHES = ("clone_module_for_devices", "torch_replicate", "move_to", "nested_move_to", "add_batch",
+           "materialize_global_hessian", "quantize")
 
 _slot = Slot()
 
@@ -53,6 +59,7 @@ class _Host:
         self.torch_replicate = self.helpers.torch_replicate
         self.move_to = self.model.move_to
         self.nested_move_to = self.model.nested_move_to
+        self.add_batch = self.GPTQ.add_batch
         self.materialize_global_hessian = self.GPTQ.materialize_global_hessian
         self.quantize = self.GPTQ.quantize
 
@@ -78,6 +85,7 @@ class _Installation:
         self.counters = Counters(PATCHES)
         self.guard = Guard(self.counters, strict)
         self.rebindings = Rebindings()
+        self.accumulator = HessianAccumulator(ctx)
         if engine is None:
             engine, self.engine_missing = native_engine()
         else:
@@ -88,6 +96,7 @@ class _Installation:
         h, bind = self.host, self.rebindings
         for name in ("clone_module_for_devices", "torch_replicate", "move_to", "nested_move_to"):
             bind.everywhere(getattr(h, name), getattr(self, "_make_" + name)(), "gptqmodel")
+        bind.set(h.GPTQ, "add_batch", make_add_batch(self))
         bind.set(h.GPTQ, "materialize_global_hessian", self._make_materialize_global_hessian())
         bind.set(h.GPTQ, "quantize", self._make_quantize())
 
@@ -252,6 +261,12 @@ def install(config=None, strict=False, *, ctx=None, library=None, engine=None):
 def uninstall():
     """Restores every binding install() changed."""
     _slot.uninstall()
+
+
+def hessian_counters():
+    """The add_batch patch's accumulations: {"accumulations": run, "shared": answered by one
+    already run, "rows": accumulated} ({} when not installed)."""
+    return _slot.current.accumulator.counters() if _slot.current is not None else {}
 
 
 def counters():
