@@ -86,7 +86,7 @@ class GpuQuantMath final : public QuantMath {
     return syrk(p, q);
   }
 
-  bool HasTensorSyrk() const override { return true; }
+  bool HasTensorSyrk() const override { return api_.GemmEx != nullptr; }
 
   // As SyrkAccumulate with the 16-bit x fed to GemmEx as it is (16-bit inputs, fp32 output
   // and compute type: tensor cores): the vendors have no real 16-bit SYRK, so the lower

@@ -54,7 +54,8 @@ Status LoadLinalg(const std::string& blas, const std::string& solver, const Lina
     take(0, a->BlasSetStream, n.blas_stream);
     take(0, a->BlasSetMathMode, n.math);
     take(0, a->Sgemm, n.sgemm);
-    take(0, a->GemmEx, n.gemm_ex);
+    // Optional: without it (a hipBLAS before GemmEx_v2) the Hessian keeps the IEEE path.
+    a->GemmEx = reinterpret_cast<decltype(a->GemmEx)>(take.Find(0, n.gemm_ex));
     take(0, a->Ssyrk, n.ssyrk);
     take(1, a->SolverCreate, n.solver_create);
     take(1, a->SolverSetStream, n.solver_stream);

@@ -30,7 +30,8 @@ struct LinalgApi {
   Result (*BlasSetMathMode)(Handle, int mode);  // NULL where the vendor has none
   Result (*Sgemm)(Handle, int transa, int transb, int m, int n, int k, const float* alpha, const float* a, int lda,
                   const float* b, int ldb, const float* beta, float* c, int ldc);
-  // c = alpha op(a) op(b) + beta c, each matrix of its own data type, summed as compute_type.
+  // c = alpha op(a) op(b) + beta c, each matrix of its own data type, summed as compute_type;
+  // NULL where the library lacks it.
   Result (*GemmEx)(Handle, int transa, int transb, int m, int n, int k, const void* alpha, const void* a, int a_type,
                    int lda, const void* b, int b_type, int ldb, const void* beta, void* c, int c_type, int ldc,
                    int compute_type, int algo);
