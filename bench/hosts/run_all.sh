@@ -43,25 +43,26 @@ for part in $parts; do
     hprec)  # the Hessian precision table: qlink and PyTorch, IEEE and tensor cores, vs float64
       run hprec 240 python3 ../hessian_precision.py --library ../../python/qlink/lib/libqlink.so \
         --json "$out/hprec.json" --markdown "$out/hprec.md" ;;
-    loop)  # GPTQModel's loop at 2/4/8 layers with qlink (2 and 4 alone), peak memory, GPU busy,
-      # tensor vs ieee_fp32 and ieee_fp32 vs GPTQModel alone level by level, 3 runs bit-identical
+    loop)  # GPTQModel's loop alone at 2/4 layers, with qlink ieee_fp32 at 2/4 and tensor at 2/4/8;
+      # peak memory; GPU busy (the profiled run, also the third of the bit-identical ieee_fp32
+      # runs: the profiler changes no result); levels of tensor vs ieee_fp32 vs GPTQModel alone
       run loop_host2 300 python3 gptqmodel_run.py --model /tmp/llama7b-2layers --layers 2 \
         --codes "$codes/host2.pt" --out "$out/loop_host2.json"
       run loop_qlink2 200 python3 gptqmodel_run.py --model /tmp/llama7b-2layers --layers 2 --qlink --strict \
         --precision ieee_fp32 --codes "$codes/qlink2.pt" --out "$out/loop_qlink2.json"
       run loop_qlink2_tensor 200 python3 gptqmodel_run.py --model /tmp/llama7b-2layers --layers 2 --qlink \
         --strict --precision tensor --codes "$codes/qlink2_tensor.pt" --out "$out/loop_qlink2_tensor.json"
-      for r in 2 3; do
-        run loop_qlink2_run$r 200 python3 gptqmodel_run.py --model /tmp/llama7b-2layers --layers 2 --qlink \
-          --strict --precision ieee_fp32 --out "$out/loop_qlink2_run$r.json"
-      done
-      run loop_qlink4 200 python3 gptqmodel_run.py --model /tmp/llama7b-4layers --layers 4 --qlink --strict \
-        --precision ieee_fp32 --out "$out/loop_qlink4.json"
-      run loop_qlink8 300 python3 gptqmodel_run.py --model /tmp/llama7b-8layers --layers 8 --qlink --strict \
-        --precision ieee_fp32 --out "$out/loop_qlink8.json"
-      run loop_host4 300 python3 gptqmodel_run.py --model /tmp/llama7b-4layers --layers 4 --out "$out/loop_host4.json"
+      run loop_qlink2_run2 200 python3 gptqmodel_run.py --model /tmp/llama7b-2layers --layers 2 --qlink \
+        --strict --precision ieee_fp32 --out "$out/loop_qlink2_run2.json"
       run loop_qlink2_profile 200 python3 gptqmodel_run.py --model /tmp/llama7b-2layers --layers 2 --qlink \
         --strict --precision ieee_fp32 --profile --out "$out/loop_qlink2_profile.json"
+      for p in ieee_fp32 tensor; do
+        run loop_qlink4_$p 200 python3 gptqmodel_run.py --model /tmp/llama7b-4layers --layers 4 --qlink --strict \
+          --precision $p --out "$out/loop_qlink4_$p.json"
+      done
+      run loop_qlink8_tensor 300 python3 gptqmodel_run.py --model /tmp/llama7b-8layers --layers 8 --qlink --strict \
+        --precision tensor --out "$out/loop_qlink8_tensor.json"
+      run loop_host4 300 python3 gptqmodel_run.py --model /tmp/llama7b-4layers --layers 4 --out "$out/loop_host4.json"
       run codes_ieee_vs_host 60 python3 compare_codes.py "$out/loop_host2.json" "$codes/host2.pt" \
         "$out/loop_qlink2.json" "$codes/qlink2.pt" "$out/codes_ieee_vs_host.json"
       run codes_tensor_vs_ieee 60 python3 compare_codes.py "$out/loop_qlink2.json" "$codes/qlink2.pt" \

@@ -64,20 +64,20 @@ def loop(out):
             name, r["layers"], r["quantize_s"], r["peak_torch_gib"], r["peak_device_gib"], busy,
             "%s, %s" % (h["accumulations"], h["shared"]) if h else ""))
     lines.append("")
-    for label, with_qlink in (("alone", False), ("with qlink (ieee_fp32)", True)):
-        points = sorted({(r["layers"], r["quantize_s"]) for r in runs.values()
-                         if r["qlink"] == with_qlink and not r.get("profiled")
-                         and (not with_qlink or r.get("precision") == "ieee_fp32")})
+    for label, with_qlink, precision in (("alone", False, None), ("with qlink, ieee_fp32", True, "ieee_fp32"),
+                                         ("with qlink, tensor", True, "tensor")):
+        points = sorted((r["layers"], r["quantize_s"]) for r in runs.values()
+                        if r["qlink"] == with_qlink and not r.get("profiled") and r.get("precision") == precision)
         if points:
             lines.append("%s: %s; per added layer %.2f s" % (
                 label, ", ".join("%d layers %.1f s" % p for p in points), slope(points)))
-    twos = [r for k, r in runs.items() if r["qlink"] and r["layers"] == 2 and r.get("precision") == "ieee_fp32"
-            and not r.get("profiled")]
+    twos = [r for k, r in runs.items() if r["qlink"] and r["layers"] == 2 and r.get("precision") == "ieee_fp32"]
     if twos:
         lines.append("qlink 2-layer ieee_fp32 runs: %d, bit-identical: %s" % (len(twos), len({r["digest"] for r in twos}) == 1))
     host2, qlink2 = runs.get("host2"), runs.get("qlink2")
-    if host2 and qlink2:
-        lines.append("2 layers: %.2fx GPTQModel alone" % (host2["quantize_s"] / qlink2["quantize_s"]))
+    for name in ("qlink2", "qlink2_tensor"):
+        if host2 and runs.get(name):
+            lines.append("2 layers, %s: %.2fx GPTQModel alone" % (name, host2["quantize_s"] / runs[name]["quantize_s"]))
     for name in ("codes_ieee_vs_host", "codes_tensor_vs_ieee"):
         c = load(os.path.join(out, name + ".json"))
         if c and c["layers"]:
