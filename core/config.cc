@@ -119,6 +119,10 @@ Status ParseConfig(const char* text, Config* out) {
       QLINK_RETURN_IF_ERROR(ReadString(v, field, &out->blas_library));
     } else if (key == "solver_library") {
       QLINK_RETURN_IF_ERROR(ReadString(v, field, &out->solver_library));
+    } else if (key == "hessian_precision") {
+      std::string precision;
+      QLINK_RETURN_IF_ERROR(ReadChoice(v, field, {"ieee_fp32", "tensor"}, &precision));
+      out->hessian_precision = precision == "tensor" ? HessianPrecision::kTensor : HessianPrecision::kIeeeFp32;
     } else if (key == "backend_options") {
       if (!v.is_object()) return WrongType(field, "an object", v);
       out->backend_options = json::serialize(v);
@@ -128,7 +132,7 @@ Status ParseConfig(const char* text, Config* out) {
     } else {
       return InvalidArgument("config has unknown field '" + field +
                              "' (known: backend, backend_options, log_level, cpu_devices, nccl_library, blas_library, "
-                             "solver_library, p2p)");
+                             "solver_library, hessian_precision, p2p)");
     }
   }
   return Status::Ok();

@@ -18,6 +18,9 @@ struct P2PConfig {
   double min_ratio = 0.8; // ... or below this ratio to the regular path (noise allowed)
 };
 
+// How hessian_accumulate sums bf16/fp16 activations' products (qlink_hessian_precision).
+enum class HessianPrecision { kIeeeFp32, kTensor };
+
 struct Config {
   std::string backend = "auto";   // auto | cuda | hip | cpu | path to a backend .so
   std::string log_level = "warn"; // trace | debug | info | warn | error | off
@@ -27,6 +30,7 @@ struct Config {
   // "" = the backend's default.
   std::string blas_library;
   std::string solver_library;
+  HessianPrecision hessian_precision = HessianPrecision::kIeeeFp32;  // when a call does not say
   // Backend-specific settings, as a JSON object's text: core only checks that it is an
   // object and hands it to the backend, which owns its keys.
   std::string backend_options = "{}";

@@ -180,6 +180,14 @@ static_assert(QLINK_API_STRUCT_SIZE_1_4 == 16 + 32 * 8, "qlink_api 1.4 size");
 QLINK_PIN(qlink_gptq_options, act_group_aware, 56);
 static_assert(QLINK_GPTQ_OPTIONS_STRUCT_SIZE_1_5 == 60, "qlink_gptq_options 1.5 size");
 static_assert(QLINK_API_STRUCT_SIZE_1_5 == QLINK_API_STRUCT_SIZE_1_4, "qlink_api 1.5 size");
+
+// ---- 1.6: the Hessian's precision ---------------------------------------------------------
+QLINK_PIN(qlink_hessian_args, precision, 56);
+static_assert(QLINK_HESSIAN_ARGS_STRUCT_SIZE_1_6 == 60, "qlink_hessian_args 1.6 size");
+static_assert(QLINK_HESSIAN_PRECISION_DEFAULT == 0 && QLINK_HESSIAN_PRECISION_IEEE_FP32 == 1 &&
+                  QLINK_HESSIAN_PRECISION_TENSOR == 2,
+              "qlink_hessian_precision values are frozen");
+static_assert(QLINK_API_STRUCT_SIZE_1_6 == QLINK_API_STRUCT_SIZE_1_5, "qlink_api 1.6 size");
 #endif
 
 // Every current *_STRUCT_SIZE covers its struct's last field, on every platform.
@@ -189,4 +197,6 @@ static_assert(QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE == offsetof(qlink_all_reduce_arg
               "all-reduce args");
 static_assert(QLINK_GPTQ_OPTIONS_STRUCT_SIZE == offsetof(qlink_gptq_options, act_group_aware) + sizeof(int32_t),
               "gptq options");
+static_assert(QLINK_HESSIAN_ARGS_STRUCT_SIZE == offsetof(qlink_hessian_args, precision) + sizeof(int32_t),
+              "hessian args");
 static_assert(QLINK_API_STRUCT_SIZE == sizeof(qlink_api), "the table's size macro covers every slot");

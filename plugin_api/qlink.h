@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 #define QLINK_ABI_MAJOR 1
-#define QLINK_ABI_MINOR 5
+#define QLINK_ABI_MINOR 6
 
 /* Size of a struct up to and including `last_field`: what a host built against the
  * minor that introduced `last_field` passes as struct_size.
@@ -248,9 +248,23 @@ typedef struct qlink_unique_id {
 
 /* ---- 1.4: GPTQ (the quant/ engine) ------------------------------------------------- */
 
-/* Hessian partials of calibration activations: partials[d] += X^T X (IEEE fp32) for every
- * input X on device d, enqueued on that device's stream like a copy (the call does not
- * block). X^T X is a symmetric rank-k update; the partial is written whole (both
+/* 1.6: how a Hessian's products are summed (qlink_hessian_args.precision; config field
+ * hessian_precision, "ieee_fp32" unless set). fp32 activations always take IEEE fp32. */
+typedef enum qlink_hessian_precision {
+  QLINK_HESSIAN_PRECISION_DEFAULT = 0,   /* the context's config hessian_precision */
+  QLINK_HESSIAN_PRECISION_IEEE_FP32 = 1, /* bf16/fp16 activations converted to fp32, IEEE
+                                            fp32 products and sums */
+  QLINK_HESSIAN_PRECISION_TENSOR = 2     /* bf16/fp16 activations read as they are by the
+                                            vendor's tensor cores (exact products, fp32
+                                            sums, a few rows at a time, each block's sum
+                                            added to the partial in fp32). Faster, errors
+                                            near 2^-14 relative; on a backend without
+                                            tensor cores (CPU) the IEEE fp32 result */
+} qlink_hessian_precision;
+
+/* Hessian partials of calibration activations: partials[d] += X^T X (fp32, summed as
+ * `precision` says) for every input X on device d, enqueued on that device's stream like a
+ * copy (the call does not block). X^T X is a symmetric rank-k update; the partial is written whole (both
  * triangles). A host merges one partial per device with `reduce` (device-index order,
  * scale = 2 / total rows): GPTQ's H = (2/N) sum_d H_d, bit-identical for every arrival
  * order. */
@@ -266,9 +280,13 @@ typedef struct qlink_hessian_args {
   size_t num_partials;
   const qlink_stream* streams; /* borrowed array of num_streams; may be NULL */
   size_t num_streams;
+  /* 1.6 */
+  int32_t precision;           /* qlink_hessian_precision; DEFAULT (0) where struct_size
+                                  ends before it */
 } qlink_hessian_args;
-#define QLINK_HESSIAN_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_hessian_args, num_streams)
-#define QLINK_HESSIAN_ARGS_STRUCT_SIZE_1_4 QLINK_HESSIAN_ARGS_STRUCT_SIZE
+#define QLINK_HESSIAN_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_hessian_args, precision)
+#define QLINK_HESSIAN_ARGS_STRUCT_SIZE_1_4 QLINK_STRUCT_SIZE(qlink_hessian_args, num_streams)
+#define QLINK_HESSIAN_ARGS_STRUCT_SIZE_1_6 QLINK_HESSIAN_ARGS_STRUCT_SIZE
 
 /* GPTQ as GPTQModel's GPTQ.quantize runs it: the damped Hessian inverted through
  * Cholesky factors (the damp raised by damp_auto_increment after each failed Cholesky
@@ -464,7 +482,8 @@ typedef struct qlink_api {
 #define QLINK_API_STRUCT_SIZE_1_3 QLINK_API_STRUCT_SIZE_1_2 /* 1.3 added a flag, no entry */
 #define QLINK_API_STRUCT_SIZE_1_4 QLINK_STRUCT_SIZE(qlink_api, gptq_quantize)
 #define QLINK_API_STRUCT_SIZE_1_5 QLINK_API_STRUCT_SIZE_1_4 /* 1.5 added an option, no entry */
-#define QLINK_API_STRUCT_SIZE QLINK_API_STRUCT_SIZE_1_5
+#define QLINK_API_STRUCT_SIZE_1_6 QLINK_API_STRUCT_SIZE_1_5 /* 1.6 added a field, no entry */
+#define QLINK_API_STRUCT_SIZE QLINK_API_STRUCT_SIZE_1_6
 
 /* The one exported symbol. Returns the table of ABI `major` if this library provides
  * at least `min_minor`, else NULL with *error (when error is non-NULL) pointing at a

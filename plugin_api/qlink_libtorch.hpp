@@ -131,20 +131,24 @@ class Context {
 
   qlink_context* get() const { return ctx_; }
 
-  // partials[d] += X^T X for every input on partials[d]'s device (fp32, both triangles).
-  void hessian_accumulate(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& partials) {
+  // partials[d] += X^T X for every input on partials[d]'s device (fp32, both triangles),
+  // summed as `precision` says (qlink_hessian_precision; DEFAULT: the config's).
+  void hessian_accumulate(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& partials,
+                          qlink_hessian_precision precision = QLINK_HESSIAN_PRECISION_DEFAULT) {
     std::deque<View> in_views, out_views;  // a deque: views never move
     std::vector<DLTensor> in, out;
     for (const at::Tensor& x : inputs) in.push_back(*in_views.emplace_back(x).get());
     for (const at::Tensor& p : partials) out.push_back(*out_views.emplace_back(p).get());
-    qlink_hessian_args args{QLINK_HESSIAN_ARGS_STRUCT_SIZE, in.data(), in.size(), out.data(), out.size(), nullptr, 0};
+    qlink_hessian_args args{QLINK_HESSIAN_ARGS_STRUCT_SIZE, in.data(), in.size(), out.data(), out.size(),
+                            nullptr, 0, precision};
     Check(api_.hessian_accumulate(ctx_, &args));
   }
 
   // X^T X of the activations (..., columns), all on one device.
-  at::Tensor hessian(const std::vector<at::Tensor>& inputs, int64_t columns) {
+  at::Tensor hessian(const std::vector<at::Tensor>& inputs, int64_t columns,
+                     qlink_hessian_precision precision = QLINK_HESSIAN_PRECISION_DEFAULT) {
     at::Tensor h = at::zeros({columns, columns}, inputs.at(0).options().dtype(at::kFloat));
-    hessian_accumulate(inputs, {h});
+    hessian_accumulate(inputs, {h}, precision);
     return h;
   }
 

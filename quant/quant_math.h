@@ -78,6 +78,15 @@ class QuantMath {
   // h (n x n) += x^T x for x (rows x n): a symmetric rank-k update of one triangle of h,
   // left for the caller to mirror (MirrorTriangle(lower_to_upper = true)).
   virtual Status SyrkAccumulate(int device, Stream stream, const float* x, int64_t rows, int64_t n, float* h) = 0;
+  // The same for x of bf16 or fp16 read as it is by the vendor's tensor cores (exact
+  // products, fp32 sums and output). Only where HasTensorSyrk(); callers elsewhere take
+  // the IEEE path (ToFloat, SyrkAccumulate), which is also what the tensor path would give
+  // on hardware summing in IEEE fp32.
+  virtual bool HasTensorSyrk() const { return false; }
+  virtual Status TensorSyrkAccumulate(int /*device*/, Stream, const void* /*x*/, DLDataType, int64_t /*rows*/,
+                                      int64_t /*n*/, float* /*h*/) {
+    return Internal("quant: this backend has no tensor-core rank-k update");
+  }
   // LAPACK's potrf on the column-major n x n matrix a (symmetric: only the `lower` or
   // upper triangle is read and written), as PyTorch's linalg.cholesky calls it. Blocks
   // until it knows whether a is positive definite (*positive_definite false: the triangle

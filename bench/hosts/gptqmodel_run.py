@@ -3,23 +3,42 @@ code, alone, with qlink installed by this script (--qlink), or with no qlink lin
 under `qlink run` (--guards: the same torch guards, qlink installed by the launcher as
 GPTQModel is first imported: wheel_run.sh); prints and writes its
 wall time, per-layer losses, a digest of every layer's solve (Q, scales, zeros, g_idx as
-GPTQ.quantize returns them: the packed model's finished layers are offloaded to meta) and
-qlink's counters.
+GPTQ.quantize returns them: the packed model's finished layers are offloaded to meta),
+peak GPU memory (PyTorch's allocator, and the device's as cudaMemGetInfo saw it every
+10 ms: qlink's scratch is outside PyTorch's allocator) and qlink's counters.
 
-    python3 gptqmodel_run.py --model DIR [--qlink [--strict] | --guards] [--out FILE]
+    python3 gptqmodel_run.py --model DIR [--layers N] [--qlink [--strict] | --guards]
+        [--precision ieee_fp32|tensor] [--codes FILE.pt] [--profile] [--out FILE]
+
+--layers: decoder layers of the model made at DIR (if DIR has none yet). --precision: the
+qlink config's hessian_precision. --codes: every layer's 4-bit levels saved (torch.save of
+{layer: uint8 codes}) for compare_codes.py. --profile: torch.profiler over the quantize
+call; the share of its wall time with a kernel running (GPU busy), and with a kernel or
+a copy.
 """
 import argparse
 import hashlib
 import sys
+
+import threading
+import time
 
 from common import install_guards, make_llama, setup_paths, timed, token_batches, write
 
 setup_paths()
 
 
-def record_solves(GPTQ, into):
+def levels(q, scale, zero, g_idx, bits=4):
+    """The integer levels behind a dequantized weight q = scale * (level - zero), per group."""
+    import torch
+    g = g_idx.long()
+    return torch.round(q.float() / scale[:, g].float() + zero[:, g].float()).clamp(0, 2 ** bits - 1).to(torch.uint8)
+
+
+def record_solves(GPTQ, into, codes=None):
     """Wraps GPTQ.quantize (as installed: GPTQModel's own or qlink's) to record each layer's
-    result: a sha256 of what the solve returns (Q, scales, zeros, g_idx) and its loss."""
+    result: a sha256 of what the solve returns (Q, scales, zeros, g_idx) and its loss; its
+    levels into `codes` (on the host) where given."""
     import torch
     solve = GPTQ.quantize
 
@@ -30,8 +49,57 @@ def record_solves(GPTQ, into):
             digest.update(t.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes())
         name = getattr(getattr(self, "_named_module", None), "full_name", self.name)  # layer index included
         into[name] = {"digest": digest.hexdigest(), "loss": out[5], "damp": out[6]}
+        if codes is not None:
+            codes[name] = levels(*out[:4]).cpu()
         return out
     GPTQ.quantize = recording
+
+
+class DevicePeak:
+    """The most device memory in use while inside, polled every 10 ms (cudaMemGetInfo)."""
+
+    def __enter__(self):
+        import torch
+        self.torch = torch
+        torch.cuda.synchronize()
+        self.base = torch.cuda.mem_get_info()[0]
+        self.low, self.stop = self.base, False
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+        return self
+
+    def _poll(self):
+        while not self.stop:
+            self.low = min(self.low, self.torch.cuda.mem_get_info()[0])
+            time.sleep(0.01)
+
+    def __exit__(self, *exc):
+        self.stop = True
+        self.thread.join()
+        self.peak = self.base - self.low
+
+
+def busy_shares(prof, wall_s):
+    """(kernels, kernels or copies): the share of wall_s during which at least one ran,
+    from the profiler's device events (their intervals' union)."""
+    spans = {"kernel": [], "any": []}
+    for e in prof.events():
+        if getattr(e, "device_type", None) is None or str(e.device_type) != "DeviceType.CUDA":
+            continue
+        span = (e.time_range.start, e.time_range.end)
+        spans["any"].append(span)
+        if not e.name.startswith(("Memcpy", "Memset")):
+            spans["kernel"].append(span)
+
+    def union_us(intervals):
+        total, end = 0.0, float("-inf")
+        for a, b in sorted(intervals):
+            if b <= end:
+                continue
+            total += b - max(a, end)
+            end = b
+        return total
+    return tuple(round(union_us(spans[k]) / 1e6 / wall_s, 4) for k in ("kernel", "any"))
 
 
 def combined_digest(layers):
@@ -46,35 +114,57 @@ def main():
     a.add_argument("--guards", action="store_true", help="the torch guards without installing qlink (qlink run)")
     a.add_argument("--samples", type=int, default=128)
     a.add_argument("--seqlen", type=int, default=2048)
+    a.add_argument("--layers", type=int, default=2)
+    a.add_argument("--precision", choices=("ieee_fp32", "tensor"))
+    a.add_argument("--codes")
+    a.add_argument("--profile", action="store_true")
     a.add_argument("--out")
     args = a.parse_args()
     import torch
-    make_llama(args.model)
+    make_llama(args.model, layers=args.layers)
     result = {"host": "GPTQModel", "qlink": args.qlink, "strict": args.strict, "guards": args.qlink or args.guards,
-              "gpus": torch.cuda.device_count()}
+              "gpus": torch.cuda.device_count(), "layers": args.layers, "precision": args.precision,
+              "profiled": args.profile}
     if args.qlink or args.guards:
         install_guards()
     if args.qlink:
         import qlink.integrations.gptqmodel as qlink_gptqmodel
-        qlink_gptqmodel.install({"backend": "cuda", "log_level": "warn"}, strict=args.strict)
+        config = {"backend": "cuda", "log_level": "warn"}
+        if args.precision:
+            config["hessian_precision"] = args.precision
+        qlink_gptqmodel.install(config, strict=args.strict)
     from gptqmodel import GPTQModel, QuantizeConfig
     from gptqmodel.quantization.gptq import GPTQ
-    layers = {}
-    record_solves(GPTQ, layers)
+    layers, codes = {}, {} if args.codes else None
+    record_solves(GPTQ, layers, codes)
     # GPTQModel's defaults otherwise: its group-aware reordering (act_group_aware) is on.
     config = QuantizeConfig(bits=4, group_size=128, desc_act=False)
     result["act_group_aware"] = bool(config.act_group_aware)
     model = GPTQModel.load(args.model, config)
     ids = token_batches(args.samples, args.seqlen)
     calibration = [{"input_ids": row, "attention_mask": torch.ones_like(row)} for row in ids]
-    with timed(result, "quantize_s"):
-        model.quantize(calibration, batch_size=1)
+    torch.cuda.reset_peak_memory_stats()
+    with DevicePeak() as peak:
+        if args.profile:
+            from torch.profiler import ProfilerActivity, profile
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                with timed(result, "quantize_s"):
+                    model.quantize(calibration, batch_size=1)
+            result["gpu_busy_kernels"], result["gpu_busy_kernels_or_copies"] = busy_shares(prof, result["quantize_s"])
+        else:
+            with timed(result, "quantize_s"):
+                model.quantize(calibration, batch_size=1)
+    result["peak_torch_gib"] = round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)
+    result["peak_device_gib"] = round(peak.peak / 2 ** 30, 2)
     result["losses"] = {k: v["loss"] for k, v in layers.items()}
     result["digest"], result["packed_tensors"] = combined_digest(layers), len(layers)
     if args.qlink:
         result["counters"] = qlink_gptqmodel.counters()
+        result["hessian_counters"] = qlink_gptqmodel.hessian_counters()
     # Which qlink ran (the wheel's or a source tree's), however it was loaded; not an import.
     result["qlink_package"] = getattr(sys.modules.get("qlink"), "__file__", None)
+    if codes is not None:
+        torch.save(codes, args.codes)
     write(result, args.out)
 
 

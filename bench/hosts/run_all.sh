@@ -1,13 +1,17 @@
 #!/bin/bash
 # On the accelerator machine, from a folder laid out by prepare.sh: every host run of
 # bench/RESULTS.md, each in its own process, logs and JSON under OUTDIR.
-#   bash bench/hosts/run_all.sh OUTDIR [PARTS]   PARTS: any of "pytest plan stress gptq ar ar0 gptq3"
-#   (default all, in that order, the most wanted figures first where a lease is short)
+#   bash bench/hosts/run_all.sh OUTDIR [PARTS]   PARTS: any of "pytest plan stress gptq ar ar0 gptq3
+#   hprec loop loop_host8" (default the first seven, in that order, the most wanted figures
+#   first where a lease is short). Issue 23's figures: "hprec loop", about 8 minutes
+#   (loop_host8, GPTQModel alone at 8 layers, about 3 more).
 set -uo pipefail
 cd "$(dirname "$0")"
 out=$1
 parts=${2:-"pytest plan stress gptq ar ar0 gptq3"}
 model=/tmp/llama7b-2layers
+codes=/tmp/qlink_codes  # the runs' 4-bit levels (hundreds of MB): compared here, not carried back
+mkdir -p "$codes"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=../../python
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/gpus.txt"
@@ -36,6 +40,35 @@ for part in $parts; do
       done ;;
     gptq3)  # one more run with qlink: its tensors against the runs above
       run gptq_qlink3 300 python3 gptqmodel_run.py --model $model --qlink --strict --out "$out/gptq_qlink3.json" ;;
+    hprec)  # the Hessian precision table: qlink and PyTorch, IEEE and tensor cores, vs float64
+      run hprec 240 python3 ../hessian_precision.py --library ../../python/qlink/lib/libqlink.so \
+        --json "$out/hprec.json" --markdown "$out/hprec.md" ;;
+    loop)  # GPTQModel's loop alone at 2/4 layers, with qlink ieee_fp32 at 2/4 and tensor at 2/4/8;
+      # peak memory; GPU busy (the profiled run, also the third of the bit-identical ieee_fp32
+      # runs: the profiler changes no result); levels of tensor vs ieee_fp32 vs GPTQModel alone
+      run loop_host2 300 python3 gptqmodel_run.py --model /tmp/llama7b-2layers --layers 2 \
+        --codes "$codes/host2.pt" --out "$out/loop_host2.json"
+      run loop_qlink2 200 python3 gptqmodel_run.py --model /tmp/llama7b-2layers --layers 2 --qlink --strict \
+        --precision ieee_fp32 --codes "$codes/qlink2.pt" --out "$out/loop_qlink2.json"
+      run loop_qlink2_tensor 200 python3 gptqmodel_run.py --model /tmp/llama7b-2layers --layers 2 --qlink \
+        --strict --precision tensor --codes "$codes/qlink2_tensor.pt" --out "$out/loop_qlink2_tensor.json"
+      run loop_qlink2_run2 200 python3 gptqmodel_run.py --model /tmp/llama7b-2layers --layers 2 --qlink \
+        --strict --precision ieee_fp32 --out "$out/loop_qlink2_run2.json"
+      run loop_qlink2_profile 200 python3 gptqmodel_run.py --model /tmp/llama7b-2layers --layers 2 --qlink \
+        --strict --precision ieee_fp32 --profile --out "$out/loop_qlink2_profile.json"
+      for p in ieee_fp32 tensor; do
+        run loop_qlink4_$p 200 python3 gptqmodel_run.py --model /tmp/llama7b-4layers --layers 4 --qlink --strict \
+          --precision $p --out "$out/loop_qlink4_$p.json"
+      done
+      run loop_qlink8_tensor 300 python3 gptqmodel_run.py --model /tmp/llama7b-8layers --layers 8 --qlink --strict \
+        --precision tensor --out "$out/loop_qlink8_tensor.json"
+      run loop_host4 300 python3 gptqmodel_run.py --model /tmp/llama7b-4layers --layers 4 --out "$out/loop_host4.json"
+      run codes_ieee_vs_host 60 python3 compare_codes.py "$out/loop_host2.json" "$codes/host2.pt" \
+        "$out/loop_qlink2.json" "$codes/qlink2.pt" "$out/codes_ieee_vs_host.json"
+      run codes_tensor_vs_ieee 60 python3 compare_codes.py "$out/loop_qlink2.json" "$codes/qlink2.pt" \
+        "$out/loop_qlink2_tensor.json" "$codes/qlink2_tensor.pt" "$out/codes_tensor_vs_ieee.json" ;;
+    loop_host8)
+      run loop_host8 420 python3 gptqmodel_run.py --model /tmp/llama7b-8layers --layers 8 --out "$out/loop_host8.json" ;;
     ar)
       run ar_host 300 python3 autoround_run.py --model $model --iters 200 --out "$out/ar_host.json"
       run ar_qlink 300 python3 autoround_run.py --model $model --iters 200 --qlink auto --out "$out/ar_qlink.json" ;;

@@ -38,6 +38,60 @@ def gptq(out):
     return lines
 
 
+def slope(points):
+    """Least-squares seconds per added layer over (layers, seconds) points."""
+    if len(points) < 2:
+        return float("nan")
+    n = len(points)
+    mx, my = sum(p[0] for p in points) / n, sum(p[1] for p in points) / n
+    return sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+
+
+def loop(out):
+    """Issue 23: GPTQModel's loop at 2/4/8 layers alone and with qlink (run_all.sh loop)."""
+    runs = {os.path.basename(p)[len("loop_"):-len(".json")]: load(p)
+            for p in sorted(glob.glob(os.path.join(out, "loop_*.json")))}
+    runs = {k: v for k, v in runs.items() if v}
+    if not runs:
+        return ["GPTQModel loop: no run finished"]
+    lines = ["| GPTQModel loop, 4-bit g128 | layers | wall (s) | peak GPU, torch / device (GiB) | GPU busy (kernels; "
+             "kernels or copies) | accumulations, shared |", "|---|---|---|---|---|---|"]
+    for name, r in sorted(runs.items(), key=lambda kv: (kv[1]["qlink"], kv[1]["layers"], kv[0])):
+        busy = ("%.0f %%; %.0f %%" % (100 * r["gpu_busy_kernels"], 100 * r["gpu_busy_kernels_or_copies"])
+                if r.get("profiled") else "")
+        h = r.get("hessian_counters") or {}
+        lines.append("| %s | %d | %.1f | %.2f / %.2f | %s | %s |" % (
+            name, r["layers"], r["quantize_s"], r["peak_torch_gib"], r["peak_device_gib"], busy,
+            "%s, %s" % (h["accumulations"], h["shared"]) if h else ""))
+    lines.append("")
+    for label, with_qlink, precision in (("alone", False, None), ("with qlink, ieee_fp32", True, "ieee_fp32"),
+                                         ("with qlink, tensor", True, "tensor")):
+        points = sorted((r["layers"], r["quantize_s"]) for r in runs.values()
+                        if r["qlink"] == with_qlink and not r.get("profiled") and r.get("precision") == precision)
+        if points:
+            lines.append("%s: %s; per added layer %.2f s" % (
+                label, ", ".join("%d layers %.1f s" % p for p in points), slope(points)))
+    twos = [r for k, r in runs.items() if r["qlink"] and r["layers"] == 2 and r.get("precision") == "ieee_fp32"]
+    if twos:
+        lines.append("qlink 2-layer ieee_fp32 runs: %d, bit-identical: %s" % (len(twos), len({r["digest"] for r in twos}) == 1))
+    host2, qlink2 = runs.get("host2"), runs.get("qlink2")
+    for name in ("qlink2", "qlink2_tensor"):
+        if host2 and runs.get(name):
+            lines.append("2 layers, %s: %.2fx GPTQModel alone" % (name, host2["quantize_s"] / runs[name]["quantize_s"]))
+    for name in ("codes_ieee_vs_host", "codes_tensor_vs_ieee"):
+        c = load(os.path.join(out, name + ".json"))
+        if c and c["layers"]:
+            lines.append("%s: worst codes equal %.3f %%, worst loss difference %.3f %%, first layer's codes equal "
+                         "%.3f %%" % (name, 100 * min(r["codes_equal"] for r in c["layers"]),
+                                      100 * max(r["loss_rel_diff"] for r in c["layers"]),
+                                      100 * min((r["codes_equal"] for r in c["layers"]
+                                                 if r["layer"].startswith("model.layers.0.")), default=float("nan"))))
+    counters = (qlink2 or {}).get("counters", {}).get("add_batch")
+    if counters:
+        lines.append("add_batch counters: %s" % json.dumps(counters, sort_keys=True))
+    return lines
+
+
 def autoround(out, prefix, label):
     host, ql = load(os.path.join(out, prefix + "_host.json")), load(os.path.join(out, prefix + "_qlink.json"))
     if not host and not ql:
@@ -55,7 +109,7 @@ def autoround(out, prefix, label):
 
 def main():
     out = sys.argv[1]
-    for block in (gptq(out), autoround(out, "ar", "iters=200"), autoround(out, "ar0", "iters=0")):
+    for block in (gptq(out), loop(out), autoround(out, "ar", "iters=200"), autoround(out, "ar0", "iters=0")):
         print("\n".join(block) + "\n")
 
 

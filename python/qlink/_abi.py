@@ -1,9 +1,9 @@
-"""ctypes mirror of plugin_api/qlink.h (ABI 1.3). Keep in step with the header."""
+"""ctypes mirror of plugin_api/qlink.h (ABI 1.6). Keep in step with the header."""
 import ctypes
 from ctypes import POINTER, c_char, c_char_p, c_double, c_int32, c_size_t, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p
 
 ABI_MAJOR = 1
-ABI_MINOR = 5
+ABI_MINOR = 6
 
 OK, INVALID_ARGUMENT, UNAVAILABLE, VERSION_MISMATCH, OUT_OF_MEMORY, RUNTIME_ERROR, INTERNAL = range(7)
 
@@ -80,9 +80,13 @@ class AllReduceArgs(ctypes.Structure):
                 ("algorithm", c_int32)]
 
 
-class HessianArgs(ctypes.Structure):  # 1.4
+class HessianArgs(ctypes.Structure):  # 1.4; precision 1.6
     _fields_ = [("struct_size", c_size_t), ("inputs", c_void_p), ("num_inputs", c_size_t), ("partials", c_void_p),
-                ("num_partials", c_size_t), ("streams", POINTER(Stream)), ("num_streams", c_size_t)]
+                ("num_partials", c_size_t), ("streams", POINTER(Stream)), ("num_streams", c_size_t),
+                ("precision", c_int32)]
+
+
+HESSIAN_PRECISIONS = {"default": 0, "ieee_fp32": 1, "tensor": 2}  # qlink_hessian_precision
 
 
 class GptqOptions(ctypes.Structure):  # 1.4; act_group_aware 1.5

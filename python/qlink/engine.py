@@ -4,6 +4,7 @@ import ctypes
 
 from . import _abi
 from ._dlpack import TensorArray
+from .errors import InvalidArgumentError
 
 _GPTQ_TENSORS = ("weight", "hessian", "codes", "scales", "zeros", "g_idx", "dequantized")
 
@@ -11,13 +12,20 @@ _GPTQ_TENSORS = ("weight", "hessian", "codes", "scales", "zeros", "g_idx", "dequ
 class EngineCalls:
     """The native engine; part of Context."""
 
-    def hessian_accumulate(self, inputs, partials, input_devices=None, partial_devices=None, streams=None):
+    def hessian_accumulate(self, inputs, partials, input_devices=None, partial_devices=None, streams=None,
+                           precision=None):
         """partials[d] += X^T X (fp32, both triangles) for every input X (..., columns) on
         partial d's device (qlink_hessian_args); stream-ordered, like a copy. *_devices:
-        qlink device ids where the tensors do not say (the CPU backend's virtual devices)."""
+        qlink device ids where the tensors do not say (the CPU backend's virtual devices).
+        precision: "ieee_fp32", "tensor" (bf16/fp16 inputs on tensor cores; fp32 inputs stay
+        IEEE) or None, the config's hessian_precision (ABI 1.6)."""
+        code = _abi.HESSIAN_PRECISIONS.get("default" if precision is None else precision)
+        if code is None or precision == "default":
+            raise InvalidArgumentError(_abi.INVALID_ARGUMENT, "precision = %r is not one of None, 'ieee_fp32', "
+                                       "'tensor'" % (precision,))
         src, dst = TensorArray(inputs, input_devices), TensorArray(partials, partial_devices)
         args = _abi.HessianArgs(ctypes.sizeof(_abi.HessianArgs), ctypes.addressof(src.array), len(inputs),
-                                ctypes.addressof(dst.array), len(partials), *self.stream_list(streams))
+                                ctypes.addressof(dst.array), len(partials), *self.stream_list(streams), code)
         self.invoke("hessian_accumulate", ctypes.byref(args))
 
     def gptq_quantize(self, layers, options, devices=None, streams=None):

@@ -72,6 +72,36 @@ Status AccumulateNarrow(Context& ctx, QuantMath& math, int device, Stream stream
   return Status::Ok();  // every conversion is ordered before an update on `stream`
 }
 
+// Rows per tensor-core product: each block's sum leaves the tensor cores' accumulators for
+// the fp32 partial (GemmEx's beta = 1), which bounds how many products are summed below
+// IEEE fp32 precision. 2048 is one calibration sample of GPTQModel's, what its hooks pass.
+constexpr int64_t kTensorRows = 2048;
+
+Status AccumulateTensor(QuantMath& math, int device, Stream stream, const DLTensor& x, int64_t rows, int64_t n,
+                        float* h) {
+  const int64_t row_bytes = n * (x.dtype.bits / 8);
+  for (int64_t r = 0; r < rows; r += kTensorRows) {
+    QLINK_RETURN_IF_ERROR(math.TensorSyrkAccumulate(device, stream, DataOf(x) + r * row_bytes, x.dtype,
+                                                    std::min(kTensorRows, rows - r), n, h));
+  }
+  return Status::Ok();
+}
+
+// The call's precision: its own field where struct_size covers it and it is not DEFAULT,
+// else the context's config.
+Status PrecisionOf(const Context& ctx, const qlink_hessian_args& args, HessianPrecision* out) {
+  const int32_t asked =
+      args.struct_size >= QLINK_HESSIAN_ARGS_STRUCT_SIZE_1_6 ? args.precision : QLINK_HESSIAN_PRECISION_DEFAULT;
+  switch (asked) {
+    case QLINK_HESSIAN_PRECISION_DEFAULT: *out = ctx.config().hessian_precision; return Status::Ok();
+    case QLINK_HESSIAN_PRECISION_IEEE_FP32: *out = HessianPrecision::kIeeeFp32; return Status::Ok();
+    case QLINK_HESSIAN_PRECISION_TENSOR: *out = HessianPrecision::kTensor; return Status::Ok();
+    default:
+      return InvalidArgument("args->precision = " + std::to_string(asked) +
+                             " is not one of 0 (DEFAULT), 1 (IEEE_FP32), 2 (TENSOR)");
+  }
+}
+
 }  // namespace
 
 Status HessianAccumulate(Context& ctx, const qlink_hessian_args* args) {
@@ -82,6 +112,8 @@ Status HessianAccumulate(Context& ctx, const qlink_hessian_args* args) {
     return InvalidArgument("args->partials is NULL with num_partials > 0");
   }
   QLINK_RETURN_IF_ERROR(CheckStreams(ctx, args->streams, args->num_streams));
+  HessianPrecision precision = HessianPrecision::kIeeeFp32;
+  QLINK_RETURN_IF_ERROR(PrecisionOf(ctx, *args, &precision));
   DeviceBackend& backend = ctx.backend();
   std::map<int, size_t> partial_of;  // device -> partials index
   for (size_t i = 0; i < args->num_partials; ++i) {
@@ -119,6 +151,8 @@ Status HessianAccumulate(Context& ctx, const qlink_hessian_args* args) {
   if (args->num_inputs == 0) return Status::Ok();
   QuantMath* math = nullptr;
   QLINK_RETURN_IF_ERROR(GetEngineMath(ctx, &math));
+  // Without tensor cores the IEEE path gives what they would: 16-bit products are exact in fp32.
+  const bool tensor = precision == HessianPrecision::kTensor && math->HasTensorSyrk();
   std::set<int> touched;  // devices whose partial received an input
   for (size_t i = 0; i < args->num_inputs; ++i) {
     const DLTensor& x = args->inputs[i];
@@ -132,6 +166,10 @@ Status HessianAccumulate(Context& ctx, const qlink_hessian_args* args) {
     if (x.dtype.bits == 32) {
       QLINK_RETURN_IF_ERROR(math->SyrkAccumulate(device, stream, reinterpret_cast<const float*>(DataOf(x)), rows[i],
                                                  n, h));
+      continue;
+    }
+    if (tensor) {
+      QLINK_RETURN_IF_ERROR(AccumulateTensor(*math, device, stream, x, rows[i], n, h));
       continue;
     }
     QLINK_RETURN_IF_ERROR(AccumulateNarrow(ctx, *math, device, stream, x, rows[i], n, h, &workspace));

@@ -1,5 +1,6 @@
-// The ABI's Hessian entry point behind qlink_api.hessian_accumulate: H += X^T X per device
-// in IEEE fp32, one triangle by the vendor's rank-k update, then mirrored.
+// The ABI's Hessian entry point behind qlink_api.hessian_accumulate: H += X^T X per device,
+// one triangle by the vendor's rank-k update in IEEE fp32 (or, for 16-bit activations under
+// the tensor precision, by GEMMs on its tensor cores), then mirrored.
 #pragma once
 
 #include "core/context.h"

@@ -94,6 +94,37 @@ class GpuQuantMath final : public QuantMath {
     return syrk(p, q);
   }
 
+  bool HasTensorSyrk() const override { return api_.GemmEx != nullptr; }
+
+  // As SyrkAccumulate with the 16-bit x fed to GemmEx as it is (16-bit inputs, fp32 output
+  // and compute type: tensor cores): the vendors have no real 16-bit SYRK, so the lower
+  // triangle is two diagonal blocks, each a whole GEMM, and the GEMM below them (3/4 of
+  // the full product's work).
+  Status TensorSyrkAccumulate(int device, Stream stream, const void* x, DLDataType dtype, int64_t rows, int64_t n,
+                              float* h) override {
+    if (rows == 0) return Status::Ok();
+    const int type = dtype.code == kDLBfloat ? api_.r_16bf : api_.r_16f;
+    DeviceState* st = nullptr;
+    QLINK_RETURN_IF_ERROR(Acquire(device, &st));
+    std::lock_guard<std::mutex> lock(st->mu);
+    QLINK_RETURN_IF_ERROR(Blas(*st, stream, /*tf32=*/false));
+    const float one = 1.0f;
+    const auto* x16 = static_cast<const uint16_t*>(x);
+    // h[first_row.., first_col..] (count_rows x count_cols, column-major) += x[:, rows]^T x[:, cols].
+    auto gemm = [&](int64_t first_row, int64_t count_rows, int64_t first_col, int64_t count_cols) {
+      return CheckLib(api_.GemmEx(st->blas, api_.op_n, api_.op_t, Int(count_rows), Int(count_cols), Int(rows), &one,
+                                  x16 + first_row, type, Int(n), x16 + first_col, type, Int(n), &one,
+                                  h + first_col * n + first_row, api_.r_32f, Int(n), api_.compute_32f,
+                                  api_.gemm_default),
+                      "gemm-ex");
+    };
+    const int64_t p = n / 2, q = n - p;
+    if (p == 0) return gemm(0, n, 0, n);
+    QLINK_RETURN_IF_ERROR(gemm(0, p, 0, p));
+    QLINK_RETURN_IF_ERROR(gemm(p, q, 0, p));
+    return gemm(p, q, p, q);
+  }
+
   Status Potrf(int device, Stream stream, float* a, int64_t n, bool lower, bool* positive_definite) override {
     DeviceState* st = nullptr;
     QLINK_RETURN_IF_ERROR(Acquire(device, &st));

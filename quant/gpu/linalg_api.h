@@ -21,12 +21,20 @@ struct LinalgApi {
   int op_n, op_t;
   int fill_lower, fill_upper;
   int math_default, math_tf32;
+  int r_32f, r_16f, r_16bf;  // cudaDataType / hipDataType
+  int compute_32f;           // cublasComputeType_t / hipblasComputeType_t
+  int gemm_default;          // cublasGemmAlgo_t / hipblasGemmAlgo_t
 
   Result (*BlasCreate)(Handle*);
   Result (*BlasSetStream)(Handle, void* stream);
   Result (*BlasSetMathMode)(Handle, int mode);  // NULL where the vendor has none
   Result (*Sgemm)(Handle, int transa, int transb, int m, int n, int k, const float* alpha, const float* a, int lda,
                   const float* b, int ldb, const float* beta, float* c, int ldc);
+  // c = alpha op(a) op(b) + beta c, each matrix of its own data type, summed as compute_type;
+  // NULL where the library lacks it.
+  Result (*GemmEx)(Handle, int transa, int transb, int m, int n, int k, const void* alpha, const void* a, int a_type,
+                   int lda, const void* b, int b_type, int ldb, const void* beta, void* c, int c_type, int ldc,
+                   int compute_type, int algo);
   Result (*Ssyrk)(Handle, int uplo, int trans, int n, int k, const float* alpha, const float* a, int lda,
                   const float* beta, float* c, int ldc);
 

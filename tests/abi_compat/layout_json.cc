@@ -153,6 +153,7 @@ int main() {
   FIELD(qlink_hessian_args, num_partials);
   FIELD(qlink_hessian_args, streams);
   FIELD(qlink_hessian_args, num_streams);
+  FIELD(qlink_hessian_args, precision);
   STRUCT(qlink_gptq_options, QLINK_GPTQ_OPTIONS_STRUCT_SIZE);
   FIELD(qlink_gptq_options, struct_size);
   FIELD(qlink_gptq_options, bits);
@@ -266,6 +267,9 @@ int main() {
   ENUM(QLINK_ALL_REDUCE_AUTO);
   ENUM(QLINK_ALL_REDUCE_TWO_SHOT);
   ENUM(QLINK_ALL_REDUCE_HALVING_DOUBLING);
+  ENUM(QLINK_HESSIAN_PRECISION_DEFAULT);
+  ENUM(QLINK_HESSIAN_PRECISION_IEEE_FP32);
+  ENUM(QLINK_HESSIAN_PRECISION_TENSOR);
 #undef ENUM
 
   auto join = [](const std::vector<std::string>& items) {

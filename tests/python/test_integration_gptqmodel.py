@@ -294,11 +294,11 @@ def test_group_aware_reordering_runs_through_qlinks_native_engine(host):
     import qlink.quant
 
     qcfg = host["config"].QuantizeConfig(group_size=32, act_group_aware=True)
+    adapter.install(ctx=host["ctx"], strict=True)  # both Hessians from the add_batch patch
     g = _task(host, qcfg)
     g.finalize_hessian()
     want = qlink.quant.gptq_quantize(g.module.weight.data, g.H.clone(), group_size=32, act_group_aware=True,
                                      damp=qcfg.damp_percent, nsamples=g.nsamples, ctx=host["ctx"])
-    adapter.install(ctx=host["ctx"], strict=True)
     q, scales, zeros, g_idx, _, loss, damp, _ = _task(host, qcfg).quantize()
     assert adapter.counters()["quantize"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
     assert torch.equal(q, want.weight) and torch.equal(scales, want.scales) and torch.equal(zeros, want.zeros)
@@ -343,14 +343,15 @@ def test_a_failing_engine_falls_back_or_raises_when_strict(host, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("injected")
 
-    own = _task(host).quantize()
-    monkeypatch.setattr(host["ctx"], "gptq_quantize", broken)
     adapter.install(ctx=host["ctx"])
-    g = _task(host)
-    assert torch.equal(g.quantize()[0], own[0])  # the host's solve, on the Hessian merged once
+    twin = _task(host)  # the same partials, accumulated through qlink's add_batch
+    monkeypatch.setattr(host["ctx"], "gptq_quantize", broken)
+    got = _task(host).quantize()
     assert adapter.counters()["quantize"] == {"qlink": 0, "host": 0, "fallback": 1,
                                               "reasons": {"RuntimeError: injected": 1}}
     assert adapter.counters()["materialize_global_hessian"]["qlink"] == 1
+    adapter.uninstall()
+    assert torch.equal(got[0], twin.quantize()[0])  # the host's solve, on the Hessian merged once
     adapter.install(ctx=host["ctx"], strict=True)
     with pytest.raises(FallbackRefused, match="quantize failed.*injected"):
         _task(host).quantize()

@@ -13,6 +13,10 @@ What install() routes through qlink (each a patch with its own counters):
                             torch.nn.parallel.replicate (broadcast_coalesced)
   move_to, nested_move_to   tensor, module and calibration-batch moves (in every module that
                             imported them by name)
+  add_batch                 the per-batch Hessian through qlink.quant.HessianAccumulator
+                            (gptqmodel_hessian): stream-ordered, no synchronization, one
+                            accumulation for the layers reading one input (q/k/v, gate/up);
+                            hessian_counters() says how many ran and how many were shared
   materialize_global_hessian  the Hessian partials summed in device order by qlink.reduce, so
                             the result no longer depends on the order they arrived in
   quantize                  GPTQ.quantize through qlink's native GPTQ engine where it covers
@@ -27,11 +31,13 @@ import importlib
 import torch
 
 from ..defaults import configure
+from ..quant.hessian import HessianAccumulator
 from .base import HostSpec, Installation, Integration
+from .gptqmodel_hessian import make_add_batch
 from .gptqmodel_solve import done_with_hessian, solve, unsupported
 
-PATCHES = ("clone_module_for_devices", "torch_replicate", "move_to", "nested_move_to", "materialize_global_hessian",
-           "quantize")
+PATCHES = ("clone_module_for_devices", "torch_replicate", "move_to", "nested_move_to", "add_batch",
+           "materialize_global_hessian", "quantize")
 
 _HELPERS, _MODEL = "gptqmodel.utils.looper_helpers:", "gptqmodel.utils.model:"
 _GPTQ = "gptqmodel.quantization.gptq:GPTQ."
@@ -45,9 +51,9 @@ HOST = HostSpec("GPTQModel", "gptqmodel", "gptqmodel.version", "7.3", "f4c327a",
     "gptqmodel.quantization.quantizer:Quantizer.requires_groupwise_processing",
     "gptqmodel.quantization.quantizer:Quantizer.perchannel", "gptqmodel.utils.fallback:should_use_fallback",
 ] + [_GPTQ + name for name in (
-    "quantize", "materialize_global_hessian", "finalize_hessian", "_select_hessian_target_device", "lock", "H",
+    "quantize", "add_batch", "materialize_global_hessian", "finalize_hessian", "_select_hessian_target_device", "lock", "H",
     "nsamples", "columns", "name", "qcfg", "module", "quantizer", "module_copy", "fallback", "expected_nsamples",
-    "_tp_pad_cols", "_device_hessian_partials", "_device_sample_counts", "_hessian_dirty",
+    "_tp_pad_cols", "fwd_counter", "_device_hessian_partials", "_device_sample_counts", "_hessian_dirty",
     "_final_hessian_device_hint")])
 
 _integration = Integration()
@@ -65,7 +71,7 @@ class _Host:
             setattr(self, name, names[_HELPERS + name])
         for name in ("move_to", "nested_move_to"):
             setattr(self, name, names[_MODEL + name])
-        for name in ("materialize_global_hessian", "quantize"):
+        for name in ("add_batch", "materialize_global_hessian", "quantize"):
             setattr(self, name, names[_GPTQ + name])
 
 
@@ -89,11 +95,13 @@ class _Installation(Installation):
     def __init__(self, ctx, strict):
         super().__init__(ctx, strict)
         self.host = _Host(self.names)
+        self.accumulator = HessianAccumulator(ctx)
 
     def apply(self):
         h, bind = self.host, self.rebindings
         for name in ("clone_module_for_devices", "torch_replicate", "move_to", "nested_move_to"):
             bind.everywhere(getattr(h, name), getattr(self, "_make_" + name)(), "gptqmodel")
+        bind.set(h.GPTQ, "add_batch", make_add_batch(self))
         bind.set(h.GPTQ, "materialize_global_hessian", self._make_materialize_global_hessian())
         bind.set(h.GPTQ, "quantize", self._make_quantize())
 
@@ -277,6 +285,13 @@ def uninstall():
     """Restores every binding install() changed that is still qlink's; returns what it left
     (Integration.uninstall)."""
     return _integration.uninstall()
+
+
+def hessian_counters():
+    """The add_batch patch's accumulations: {"accumulations": run, "shared": answered by one
+    already run, "rows": accumulated} ({} when not installed)."""
+    current = _integration.current
+    return current.accumulator.counters() if current is not None else {}
 
 
 def counters():

@@ -2,8 +2,9 @@
 layers solved data-parallel behind the C ABI) and SignRound in PyTorch on qlink's
 collectives (tuning state sharded by rows, weight gradients summed into their owners)."""
 from .gptq import GPTQLayer, GPTQResult, gptq_quantize, parallel_gptq, parallel_hessian
+from .hessian import HessianAccumulator
 from .placement import Placement, parallel_devices, shard_sizes
 from .signround import SignRoundResult, sign_round
 
 __all__ = ["GPTQLayer", "GPTQResult", "gptq_quantize", "parallel_gptq", "parallel_hessian", "Placement",
-           "parallel_devices", "shard_sizes", "SignRoundResult", "sign_round"]
+           "parallel_devices", "shard_sizes", "SignRoundResult", "sign_round", "HessianAccumulator"]

@@ -23,7 +23,7 @@ class GPTQ:
         self.quantizer = Quantizer(self.qcfg, name=self.name)
         self.module_copy, self._tp_pad_cols = None, 0
         self.fallback, self.expected_nsamples = self.qcfg.fallback, None
-        self.H, self.nsamples = None, 0
+        self.H, self.nsamples, self.fwd_counter = None, 0, 0
         self._device_hessian_partials, self._device_sample_counts = {}, {}
         self._hessian_dirty = False
         self._final_hessian_device_hint = module.weight.device
@@ -33,6 +33,7 @@ class GPTQ:
         x = inp.reshape(-1, inp.shape[-1]).float()
         xtx, dev = x.t() @ x, torch.device(inp.device)
         with self.lock:
+            self.fwd_counter += 1
             if dev in self._device_hessian_partials:
                 self._device_hessian_partials[dev].add_(xtx)
             else:

@@ -1,0 +1,115 @@
+"""GPTQ's Hessian partials as calibration hooks build them, through qlink's native
+hessian_accumulate: H_d += X^T X per device, stream-ordered (no host synchronization per
+batch), the host's activations read in place (bf16, fp16 or fp32, any leading dims).
+
+Modules that read the same input in the same forward (q/k/v, gate/up) share one
+accumulation: a partial is a value, named by where it came from. add(x, partial) never
+writes `partial`; it returns the partial after x, a new tensor, and a second add of the
+same input to the same partial (the same tensor object, or both None) returns that tensor
+again without computing anything. Modules whose partials have been equal so far and read
+one input keep holding one tensor; a module whose input differs gets its own. Because the
+given partial is never written, a refused or failed call leaves the caller's state as it
+was."""
+import threading
+import weakref
+
+import torch
+
+from ..p2p import default_context
+from .gptq import _streams
+
+
+def _input_key(x):
+    """What identifies x's data while x is alive: its memory, layout, dtype and device
+    (views made by .data, reshape or indexing of one tensor agree)."""
+    return (x.device.type, x.device.index, x.data_ptr(), tuple(x.shape), tuple(x.stride()), x.dtype)
+
+
+class _Done:
+    """One accumulation: `before` + X^T X = `after`. Holds x, so no other tensor can take
+    its memory (and its key) while the entry can still be matched."""
+
+    __slots__ = ("before", "x", "after")
+
+    def __init__(self, before, x, after):
+        self.before = None if before is None else weakref.ref(before)
+        self.x, self.after = x, weakref.ref(after)
+
+    def result_for(self, partial):
+        """The partial after x when this entry was made from `partial`, else None."""
+        if (self.before is None) != (partial is None):
+            return None
+        if self.before is not None and self.before() is not partial:
+            return None
+        return self.after()
+
+    def alive(self):
+        return self.after() is not None and (self.before is None or self.before() is not None)
+
+
+class HessianAccumulator:
+    """H_d += X^T X for calibration hooks (see the module's docstring).
+
+    ctx: the qlink context (default: the process default). precision: "ieee_fp32",
+    "tensor" or None (the context's config hessian_precision); fp32 inputs are always IEEE.
+    Thread-safe; concurrent adds on different devices run side by side."""
+
+    def __init__(self, ctx=None, precision=None):
+        self.ctx = ctx or default_context()
+        self.precision = precision
+        self._lock = threading.Lock()
+        self._done = {}
+        self._made = {}  # id -> weakref of every partial add() made that is still alive
+        self._counts = {"accumulations": 0, "shared": 0, "rows": 0}
+
+    def add(self, x, partial=None, device=None):
+        """The partial after x: `partial` (fp32 (columns, columns), or None for zeros) plus
+        x^T x, x (..., columns) contiguous on the partial's device. device: the qlink device
+        id where the tensors do not say (the CPU backend's virtual devices). A new tensor,
+        enqueued on the device's current stream; `partial` is not written. An input with no
+        rows returns `partial` as it is."""
+        columns = x.shape[-1] if x.dim() else 0
+        if columns == 0 or x.numel() == 0:
+            return partial
+        key = (None if partial is None else id(partial), _input_key(x))
+        with self._lock:
+            done = self._done.get(key)
+            after = None if done is None else done.result_for(partial)
+            if after is not None:
+                self._counts["shared"] += 1
+                return after
+        if partial is None:
+            after = torch.zeros((columns, columns), dtype=torch.float32, device=x.device)
+        else:
+            after = partial.clone(memory_format=torch.contiguous_format)
+        ids = None if device is None else [int(device)]
+        self.ctx.hessian_accumulate([x], [after], ids, ids, _streams(self.ctx, [after]), precision=self.precision)
+        with self._lock:
+            for stale in [k for k, d in self._done.items() if not d.alive()]:
+                del self._done[stale]
+            for stale in [k for k, r in self._made.items() if r() is None]:
+                del self._made[stale]
+            self._done[key] = _Done(partial, x, after)
+            self._made[id(after)] = weakref.ref(after)
+            self._counts["accumulations"] += 1
+            self._counts["rows"] += x.numel() // columns
+        return after
+
+    def made(self, partial):
+        """Whether `partial` is a tensor add() returned and may share with other holders
+        (so a host must not write it in place)."""
+        with self._lock:
+            ref = self._made.get(id(partial))
+            return ref is not None and ref() is partial
+
+    def clear(self):
+        """Forgets every accumulation (and the inputs held for them)."""
+        with self._lock:
+            self._done.clear()
+            self._made.clear()
+
+    def counters(self):
+        """{"accumulations": native calls run, "shared": adds answered by one already run,
+        "rows": rows accumulated}"""
+        with self._lock:
+            return dict(self._counts)

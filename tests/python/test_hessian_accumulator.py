@@ -1,0 +1,150 @@
+"""qlink.quant.HessianAccumulator on the CPU backend: partials of calibration hooks through
+hessian_accumulate, modules reading one input sharing one accumulation (equal to each
+accumulating its own), sharing never crossing different inputs or different histories,
+refusals and failures leaving the caller's partial as it was, the precision argument."""
+import os
+
+import pytest
+import torch
+
+import qlink
+from qlink import errors
+from qlink.quant import HessianAccumulator
+
+
+@pytest.fixture
+def cpu(library):
+    with qlink.load({"backend": "cpu", "cpu_devices": 2, "log_level": "off"}, library=library) as ctx:
+        yield ctx
+
+
+def activations(batches, rows, cols, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(batches):
+        x = torch.randn(1, rows, cols, generator=g)
+        x[..., 3] *= 30  # an outlier channel, as decoder inputs have
+        out.append(x.to(dtype))
+    return out
+
+
+def reference(xs):
+    """sum_b X_b^T X_b in float64."""
+    h = 0
+    for x in xs:
+        x = x.reshape(-1, x.shape[-1]).double()
+        h = h + x.T @ x
+    return h
+
+
+def test_shared_accumulation_equals_each_module_accumulating_its_own(cpu):
+    """q/k/v read one input and o another, per batch, as GPTQModel's hooks see them: q/k/v end
+    holding one tensor, computed once per batch, bit-identical to a module given its own copy."""
+    attn, out = activations(3, 40, 24, seed=1), activations(3, 40, 24, seed=2)
+    acc, alone = HessianAccumulator(cpu), HessianAccumulator(cpu)
+    held = {name: None for name in ("q", "k", "v", "o")}
+    own = dict(held)
+    for x, y in zip(attn, out):
+        for name in ("q", "k", "v"):
+            held[name] = acc.add(x.data.reshape(-1, 24), held[name])  # .data and reshape: views of one input
+            own[name] = alone.add(x.clone(), own[name])                # a copy: nothing to share
+        held["o"] = acc.add(y, held["o"])
+        own["o"] = alone.add(y.clone(), own["o"])
+    assert held["q"] is held["k"] is held["v"] and held["o"] is not held["q"]
+    for name in held:
+        assert torch.equal(held[name], own[name]), name
+    assert torch.allclose(held["q"].double(), reference(attn), rtol=1e-5, atol=1e-3)
+    assert torch.allclose(held["o"].double(), reference(out), rtol=1e-5, atol=1e-3)
+    assert acc.counters() == {"accumulations": 6, "shared": 6, "rows": 6 * 40}
+    assert alone.counters() == {"accumulations": 12, "shared": 0, "rows": 12 * 40}
+
+
+def test_a_module_whose_input_differs_gets_its_own_partial(cpu):
+    (x0, x1), (z1,) = activations(2, 16, 8, seed=3), activations(1, 16, 8, seed=4)
+    acc = HessianAccumulator(cpu)
+    q = k = None
+    q, k = acc.add(x0, q), acc.add(x0, k)
+    assert q is k
+    q, k = acc.add(x1, q), acc.add(z1, k)  # k read something else this batch
+    assert q is not k
+    assert torch.allclose(q.double(), reference([x0, x1]), rtol=1e-5, atol=1e-3)
+    assert torch.allclose(k.double(), reference([x0, z1]), rtol=1e-5, atol=1e-3)
+    # Partials that differ stay apart even when they read one input next.
+    (x2,) = activations(1, 16, 8, seed=5)
+    q2, k2 = acc.add(x2, q), acc.add(x2, k)
+    assert q2 is not k2 and not torch.equal(q2, k2)
+    assert acc.counters()["shared"] == 1
+
+
+def test_sharing_never_outlives_the_input(cpu):
+    """An input's memory taken by another tensor after it is gone is not the same input: the
+    accumulator holds each input it may still match, so its address cannot come back."""
+    acc = HessianAccumulator(cpu)
+    x = activations(1, 8, 4, seed=6)[0].reshape(-1, 4)
+    first = acc.add(x, None)
+    address = x.data_ptr()
+    del x
+    y = torch.empty(8, 4, dtype=torch.bfloat16)
+    assert y.data_ptr() != address
+    y.copy_(activations(1, 8, 4, seed=7)[0].reshape(-1, 4))
+    second = acc.add(y, None)
+    assert second is not first and acc.counters()["accumulations"] == 2
+
+
+def test_leading_dims_rows_and_dtypes(cpu):
+    acc = HessianAccumulator(cpu)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x = activations(1, 12, 8, dtype=dtype, seed=8)[0].reshape(2, 2, 3, 8)
+        h = acc.add(x, None)
+        assert h.dtype == torch.float32 and h.shape == (8, 8)
+        assert torch.allclose(h.double(), reference([x]), rtol=1e-5, atol=1e-2), dtype
+        assert torch.equal(h, h.T)
+    partial = torch.ones(8, 8)
+    assert acc.add(torch.empty(0, 8), partial) is partial  # no rows: nothing to add
+
+
+def test_refusals_leave_the_partial_as_it_was(cpu):
+    acc = HessianAccumulator(cpu)
+    partial = acc.add(activations(1, 10, 6, seed=9)[0], None)
+    before, counts = partial.clone(), acc.counters()
+    for bad, why in ((torch.randn(10, 5), "args->inputs[0] does not end in the partial's 6 columns"),
+                     (torch.randn(6, 10).T, "args->inputs[0]"),  # not contiguous
+                     (torch.ones(10, 6, dtype=torch.int32), "args->inputs[0] is not float32, bfloat16 or float16")):
+        with pytest.raises(errors.InvalidArgumentError, match=why.replace("[", r"\[").replace("]", r"\]")):
+            acc.add(bad, partial)
+        assert torch.equal(partial, before)
+    assert acc.counters() == counts
+    with pytest.raises(errors.InvalidArgumentError, match="precision = 'fast'"):
+        HessianAccumulator(cpu, precision="fast").add(torch.randn(4, 6), partial)
+    assert torch.equal(partial, before)
+
+
+def test_a_failing_accumulation_leaves_the_partial_as_it_was(library):
+    """The fault backend (asynchronous streams, no GPTQ engine) fails the native call after
+    every argument was accepted: the caller's partial and the counters are as they were."""
+    fault = os.path.join(os.path.dirname(library), "libqlink_backend_fault.so")
+    if not os.path.exists(fault):
+        pytest.skip("no fault backend beside %s" % library)
+    config = {"backend": fault, "log_level": "off", "backend_options": {"devices": 2, "stream_delay_ms": [20, 0]}}
+    with qlink.load(config, library=library) as ctx:
+        acc = HessianAccumulator(ctx)
+        partial = torch.full((6, 6), 3.0)
+        with pytest.raises(errors.QlinkError, match="no GPTQ engine"):
+            acc.add(torch.randn(5, 6), partial, device=0)
+        assert torch.equal(partial, torch.full((6, 6), 3.0))
+        assert acc.counters() == {"accumulations": 0, "shared": 0, "rows": 0}
+        assert not acc.made(partial)
+
+
+def test_precision_per_call_and_from_the_config(library):
+    """The CPU has no tensor cores: "tensor" gives the IEEE bytes, asked per accumulator or
+    by the context's config."""
+    x = activations(2, 30, 16, seed=10)
+    results = []
+    for config, precision in (({}, "ieee_fp32"), ({}, "tensor"), ({"hessian_precision": "tensor"}, None)):
+        with qlink.load(dict(backend="cpu", log_level="off", **config), library=library) as ctx:
+            acc, h = HessianAccumulator(ctx, precision=precision), None
+            for b in x:
+                h = acc.add(b, h)
+            results.append(h)
+    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])

@@ -1,0 +1,170 @@
+"""The add_batch patch of qlink.integrations.gptqmodel against the stand-in GPTQModel
+(tests/python/hosts) on the CPU backend: a decoder layer's hooks feeding GPTQ tasks as
+GPTQModel's loop does, the Hessians through qlink (q/k/v and gate/up sharing one
+accumulation) equal to GPTQModel's own, what falls back and why, strict mode, and a failing
+accumulation leaving the task as it was."""
+import os
+import sys
+
+import pytest
+import torch
+
+import qlink
+from qlink.integrations import gptqmodel as adapter
+from qlink.integrations.patches import FallbackRefused
+
+HOSTS = os.path.join(os.path.dirname(__file__), "hosts")
+HIDDEN, INTER = 32, 48
+NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@pytest.fixture
+def host(library):
+    sys.path.insert(0, HOSTS)
+    from gptqmodel.quantization import config, gptq
+    ctx = qlink.load({"backend": "cpu", "cpu_devices": 2, "log_level": "off"}, library=library)
+    yield dict(gptq=gptq, config=config, ctx=ctx, library=library)
+    adapter.uninstall()
+    sys.path.remove(HOSTS)
+    for name in [n for n in sys.modules if n == "gptqmodel" or n.startswith("gptqmodel.")]:
+        del sys.modules[name]
+
+
+class Layer(torch.nn.Module):
+    """A LLaMA-shaped decoder layer's linears, called as its forward calls them."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        torch.manual_seed(0)
+        shapes = dict(q_proj=(HIDDEN, HIDDEN), k_proj=(HIDDEN, HIDDEN), v_proj=(HIDDEN, HIDDEN), o_proj=(HIDDEN, HIDDEN),
+                      gate_proj=(HIDDEN, INTER), up_proj=(HIDDEN, INTER), down_proj=(INTER, HIDDEN))
+        for name, (i, o) in shapes.items():
+            setattr(self, name, torch.nn.Linear(i, o, bias=False, dtype=dtype))
+
+    def forward(self, x):
+        h = torch.nn.functional.layer_norm(x, (HIDDEN,))
+        q, k, v = self.q_proj(h), self.k_proj(h), self.v_proj(h)
+        x = x + self.o_proj(torch.softmax(q @ k.transpose(-1, -2), -1) @ v)
+        h = torch.nn.functional.layer_norm(x, (HIDDEN,))
+        return x + self.down_proj(torch.nn.functional.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+def calibrate(host, dtype=torch.bfloat16, batches=3):
+    """GPTQModel's loop for one layer: a GPTQ task per linear, a forward hook feeding it
+    (inp[0].data, as its hook does), the batches run; each task's Hessian merged."""
+    layer = Layer(dtype)
+    tasks = {}
+    handles = []
+    for name in NAMES:
+        g = host["gptq"].GPTQ(getattr(layer, name), host["config"].QuantizeConfig())
+        g.name = name
+        tasks[name] = g
+        handles.append(getattr(layer, name).register_forward_hook(
+            lambda m, inp, out, g=g, b=[0]: g.add_batch(inp[0].data, out.data, batch_index=b[0])))
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for _ in range(batches):
+            layer(torch.randn(1, 20, HIDDEN, generator=gen).to(dtype))
+    for h in handles:
+        h.remove()
+    partials = {name: dict(g._device_hessian_partials) for name, g in tasks.items()}
+    for g in tasks.values():
+        g.finalize_hessian()
+    return tasks, partials
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_layers_hessians_equal_gptqmodels_own_with_shared_accumulations(host, dtype):
+    own, _ = calibrate(host, dtype)
+    adapter.install(ctx=host["ctx"], strict=True)
+    mine, partials = calibrate(host, dtype)
+    cpu = torch.device("cpu")
+    assert partials["q_proj"][cpu] is partials["k_proj"][cpu] is partials["v_proj"][cpu]
+    assert partials["gate_proj"][cpu] is partials["up_proj"][cpu]
+    assert partials["o_proj"][cpu] is not partials["q_proj"][cpu]
+    for name in NAMES:
+        assert mine[name].nsamples == own[name].nsamples == 60, name
+        assert torch.allclose(mine[name].H, own[name].H, rtol=1e-5, atol=1e-6), name
+        assert not mine[name]._hessian_dirty and not mine[name]._device_hessian_partials
+    assert torch.equal(mine["q_proj"].H, mine["v_proj"].H) and torch.equal(mine["gate_proj"].H, mine["up_proj"].H)
+    assert adapter.hessian_counters() == {"accumulations": 3 * 4, "shared": 3 * 3, "rows": 3 * 4 * 20}
+    assert adapter.counters()["add_batch"] == {"qlink": 21, "host": 0, "fallback": 0, "reasons": {}}
+    assert adapter.counters()["materialize_global_hessian"]["qlink"] == 7
+
+
+class Affine(torch.nn.Module):
+    """A layer the patch does not take (GPTQModel reshapes a convolution's input itself)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(8, 16))
+
+
+def test_what_the_patch_does_not_take_runs_gptqmodels_own_counted(host):
+    adapter.install(ctx=host["ctx"])
+    g = host["gptq"].GPTQ(Affine(), host["config"].QuantizeConfig())
+    g.add_batch(torch.randn(5, 16), None)
+    wide = host["gptq"].GPTQ(torch.nn.Linear(16, 8), host["config"].QuantizeConfig())
+    wide.add_batch(torch.randn(5, 16, dtype=torch.float64), None)
+    assert g.nsamples == wide.nsamples == 5
+    assert adapter.counters()["add_batch"]["reasons"] == {
+        "a Affine layer (its input is reshaped by GPTQModel)": 1, "a float64 input": 1}
+    assert adapter.hessian_counters()["accumulations"] == 0
+
+
+def test_strict_raises_naming_the_layer_and_the_reason(host):
+    adapter.install(ctx=host["ctx"], strict=True)
+    g = host["gptq"].GPTQ(torch.nn.Linear(16, 8), host["config"].QuantizeConfig())
+    g.name = "model.layers.0.mlp.down_proj"
+    with pytest.raises(FallbackRefused, match="layer 'model.layers.0.mlp.down_proj': a float64 input"):
+        g.add_batch(torch.randn(5, 16, dtype=torch.float64), None)
+    assert g.nsamples == 0 and not g._device_hessian_partials
+
+
+def test_a_host_batch_after_shared_ones_does_not_touch_the_other_layers(host):
+    """GPTQModel adds in place; a partial q/k/v share is copied first, so only q changes."""
+    adapter.install(ctx=host["ctx"])
+    tasks = [host["gptq"].GPTQ(torch.nn.Linear(16, 16), host["config"].QuantizeConfig()) for _ in range(3)]
+    x = torch.randn(10, 16)
+    for g in tasks:
+        g.add_batch(x, None)
+    shared = tasks[0]._device_hessian_partials[torch.device("cpu")]
+    before = shared.clone()
+    tasks[0].add_batch(torch.randn(10, 16, dtype=torch.float64), None)  # the host's own add_batch
+    assert tasks[1]._device_hessian_partials[torch.device("cpu")] is shared
+    assert torch.equal(shared, before) and torch.equal(tasks[2]._device_hessian_partials[torch.device("cpu")], before)
+    assert not torch.equal(tasks[0]._device_hessian_partials[torch.device("cpu")], before)
+    assert tasks[0].nsamples == 20 and tasks[1].nsamples == 10
+
+
+def _fault_context(library):
+    fault = os.path.join(os.path.dirname(library), "libqlink_backend_fault.so")
+    if not os.path.exists(fault):
+        pytest.skip("no fault backend beside %s" % library)
+    return qlink.load({"backend": fault, "log_level": "off", "backend_options": {"devices": 2}}, library=library)
+
+
+def test_a_failing_accumulation_leaves_the_task_as_it_was(host):
+    """The fault backend fails qlink's accumulation (it has no GPTQ engine): strict raises with
+    the task's partials, counts and flags as they were; otherwise GPTQModel's own add_batch
+    runs, counted as a fallback, on the untouched state."""
+    g = host["gptq"].GPTQ(torch.nn.Linear(16, 8), host["config"].QuantizeConfig())
+    g.name = "q_proj"
+    first, second = torch.randn(6, 16), torch.randn(4, 16)
+    g.add_batch(first, None)  # GPTQModel's own, before install
+    partial = g._device_hessian_partials[torch.device("cpu")]
+    state = (partial.clone(), dict(g._device_sample_counts), g.nsamples, g._hessian_dirty)
+    adapter.install(ctx=_fault_context(host["library"]), strict=True)
+    with pytest.raises(FallbackRefused, match="layer 'q_proj': UnavailableError: the fault backend has no GPTQ"):
+        g.add_batch(second, None)
+    assert g._device_hessian_partials[torch.device("cpu")] is partial
+    assert (torch.equal(partial, state[0]) and g._device_sample_counts == state[1] and g.nsamples == state[2]
+            and g._hessian_dirty == state[3])
+    adapter.install(ctx=_fault_context(host["library"]))
+    g.add_batch(second, None)
+    assert g.nsamples == 10
+    assert torch.allclose(g._device_hessian_partials[torch.device("cpu")], first.T @ first + second.T @ second,
+                          rtol=1e-5, atol=1e-5)
+    counts = adapter.counters()["add_batch"]
+    assert counts["fallback"] == 1 and counts["qlink"] == 0
+    assert list(counts["reasons"]) == ["UnavailableError: the fault backend has no GPTQ engine"]
