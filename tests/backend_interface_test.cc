@@ -38,6 +38,13 @@ TEST_F(BackendInterface, RefusesAnotherInterfaceVersion) {
   EXPECT_THAT(error, HasSubstr("version " + ours));
 }
 
+TEST_F(BackendInterface, RefusesAnOlderInterfaceVersion) {
+  const std::string theirs = std::to_string(QLINK_BACKEND_INTERFACE_VERSION - 1);
+  const std::string error = Refusal("tests/fake_backends/libfake_backend_previous_version.so");
+  EXPECT_THAT(error, HasSubstr("backend interface version " + theirs));
+  EXPECT_THAT(error, HasSubstr("version " + ours));
+}
+
 TEST_F(BackendInterface, RefusesALibraryWithoutAVersion) {
   const std::string error = Refusal("tests/fake_backends/libfake_backend_unversioned.so");
   EXPECT_THAT(error, HasSubstr("does not export qlink_backend_interface_version"));
