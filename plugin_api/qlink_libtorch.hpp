@@ -216,9 +216,10 @@ class Context {
   std::vector<at::Tensor> signround_qdq(const std::vector<SignRoundLayer>& layers, const SignRoundOptions& options) {
     std::vector<at::Tensor> out;
     for (const SignRoundLayer& l : layers) out.push_back(at::empty_like(l.weight));
-    SignRound(layers, options, [&](size_t i, qlink_signround_layer& s, std::deque<View>& views) {
-      s.qdq = views.emplace_back(out[i]).get();
-    }, api_.signround_qdq);
+    SignRound(
+        layers, options,
+        [&](size_t i, qlink_signround_layer& s, std::deque<View>& views) { s.qdq = views.emplace_back(out[i]).get(); },
+        api_.signround_qdq);
     return out;
   }
 

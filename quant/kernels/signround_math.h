@@ -68,7 +68,9 @@ struct SignRoundConfig {
   // matters for asymmetric ranges (maxq = 2^bits - 1).
   int32_t reciprocal_division = 0;
 
-  QLINK_HD float maxq() const { return sym ? static_cast<float>(1 << (bits - 1)) : static_cast<float>((1 << bits) - 1); }
+  QLINK_HD float maxq() const {
+    return sym ? static_cast<float>(1 << (bits - 1)) : static_cast<float>((1 << bits) - 1);
+  }
   QLINK_HD float lowest() const { return sym ? -maxq() : 0.0f; }
   QLINK_HD float highest() const { return sym ? maxq() - 1.0f : maxq(); }
   QLINK_HD Fmt quotient() const { return Promote(weight, scale); }  // dtype of weight / scale
@@ -78,12 +80,12 @@ struct SignRoundConfig {
 // A group's quantization parameters, from its weight's min (clamped to <= 0) and max
 // (clamped to >= 0) and its range factors (already clamped to [0, 1]).
 struct SignRoundGroup {
-  float wmin = 0, wmax = 0;        // the clamped min and max of the weight
+  float wmin = 0, wmax = 0;  // the clamped min and max of the weight
   float min_scale = 1, max_scale = 1;
-  float low = 0, high = 0;         // sym: wmin_abs, wmax_abs; asym: wmin, wmax
-  float unclamped = 0;             // the scale in its format before q_scale_thresh's clamp
-  float scale = 0;                 // the scale used, in its format
-  float zero = 0;                  // asym: the zero point
+  float low = 0, high = 0;  // sym: wmin_abs, wmax_abs; asym: wmin, wmax
+  float unclamped = 0;      // the scale in its format before q_scale_thresh's clamp
+  float scale = 0;          // the scale used, in its format
+  float zero = 0;           // asym: the zero point
 };
 
 QLINK_HD SignRoundGroup SignRoundParams(const SignRoundConfig& c, float wmin, float wmax, float min_scale,
@@ -140,10 +142,10 @@ QLINK_HD float SignRoundElementGrad(const SignRoundConfig& c, const SignRoundGro
   SignRoundQdq(c, g, w, v, &q_unclamped);
   const float q = Clamp(q_unclamped, c.lowest(), c.highest());
   const bool inside = q_unclamped >= c.lowest() && q_unclamped <= c.highest();
-  const float e = c.sym ? q : Sub(q, g.zero);          // what multiplies the scale
+  const float e = c.sym ? q : Sub(q, g.zero);  // what multiplies the scale
   const float grad_e = Mul(grad, g.scale);
   sums->scale_product += Mul(grad, e);
-  const float grad_x = inside ? grad_e : 0.0f;         // through the clamp, then round_ste
+  const float grad_x = inside ? grad_e : 0.0f;  // through the clamp, then round_ste
   if (!c.sym) {
     sums->zero_product += -grad_e;
     sums->zero_level += grad_x;

@@ -69,14 +69,15 @@ Status ReadLayer(const Context& ctx, const qlink_signround_layer& l, size_t inde
   if (l.weight == nullptr) return InvalidArgument(who + ": weight is NULL");
   const DLTensor& w = *l.weight;
   uint64_t bytes = 0;
-  QLINK_RETURN_IF_ERROR(CheckTensor(w, who + ": weight", ctx.backend().device_type(), ctx.backend().device_count(),
-                                    &bytes));
+  QLINK_RETURN_IF_ERROR(
+      CheckTensor(w, who + ": weight", ctx.backend().device_type(), ctx.backend().device_count(), &bytes));
   if (w.ndim != 2 || w.shape[0] < 1 || w.shape[1] < 1) {
     return InvalidArgument(who + ": weight has shape " + ShapeText(w) + ", expected (rows, columns), both >= 1");
   }
   out->config = options.config;
   if (!FmtOf(w.dtype, &out->config.weight)) {
-    return InvalidArgument(who + ": weight has dtype " + DtypeName(w.dtype) + ", expected float32, bfloat16 or float16");
+    return InvalidArgument(who + ": weight has dtype " + DtypeName(w.dtype) +
+                           ", expected float32, bfloat16 or float16");
   }
   const int64_t rows = w.shape[0], cols = w.shape[1];
   if (options.group_size != -1 && cols % options.group_size != 0) {
@@ -128,7 +129,8 @@ Status ReadLayer(const Context& ctx, const qlink_signround_layer& l, size_t inde
 Status CheckScalar(const Context& ctx, const DLTensor* t, const char* what, int device, DLDataType dtype,
                    const char* wanted) {
   if (t == nullptr) return InvalidArgument(std::string(what) + " is NULL");
-  return CheckTensorOf(ctx, t, what, device, {1}, [&](DLDataType d) { return Is(d, dtype.code, dtype.bits); }, wanted);
+  return CheckTensorOf(
+      ctx, t, what, device, {1}, [&](DLDataType d) { return Is(d, dtype.code, dtype.bits); }, wanted);
 }
 
 }  // namespace
@@ -138,7 +140,8 @@ Status SignRoundQdq(Context& ctx, const qlink_signround_args* args, SignRoundPas
   QLINK_RETURN_IF_ERROR(CheckStructSize(args->struct_size, QLINK_SIGNROUND_ARGS_STRUCT_SIZE_1_7, "args", "1.7"));
   Options options;
   QLINK_RETURN_IF_ERROR(ReadOptions(args->options, &options));
-  if (args->num_layers > 0 && args->layers == nullptr) return InvalidArgument("args->layers is NULL with num_layers > 0");
+  if (args->num_layers > 0 && args->layers == nullptr)
+    return InvalidArgument("args->layers is NULL with num_layers > 0");
   QLINK_RETURN_IF_ERROR(CheckStreams(ctx, args->streams, args->num_streams));
   std::vector<Checked> layers(args->num_layers);
   for (size_t i = 0; i < args->num_layers; ++i) {
@@ -158,7 +161,8 @@ Status SignRoundQdq(Context& ctx, const qlink_signround_args* args, SignRoundPas
 Status SignSgd(Context& ctx, const qlink_signsgd_args* args) {
   if (args == nullptr) return InvalidArgument("args is NULL");
   QLINK_RETURN_IF_ERROR(CheckStructSize(args->struct_size, QLINK_SIGNSGD_ARGS_STRUCT_SIZE_1_7, "args", "1.7"));
-  if (args->num_params > 0 && args->params == nullptr) return InvalidArgument("args->params is NULL with num_params > 0");
+  if (args->num_params > 0 && args->params == nullptr)
+    return InvalidArgument("args->params is NULL with num_params > 0");
   QLINK_RETURN_IF_ERROR(CheckStreams(ctx, args->streams, args->num_streams));
   if (args->lrs == nullptr) return InvalidArgument("args->lrs is NULL");
   uint64_t bytes = 0;
@@ -194,23 +198,24 @@ Status SignSgd(Context& ctx, const qlink_signsgd_args* args) {
     const std::string at = "params[" + std::to_string(i) + "]";
     QLINK_RETURN_IF_ERROR(CheckStructSize(p.struct_size, QLINK_SIGNSGD_PARAM_STRUCT_SIZE_1_7, at.c_str(), "1.7"));
     if (p.param == nullptr) return InvalidArgument(at + ": param is NULL");
-    QLINK_RETURN_IF_ERROR(CheckTensor(*p.param, at + ": param", ctx.backend().device_type(),
-                                      ctx.backend().device_count(), &bytes));
+    QLINK_RETURN_IF_ERROR(
+        CheckTensor(*p.param, at + ": param", ctx.backend().device_type(), ctx.backend().device_count(), &bytes));
     if (p.param->device.device_id != device) {
       return InvalidArgument(at + ": param is on device " + std::to_string(p.param->device.device_id) +
                              ", not args->lrs's device " + std::to_string(device));
     }
-    if (!IsFp32(p.param->dtype)) return InvalidArgument(at + ": param has dtype " + DtypeName(p.param->dtype) + ", expected float32");
+    if (!IsFp32(p.param->dtype))
+      return InvalidArgument(at + ": param has dtype " + DtypeName(p.param->dtype) + ", expected float32");
     int64_t count = 1;
     for (int d = 0; d < p.param->ndim; ++d) count *= p.param->shape[d];
     auto like_param = [&](const DLTensor* t, const char* field) -> Status {
       const std::string what = at + ": " + field;
       if (t == nullptr) return InvalidArgument(what + " is NULL");
-      QLINK_RETURN_IF_ERROR(
-          CheckTensor(*t, what, ctx.backend().device_type(), ctx.backend().device_count(), &bytes));
+      QLINK_RETURN_IF_ERROR(CheckTensor(*t, what, ctx.backend().device_type(), ctx.backend().device_count(), &bytes));
       bool same = t->ndim == p.param->ndim;
       for (int d = 0; same && d < t->ndim; ++d) same = t->shape[d] == p.param->shape[d];
-      if (!same) return InvalidArgument(what + " has shape " + ShapeText(*t) + ", expected param's " + ShapeText(*p.param));
+      if (!same)
+        return InvalidArgument(what + " has shape " + ShapeText(*t) + ", expected param's " + ShapeText(*p.param));
       if (t->device.device_id != device) {
         return InvalidArgument(what + " is on device " + std::to_string(t->device.device_id) + ", not " +
                                std::to_string(device));
