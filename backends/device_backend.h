@@ -43,7 +43,8 @@ constexpr int kOneShotMaxBlocks = 32;
 constexpr size_t kOneShotFlagsPerRank = kMaxParticipants * kOneShotMaxBlocks;
 
 namespace quant {
-class QuantMath;  // quant/quant_math.h
+class QuantMath;      // quant/quant_math.h
+class SignRoundMath;  // quant/signround/signround_math_api.h
 struct Libraries;
 }  // namespace quant
 
@@ -184,6 +185,9 @@ class DeviceBackend {
   // (quant/quant_math.h), made on first use from the libraries the options named, owned
   // by the backend. By default a backend has none.
   virtual Status GetQuantMath(quant::QuantMath** out);
+  // SignRound's fused quant-dequant and SignSGD step on this backend's devices
+  // (quant/signround/signround_math_api.h), owned by the backend. By default a backend has none.
+  virtual Status GetSignRoundMath(quant::SignRoundMath** out);
 };
 
 namespace internal {
@@ -203,6 +207,11 @@ class HostPreparedPull final : public PreparedPull {
 inline Status DeviceBackend::GetQuantMath(quant::QuantMath** out) {
   *out = nullptr;
   return Unavailable(std::string("the ") + name() + " backend has no GPTQ engine");
+}
+
+inline Status DeviceBackend::GetSignRoundMath(quant::SignRoundMath** out) {
+  *out = nullptr;
+  return Unavailable(std::string("the ") + name() + " backend has no SignRound engine");
 }
 
 inline Status DeviceBackend::PreparePull(int dst_device, const CopyLeaf* leaves, size_t count,

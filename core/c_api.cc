@@ -10,6 +10,7 @@
 #include "plugin_api/qlink.h"
 #include "quant/gptq/gptq_quantize.h"
 #include "quant/gptq/hessian_accumulate.h"
+#include "quant/signround/signround.h"
 
 namespace qlink {
 namespace {
@@ -255,6 +256,18 @@ qlink_status GptqQuantizeEntry(qlink_context* ctx, qlink_gptq_args* args) {
   return OnContext(ctx, [&](Context& c) { return quant::GptqQuantize(c, args); });
 }
 
+qlink_status SignRoundQdqEntry(qlink_context* ctx, const qlink_signround_args* args) {
+  return OnContext(ctx, [&](Context& c) { return quant::SignRoundQdq(c, args, quant::SignRoundPass::kForward); });
+}
+
+qlink_status SignRoundQdqBackwardEntry(qlink_context* ctx, const qlink_signround_args* args) {
+  return OnContext(ctx, [&](Context& c) { return quant::SignRoundQdq(c, args, quant::SignRoundPass::kBackward); });
+}
+
+qlink_status SignSgdStepEntry(qlink_context* ctx, const qlink_signsgd_args* args) {
+  return OnContext(ctx, [&](Context& c) { return quant::SignSgd(c, args); });
+}
+
 const char* LastError() { return LastErrorOfThread().c_str(); }
 
 const qlink_api kApi = {
@@ -293,6 +306,9 @@ const qlink_api kApi = {
     &DestroyHandle<qlink_all_reduce_plan>,
     &HessianAccumulateEntry,
     &GptqQuantizeEntry,
+    &SignRoundQdqEntry,
+    &SignRoundQdqBackwardEntry,
+    &SignSgdStepEntry,
 };
 
 }  // namespace

@@ -188,6 +188,60 @@ static_assert(QLINK_HESSIAN_PRECISION_DEFAULT == 0 && QLINK_HESSIAN_PRECISION_IE
                   QLINK_HESSIAN_PRECISION_TENSOR == 2,
               "qlink_hessian_precision values are frozen");
 static_assert(QLINK_API_STRUCT_SIZE_1_6 == QLINK_API_STRUCT_SIZE_1_5, "qlink_api 1.6 size");
+
+// ---- 1.7: SignRound ----------------------------------------------------------------------
+QLINK_PIN(qlink_signround_options, struct_size, 0);
+QLINK_PIN(qlink_signround_options, bits, 8);
+QLINK_PIN(qlink_signround_options, group_size, 12);
+QLINK_PIN(qlink_signround_options, sym, 16);
+QLINK_PIN(qlink_signround_options, scale_dtype, 20);
+QLINK_PIN(qlink_signround_options, q_scale_thresh, 24);
+static_assert(QLINK_SIGNROUND_OPTIONS_STRUCT_SIZE_1_7 == 32, "qlink_signround_options 1.7 size");
+
+QLINK_PIN(qlink_signround_layer, struct_size, 0);
+QLINK_PIN(qlink_signround_layer, name, 8);
+QLINK_PIN(qlink_signround_layer, weight, 16);
+QLINK_PIN(qlink_signround_layer, v, 24);
+QLINK_PIN(qlink_signround_layer, min_scale, 32);
+QLINK_PIN(qlink_signround_layer, max_scale, 40);
+QLINK_PIN(qlink_signround_layer, qdq, 48);
+QLINK_PIN(qlink_signround_layer, grad_qdq, 56);
+QLINK_PIN(qlink_signround_layer, grad_v, 64);
+QLINK_PIN(qlink_signround_layer, grad_min_scale, 72);
+QLINK_PIN(qlink_signround_layer, grad_max_scale, 80);
+static_assert(QLINK_SIGNROUND_LAYER_STRUCT_SIZE_1_7 == 88, "qlink_signround_layer 1.7 size");
+
+QLINK_PIN(qlink_signround_args, struct_size, 0);
+QLINK_PIN(qlink_signround_args, options, 8);
+QLINK_PIN(qlink_signround_args, layers, 16);
+QLINK_PIN(qlink_signround_args, num_layers, 24);
+QLINK_PIN(qlink_signround_args, streams, 32);
+QLINK_PIN(qlink_signround_args, num_streams, 40);
+static_assert(QLINK_SIGNROUND_ARGS_STRUCT_SIZE_1_7 == 48, "qlink_signround_args 1.7 size");
+
+QLINK_PIN(qlink_signsgd_param, struct_size, 0);
+QLINK_PIN(qlink_signsgd_param, param, 8);
+QLINK_PIN(qlink_signsgd_param, grad, 16);
+QLINK_PIN(qlink_signsgd_param, best, 24);
+QLINK_PIN(qlink_signsgd_param, lr_group, 32);
+static_assert(QLINK_SIGNSGD_PARAM_STRUCT_SIZE_1_7 == 36, "qlink_signsgd_param 1.7 size");
+
+QLINK_PIN(qlink_signsgd_args, struct_size, 0);
+QLINK_PIN(qlink_signsgd_args, params, 8);
+QLINK_PIN(qlink_signsgd_args, num_params, 16);
+QLINK_PIN(qlink_signsgd_args, lrs, 24);
+QLINK_PIN(qlink_signsgd_args, epoch, 32);
+QLINK_PIN(qlink_signsgd_args, total_iters, 40);
+QLINK_PIN(qlink_signsgd_args, loss, 48);
+QLINK_PIN(qlink_signsgd_args, best_loss, 56);
+QLINK_PIN(qlink_signsgd_args, streams, 64);
+QLINK_PIN(qlink_signsgd_args, num_streams, 72);
+static_assert(QLINK_SIGNSGD_ARGS_STRUCT_SIZE_1_7 == 80, "qlink_signsgd_args 1.7 size");
+
+QLINK_SLOT(signround_qdq, 32);
+QLINK_SLOT(signround_qdq_backward, 33);
+QLINK_SLOT(signsgd_step, 34);
+static_assert(QLINK_API_STRUCT_SIZE_1_7 == 16 + 35 * 8, "qlink_api 1.7 size");
 #endif
 
 // Every current *_STRUCT_SIZE covers its struct's last field, on every platform.

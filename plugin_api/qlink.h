@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 #define QLINK_ABI_MAJOR 1
-#define QLINK_ABI_MINOR 6
+#define QLINK_ABI_MINOR 7
 
 /* Size of a struct up to and including `last_field`: what a host built against the
  * minor that introduced `last_field` passes as struct_size.
@@ -370,6 +370,96 @@ typedef struct qlink_gptq_args {
 #define QLINK_GPTQ_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_gptq_args, num_streams)
 #define QLINK_GPTQ_ARGS_STRUCT_SIZE_1_4 QLINK_GPTQ_ARGS_STRUCT_SIZE
 
+/* 1.7. SignRound as AutoRound tunes a block: the quant-dequant of its WrapperLinear
+ * (quant_tensor_sym / quant_tensor_asym with rounding offsets v and range factors
+ * min_scale / max_scale), the gradients autograd takes through it (round as a
+ * straight-through estimator), and its SignSGD step. The forward is AutoRound's
+ * arithmetic operation for operation, rounded as PyTorch rounds on the device's kind (a
+ * division by a Python number: true division on the CPU, a product with the reciprocal
+ * on GPUs); the backward's per-group sums run in a fixed order of their own. */
+typedef struct qlink_signround_options {
+  size_t struct_size;
+  int32_t bits;             /* 2, 3, 4 or 8 */
+  int32_t group_size;       /* -1 (one group per row) or a positive divisor of the columns */
+  int32_t sym;              /* nonzero: quant_tensor_sym (levels -2^(bits-1) .. 2^(bits-1) - 1);
+                               zero: quant_tensor_asym (levels 0 .. 2^bits - 1, a zero point) */
+  DLDataType scale_dtype;   /* float16 (AutoRound's default), bfloat16 or float32 */
+  double q_scale_thresh;    /* > 0: the scale's smallest magnitude (AutoRound: 1e-5, 1e-8
+                               for a float32 scale) */
+} qlink_signround_options;
+#define QLINK_SIGNROUND_OPTIONS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_signround_options, q_scale_thresh)
+#define QLINK_SIGNROUND_OPTIONS_STRUCT_SIZE_1_7 QLINK_SIGNROUND_OPTIONS_STRUCT_SIZE
+
+/* One wrapped linear; every tensor borrowed, contiguous, on the weight's device. groups =
+ * rows * columns / group_len, group_len = group_size (columns for -1). */
+typedef struct qlink_signround_layer {
+  size_t struct_size;
+  const char* name;               /* borrowed, NUL-terminated; names the layer in refusals;
+                                     NULL: "layers[i]" */
+  const DLTensor* weight;         /* (rows, columns) fp32, bf16 or fp16; read only */
+  const DLTensor* v;              /* (groups, group_len) fp32: the rounding offsets */
+  const DLTensor* min_scale;      /* (groups,) fp32; the forward clamps it to [0, 1] in place,
+                                     as WrapperLinear does */
+  const DLTensor* max_scale;      /* (groups,) fp32; likewise */
+  const DLTensor* qdq;            /* forward's output: (rows, columns), the weight's dtype */
+  const DLTensor* grad_qdq;       /* backward's input: (rows, columns), the weight's dtype */
+  const DLTensor* grad_v;         /* backward's output: like v */
+  const DLTensor* grad_min_scale; /* backward's outputs: like min_scale; NULL: not wanted */
+  const DLTensor* grad_max_scale;
+} qlink_signround_layer;
+#define QLINK_SIGNROUND_LAYER_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_signround_layer, grad_max_scale)
+#define QLINK_SIGNROUND_LAYER_STRUCT_SIZE_1_7 QLINK_SIGNROUND_LAYER_STRUCT_SIZE
+
+/* Every layer's forward (signround_qdq: weight, v, min_scale, max_scale, qdq) or backward
+ * (signround_qdq_backward: the same inputs, grad_qdq, grad_v and the optional scale
+ * gradients; qdq is not read). Stream-ordered like a copy: enqueued on each layer's device
+ * stream (streams as in qlink_copy_args), returning without waiting, so a host may capture
+ * it in a graph. Every argument is checked before anything is enqueued. */
+typedef struct qlink_signround_args {
+  size_t struct_size;
+  const qlink_signround_options* options; /* borrowed */
+  const qlink_signround_layer* layers;    /* borrowed array of num_layers */
+  size_t num_layers;
+  const qlink_stream* streams;            /* borrowed array of num_streams; may be NULL */
+  size_t num_streams;
+} qlink_signround_args;
+#define QLINK_SIGNROUND_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_signround_args, num_streams)
+#define QLINK_SIGNROUND_ARGS_STRUCT_SIZE_1_7 QLINK_SIGNROUND_ARGS_STRUCT_SIZE
+
+/* One tensor of SignSGD's step: param -= lr * sign(grad) (AutoRound's SignSGD with its
+ * defaults: no momentum, no weight decay). */
+typedef struct qlink_signsgd_param {
+  size_t struct_size;
+  const DLTensor* param;    /* fp32, contiguous; updated in place */
+  const DLTensor* grad;     /* fp32, param's shape */
+  const DLTensor* best;     /* fp32, param's shape: param is copied here before the update
+                               when loss < best_loss; NULL: not kept */
+  int32_t lr_group;         /* its learning rate: element lr_group of args->lrs */
+} qlink_signsgd_param;
+#define QLINK_SIGNSGD_PARAM_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_signsgd_param, lr_group)
+#define QLINK_SIGNSGD_PARAM_STRUCT_SIZE_1_7 QLINK_SIGNSGD_PARAM_STRUCT_SIZE
+
+/* One step of one device's parameters, stream-ordered, every value it reads or writes on
+ * the device: the best parameters kept (when loss is given and below best_loss, which
+ * then becomes loss), every param updated with its group's learning rate, then the
+ * schedule: epoch += 1 and every learning rate multiplied by LinearLR(start_factor 1,
+ * end_factor 0, total_iters)'s factor for the new epoch, in fp32 as AutoRound's 0-dim
+ * fp32 learning-rate tensors are. */
+typedef struct qlink_signsgd_args {
+  size_t struct_size;
+  const qlink_signsgd_param* params; /* borrowed array of num_params, all on one device */
+  size_t num_params;
+  const DLTensor* lrs;               /* (groups,) fp32: each group's learning rate */
+  const DLTensor* epoch;             /* (1,) int64: LinearLR's last_epoch; NULL: no schedule */
+  int64_t total_iters;               /* LinearLR's total_iters (AutoRound: iters), >= 1 with epoch */
+  const DLTensor* loss;              /* (1,) fp32: this iteration's loss; NULL: no best kept */
+  const DLTensor* best_loss;         /* (1,) fp32; required with loss */
+  const qlink_stream* streams;       /* borrowed array of num_streams; may be NULL */
+  size_t num_streams;
+} qlink_signsgd_args;
+#define QLINK_SIGNSGD_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_signsgd_args, num_streams)
+#define QLINK_SIGNSGD_ARGS_STRUCT_SIZE_1_7 QLINK_SIGNSGD_ARGS_STRUCT_SIZE
+
 typedef struct qlink_api {
   size_t struct_size;
   uint32_t abi_major;
@@ -475,6 +565,11 @@ typedef struct qlink_api {
    * fail with QLINK_UNAVAILABLE naming the library, and everything else works. */
   qlink_status (*hessian_accumulate)(qlink_context* ctx, const qlink_hessian_args* args);
   qlink_status (*gptq_quantize)(qlink_context* ctx, qlink_gptq_args* args);
+
+  /* 1.7. SignRound (see qlink_signround_args, qlink_signsgd_args). */
+  qlink_status (*signround_qdq)(qlink_context* ctx, const qlink_signround_args* args);
+  qlink_status (*signround_qdq_backward)(qlink_context* ctx, const qlink_signround_args* args);
+  qlink_status (*signsgd_step)(qlink_context* ctx, const qlink_signsgd_args* args);
 } qlink_api;
 #define QLINK_API_STRUCT_SIZE_1_0 QLINK_STRUCT_SIZE(qlink_api, stream_synchronize)
 #define QLINK_API_STRUCT_SIZE_1_1 QLINK_STRUCT_SIZE(qlink_api, comm_reduce)
@@ -483,7 +578,8 @@ typedef struct qlink_api {
 #define QLINK_API_STRUCT_SIZE_1_4 QLINK_STRUCT_SIZE(qlink_api, gptq_quantize)
 #define QLINK_API_STRUCT_SIZE_1_5 QLINK_API_STRUCT_SIZE_1_4 /* 1.5 added an option, no entry */
 #define QLINK_API_STRUCT_SIZE_1_6 QLINK_API_STRUCT_SIZE_1_5 /* 1.6 added a field, no entry */
-#define QLINK_API_STRUCT_SIZE QLINK_API_STRUCT_SIZE_1_6
+#define QLINK_API_STRUCT_SIZE_1_7 QLINK_STRUCT_SIZE(qlink_api, signsgd_step)
+#define QLINK_API_STRUCT_SIZE QLINK_API_STRUCT_SIZE_1_7
 
 /* The one exported symbol. Returns the table of ABI `major` if this library provides
  * at least `min_minor`, else NULL with *error (when error is non-NULL) pointing at a

@@ -7,6 +7,7 @@
 //   qlink::libtorch::Context ctx(lib, R"({"backend": "cuda"})");
 //   auto h = ctx.hessian({x}, /*columns=*/4096);           // X^T X, (2/N) applied by the host
 //   auto q = ctx.gptq_quantize(weight, h * (2.0 / rows));  // codes, scales, zeros, g_idx, weight
+//   auto w = ctx.signround_qdq({{"q_proj", weight, v, min_scale, max_scale}}, {});  // ABI 1.7
 //
 // Errors throw qlink::libtorch::Error with qlink's message (which names the argument).
 #pragma once
@@ -120,6 +121,27 @@ struct GptqLayer {
   at::Tensor hessian;
 };
 
+// SignRound (ABI 1.7): the options of qlink_signround_options and one wrapped linear.
+struct SignRoundOptions {
+  int32_t bits = 4;
+  int32_t group_size = 128;
+  int32_t sym = 1;
+  at::ScalarType scale_dtype = at::kHalf;
+  double q_scale_thresh = 1e-5;
+};
+
+struct SignRoundLayer {
+  std::string name;
+  at::Tensor weight;     // (rows, columns)
+  at::Tensor v;          // (groups, group_len) fp32
+  at::Tensor min_scale;  // (groups,) fp32, clamped to [0, 1] in place by the forward
+  at::Tensor max_scale;
+};
+
+struct SignRoundGrads {
+  at::Tensor v, min_scale, max_scale;
+};
+
 class Context {
  public:
   Context(const Library& library, const std::string& config_json) : api_(library.api()) {
@@ -194,7 +216,60 @@ class Context {
     return results;
   }
 
+  // Every layer's quant-dequant (AutoRound's WrapperLinear), in the weight's dtype.
+  std::vector<at::Tensor> signround_qdq(const std::vector<SignRoundLayer>& layers, const SignRoundOptions& options) {
+    std::vector<at::Tensor> out;
+    for (const SignRoundLayer& l : layers) out.push_back(at::empty_like(l.weight));
+    SignRound(
+        layers, options,
+        [&](size_t i, qlink_signround_layer& s, std::deque<View>& views) { s.qdq = views.emplace_back(out[i]).get(); },
+        api_.signround_qdq);
+    return out;
+  }
+
+  // The gradients of v, min_scale and max_scale from each layer's grad_qdq.
+  std::vector<SignRoundGrads> signround_qdq_backward(const std::vector<SignRoundLayer>& layers,
+                                                     const std::vector<at::Tensor>& grad_qdq,
+                                                     const SignRoundOptions& options) {
+    std::vector<SignRoundGrads> out;
+    for (const SignRoundLayer& l : layers) {
+      out.push_back({at::empty_like(l.v), at::empty_like(l.min_scale), at::empty_like(l.max_scale)});
+    }
+    SignRound(layers, options, [&](size_t i, qlink_signround_layer& s, std::deque<View>& views) {
+      s.grad_qdq = views.emplace_back(grad_qdq.at(i)).get();
+      s.grad_v = views.emplace_back(out[i].v).get();
+      s.grad_min_scale = views.emplace_back(out[i].min_scale).get();
+      s.grad_max_scale = views.emplace_back(out[i].max_scale).get();
+    }, api_.signround_qdq_backward);
+    return out;
+  }
+
  private:
+  template <typename Outputs, typename Entry>
+  void SignRound(const std::vector<SignRoundLayer>& layers, const SignRoundOptions& options, Outputs outputs,
+                 Entry entry) {
+    if (api_.abi_minor < 7) throw Error(QLINK_VERSION_MISMATCH, "SignRound needs libqlink ABI 1.7");
+    DLDataType scale{kDLFloat, 32, 1};
+    if (options.scale_dtype == at::kHalf) scale.bits = 16;
+    if (options.scale_dtype == at::kBFloat16) scale = DLDataType{kDLBfloat, 16, 1};
+    const qlink_signround_options o{QLINK_SIGNROUND_OPTIONS_STRUCT_SIZE, options.bits, options.group_size,
+                                    options.sym, scale, options.q_scale_thresh};
+    std::deque<View> views;
+    std::vector<qlink_signround_layer> specs(layers.size());
+    for (size_t i = 0; i < layers.size(); ++i) {
+      qlink_signround_layer& s = specs[i];
+      s.struct_size = QLINK_SIGNROUND_LAYER_STRUCT_SIZE;
+      s.name = layers[i].name.empty() ? nullptr : layers[i].name.c_str();
+      s.weight = views.emplace_back(layers[i].weight).get();
+      s.v = views.emplace_back(layers[i].v).get();
+      s.min_scale = views.emplace_back(layers[i].min_scale).get();
+      s.max_scale = views.emplace_back(layers[i].max_scale).get();
+      outputs(i, s, views);
+    }
+    const qlink_signround_args args{QLINK_SIGNROUND_ARGS_STRUCT_SIZE, &o, specs.data(), specs.size(), nullptr, 0};
+    Check(entry(ctx_, &args));
+  }
+
   void Check(qlink_status s) const {
     if (s != QLINK_OK) throw Error(s, api_.last_error());
   }

@@ -33,13 +33,13 @@ with qlink.load({"backend": "cpu", "cpu_devices": 1, "log_level": "off"}, librar
 
 
 def named_packages(install_deps):
-    """The package names the install script lists (its packages=(...) array)."""
-    text = open(install_deps).read()
-    body = re.search(r"packages=\((.*?)\)", text, re.S)
+    """The package names the install script lists (its packages=(...) array; comments, which
+    may hold parentheses, dropped first)."""
+    code = " ".join(line.split("#", 1)[0] for line in open(install_deps).read().splitlines())
+    body = re.search(r"packages=\((.*?)\)", code)
     if body is None:
         raise SystemExit("%s: no packages=(...) list" % install_deps)
-    lines = [line.split("#", 1)[0] for line in body.group(1).splitlines()]
-    return set(" ".join(lines).split())
+    return set(body.group(1).split())
 
 
 def bare_packages(lists):

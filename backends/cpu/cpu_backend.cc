@@ -14,6 +14,7 @@
 #include "backends/cpu/cpu_kernels.h"
 #include "backends/device_backend.h"
 #include "quant/cpu/cpu_quant_math.h"
+#include "quant/cpu/cpu_signround.h"
 
 namespace qlink {
 namespace {
@@ -83,11 +84,17 @@ class CpuBackend final : public DeviceBackend {
     return Status::Ok();
   }
 
+  Status GetSignRoundMath(quant::SignRoundMath** out) override {
+    *out = signround_.get();
+    return Status::Ok();
+  }
+
  private:
   const int devices_;
   const quant::Libraries libraries_;  // what the quant engine loads
   std::mutex quant_mu_;
   std::unique_ptr<quant::QuantMath> quant_;  // made on first use
+  const std::unique_ptr<quant::SignRoundMath> signround_ = quant::MakeCpuSignRoundMath();
 };
 
 Status Create(const qlink_backend_options& options, std::unique_ptr<DeviceBackend>* out) {

@@ -8,6 +8,7 @@ _KERNELS = {
     "pull_kernel": "//backends/gpu:pull_kernel.cu",
     "collective_kernels": "//backends/gpu:collective_kernels.cu",
     "gptq_kernels": "//quant/kernels:gptq_kernels.cu",
+    "signround_kernels": "//quant/kernels:signround_kernels.cu",
 }
 
 _HDRS = [
@@ -22,17 +23,23 @@ _HDRS = [
     "//quant:quant_math.h",
     "//quant/kernels:gptq_kernels.h",
     "//quant/kernels:gptq_math.h",
+    "//quant/kernels:gpu_team.h",
+    "//quant/kernels:signround_kernels.h",
+    "//quant/kernels:signround_math.h",
+    "//quant/signround:signround_math_api.h",
 ]
 
 # The GPTQ engine's host side, compiled with the vendor's define like the backend.
 _QUANT_SRCS = [
     "//quant/gpu:gpu_quant_math.cc",
     "//quant/gpu:linalg_api.cc",
+    "//quant/gpu:gpu_signround.cc",
 ]
 
 _QUANT_HDRS = [
     "//quant/gpu:gpu_quant_math.h",
     "//quant/gpu:linalg_api.h",
+    "//quant/gpu:gpu_signround.h",
 ]
 
 # sm_80 (A100), sm_90 (H100/H200) and PTX for later NVIDIA GPUs.

@@ -16,6 +16,7 @@
 #include "backends/gpu/pull_kernel.h"
 #include "backends/device_backend.h"
 #include "quant/gpu/gpu_quant_math.h"
+#include "quant/gpu/gpu_signround.h"
 
 namespace qlink {
 namespace {
@@ -239,6 +240,11 @@ class GpuBackend final : public DeviceBackend {
     return Status::Ok();
   }
 
+  Status GetSignRoundMath(quant::SignRoundMath** out) override {
+    *out = signround_.get();
+    return Status::Ok();
+  }
+
  private:
   // Peer access belongs to the process (its primary contexts), not to one backend object:
   // every context of the process shares what was enabled.
@@ -332,6 +338,7 @@ class GpuBackend final : public DeviceBackend {
   const quant::Libraries libraries_;  // what the quant engine loads
   std::mutex quant_mu_;
   std::unique_ptr<quant::QuantMath> quant_;  // the GPTQ engine's part, made on first use
+  const std::unique_ptr<quant::SignRoundMath> signround_ = quant::MakeGpuSignRoundMath();
 };
 
 Status Create(const qlink_backend_options& options, std::unique_ptr<DeviceBackend>* out) {

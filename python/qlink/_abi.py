@@ -3,7 +3,7 @@ import ctypes
 from ctypes import POINTER, c_char, c_char_p, c_double, c_int32, c_size_t, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p
 
 ABI_MAJOR = 1
-ABI_MINOR = 6
+ABI_MINOR = 7
 
 OK, INVALID_ARGUMENT, UNAVAILABLE, VERSION_MISMATCH, OUT_OF_MEMORY, RUNTIME_ERROR, INTERNAL = range(7)
 
@@ -107,6 +107,34 @@ class GptqArgs(ctypes.Structure):  # 1.4
                 ("streams", POINTER(Stream)), ("num_streams", c_size_t)]
 
 
+class SignRoundOptions(ctypes.Structure):  # 1.7
+    _fields_ = [("struct_size", c_size_t), ("bits", c_int32), ("group_size", c_int32), ("sym", c_int32),
+                ("scale_dtype", DLDataType), ("q_scale_thresh", c_double)]
+
+
+class SignRoundLayer(ctypes.Structure):  # 1.7
+    _fields_ = [("struct_size", c_size_t), ("name", c_char_p)] + [
+        (field, c_void_p) for field in ("weight", "v", "min_scale", "max_scale", "qdq", "grad_qdq", "grad_v",
+                                        "grad_min_scale", "grad_max_scale")]
+
+
+class SignRoundArgs(ctypes.Structure):  # 1.7
+    _fields_ = [("struct_size", c_size_t), ("options", POINTER(SignRoundOptions)),
+                ("layers", POINTER(SignRoundLayer)), ("num_layers", c_size_t), ("streams", POINTER(Stream)),
+                ("num_streams", c_size_t)]
+
+
+class SignSgdParam(ctypes.Structure):  # 1.7
+    _fields_ = [("struct_size", c_size_t), ("param", c_void_p), ("grad", c_void_p), ("best", c_void_p),
+                ("lr_group", c_int32)]
+
+
+class SignSgdArgs(ctypes.Structure):  # 1.7
+    _fields_ = [("struct_size", c_size_t), ("params", POINTER(SignSgdParam)), ("num_params", c_size_t),
+                ("lrs", c_void_p), ("epoch", c_void_p), ("total_iters", ctypes.c_int64), ("loss", c_void_p),
+                ("best_loss", c_void_p), ("streams", POINTER(Stream)), ("num_streams", c_size_t)]
+
+
 class UniqueId(ctypes.Structure):
     _fields_ = [("bytes", c_char * 128)]
 
@@ -155,6 +183,10 @@ _TABLE = [
     # 1.4
     ("hessian_accumulate", _S, [c_void_p, POINTER(HessianArgs)]),
     ("gptq_quantize", _S, [c_void_p, POINTER(GptqArgs)]),
+    # 1.7
+    ("signround_qdq", _S, [c_void_p, POINTER(SignRoundArgs)]),
+    ("signround_qdq_backward", _S, [c_void_p, POINTER(SignRoundArgs)]),
+    ("signsgd_step", _S, [c_void_p, POINTER(SignSgdArgs)]),
 ]
 
 

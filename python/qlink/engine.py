@@ -1,12 +1,38 @@
-"""The Context's calls into qlink's native quantization engine (ABI 1.4): Hessian
-accumulation and GPTQ (qlink.quant builds on them)."""
+"""The Context's calls into qlink's native quantization engines: Hessian accumulation and
+GPTQ (ABI 1.4), SignRound's quant-dequant, its backward and SignSGD's step (ABI 1.7);
+qlink.quant builds on them."""
 import ctypes
 
 from . import _abi
-from ._dlpack import TensorArray
+from ._dlpack import TensorArray, _dtype_of
 from .errors import InvalidArgumentError
 
 _GPTQ_TENSORS = ("weight", "hessian", "codes", "scales", "zeros", "g_idx", "dequantized")
+_SIGNROUND_TENSORS = ("weight", "v", "min_scale", "max_scale", "qdq", "grad_qdq", "grad_v", "grad_min_scale",
+                      "grad_max_scale")
+_SIGNSGD_TENSORS = ("param", "grad", "best")
+
+
+def _described(records, fields):
+    """One TensorArray of every tensor the records (dicts by field name, with an optional
+    "device": the qlink device id where the tensors do not say, or such ids by field) hold,
+    and per record and field the address of its DLTensor (None where the field is absent).
+    The array owns the descriptors: keep it alive for the call."""
+    tensors, ids, where = [], [], []
+    for record in records:
+        device = record.get("device")
+        for field in fields:
+            t = record.get(field)
+            where.append(None if t is None else len(tensors))
+            if t is not None:
+                tensors.append(t)
+                d = device.get(field) if isinstance(device, dict) else device
+                ids.append(d if d is not None else t.device.index or 0)
+    array = TensorArray(tensors, ids)
+    base, size = ctypes.addressof(array.array), ctypes.sizeof(_abi.DLTensor)
+    addresses = [[None if k is None else base + k * size for k in where[i * len(fields):(i + 1) * len(fields)]]
+                 for i in range(len(records))]
+    return array, addresses
 
 
 class EngineCalls:
@@ -33,24 +59,14 @@ class EngineCalls:
         None), an optional "name" and "device" (qlink device id where the tensors do not say);
         options: the qlink_gptq_options fields by name. devices: where the solve may run (None:
         each layer on its own device). Writes the outputs; returns (loss, damp) per layer."""
-        tensors, ids, where = [], [], []
-        for layer in layers:
-            for field in _GPTQ_TENSORS:
-                t = layer.get(field)
-                where.append(None if t is None else len(tensors))
-                if t is not None:
-                    tensors.append(t)
-                    ids.append(layer.get("device", t.device.index or 0))
-        array = TensorArray(tensors, ids)
-        base, size = ctypes.addressof(array.array), ctypes.sizeof(_abi.DLTensor)
+        array, addresses = _described(layers, _GPTQ_TENSORS)
         specs = (_abi.GptqLayer * max(len(layers), 1))()
         names = [str(layer.get("name") or "").encode() for layer in layers]
         for i, spec in enumerate(specs[:len(layers)]):
             spec.struct_size = ctypes.sizeof(_abi.GptqLayer)
             spec.name = names[i] or None
-            for j, field in enumerate(_GPTQ_TENSORS):
-                k = where[i * len(_GPTQ_TENSORS) + j]
-                setattr(spec, field, None if k is None else base + k * size)
+            for field, address in zip(_GPTQ_TENSORS, addresses[i]):
+                setattr(spec, field, address)
         o = _abi.GptqOptions(ctypes.sizeof(_abi.GptqOptions), **options)
         device_list = [int(d) for d in devices or []]
         device_array = (ctypes.c_int32 * max(len(device_list), 1))(*device_list)
@@ -58,3 +74,48 @@ class EngineCalls:
                              device_array if device_list else None, len(device_list), *self.stream_list(streams))
         self.invoke("gptq_quantize", ctypes.byref(args))
         return [(spec.loss, spec.damp) for spec in specs[:len(layers)]]
+
+    def signround_qdq(self, layers, options, backward=False, streams=None):
+        """SignRound's quant-dequant of every layer (qlink_signround_args), or its backward:
+        layers are dicts of the _SIGNROUND_TENSORS by field name (absent: NULL), an optional
+        "name" and "device"; options: the qlink_signround_options fields by name, scale_dtype
+        a torch dtype. Stream-ordered: enqueued on each layer's device stream."""
+        array, addresses = _described(layers, _SIGNROUND_TENSORS)
+        specs = (_abi.SignRoundLayer * max(len(layers), 1))()
+        names = [str(layer.get("name") or "").encode() for layer in layers]
+        for i, spec in enumerate(specs[:len(layers)]):
+            spec.struct_size = ctypes.sizeof(_abi.SignRoundLayer)
+            spec.name = names[i] or None
+            for field, address in zip(_SIGNROUND_TENSORS, addresses[i]):
+                setattr(spec, field, address)
+        o = _abi.SignRoundOptions(ctypes.sizeof(_abi.SignRoundOptions), int(options["bits"]),
+                                  int(options["group_size"]), int(bool(options["sym"])))
+        o.scale_dtype.code, o.scale_dtype.bits = _dtype_of(options["scale_dtype"])
+        o.scale_dtype.lanes = 1
+        o.q_scale_thresh = float(options["q_scale_thresh"])
+        args = _abi.SignRoundArgs(ctypes.sizeof(_abi.SignRoundArgs), ctypes.pointer(o), specs, len(layers),
+                                  *self.stream_list(streams))
+        self.invoke("signround_qdq_backward" if backward else "signround_qdq", ctypes.byref(args))
+
+    def signsgd_step(self, params, lrs, epoch=None, total_iters=0, loss=None, best_loss=None, streams=None,
+                     device=None):
+        """One SignSGD step of one device's parameters (qlink_signsgd_args): params are dicts
+        of "param", "grad", optional "best" and "lr_group" (an index into lrs, a (groups,)
+        fp32 tensor); epoch ((1,) int64) with total_iters advances LinearLR's schedule; loss
+        and best_loss ((1,) fp32) keep the best parameters. device: the qlink device id where
+        the tensors do not say."""
+        records = [dict(p, device=device) if device is not None else p for p in params]
+        singles = {"lrs": lrs, "epoch": epoch, "loss": loss, "best_loss": best_loss}
+        present = {k: t for k, t in singles.items() if t is not None}
+        array, addresses = _described(records + [{**present, **({} if device is None else {"device": device})}],
+                                      _SIGNSGD_TENSORS + tuple(singles))
+        k = len(_SIGNSGD_TENSORS)
+        specs = (_abi.SignSgdParam * max(len(params), 1))()
+        for i, spec in enumerate(specs[:len(params)]):
+            spec.struct_size = ctypes.sizeof(_abi.SignSgdParam)
+            spec.param, spec.grad, spec.best = addresses[i][:k]
+            spec.lr_group = int(params[i].get("lr_group", 0))
+        lrs_at, epoch_at, loss_at, best_loss_at = addresses[-1][k:]
+        args = _abi.SignSgdArgs(ctypes.sizeof(_abi.SignSgdArgs), specs, len(params), lrs_at, epoch_at,
+                                int(total_iters), loss_at, best_loss_at, *self.stream_list(streams))
+        self.invoke("signsgd_step", ctypes.byref(args))

@@ -3,51 +3,10 @@
 #include <cmath>
 
 #include "core/tensor_check.h"
+#include "quant/tensor_args.h"
 
 namespace qlink {
 namespace quant {
-namespace {
-
-std::string DtypeName(DLDataType t) {
-  const char* code = t.code == kDLFloat ? "float" : t.code == kDLBfloat ? "bfloat" : t.code == kDLInt ? "int"
-                                                                                        : t.code == kDLUInt ? "uint"
-                                                                                                           : "code";
-  return std::string(code) + std::to_string(t.bits) + (t.lanes != 1 ? "x" + std::to_string(t.lanes) : "");
-}
-
-bool Is(DLDataType t, uint8_t code, uint8_t bits) { return t.code == code && t.bits == bits && t.lanes == 1; }
-
-// Extents as Python writes a shape tuple: (a, b), or (a,) for one.
-std::string ShapeText(const int64_t* extents, size_t count) {
-  std::string s = "(";
-  for (size_t d = 0; d < count; ++d) s += (d > 0 ? ", " : "") + std::to_string(extents[d]);
-  return s + (count == 1 ? ",)" : ")");
-}
-
-std::string ShapeText(const DLTensor& t) { return ShapeText(t.shape, static_cast<size_t>(t.ndim)); }
-
-// A contiguous tensor of the context on `device` with exactly `shape` and a dtype `ok`
-// accepts (described by `wanted` in refusals).
-template <typename DtypeOk>
-Status CheckTensorOf(const Context& ctx, const DLTensor* t, const std::string& what, int device,
-                     std::initializer_list<int64_t> shape, DtypeOk ok, const char* wanted) {
-  uint64_t bytes = 0;
-  QLINK_RETURN_IF_ERROR(CheckTensor(*t, what, ctx.backend().device_type(), ctx.backend().device_count(), &bytes));
-  if (t->device.device_id != device) {
-    return InvalidArgument(what + " is on device " + std::to_string(t->device.device_id) +
-                           ", not the weight's device " + std::to_string(device));
-  }
-  bool same = t->ndim == static_cast<int>(shape.size());
-  int d = 0;
-  for (int64_t extent : shape) same = same && t->shape[d++] == extent;
-  if (!same) {
-    return InvalidArgument(what + " has shape " + ShapeText(*t) + ", expected " + ShapeText(shape.begin(), shape.size()));
-  }
-  if (!ok(t->dtype)) return InvalidArgument(what + " has dtype " + DtypeName(t->dtype) + ", expected " + wanted);
-  return Status::Ok();
-}
-
-}  // namespace
 
 bool IsFloatDtype(DLDataType t) { return Is(t, kDLFloat, 32) || Is(t, kDLBfloat, 16) || Is(t, kDLFloat, 16); }
 

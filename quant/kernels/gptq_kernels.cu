@@ -5,6 +5,7 @@
 
 #include "backends/gpu/gpu_device.h"
 #include "quant/kernels/gptq_math.h"
+#include "quant/kernels/gpu_team.h"
 
 namespace qlink {
 namespace quant {
@@ -12,27 +13,6 @@ namespace gpu {
 namespace {
 
 constexpr int kThreads = 256;
-
-// Lanes exchange values within teams of `width` lanes (a power of two up to 32, so a team
-// never straddles a warp on CUDA or a wavefront on AMD). Every lane of the warp takes part:
-// teams without a row of their own compute along and store nothing.
-template <typename T>
-__device__ __forceinline__ T TeamShuffle(T v, int lane, int width) {
-#if defined(QLINK_GPU_HIP)
-  return __shfl(v, lane, width);
-#else
-  return __shfl_sync(0xffffffffu, v, lane, width);
-#endif
-}
-
-template <typename T>
-__device__ __forceinline__ T TeamXor(T v, int mask, int width) {
-#if defined(QLINK_GPU_HIP)
-  return __shfl_xor(v, mask, width);
-#else
-  return __shfl_xor_sync(0xffffffffu, v, mask, width);
-#endif
-}
 
 // Group ranges: a team of 32 lanes per (row, group).
 constexpr int kRangeTeam = 32;

@@ -57,6 +57,6 @@ def test_a_library_the_install_step_stops_naming_fails_the_check_naming_it(tmp_p
 
 def test_the_install_step_names_are_read_from_its_package_list(tmp_path):
     script = tmp_path / "install.sh"
-    script.write_text("packages=(a-pkg b-pkg   # why\n    c-pkg)\nother=(x)\n")
+    script.write_text("packages=(a-pkg b-pkg   # why (see here)\n    c-pkg)\nother=(x)\n")
     assert check_deps.named_packages(str(script)) == {"a-pkg", "b-pkg", "c-pkg"}
     assert check_deps.closure({"a"}, {"a": ["b"], "b": ["c", "a"], "d": ["e"]}) == {"a", "b", "c"}

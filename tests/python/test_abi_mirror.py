@@ -27,6 +27,11 @@ MIRRORS = {
     "qlink_gptq_options": _abi.GptqOptions,
     "qlink_gptq_layer": _abi.GptqLayer,
     "qlink_gptq_args": _abi.GptqArgs,
+    "qlink_signround_options": _abi.SignRoundOptions,
+    "qlink_signround_layer": _abi.SignRoundLayer,
+    "qlink_signround_args": _abi.SignRoundArgs,
+    "qlink_signsgd_param": _abi.SignSgdParam,
+    "qlink_signsgd_args": _abi.SignSgdArgs,
     "qlink_unique_id": _abi.UniqueId,
     "qlink_api": _abi.Api,
 }

@@ -1,4 +1,11 @@
-"""SignRound (AutoRound), data-parallel: every replica holds a mirror of the block and
+"""SignRound (AutoRound) on qlink.
+
+signround_qdq and signsgd_step are AutoRound's own arithmetic on qlink's native engine
+(ABI 1.7): the quant-dequant of its WrapperLinear (differentiable in the rounding offsets
+and range factors, through an autograd Function over the engine's fused forward and
+backward) and its SignSGD step with LinearLR's schedule, every value on the device.
+
+sign_round is the data-parallel prototype: every replica holds a mirror of the block and
 draws the same batch each iteration, forwarding and backwarding its contiguous share of
 it (sum-reduced loss). The tuning state (rounding offsets V, range factors alpha, beta)
 is sharded by output rows: each replica owns a contiguous share of every layer's rows,
@@ -15,13 +22,94 @@ import dataclasses
 import torch
 
 from .. import collectives
-from ..p2p import move_nested_to_device
+from ..p2p import default_context, move_nested_to_device
+from .gptq import _streams
 from .placement import _power_of_two_at_most, shard_sizes
 
 try:
     from torch.func import functional_call
 except ImportError:  # PyTorch < 2.0
     from torch.nn.utils.stateless import functional_call
+
+
+def _grouped(t, groups, group_len, what):
+    """t as the engine takes it, (groups, group_len), or (groups,) for group_len None."""
+    shape = (groups,) if group_len is None else (groups, group_len)
+    if t.numel() != groups * (1 if group_len is None else group_len):
+        raise ValueError("%s has %d elements, expected %s" % (what, t.numel(), shape))
+    return t.reshape(shape)
+
+
+class _SignRoundQdq(torch.autograd.Function):
+    """The engine's fused forward; its backward is the engine's fused backward."""
+
+    @staticmethod
+    def forward(ctx, weight, v, min_scale, max_scale, spec):
+        layer, options, qctx, device = spec
+        qdq = torch.empty_like(weight)
+        layer = dict(layer, weight=weight.detach(), v=v.detach(), min_scale=min_scale.detach(),
+                     max_scale=max_scale.detach(), qdq=qdq)
+        qctx.signround_qdq([layer], options, streams=_streams(qctx, [weight]))
+        ctx.spec, ctx.layer = spec, layer
+        ctx.shapes = (v.shape, min_scale.shape, max_scale.shape)
+        return qdq
+
+    @staticmethod
+    def backward(ctx, grad):
+        _, options, qctx, _ = ctx.spec
+        layer = dict(ctx.layer, qdq=None, grad_qdq=grad.contiguous().to(ctx.layer["weight"].dtype),
+                     grad_v=torch.empty_like(ctx.layer["v"]),
+                     grad_min_scale=torch.empty_like(ctx.layer["min_scale"]),
+                     grad_max_scale=torch.empty_like(ctx.layer["max_scale"]))
+        qctx.signround_qdq([layer], options, backward=True, streams=_streams(qctx, [grad]))
+        v_shape, min_shape, max_shape = ctx.shapes
+        return (None, layer["grad_v"].view(v_shape), layer["grad_min_scale"].view(min_shape),
+                layer["grad_max_scale"].view(max_shape), None)
+
+
+def signround_qdq(weight, v, min_scale, max_scale, bits=4, group_size=128, sym=True, scale_dtype=torch.float16,
+                  q_scale_thresh=1e-5, ctx=None, device=None, name=""):
+    """AutoRound's WrapperLinear quant-dequant of `weight` (rows, columns) on qlink's engine:
+    quant_tensor_sym (sym) or quant_tensor_asym with rounding offsets v (groups, group_len)
+    (or any shape of as many elements) and range factors min_scale, max_scale (groups,), fp32,
+    clamped to [0, 1] in place first as the wrapper does. Returns the result in the weight's
+    dtype, differentiable in v, min_scale and max_scale (round as a straight-through
+    estimator). groups = rows * columns / group_len, group_len = group_size (columns for
+    -1). device: the qlink device id on the CPU backend's virtual devices."""
+    qctx = ctx or default_context()
+    if weight.dim() != 2:
+        raise ValueError("weight has shape %s, expected (rows, columns)" % (tuple(weight.shape),))
+    rows, cols = weight.shape
+    group_len = cols if group_size == -1 else group_size
+    groups = rows * cols // group_len if group_len > 0 and cols % group_len == 0 else None
+    if groups is not None:  # the engine refuses a group size that does not divide, naming it
+        v = _grouped(v, groups, group_len, "v")
+        min_scale, max_scale = (_grouped(t, groups, None, what) for t, what in ((min_scale, "min_scale"),
+                                                                                (max_scale, "max_scale")))
+    options = {"bits": bits, "group_size": group_size, "sym": sym, "scale_dtype": scale_dtype,
+               "q_scale_thresh": q_scale_thresh}
+    layer = {"name": name} if device is None else {"name": name, "device": device}
+    return _SignRoundQdq.apply(weight, v, min_scale, max_scale, (layer, options, qctx, device))
+
+
+def signsgd_step(params, lrs, lr_groups=None, epoch=None, total_iters=0, loss=None, best_loss=None, best=None,
+                 ctx=None, device=None):
+    """AutoRound's SignSGD step (no momentum, no weight decay) of fp32 tensors on one device,
+    on qlink's engine: each param -= lrs[lr_groups[i]] * sign(param.grad). With loss and
+    best_loss ((1,) fp32 device tensors) the params are first copied into `best` (a tensor
+    per param) when loss < best_loss, which then becomes loss; with epoch ((1,) int64) and
+    total_iters, LinearLR(start_factor=1, end_factor=0, total_iters) then advances: epoch
+    += 1, each lr multiplied by its factor. Nothing is read back to the host."""
+    qctx = ctx or default_context()
+    lr_groups = lr_groups or [0] * len(params)
+    records = []
+    for i, p in enumerate(params):
+        if p.grad is None:
+            raise ValueError("params[%d] has no gradient" % i)
+        records.append({"param": p.detach(), "grad": p.grad, "best": None if best is None else best[i],
+                        "lr_group": lr_groups[i]})
+    qctx.signsgd_step(records, lrs, epoch, total_iters, loss, best_loss, streams=_streams(qctx, [lrs]),
+                      device=device)
 
 
 class _RoundSte(torch.autograd.Function):

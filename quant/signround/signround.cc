@@ -1,0 +1,243 @@
+#include "quant/signround/signround.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/copy_plan.h"
+#include "quant/signround/signround_math_api.h"
+#include "quant/tensor_args.h"
+
+namespace qlink {
+namespace quant {
+namespace {
+
+bool IsFp32(DLDataType t) { return Is(t, kDLFloat, 32); }
+
+// The format of a float dtype, or false.
+bool FmtOf(DLDataType t, Fmt* out) {
+  if (Is(t, kDLFloat, 32)) return *out = Fmt::kF32, true;
+  if (Is(t, kDLBfloat, 16)) return *out = Fmt::kBf16, true;
+  if (Is(t, kDLFloat, 16)) return *out = Fmt::kF16, true;
+  return false;
+}
+
+void* DataOf(const DLTensor* t) { return t == nullptr ? nullptr : static_cast<char*>(t->data) + t->byte_offset; }
+
+struct Options {
+  SignRoundConfig config;  // but for the weight's format, which is per layer
+  int64_t group_size = -1;
+};
+
+Status ReadOptions(const qlink_signround_options* o, Options* out) {
+  if (o == nullptr) return InvalidArgument("args->options is NULL");
+  QLINK_RETURN_IF_ERROR(CheckStructSize(o->struct_size, QLINK_SIGNROUND_OPTIONS_STRUCT_SIZE_1_7, "options", "1.7"));
+  if (o->bits != 2 && o->bits != 3 && o->bits != 4 && o->bits != 8) {
+    return InvalidArgument("options->bits = " + std::to_string(o->bits) + " is not one of 2, 3, 4, 8");
+  }
+  if (o->group_size != -1 && o->group_size < 1) {
+    return InvalidArgument("options->group_size = " + std::to_string(o->group_size) +
+                           " is neither -1 (one group per row) nor positive");
+  }
+  if (!FmtOf(o->scale_dtype, &out->config.scale)) {
+    return InvalidArgument("options->scale_dtype is " + DtypeName(o->scale_dtype) +
+                           ", expected float16, bfloat16 or float32");
+  }
+  if (!(o->q_scale_thresh > 0) || std::isinf(o->q_scale_thresh)) {
+    return InvalidArgument("options->q_scale_thresh = " + std::to_string(o->q_scale_thresh) +
+                           " is not a finite value > 0");
+  }
+  out->config.bits = o->bits;
+  out->config.sym = o->sym != 0 ? 1 : 0;
+  // As torch.clamp converts a Python float for a tensor of the scale's dtype.
+  out->config.thresh = RoundTo(out->config.scale, static_cast<float>(o->q_scale_thresh));
+  out->group_size = o->group_size;
+  return Status::Ok();
+}
+
+struct Checked {
+  int device = 0;
+  SignRoundConfig config;
+  SignRoundLayer layer;
+};
+
+Status ReadLayer(const Context& ctx, const qlink_signround_layer& l, size_t index, const Options& options,
+                 SignRoundPass pass, Checked* out) {
+  const std::string at = "layers[" + std::to_string(index) + "]";
+  QLINK_RETURN_IF_ERROR(CheckStructSize(l.struct_size, QLINK_SIGNROUND_LAYER_STRUCT_SIZE_1_7, at.c_str(), "1.7"));
+  const std::string who = l.name != nullptr && l.name[0] != '\0' ? at + " '" + l.name + "'" : at;
+  if (l.weight == nullptr) return InvalidArgument(who + ": weight is NULL");
+  const DLTensor& w = *l.weight;
+  uint64_t bytes = 0;
+  QLINK_RETURN_IF_ERROR(
+      CheckTensor(w, who + ": weight", ctx.backend().device_type(), ctx.backend().device_count(), &bytes));
+  if (w.ndim != 2 || w.shape[0] < 1 || w.shape[1] < 1) {
+    return InvalidArgument(who + ": weight has shape " + ShapeText(w) + ", expected (rows, columns), both >= 1");
+  }
+  out->config = options.config;
+  if (!FmtOf(w.dtype, &out->config.weight)) {
+    return InvalidArgument(who + ": weight has dtype " + DtypeName(w.dtype) +
+                           ", expected float32, bfloat16 or float16");
+  }
+  const int64_t rows = w.shape[0], cols = w.shape[1];
+  if (options.group_size != -1 && cols % options.group_size != 0) {
+    return InvalidArgument(who + ": options->group_size " + std::to_string(options.group_size) +
+                           " does not divide the weight's " + std::to_string(cols) + " columns");
+  }
+  const int64_t len = options.group_size == -1 ? cols : options.group_size, groups = rows * cols / len;
+  out->device = w.device.device_id;
+  const DLDataType wd = w.dtype;
+  auto like_weight = [wd](DLDataType t) { return t.code == wd.code && t.bits == wd.bits && t.lanes == 1; };
+  const std::string wanted = "the weight's " + DtypeName(wd);
+  auto need = [&](const DLTensor* t, const char* field, std::initializer_list<int64_t> shape, auto ok,
+                  const char* dtype) -> Status {
+    if (t == nullptr) return InvalidArgument(who + ": " + field + " is NULL");
+    return CheckTensorOf(ctx, t, who + ": " + field, out->device, shape, ok, dtype);
+  };
+  QLINK_RETURN_IF_ERROR(need(l.v, "v", {groups, len}, IsFp32, "float32"));
+  QLINK_RETURN_IF_ERROR(need(l.min_scale, "min_scale", {groups}, IsFp32, "float32"));
+  QLINK_RETURN_IF_ERROR(need(l.max_scale, "max_scale", {groups}, IsFp32, "float32"));
+  if (pass == SignRoundPass::kForward) {
+    QLINK_RETURN_IF_ERROR(need(l.qdq, "qdq", {rows, cols}, like_weight, wanted.c_str()));
+  } else {
+    QLINK_RETURN_IF_ERROR(need(l.grad_qdq, "grad_qdq", {rows, cols}, like_weight, wanted.c_str()));
+    QLINK_RETURN_IF_ERROR(need(l.grad_v, "grad_v", {groups, len}, IsFp32, "float32"));
+    for (auto [t, field] : {std::pair{l.grad_min_scale, "grad_min_scale"}, {l.grad_max_scale, "grad_max_scale"}}) {
+      if (t != nullptr) QLINK_RETURN_IF_ERROR(need(t, field, {groups}, IsFp32, "float32"));
+    }
+  }
+  SignRoundLayer& s = out->layer;
+  s.weight = DataOf(l.weight);
+  s.rows = rows;
+  s.cols = cols;
+  s.group_len = len;
+  s.v = static_cast<const float*>(DataOf(l.v));
+  s.min_scale = static_cast<float*>(DataOf(l.min_scale));
+  s.max_scale = static_cast<float*>(DataOf(l.max_scale));
+  if (pass == SignRoundPass::kForward) {
+    s.qdq = DataOf(l.qdq);
+  } else {
+    s.grad_qdq = DataOf(l.grad_qdq);
+    s.grad_v = static_cast<float*>(DataOf(l.grad_v));
+    s.grad_min_scale = static_cast<float*>(DataOf(l.grad_min_scale));
+    s.grad_max_scale = static_cast<float*>(DataOf(l.grad_max_scale));
+  }
+  return Status::Ok();
+}
+
+// A one-element tensor of `dtype` on `device`, named `what`.
+Status CheckScalar(const Context& ctx, const DLTensor* t, const char* what, int device, DLDataType dtype,
+                   const char* wanted) {
+  if (t == nullptr) return InvalidArgument(std::string(what) + " is NULL");
+  return CheckTensorOf(
+      ctx, t, what, device, {1}, [&](DLDataType d) { return Is(d, dtype.code, dtype.bits); }, wanted);
+}
+
+}  // namespace
+
+Status SignRoundQdq(Context& ctx, const qlink_signround_args* args, SignRoundPass pass) {
+  if (args == nullptr) return InvalidArgument("args is NULL");
+  QLINK_RETURN_IF_ERROR(CheckStructSize(args->struct_size, QLINK_SIGNROUND_ARGS_STRUCT_SIZE_1_7, "args", "1.7"));
+  Options options;
+  QLINK_RETURN_IF_ERROR(ReadOptions(args->options, &options));
+  if (args->num_layers > 0 && args->layers == nullptr)
+    return InvalidArgument("args->layers is NULL with num_layers > 0");
+  QLINK_RETURN_IF_ERROR(CheckStreams(ctx, args->streams, args->num_streams));
+  std::vector<Checked> layers(args->num_layers);
+  for (size_t i = 0; i < args->num_layers; ++i) {
+    QLINK_RETURN_IF_ERROR(ReadLayer(ctx, args->layers[i], i, options, pass, &layers[i]));
+  }
+  if (layers.empty()) return Status::Ok();
+  SignRoundMath* math = nullptr;
+  QLINK_RETURN_IF_ERROR(ctx.backend().GetSignRoundMath(&math));
+  for (const Checked& l : layers) {
+    const Stream stream = StreamFor(l.device, args->streams, args->num_streams);
+    QLINK_RETURN_IF_ERROR(pass == SignRoundPass::kForward ? math->Forward(l.device, stream, l.config, l.layer)
+                                                          : math->Backward(l.device, stream, l.config, l.layer));
+  }
+  return Status::Ok();
+}
+
+Status SignSgd(Context& ctx, const qlink_signsgd_args* args) {
+  if (args == nullptr) return InvalidArgument("args is NULL");
+  QLINK_RETURN_IF_ERROR(CheckStructSize(args->struct_size, QLINK_SIGNSGD_ARGS_STRUCT_SIZE_1_7, "args", "1.7"));
+  if (args->num_params > 0 && args->params == nullptr)
+    return InvalidArgument("args->params is NULL with num_params > 0");
+  QLINK_RETURN_IF_ERROR(CheckStreams(ctx, args->streams, args->num_streams));
+  if (args->lrs == nullptr) return InvalidArgument("args->lrs is NULL");
+  uint64_t bytes = 0;
+  QLINK_RETURN_IF_ERROR(CheckTensor(*args->lrs, std::string("args->lrs"), ctx.backend().device_type(),
+                                    ctx.backend().device_count(), &bytes));
+  const int device = args->lrs->device.device_id;
+  if (args->lrs->ndim != 1 || args->lrs->shape[0] < 1 || !IsFp32(args->lrs->dtype)) {
+    return InvalidArgument("args->lrs has shape " + ShapeText(*args->lrs) + " and dtype " +
+                           DtypeName(args->lrs->dtype) + ", expected (groups,) float32 with groups >= 1");
+  }
+  const int64_t num_lrs = args->lrs->shape[0];
+  SignSgdStep step;
+  step.lrs = static_cast<float*>(DataOf(args->lrs));
+  step.num_lrs = static_cast<size_t>(num_lrs);
+  if (args->epoch != nullptr) {
+    QLINK_RETURN_IF_ERROR(CheckScalar(ctx, args->epoch, "args->epoch", device, DLDataType{kDLInt, 64, 1}, "int64"));
+    if (args->total_iters < 1) {
+      return InvalidArgument("args->total_iters = " + std::to_string(args->total_iters) + " is below 1 with an epoch");
+    }
+    step.epoch = static_cast<int64_t*>(DataOf(args->epoch));
+    step.total_iters = args->total_iters;
+  }
+  if (args->loss != nullptr) {
+    QLINK_RETURN_IF_ERROR(CheckScalar(ctx, args->loss, "args->loss", device, DLDataType{kDLFloat, 32, 1}, "float32"));
+    QLINK_RETURN_IF_ERROR(
+        CheckScalar(ctx, args->best_loss, "args->best_loss", device, DLDataType{kDLFloat, 32, 1}, "float32"));
+    step.loss = static_cast<const float*>(DataOf(args->loss));
+    step.best_loss = static_cast<float*>(DataOf(args->best_loss));
+  }
+  std::vector<SignSgdTensor> tensors(args->num_params);
+  for (size_t i = 0; i < args->num_params; ++i) {
+    const qlink_signsgd_param& p = args->params[i];
+    const std::string at = "params[" + std::to_string(i) + "]";
+    QLINK_RETURN_IF_ERROR(CheckStructSize(p.struct_size, QLINK_SIGNSGD_PARAM_STRUCT_SIZE_1_7, at.c_str(), "1.7"));
+    if (p.param == nullptr) return InvalidArgument(at + ": param is NULL");
+    QLINK_RETURN_IF_ERROR(
+        CheckTensor(*p.param, at + ": param", ctx.backend().device_type(), ctx.backend().device_count(), &bytes));
+    if (p.param->device.device_id != device) {
+      return InvalidArgument(at + ": param is on device " + std::to_string(p.param->device.device_id) +
+                             ", not args->lrs's device " + std::to_string(device));
+    }
+    if (!IsFp32(p.param->dtype))
+      return InvalidArgument(at + ": param has dtype " + DtypeName(p.param->dtype) + ", expected float32");
+    int64_t count = 1;
+    for (int d = 0; d < p.param->ndim; ++d) count *= p.param->shape[d];
+    auto like_param = [&](const DLTensor* t, const char* field) -> Status {
+      const std::string what = at + ": " + field;
+      if (t == nullptr) return InvalidArgument(what + " is NULL");
+      QLINK_RETURN_IF_ERROR(CheckTensor(*t, what, ctx.backend().device_type(), ctx.backend().device_count(), &bytes));
+      bool same = t->ndim == p.param->ndim;
+      for (int d = 0; same && d < t->ndim; ++d) same = t->shape[d] == p.param->shape[d];
+      if (!same)
+        return InvalidArgument(what + " has shape " + ShapeText(*t) + ", expected param's " + ShapeText(*p.param));
+      if (t->device.device_id != device) {
+        return InvalidArgument(what + " is on device " + std::to_string(t->device.device_id) + ", not " +
+                               std::to_string(device));
+      }
+      if (!IsFp32(t->dtype)) return InvalidArgument(what + " has dtype " + DtypeName(t->dtype) + ", expected float32");
+      return Status::Ok();
+    };
+    QLINK_RETURN_IF_ERROR(like_param(p.grad, "grad"));
+    if (p.best != nullptr) QLINK_RETURN_IF_ERROR(like_param(p.best, "best"));
+    if (p.lr_group < 0 || p.lr_group >= num_lrs) {
+      return InvalidArgument(at + ": lr_group = " + std::to_string(p.lr_group) + " is outside args->lrs' " +
+                             std::to_string(num_lrs) + " groups");
+    }
+    tensors[i] = SignSgdTensor{static_cast<float*>(DataOf(p.param)), static_cast<const float*>(DataOf(p.grad)),
+                               static_cast<float*>(DataOf(p.best)), count, p.lr_group};
+  }
+  SignRoundMath* math = nullptr;
+  QLINK_RETURN_IF_ERROR(ctx.backend().GetSignRoundMath(&math));
+  step.tensors = tensors.data();
+  step.num_tensors = tensors.size();
+  return math->Step(device, StreamFor(device, args->streams, args->num_streams), step);
+}
+
+}  // namespace quant
+}  // namespace qlink

@@ -1,0 +1,70 @@
+// SignRound's per-vendor part: the fused quant-dequant forward and backward of AutoRound's
+// WrapperLinear and the SignSGD step, one kernel pass each, on the devices of one backend
+// (the CPU backend's loops, the GPU backend's kernels in quant/kernels). The ABI's entry
+// points (quant/signround/signround.cc) check every argument, then call these.
+//
+// Conventions: pointers are in `device`'s memory; every call enqueues on `stream` of
+// `device` (making it current) and returns without waiting.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backends/status.h"
+#include "quant/kernels/signround_math.h"
+
+namespace qlink {
+namespace quant {
+
+// One wrapped linear: its weight (rows x cols, row-major, in config.weight's format) in
+// groups of group_len consecutive columns, groups = rows * cols / group_len.
+struct SignRoundLayer {
+  const void* weight = nullptr;
+  int64_t rows = 0, cols = 0, group_len = 0;
+  const float* v = nullptr;           // rows x cols, the rounding offsets
+  float* min_scale = nullptr;         // groups; the forward clamps both to [0, 1] in place
+  float* max_scale = nullptr;         //   (WrapperLinear's minmax_scale_bound)
+  void* qdq = nullptr;                // forward: rows x cols, the weight's format
+  const void* grad_qdq = nullptr;     // backward: the gradient of qdq, the weight's format
+  float* grad_v = nullptr;            // backward: rows x cols
+  float* grad_min_scale = nullptr;    // backward: groups
+  float* grad_max_scale = nullptr;
+  QLINK_HD int64_t groups() const { return rows * cols / group_len; }
+};
+
+// One tensor SignSGD updates: param -= lr[group] * sign(grad), `count` fp32 elements.
+struct SignSgdTensor {
+  float* param = nullptr;
+  const float* grad = nullptr;
+  float* best = nullptr;  // where param is copied first when the loss improved; NULL: none
+  int64_t count = 0;
+  int32_t lr_group = 0;   // its learning rate: lrs[lr_group]
+};
+
+struct SignSgdStep {
+  const SignSgdTensor* tensors = nullptr;  // host memory
+  size_t num_tensors = 0;
+  float* lrs = nullptr;        // device: the groups' learning rates, fp32
+  size_t num_lrs = 0;
+  int64_t* epoch = nullptr;    // device: LinearLR's last_epoch; NULL: no schedule
+  int64_t total_iters = 0;     // LinearLR's total_iters
+  const float* loss = nullptr; // device: this iteration's loss; NULL: no best-parameter keeping
+  float* best_loss = nullptr;  // device: the lowest loss so far, lowered to `loss` when it improved
+};
+
+class SignRoundMath {
+ public:
+  virtual ~SignRoundMath() = default;
+  // qdq = WrapperLinear's quant-dequant of weight with v, min_scale, max_scale.
+  virtual Status Forward(int device, void* stream, const SignRoundConfig& config, const SignRoundLayer& layer) = 0;
+  // grad_v, grad_min_scale, grad_max_scale (overwritten) from grad_qdq, as autograd
+  // computes them through the forward (round as a straight-through estimator).
+  virtual Status Backward(int device, void* stream, const SignRoundConfig& config, const SignRoundLayer& layer) = 0;
+  // Keeps the parameters as best (when loss < best_loss), then the SignSGD update of every
+  // tensor, then the schedule: best_loss lowered, epoch advanced, each lr multiplied by
+  // LinearLR's factor.
+  virtual Status Step(int device, void* stream, const SignSgdStep& step) = 0;
+};
+
+}  // namespace quant
+}  // namespace qlink

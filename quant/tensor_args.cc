@@ -1,0 +1,24 @@
+#include "quant/tensor_args.h"
+
+namespace qlink {
+namespace quant {
+
+std::string DtypeName(DLDataType t) {
+  const char* code = t.code == kDLFloat ? "float" : t.code == kDLBfloat ? "bfloat" : t.code == kDLInt ? "int"
+                                                                                        : t.code == kDLUInt ? "uint"
+                                                                                                           : "code";
+  return std::string(code) + std::to_string(t.bits) + (t.lanes != 1 ? "x" + std::to_string(t.lanes) : "");
+}
+
+bool Is(DLDataType t, uint8_t code, uint8_t bits) { return t.code == code && t.bits == bits && t.lanes == 1; }
+
+std::string ShapeText(const int64_t* extents, size_t count) {
+  std::string s = "(";
+  for (size_t d = 0; d < count; ++d) s += (d > 0 ? ", " : "") + std::to_string(extents[d]);
+  return s + (count == 1 ? ",)" : ")");
+}
+
+std::string ShapeText(const DLTensor& t) { return ShapeText(t.shape, static_cast<size_t>(t.ndim)); }
+
+}  // namespace quant
+}  // namespace qlink
