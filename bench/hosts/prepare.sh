@@ -11,11 +11,11 @@ cd "$(dirname "$0")/../.."
 dest=$1
 gptqmodel=${2:-/work/.mirror/ModelCloud+GPTQModel/repo}
 autoround=${3:-/work/.mirror/intel+auto-round/repo}
-bazel build -c opt //:plugin //:libqlink_backend_fault.so //tests/python:libfake_torch_shim.so
+bazel build -c opt //:plugin //:libqlink_backend_fault.so //tests/python:libfake_torch_shim.so //tests/python:libfake_cusolver.so
 rm -rf "$dest/python" "$dest/hosts" "$dest/bench" "$dest/tests"
 mkdir -p "$dest/python/qlink/lib" "$dest/hosts" "$dest/bench" "$dest/tests"
 cp -r python/qlink "$dest/python/"
-cp -f bazel-bin/libqlink*.so bazel-bin/tests/python/libfake_torch_shim.so "$dest/python/qlink/lib/"
+cp -f bazel-bin/libqlink*.so bazel-bin/tests/python/libfake_torch_shim.so bazel-bin/tests/python/libfake_cusolver.so "$dest/python/qlink/lib/"
 cp -r tests/python "$dest/tests/"
 git -C "$gptqmodel" archive HEAD gptqmodel | tar -x -C "$dest/hosts"
 git -C "$autoround" archive HEAD auto_round auto_round_extension | tar -x -C "$dest/hosts"

@@ -16,9 +16,17 @@ namespace {
 using ::qlink::gpu::Activate;
 using ::qlink::gpu::Check;
 
-Status CheckLib(int result, const char* what) {
+// Errors of this layer read "quant: <the vendor's call> failed: <its status name> (<value>)".
+Status CheckBlas(int result, const char* call) {
   if (result == 0) return Status::Ok();
-  return RuntimeError(std::string(QLINK_GPU_BACKEND_NAME ": ") + what + " failed with status " + std::to_string(result));
+  return RuntimeError(std::string("quant: ") + call + " failed: " + BlasStatusName(result) + " (" +
+                      std::to_string(result) + ")");
+}
+
+Status CheckSolver(int result, const char* call) {
+  if (result == 0) return Status::Ok();
+  return RuntimeError(std::string("quant: ") + call + " failed: " + SolverStatusName(result) + " (" +
+                      std::to_string(result) + ")");
 }
 
 int Int(int64_t v) { return static_cast<int>(v); }
@@ -64,9 +72,9 @@ class GpuQuantMath final : public QuantMath {
     std::lock_guard<std::mutex> lock(st->mu);
     QLINK_RETURN_IF_ERROR(Blas(*st, stream, tf32));
     // Row-major C = A B is column-major C^T = B^T A^T: the operands swap.
-    return CheckLib(api_.Sgemm(st->blas, api_.op_n, api_.op_n, Int(n), Int(m), Int(k), &alpha, b, Int(ldb), a,
+    return CheckBlas(api_.Sgemm(st->blas, api_.op_n, api_.op_n, Int(n), Int(m), Int(k), &alpha, b, Int(ldb), a,
                                Int(lda), &beta, c, Int(ldc)),
-                    "sgemm");
+                    api_.names.sgemm);
   }
 
   // The lower triangle of h (column-major) += A A^T for A = x^T (n x rows, column-major),
@@ -82,15 +90,15 @@ class GpuQuantMath final : public QuantMath {
     const float one = 1.0f;
     const int64_t p = n / 2, q = n - p;
     auto syrk = [&](int64_t first, int64_t size) {
-      return CheckLib(api_.Ssyrk(st->blas, api_.fill_lower, api_.op_n, Int(size), Int(rows), &one, x + first, Int(n),
+      return CheckBlas(api_.Ssyrk(st->blas, api_.fill_lower, api_.op_n, Int(size), Int(rows), &one, x + first, Int(n),
                                  &one, h + first * n + first, Int(n)),
-                      "ssyrk");
+                      api_.names.ssyrk);
     };
     if (p == 0) return syrk(0, n);
     QLINK_RETURN_IF_ERROR(syrk(0, p));
-    QLINK_RETURN_IF_ERROR(CheckLib(api_.Sgemm(st->blas, api_.op_n, api_.op_t, Int(q), Int(p), Int(rows), &one, x + p,
+    QLINK_RETURN_IF_ERROR(CheckBlas(api_.Sgemm(st->blas, api_.op_n, api_.op_t, Int(q), Int(p), Int(rows), &one, x + p,
                                               Int(n), x, Int(n), &one, h + p, Int(n)),
-                                   "sgemm"));
+                                   api_.names.sgemm));
     return syrk(p, q);
   }
 
@@ -112,11 +120,11 @@ class GpuQuantMath final : public QuantMath {
     const auto* x16 = static_cast<const uint16_t*>(x);
     // h[first_row.., first_col..] (count_rows x count_cols, column-major) += x[:, rows]^T x[:, cols].
     auto gemm = [&](int64_t first_row, int64_t count_rows, int64_t first_col, int64_t count_cols) {
-      return CheckLib(api_.GemmEx(st->blas, api_.op_n, api_.op_t, Int(count_rows), Int(count_cols), Int(rows), &one,
+      return CheckBlas(api_.GemmEx(st->blas, api_.op_n, api_.op_t, Int(count_rows), Int(count_cols), Int(rows), &one,
                                   x16 + first_row, type, Int(n), x16 + first_col, type, Int(n), &one,
                                   h + first_col * n + first_row, api_.r_32f, Int(n), api_.compute_32f,
                                   api_.gemm_default),
-                      "gemm-ex");
+                      api_.names.gemm_ex);
     };
     const int64_t p = n / 2, q = n - p;
     if (p == 0) return gemm(0, n, 0, n);
@@ -132,10 +140,10 @@ class GpuQuantMath final : public QuantMath {
     const int uplo = lower ? api_.fill_lower : api_.fill_upper;
     int lwork = 0;
     QLINK_RETURN_IF_ERROR(Solver(*st, stream));
-    QLINK_RETURN_IF_ERROR(CheckLib(api_.SpotrfBufferSize(st->solver, uplo, Int(n), a, Int(n), &lwork), "potrf size"));
+    QLINK_RETURN_IF_ERROR(CheckSolver(api_.SpotrfBufferSize(st->solver, uplo, Int(n), a, Int(n), &lwork), api_.names.potrf_size));
     QLINK_RETURN_IF_ERROR(Work(*st, lwork));
     QLINK_RETURN_IF_ERROR(
-        CheckLib(api_.Spotrf(st->solver, uplo, Int(n), a, Int(n), st->work, lwork, st->info), "potrf"));
+        CheckSolver(api_.Spotrf(st->solver, uplo, Int(n), a, Int(n), st->work, lwork, st->info), api_.names.potrf));
     int info = 0;
     QLINK_RETURN_IF_ERROR(ReadInfo(*st, stream, &info));
     if (info < 0) return Internal("quant: potrf refused argument " + std::to_string(-info));
@@ -150,12 +158,11 @@ class GpuQuantMath final : public QuantMath {
     std::lock_guard<std::mutex> lock(st->mu);
     QLINK_RETURN_IF_ERROR(Check(gpu::LaunchIdentity(inverse, n, S(stream)), "identity kernel"));
     QLINK_RETURN_IF_ERROR(Solver(*st, stream));
-    QLINK_RETURN_IF_ERROR(CheckLib(
-        api_.Spotrs(st->solver, api_.fill_lower, Int(n), Int(n), factor, Int(n), inverse, Int(n), st->info), "potrs"));
-    int info = 0;
-    QLINK_RETURN_IF_ERROR(ReadInfo(*st, stream, &info));
-    if (info != 0) return Internal("quant: potrs refused argument " + std::to_string(-info));
-    return Status::Ok();
+    // potrs' info reports only an invalid argument, and every argument here is the engine's
+    // own: not read (reading it would wait for the device at every inverse; ATen skips it too).
+    return CheckSolver(
+        api_.Spotrs(st->solver, api_.fill_lower, Int(n), Int(n), factor, Int(n), inverse, Int(n), st->info),
+        api_.names.potrs);
   }
 
   Status MirrorTriangle(int device, Stream stream, float* a, int64_t n, bool lower_to_upper) override {
@@ -225,9 +232,21 @@ class GpuQuantMath final : public QuantMath {
     DeviceState& st = states_[device];
     std::lock_guard<std::mutex> lock(st.mu);
     if (st.blas == nullptr) {
-      QLINK_RETURN_IF_ERROR(CheckLib(api_.BlasCreate(&st.blas), "blas handle"));
-      QLINK_RETURN_IF_ERROR(CheckLib(api_.SolverCreate(&st.solver), "solver handle"));
-      QLINK_RETURN_IF_ERROR(Check(gpuMalloc(reinterpret_cast<void**>(&st.info), sizeof(int)), "gpuMalloc"));
+      // All three or none: a device left with a handle but no info buffer would fail every
+      // later call for the life of the process.
+      LinalgApi::Handle blas = nullptr, solver = nullptr;
+      int* info = nullptr;
+      Status s = CheckBlas(api_.BlasCreate(&blas), api_.names.blas_create);
+      if (s.ok()) s = CheckSolver(api_.SolverCreate(&solver), api_.names.solver_create);
+      if (s.ok()) s = Check(gpuMalloc(reinterpret_cast<void**>(&info), sizeof(int)), "gpuMalloc");
+      if (!s.ok()) {
+        if (solver != nullptr) (void)api_.SolverDestroy(solver);
+        if (blas != nullptr) (void)api_.BlasDestroy(blas);
+        return s;
+      }
+      st.blas = blas;
+      st.solver = solver;
+      st.info = info;
     }
     *out = &st;
     return Status::Ok();
@@ -235,13 +254,13 @@ class GpuQuantMath final : public QuantMath {
 
   // The BLAS handle on `stream`, in IEEE fp32 unless tf32 (st.mu held).
   Status Blas(DeviceState& st, Stream stream, bool tf32) {
-    QLINK_RETURN_IF_ERROR(CheckLib(api_.BlasSetStream(st.blas, stream), "blas set stream"));
+    QLINK_RETURN_IF_ERROR(CheckBlas(api_.BlasSetStream(st.blas, stream), api_.names.blas_stream));
     if (api_.BlasSetMathMode == nullptr) return Status::Ok();
-    return CheckLib(api_.BlasSetMathMode(st.blas, tf32 ? api_.math_tf32 : api_.math_default), "blas math mode");
+    return CheckBlas(api_.BlasSetMathMode(st.blas, tf32 ? api_.math_tf32 : api_.math_default), api_.names.math);
   }
 
   Status Solver(DeviceState& st, Stream stream) {
-    return CheckLib(api_.SolverSetStream(st.solver, stream), "solver set stream");
+    return CheckSolver(api_.SolverSetStream(st.solver, stream), api_.names.solver_stream);
   }
 
   static Status Work(DeviceState& st, int floats) {

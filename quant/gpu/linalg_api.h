@@ -13,6 +13,12 @@
 namespace qlink {
 namespace quant {
 
+// The vendor's names of the functions below, for loading them and for error messages.
+struct LinalgNames {
+  const char *blas_create, *blas_destroy, *blas_stream, *math, *sgemm, *gemm_ex, *ssyrk, *solver_create,
+      *solver_destroy, *solver_stream, *potrf_size, *potrf, *potrs;
+};
+
 struct LinalgApi {
   using Handle = void*;
   using Result = int;  // cublasStatus_t / cusolverStatus_t; 0 is success
@@ -26,6 +32,7 @@ struct LinalgApi {
   int gemm_default;          // cublasGemmAlgo_t / hipblasGemmAlgo_t
 
   Result (*BlasCreate)(Handle*);
+  Result (*BlasDestroy)(Handle);
   Result (*BlasSetStream)(Handle, void* stream);
   Result (*BlasSetMathMode)(Handle, int mode);  // NULL where the vendor has none
   Result (*Sgemm)(Handle, int transa, int transb, int m, int n, int k, const float* alpha, const float* a, int lda,
@@ -39,11 +46,19 @@ struct LinalgApi {
                   const float* beta, float* c, int ldc);
 
   Result (*SolverCreate)(Handle*);
+  Result (*SolverDestroy)(Handle);
   Result (*SolverSetStream)(Handle, void* stream);
   Result (*SpotrfBufferSize)(Handle, int uplo, int n, float* a, int lda, int* lwork);
   Result (*Spotrf)(Handle, int uplo, int n, float* a, int lda, float* work, int lwork, int* info);
   Result (*Spotrs)(Handle, int uplo, int n, int nrhs, const float* a, int lda, float* b, int ldb, int* info);
+
+  LinalgNames names;
 };
+
+// The vendor's name of a BLAS or solver result ("CUBLAS_STATUS_INVALID_VALUE",
+// "HIPSOLVER_STATUS_INTERNAL_ERROR"), "unknown status" for a value it does not list.
+const char* BlasStatusName(int result);
+const char* SolverStatusName(int result);
 
 // Loads the vendor's BLAS library `blas` and solver library `solver` ("" = the defaults:
 // libcublas.so.13 and libcusolver.so.12, or libhipblas.so.2 and libhipsolver.so.0) once per

@@ -1,8 +1,11 @@
 """The quantization engines on real GPUs (the accelerator machine); skipped where PyTorch
 sees none."""
+import os
+
 import pytest
 import torch
 
+import qlink
 from gptq_reference import reference_gptq
 from qlink.quant import GPTQLayer, Placement, gptq_quantize, parallel_gptq, parallel_hessian, sign_round
 
@@ -86,3 +89,19 @@ def test_sign_round_on_two_gpus_tracks_one(ctx):
     assert one.loss < rtn.loss and two.loss < rtn.loss
     assert abs(two.loss - one.loss) <= 0.05 * one.loss
     assert all(w.device == torch.device("cuda:0") for w in two.weights.values())
+
+
+def test_a_failed_library_setup_leaves_no_half_made_state_and_names_the_status(library):
+    # cuSOLVER's first handle creation fails: that call is refused naming the vendor's call
+    # and status; the next one makes all of the device's handles afresh and solves as usual.
+    fake = os.path.join(os.path.dirname(library), "libfake_cusolver.so")
+    if not os.path.exists(fake):
+        pytest.skip("libfake_cusolver.so is not beside the library (tools/dist.sh puts it there)")
+    w, h = _problem()
+    with qlink.load({"backend": "cuda", "log_level": "off"}, library=library) as plain:
+        want = gptq_quantize(w, h, ctx=plain)
+    with qlink.load({"backend": "cuda", "log_level": "off", "solver_library": fake}, library=library) as ctx:
+        with pytest.raises(qlink.QlinkError, match="cusolverDnCreate failed: CUSOLVER_STATUS_NOT_INITIALIZED"):
+            gptq_quantize(w, h, ctx=ctx)
+        got = gptq_quantize(w, h, ctx=ctx)
+    assert torch.equal(got.codes, want.codes) and torch.equal(got.weight, want.weight)
