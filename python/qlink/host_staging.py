@@ -48,10 +48,11 @@ def stageable(t):
 
 
 class _Twin:
-    __slots__ = ("buffer", "version", "data", "ticket")
+    """A source's pinned bytes (borrowed: the page-locked source itself)."""
+    __slots__ = ("buffer", "version", "data", "ticket", "borrowed")
 
-    def __init__(self, buffer, version, data):
-        self.buffer, self.version, self.data, self.ticket = buffer, version, data, None
+    def __init__(self, buffer, version, data, borrowed=False):
+        self.buffer, self.version, self.data, self.ticket, self.borrowed = buffer, version, data, None, borrowed
 
 
 class HostStaging:
@@ -64,12 +65,13 @@ class HostStaging:
         self._twins = {}  # id(source) -> (weakref to source, _Twin)
         self._retiring = []  # twins a copy may still read: (buffer, ticket)
         self._counts = dict.fromkeys(("copies", "leaves", "twins_made", "twins_reused", "twins_refreshed",
-                                      "bytes_pinned", "bytes_copied"), 0)
+                                      "pinned_sources", "bytes_pinned", "bytes_copied"), 0)
 
     def counters(self):
         """copies: qlink copy_batch calls; leaves: tensors moved; twins_made / _reused /
         _refreshed: pinned twins created, found unchanged, replaced after an in-place
-        change of their source; bytes_pinned: host bytes copied into twins; bytes_copied:
+        change of their source; pinned_sources: sources already page-locked, read in
+        place; bytes_pinned: host bytes copied into twins; bytes_copied:
         bytes copied to devices; retiring: twins waiting for their last copy."""
         with self._lock:
             return dict(self._counts, kept=len(self._twins), retiring=len(self._retiring))
@@ -111,8 +113,7 @@ class HostStaging:
         with self._lock:
             for tw in twins:
                 tw.ticket = ticket
-            if not keep:
-                self._retiring.extend((tw.buffer, ticket) for tw in twins)
+            self._retiring.extend((tw.buffer, ticket) for tw in twins if not keep or tw.borrowed)
             self._counts["copies"] += 1
             self._counts["leaves"] += len(sources)
             self._counts["bytes_copied"] += int(nbytes.sum())
@@ -120,6 +121,12 @@ class HostStaging:
 
     def _twin(self, source, keep):
         key, version = id(source), source._version
+        if not self._ctx.host_memory and source.is_pinned():
+            # Already page-locked, maybe still being written by an asynchronous copy on the
+            # stream this one joins: read in place, never by the CPU, held until copied.
+            with self._lock:
+                self._counts["pinned_sources"] += 1
+            return _Twin(source, version, source.data_ptr(), borrowed=True)
         with self._lock:
             entry = self._twins.get(key)
             if entry is not None and entry[0]() is source:

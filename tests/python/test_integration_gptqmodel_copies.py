@@ -159,3 +159,17 @@ def test_a_failing_staging_falls_back_or_raises_when_strict(gpu_host, monkeypatc
     adapter.install(ctx=ctx, strict=True)
     with pytest.raises(FallbackRefused, match="move_to failed and strict=True.*injected"):
         gpu_host["model"].move_to(x, torch.device("cuda:0"))
+
+
+@cuda
+def test_a_page_locked_source_is_read_in_place_after_the_work_before_it(gpu_host):
+    """A pinned source still being written by an asynchronous device-to-host copy on the
+    current stream: staged in place, in stream order, so it arrives as written."""
+    ctx = gpu_host["ctx"]
+    produced = torch.randn(1 << 20, device="cuda:0")
+    torch.cuda._sleep(50_000_000)  # the copy below waits behind this on the stream
+    pinned = torch.empty(1 << 20, pin_memory=True)
+    pinned.copy_(produced, non_blocking=True)
+    moved = ctx.move_tensors([pinned], "cuda:0", keep_host_copies=True)[0]
+    assert torch.equal(moved, produced)
+    assert ctx.host_staging.counters()["pinned_sources"] == 1 and ctx.host_staging.counters()["kept"] == 0
