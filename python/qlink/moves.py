@@ -1,10 +1,14 @@
 """The Context's moves: a module's parameters and buffers, or a nested batch of tensors,
 to another device (GPTQModel's move_module_to_device and move_nested_to_device)."""
 import collections
+import threading
 
 import torch
 
 from .copy_calls import gpu_bridge
+from .host_staging import HostStaging, stageable
+
+_staging_lock = threading.Lock()
 
 
 def _move_storage(t, device, moved):
@@ -47,13 +51,25 @@ def module_tensors(module):
 class MoveCalls:
     """Moves of modules and nested batches; part of Context."""
 
-    def move_tensors(self, tensors, device):
+    @property
+    def host_staging(self):
+        """This context's HostStaging: host tensors to its devices through pinned twins."""
+        staging = self.__dict__.get("_host_staging")
+        if staging is None:
+            with _staging_lock:
+                staging = self.__dict__.setdefault("_host_staging", HostStaging(self))
+        return staging
+
+    def move_tensors(self, tensors, device, keep_host_copies=False):
         """Copies of `tensors` on `device`, in order; those already there are returned as is.
 
         Through the torch bridge, GPU leaves that are contiguous and share no bytes with
         another leaf move in one call: one new allocation holds all but the largest, one
-        copy_batch fills every destination. The rest, and every leaf where the bridge is
-        missing, move by PyTorch (storage ties kept)."""
+        copy_batch fills every destination. Contiguous host leaves (no autograd) move to a
+        GPU through pinned twins (host_staging.py), without blocking the calling thread;
+        keep_host_copies holds the twins for their sources' next move (data moved again
+        and again). The rest, and every leaf where the bridge is missing, move by PyTorch
+        (storage ties kept)."""
         out = list(tensors)
         if not out:
             return out
@@ -69,11 +85,16 @@ class MoveCalls:
             raise ValueError("device %s does not exist: PyTorch sees %d GPU(s)" % (target, torch.cuda.device_count()))
         bridge = gpu_bridge(self)
         if bridge is None:
-            _move_regular(out, tensors, [i for i, t in enumerate(tensors) if t.device != target], target)
-            return out
-        status, moved = bridge.move(*self.bridge_plugin(), out, target.index)
-        if status:
-            self.check(status)
+            moved = [t if t.device == target else None for t in tensors]
+        else:
+            status, moved = bridge.move(*self.bridge_plugin(), out, target.index)
+            if status:
+                self.check(status)
+        host = [i for i, m in enumerate(moved) if m is None and stageable(tensors[i]) is None]
+        if host and not self.host_memory:
+            staged = self.host_staging.to_device([tensors[i] for i in host], target, keep=keep_host_copies)
+            for i, t in zip(host, staged):
+                moved[i] = t
         _move_regular(moved, tensors, [i for i, m in enumerate(moved) if m is None], target)
         return moved
 
@@ -95,10 +116,10 @@ class MoveCalls:
                     m._buffers[name] = new_buffers[id(b)]
         return module
 
-    def move_nested_to_device(self, value, device):
+    def move_nested_to_device(self, value, device, keep_host_copies=False):
         """A copy of `value` (dicts, lists, tuples, namedtuples of tensors; anything else
         passed through) with every tensor on `device`; container types are kept, a tensor
-        appearing twice is moved once."""
+        appearing twice is moved once. keep_host_copies: as for move_tensors."""
         leaves = {}
 
         def collect(v):
@@ -112,7 +133,7 @@ class MoveCalls:
                     collect(x)
 
         collect(value)
-        moved = dict(zip(leaves.keys(), self.move_tensors(list(leaves.values()), device)))
+        moved = dict(zip(leaves.keys(), self.move_tensors(list(leaves.values()), device, keep_host_copies)))
 
         def rebuild(v):
             if isinstance(v, torch.Tensor):

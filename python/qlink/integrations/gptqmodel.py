@@ -12,7 +12,11 @@ What install() routes through qlink (each a patch with its own counters):
   torch_replicate           the replicas themselves: qlink's broadcast, not
                             torch.nn.parallel.replicate (broadcast_coalesced)
   move_to, nested_move_to   tensor, module and calibration-batch moves (in every module that
-                            imported them by name)
+                            imported them by name); host tensors go to the GPU through pinned
+                            twins on the device's current stream, no thread blocked
+                            (qlink/host_staging.py), the calibration cache's twins kept for
+                            the next subset's and layer's moves of the same bytes;
+                            staging_counters() says how many copies and twins
   add_batch                 the per-batch Hessian through qlink.quant.HessianAccumulator
                             (gptqmodel_hessian): stream-ordered, no synchronization, one
                             accumulation for the layers reading one input (q/k/v, gate/up);
@@ -178,7 +182,9 @@ class _Installation(Installation):
             if isinstance(obj, torch.nn.Module):  # changed only once every tensor has arrived (moves.py)
                 return guard.attempt("move_to", lambda: ctx.move_module_to_device(obj, device),
                                      lambda: original(obj, device, dtype))
-            return guard.attempt("move_to", lambda: ctx.move_tensors([obj], device)[0],
+            # A tensor moved alone is calibration data (masks, position ids): moved again
+            # for every subset of every layer, so its pinned twin is kept.
+            return guard.attempt("move_to", lambda: ctx.move_tensors([obj], device, keep_host_copies=True)[0],
                                  lambda: original(obj, device, dtype))
         return move_to
 
@@ -190,7 +196,8 @@ class _Installation(Installation):
             if dtype is not None or device is None:
                 counters.host("nested_move_to", "a dtype conversion" if dtype is not None else "no device")
                 return original(v, device, dtype)
-            return guard.attempt("nested_move_to", lambda: ctx.move_nested_to_device(v, device),
+            return guard.attempt("nested_move_to",
+                                 lambda: ctx.move_nested_to_device(v, device, keep_host_copies=True),
                                  lambda: original(v, device, dtype))
         return nested_move_to
 
@@ -292,6 +299,13 @@ def hessian_counters():
     already run, "rows": accumulated} ({} when not installed)."""
     current = _integration.current
     return current.accumulator.counters() if current is not None else {}
+
+
+def staging_counters():
+    """The moves' host staging (qlink.host_staging.HostStaging.counters: copies, twins made,
+    reused and refreshed, bytes) ({} when not installed)."""
+    current = _integration.current
+    return current.ctx.host_staging.counters() if current is not None else {}
 
 
 def counters():

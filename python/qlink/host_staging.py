@@ -1,0 +1,181 @@
+"""Host tensors to a device through pinned memory: the Context's host staging.
+
+A copy from pageable host memory blocks the calling thread and runs at a fraction of the
+link's speed (the runtime stages it through its own pinned buffer, chunk by chunk). Here
+each host source gets a pinned twin (its bytes copied once by the CPU), and the device copy
+is one qlink copy_batch from the twins, enqueued on the device's current stream: the
+host's next kernels on that stream see the data, the calling thread does not wait.
+
+A twin is kept while its source lives and is unchanged (keep=True: GPTQModel's
+calibration cache, moved to the device again for every subset of every layer), so the
+next move of the same bytes is the device copy alone. A source changed in place (its
+version counter moved) gets a new twin; the old one, like the twin of a source that died
+and every twin of a keep=False move, is retired: freed only once the last copy that read
+it has completed (an event on that copy's stream), so pinned memory that a copy still
+reads is never handed out again.
+
+On the GPU backends the twins live in page-locked memory, which the device addresses at
+the same pointer (unified addressing): the copy plan reads them as the target device's
+memory. On the host-memory backends (CPU, the test backends) a twin is plain host memory
+described as the target's virtual device, and every call waits for its copy (the host
+itself reads the result)."""
+import ctypes
+import threading
+import weakref
+
+import numpy as np
+import torch
+
+from . import _abi
+from ._dlpack import byte_vectors
+from .streams import current_streams
+
+
+def stageable(t):
+    """Why `t` cannot take the pinned path (None if it can): PyTorch's own copy keeps what
+    a byte copy would lose."""
+    if not isinstance(t, torch.Tensor):
+        return "a %s, not a tensor" % type(t).__name__
+    if t.device.type != "cpu":
+        return "not in host memory"
+    if t.requires_grad:
+        return "a tensor that requires grad (autograd records the move)"
+    if not t.is_contiguous():
+        return "a non-contiguous tensor"
+    if t.numel() == 0:
+        return "an empty tensor"
+    return None
+
+
+class _Twin:
+    """A source's pinned bytes (borrowed: the page-locked source itself)."""
+    __slots__ = ("buffer", "version", "data", "ticket", "borrowed")
+
+    def __init__(self, buffer, version, data, borrowed=False):
+        self.buffer, self.version, self.data, self.ticket, self.borrowed = buffer, version, data, None, borrowed
+
+
+class HostStaging:
+    """Pinned twins of host tensors and the device copies from them, for one Context.
+    Thread-safe."""
+
+    def __init__(self, ctx):
+        self._ctx = ctx
+        self._lock = threading.RLock()  # a source's death (weakref callback) may come inside a call
+        self._twins = {}  # id(source) -> (weakref to source, _Twin)
+        self._retiring = []  # twins a copy may still read: (buffer, ticket)
+        self._counts = dict.fromkeys(("copies", "leaves", "twins_made", "twins_reused", "twins_refreshed",
+                                      "pinned_sources", "bytes_pinned", "bytes_copied"), 0)
+
+    def counters(self):
+        """copies: qlink copy_batch calls; leaves: tensors moved; twins_made / _reused /
+        _refreshed: pinned twins created, found unchanged, replaced after an in-place
+        change of their source; pinned_sources: sources already page-locked, read in
+        place; bytes_pinned: host bytes copied into twins; bytes_copied:
+        bytes copied to devices; retiring: twins waiting for their last copy."""
+        with self._lock:
+            return dict(self._counts, kept=len(self._twins), retiring=len(self._retiring))
+
+    def to_device(self, sources, device, keep=False):
+        """Copies of the host tensors `sources` (each stageable) on `device` (a torch
+        device on the GPU backends, a virtual device index on the host-memory ones), in
+        order. keep: hold each source's pinned twin for its next move."""
+        for i, t in enumerate(sources):
+            reason = stageable(t)
+            if reason:
+                raise ValueError("sources[%d] cannot be staged: %s" % (i, reason))
+        ctx = self._ctx
+        if ctx.host_memory:
+            index = int(device)
+            if not 0 <= index < ctx.device_count:
+                raise ValueError("device %d does not exist: the %s backend has %d" % (
+                    index, ctx.backend, ctx.device_count))
+            targets = [torch.empty_like(t) for t in sources]
+        else:
+            target = torch.device(device)
+            if target.type != "cuda":
+                raise ValueError("device %s is not a GPU" % target)
+            index = torch.cuda.current_device() if target.index is None else target.index
+            targets = [torch.empty(t.shape, dtype=t.dtype, device=torch.device("cuda", index)) for t in sources]
+        self._sweep()
+        twins = [self._twin(t, keep) for t in sources]
+        nbytes = np.array([t.numel() * t.element_size() for t in sources], dtype=np.int64)
+        src = byte_vectors(np.array([tw.data for tw in twins], dtype=np.uint64), nbytes, ctx.device_type, index)
+        dst = byte_vectors(np.array([t.data_ptr() for t in targets], dtype=np.uint64), nbytes, ctx.device_type,
+                           index)
+        # The twins were written by this thread before the call (ready) and stay untouched
+        # until their ticket says the copy is done (held): only the target's stream orders it.
+        streams = None if ctx.host_memory else current_streams(ctx, [index])
+        args = _abi.CopyArgs(ctypes.sizeof(_abi.CopyArgs), src.pointer, dst.pointer, src.count,
+                             *ctx.stream_list(streams), _abi.copy_flags(True, True, ctx.host_memory))
+        ctx.invoke("copy_batch", ctypes.byref(args))
+        ticket = None if ctx.host_memory else _event_after_copy(index)
+        with self._lock:
+            for tw in twins:
+                tw.ticket = ticket
+            self._retiring.extend((tw.buffer, ticket) for tw in twins if not keep or tw.borrowed)
+            self._counts["copies"] += 1
+            self._counts["leaves"] += len(sources)
+            self._counts["bytes_copied"] += int(nbytes.sum())
+        return targets
+
+    def _twin(self, source, keep):
+        key, version = id(source), source._version
+        if not self._ctx.host_memory and source.is_pinned():
+            # Already page-locked, maybe still being written by an asynchronous copy on the
+            # stream this one joins: read in place, never by the CPU, held until copied.
+            with self._lock:
+                self._counts["pinned_sources"] += 1
+            return _Twin(source, version, source.data_ptr(), borrowed=True)
+        with self._lock:
+            entry = self._twins.get(key)
+            if entry is not None and entry[0]() is source:
+                twin = entry[1]
+                if twin.version == version and twin.buffer.numel() == source.numel() * source.element_size():
+                    self._counts["twins_reused"] += 1
+                    return twin
+                self._counts["twins_refreshed"] += 1
+                del self._twins[key]
+                self._retiring.append((twin.buffer, twin.ticket))
+        nbytes = source.numel() * source.element_size()
+        buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=not self._ctx.host_memory)
+        buffer.copy_(source.reshape(-1).view(torch.uint8))
+        twin = _Twin(buffer, version, buffer.data_ptr())
+        with self._lock:
+            self._counts["twins_made"] += 1
+            self._counts["bytes_pinned"] += nbytes
+            if keep:
+                self._twins[key] = (weakref.ref(source, self._source_died(key)), twin)
+        return twin
+
+    def _source_died(self, key):
+        def retire(ref):
+            with self._lock:
+                entry = self._twins.get(key)
+                if entry is not None and entry[0] is ref:
+                    del self._twins[key]
+                    self._retiring.append((entry[1].buffer, entry[1].ticket))
+        return retire
+
+    def _sweep(self):
+        """Frees the retired twins whose last copy has completed."""
+        with self._lock:
+            self._retiring = [(b, t) for b, t in self._retiring if t is not None and not t.query()]
+
+    def release(self):
+        """Waits for every copy from a twin and frees them all (the next move makes new
+        ones)."""
+        with self._lock:
+            held = self._retiring + [(entry[1].buffer, entry[1].ticket) for entry in self._twins.values()]
+            self._twins.clear()
+            self._retiring = []
+        for _, ticket in held:  # the buffers stay referenced by `held` until their copies are done
+            if ticket is not None:
+                ticket.synchronize()
+
+
+def _event_after_copy(index):
+    """An event on device `index`'s current stream, after the copy just enqueued there."""
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(index))
+    return event

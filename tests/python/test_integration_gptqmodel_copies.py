@@ -1,0 +1,175 @@
+"""Host tensors to a device through pinned twins (qlink.host_staging, the moves of
+qlink.integrations.gptqmodel): on the fault backend, whose device 1 stream takes 100 ms per
+operation, a copy that returned before its stream ran would leave wrong bytes; twins kept,
+reused, refreshed after an in-place change and retired when their source dies; refusals
+that copy nothing. With a GPU, the stand-in GPTQModel's forward stages its host
+calibration batches through the twins, and a failing staging falls back or raises."""
+import gc
+import os
+import sys
+import time
+
+import pytest
+import torch
+
+import qlink
+from qlink.host_staging import HostStaging
+from qlink.integrations import gptqmodel as adapter
+from qlink.integrations.patches import FallbackRefused
+
+HOSTS = os.path.join(os.path.dirname(__file__), "hosts")
+
+
+@pytest.fixture
+def slow(library):
+    fault = os.path.join(os.path.dirname(library), "libqlink_backend_fault.so")
+    if not os.path.exists(fault):
+        pytest.skip("no fault backend beside %s" % library)
+    config = {"backend": fault, "log_level": "off", "backend_options": {"devices": 2, "stream_delay_ms": [0, 100]}}
+    with qlink.load(config, library=library) as ctx:
+        yield ctx
+
+
+def _batch(seed):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(4, 2048, generator=gen).to(torch.bfloat16), torch.randint(0, 32000, (1, 2048), generator=gen),
+            torch.ones(1, 2048, dtype=torch.bool), torch.randn(3, generator=gen).half()]
+
+
+def test_staged_copies_arrive_whole_after_a_slow_stream(slow):
+    staging = HostStaging(slow)
+    sources = _batch(0)
+    start = time.perf_counter()
+    moved = staging.to_device(sources, 1, keep=True)
+    for s, m in zip(sources, moved):  # read at once: a copy not waited for is still on the slow stream
+        assert m.dtype == s.dtype and m.shape == s.shape and torch.equal(m, s) and m.data_ptr() != s.data_ptr()
+    assert time.perf_counter() - start > 0.09
+    counts = staging.counters()
+    assert counts["copies"] == 1 and counts["leaves"] == 4 and counts["twins_made"] == 4 and counts["kept"] == 4
+    assert counts["bytes_copied"] == sum(s.numel() * s.element_size() for s in sources) == counts["bytes_pinned"]
+
+
+def test_kept_twins_are_reused_refreshed_after_a_change_and_retired_with_their_source(slow):
+    staging = HostStaging(slow)
+    sources = _batch(1)
+    staging.to_device(sources, 1, keep=True)
+    again = staging.to_device(sources, 1, keep=True)
+    assert all(torch.equal(s, m) for s, m in zip(sources, again))
+    assert staging.counters()["twins_reused"] == 4 and staging.counters()["bytes_pinned"] == staging.counters()[
+        "bytes_copied"] / 2
+    sources[0].add_(1)  # in place: the twin's bytes are stale
+    changed = staging.to_device(sources, 1, keep=True)
+    assert torch.equal(changed[0], sources[0]) and not torch.equal(changed[0], again[0])
+    counts = staging.counters()
+    assert counts["twins_refreshed"] == 1 and counts["twins_reused"] == 7 and counts["kept"] == 4
+    del sources[1]
+    gc.collect()
+    staging.to_device(sources[:1], 1, keep=True)  # sweeps the retired twins (their copies are done)
+    counts = staging.counters()
+    assert counts["kept"] == 3 and counts["retiring"] == 0
+
+
+def test_one_time_moves_keep_no_twin(slow):
+    staging = HostStaging(slow)
+    sources = _batch(2)
+    moved = staging.to_device(sources, 0)
+    assert all(torch.equal(s, m) for s, m in zip(sources, moved))
+    assert staging.counters()["kept"] == 0 and staging.counters()["twins_made"] == 4
+    staging.to_device(sources, 0)
+    assert staging.counters()["twins_reused"] == 0 and staging.counters()["twins_made"] == 8
+
+
+@pytest.mark.parametrize("bad, reason", [
+    (lambda: torch.randn(4, 4).t(), "sources\\[1\\] cannot be staged: a non-contiguous tensor"),
+    (lambda: torch.randn(4, requires_grad=True), "sources\\[1\\] cannot be staged: a tensor that requires grad"),
+    (lambda: torch.empty(0), "sources\\[1\\] cannot be staged: an empty tensor"),
+    (lambda: 3, "sources\\[1\\] cannot be staged: a int, not a tensor"),
+])
+def test_a_refused_leaf_is_named_and_nothing_is_copied(slow, bad, reason):
+    staging = HostStaging(slow)
+    with pytest.raises(ValueError, match=reason):
+        staging.to_device([torch.ones(3), bad()], 1)
+    assert staging.counters()["copies"] == 0 and staging.counters()["twins_made"] == 0
+
+
+def test_a_device_the_backend_lacks_is_refused(slow):
+    staging = HostStaging(slow)
+    with pytest.raises(ValueError, match="device 2 does not exist: the fault backend has 2"):
+        staging.to_device([torch.ones(3)], 2)
+    assert staging.counters()["twins_made"] == 0
+
+
+def test_the_package_context_owns_one_staging(slow):
+    assert slow.host_staging is slow.host_staging
+
+
+# -- with a GPU: the stand-in GPTQModel's loop ---------------------------------------------
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+@pytest.fixture
+def gpu_host(library):
+    sys.path.insert(0, HOSTS)
+    from gptqmodel.looper import forward_executor
+    from gptqmodel.utils import model
+    ctx = qlink.load({"backend": "cuda", "log_level": "off"}, library=library)
+    yield dict(forward_executor=forward_executor, model=model, ctx=ctx)
+    adapter.uninstall()
+    sys.path.remove(HOSTS)
+    for name in [n for n in sys.modules if n == "gptqmodel" or n.startswith("gptqmodel.")]:
+        del sys.modules[name]
+
+
+class Scaled(torch.nn.Linear):
+    def forward(self, x, scale, mask):
+        return super().forward(x) * scale[0] + mask.to(x.dtype).sum()
+
+
+@cuda
+def test_the_loops_host_batches_go_to_the_gpu_through_kept_twins(gpu_host):
+    adapter.install(ctx=gpu_host["ctx"], strict=True)
+    layer = Scaled(64, 64).cuda()
+    inputs = [[torch.randn(2, 64)] for _ in range(6)]
+    kwargs = [{"scale": [torch.tensor(2.0)], "mask": torch.ones(2, 64, dtype=torch.bool)} for _ in range(6)]
+    run = gpu_host["forward_executor"].ForwardExecutor().run_parallel
+    with torch.no_grad():
+        want = [layer(x[0].cuda(), [k["scale"][0].cuda()], k["mask"].cuda()) for x, k in zip(inputs, kwargs)]
+        for _ in range(3):  # three passes over the same cache: one twin per host leaf, reused after
+            outputs = run(module=layer, layer_inputs=inputs, layer_input_kwargs=kwargs, devices=[torch.device("cuda:0")])
+            torch.cuda.synchronize()
+            assert all(torch.equal(o, w) for o, w in zip(outputs, want))
+    counts = adapter.staging_counters()
+    assert counts["twins_made"] == 18 and counts["twins_reused"] == 36 and counts["kept"] == 18
+    assert adapter.counters()["nested_move_to"]["fallback"] == 0
+
+
+@cuda
+def test_a_failing_staging_falls_back_or_raises_when_strict(gpu_host, monkeypatch):
+    ctx = gpu_host["ctx"]
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(ctx.host_staging, "to_device", broken)
+    adapter.install(ctx=ctx)
+    x = torch.arange(8.0)
+    assert torch.equal(gpu_host["model"].move_to(x, torch.device("cuda:0")).cpu(), x)
+    assert adapter.counters()["move_to"]["fallback"] == 1
+    adapter.install(ctx=ctx, strict=True)
+    with pytest.raises(FallbackRefused, match="move_to failed and strict=True.*injected"):
+        gpu_host["model"].move_to(x, torch.device("cuda:0"))
+
+
+@cuda
+def test_a_page_locked_source_is_read_in_place_after_the_work_before_it(gpu_host):
+    """A pinned source still being written by an asynchronous device-to-host copy on the
+    current stream: staged in place, in stream order, so it arrives as written."""
+    ctx = gpu_host["ctx"]
+    produced = torch.randn(1 << 20, device="cuda:0")
+    torch.cuda._sleep(50_000_000)  # the copy below waits behind this on the stream
+    pinned = torch.empty(1 << 20, pin_memory=True)
+    pinned.copy_(produced, non_blocking=True)
+    moved = ctx.move_tensors([pinned], "cuda:0", keep_host_copies=True)[0]
+    assert torch.equal(moved, produced)
+    assert ctx.host_staging.counters()["pinned_sources"] == 1 and ctx.host_staging.counters()["kept"] == 0
