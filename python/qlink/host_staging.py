@@ -48,11 +48,12 @@ def stageable(t):
 
 
 class _Twin:
-    """A source's pinned bytes (borrowed: the page-locked source itself)."""
-    __slots__ = ("buffer", "version", "data", "ticket", "borrowed")
+    """A source's pinned bytes (the page-locked source itself, when it is one); kept: held
+    for the source's next move, else retired once its copy is done."""
+    __slots__ = ("buffer", "version", "data", "ticket", "kept")
 
-    def __init__(self, buffer, version, data, borrowed=False):
-        self.buffer, self.version, self.data, self.ticket, self.borrowed = buffer, version, data, None, borrowed
+    def __init__(self, buffer, version, data):
+        self.buffer, self.version, self.data, self.ticket, self.kept = buffer, version, data, None, False
 
 
 class HostStaging:
@@ -65,7 +66,7 @@ class HostStaging:
         self._twins = {}  # id(source) -> (weakref to source, _Twin)
         self._retiring = []  # twins a copy may still read: (buffer, ticket)
         self._counts = dict.fromkeys(("copies", "leaves", "twins_made", "twins_reused", "twins_refreshed",
-                                      "pinned_sources", "bytes_pinned", "bytes_copied"), 0)
+                                      "pinned_sources", "inference_sources", "bytes_pinned", "bytes_copied"), 0)
 
     def counters(self):
         """copies: qlink copy_batch calls; leaves: tensors moved; twins_made / _reused /
@@ -113,20 +114,24 @@ class HostStaging:
         with self._lock:
             for tw in twins:
                 tw.ticket = ticket
-            self._retiring.extend((tw.buffer, ticket) for tw in twins if not keep or tw.borrowed)
+            self._retiring.extend((tw.buffer, ticket) for tw in twins if not tw.kept)
             self._counts["copies"] += 1
             self._counts["leaves"] += len(sources)
             self._counts["bytes_copied"] += int(nbytes.sum())
         return targets
 
     def _twin(self, source, keep):
-        key, version = id(source), source._version
+        # An inference tensor (made under torch.inference_mode, as GPTQModel's captured
+        # inputs are) has no version counter: a change in place could not be seen, so its
+        # twin is never kept.
+        version = None if source.is_inference() else source._version
+        key, keep = id(source), keep and version is not None
         if not self._ctx.host_memory and source.is_pinned():
             # Already page-locked, maybe still being written by an asynchronous copy on the
             # stream this one joins: read in place, never by the CPU, held until copied.
             with self._lock:
                 self._counts["pinned_sources"] += 1
-            return _Twin(source, version, source.data_ptr(), borrowed=True)
+            return _Twin(source, version, source.data_ptr())
         with self._lock:
             entry = self._twins.get(key)
             if entry is not None and entry[0]() is source:
@@ -138,6 +143,9 @@ class HostStaging:
                 del self._twins[key]
                 self._retiring.append((twin.buffer, twin.ticket))
         nbytes = source.numel() * source.element_size()
+        if version is None:
+            with self._lock:
+                self._counts["inference_sources"] += 1
         buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=not self._ctx.host_memory)
         buffer.copy_(source.reshape(-1).view(torch.uint8))
         twin = _Twin(buffer, version, buffer.data_ptr())
@@ -145,6 +153,7 @@ class HostStaging:
             self._counts["twins_made"] += 1
             self._counts["bytes_pinned"] += nbytes
             if keep:
+                twin.kept = True
                 self._twins[key] = (weakref.ref(source, self._source_died(key)), twin)
         return twin
 

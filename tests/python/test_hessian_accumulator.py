@@ -45,8 +45,9 @@ def test_shared_accumulation_equals_each_module_accumulating_its_own(cpu):
     held = {name: None for name in ("q", "k", "v", "o")}
     own = dict(held)
     for x, y in zip(attn, out):
+        views = {"q": x, "k": x.data.reshape(-1, 24), "v": x.data.view(1, -1, 24)}  # views of one input
         for name in ("q", "k", "v"):
-            held[name] = acc.add(x.data.reshape(-1, 24), held[name])  # .data and reshape: views of one input
+            held[name] = acc.add(views[name], held[name])
             own[name] = alone.add(x.clone(), own[name])                # a copy: nothing to share
         held["o"] = acc.add(y, held["o"])
         own["o"] = alone.add(y.clone(), own["o"])

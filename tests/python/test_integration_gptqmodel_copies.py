@@ -69,6 +69,19 @@ def test_kept_twins_are_reused_refreshed_after_a_change_and_retired_with_their_s
     assert counts["kept"] == 3 and counts["retiring"] == 0
 
 
+def test_inference_tensors_arrive_whole_and_keep_no_twin(slow):
+    # GPTQModel captures its inputs under inference_mode: no version counter to see a change
+    # by, so each move copies afresh (and its twin is retired, not kept).
+    staging = HostStaging(slow)
+    with torch.inference_mode():
+        sources = _batch(3)
+    for _ in range(2):
+        moved = staging.to_device(sources, 1, keep=True)
+        assert all(torch.equal(s, m) for s, m in zip(sources, moved))
+    counts = staging.counters()
+    assert counts["inference_sources"] == 8 and counts["twins_reused"] == 0 and counts["kept"] == 0
+
+
 def test_one_time_moves_keep_no_twin(slow):
     staging = HostStaging(slow)
     sources = _batch(2)

@@ -22,7 +22,11 @@ from .gptq import _streams
 def _input_key(x):
     """What identifies x's data while x is alive: its memory, layout, dtype and device
     (views made by .data, reshape or indexing of one tensor agree)."""
-    return (x.device.type, x.device.index, x.data_ptr(), tuple(x.shape), tuple(x.stride()), x.dtype)
+    if x.is_contiguous():  # the same rows whatever the leading dimensions: X^T X of (rows, columns)
+        layout = (x.numel() // max(x.shape[-1], 1), x.shape[-1])
+    else:
+        layout = (tuple(x.shape), tuple(x.stride()))
+    return (x.device.type, x.device.index, x.data_ptr(), layout, x.dtype)
 
 
 class _Done:
