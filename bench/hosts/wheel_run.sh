@@ -21,6 +21,12 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 echo "=== venv with $wheel"
 rm -rf "$out/venv"
 python3 -m venv --system-site-packages --without-pip "$out/venv" || exit 1
+# When python3 is itself a venv's (PyTorch pip-installed into one, as on the GPU machine),
+# --system-site-packages reaches the base interpreter's packages, not that venv's: a .pth
+# file makes the new venv see them, as a user's environment with PyTorch would.
+parent=$(python3 -c "import site; print(site.getsitepackages()[0])")
+"$out/venv/bin/python" -c "import torch" 2>/dev/null ||
+  echo "$parent" > "$("$out/venv/bin/python" -c "import site; print(site.getsitepackages()[0])")/parent_site.pth"
 pip=("$out/venv/bin/python" -m pip)  # the system's pip, seen through --system-site-packages, else --python
 "${pip[@]}" --version > /dev/null 2>&1 || pip=(python3 -m pip --python "$out/venv/bin/python")
 "${pip[@]}" install --no-index --no-deps "$wheel" || exit 1
