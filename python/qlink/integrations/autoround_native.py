@@ -61,8 +61,11 @@ def unsupported(q, host, block, active_inputs, valid_token_mask, device):
         (q.dynamic_max_gap > 0 and not q.not_use_best_mse, "dynamic_max_gap (an early stop the host decides)"),
         (bool(valid_token_mask), "a valid-token loss mask (padded calibration data)"),
         (bool(q.enable_norm_bias_tuning), "enable_norm_bias_tuning"),
-        (str(getattr(q, "_loss_device", device)) != str(device), "a loss device other than the tuning device"),
+        (tuning_device(getattr(q, "_loss_device", device)) != tuning_device(device),
+         "a loss device other than the tuning device"),
         (len({tuple(x.shape) for x in active_inputs}) != 1, "calibration inputs of different shapes"),
+        (any(x.shape[getattr(q.block_forward, "batch_dim", 0)] != 1 for x in active_inputs[:1]),
+         "calibration inputs of more than one sample each"),
     ]
     for name, m in quantized_layers(host, block):
         checks += [
@@ -87,10 +90,18 @@ def _scale_dtype(name, m):
     return dtype
 
 
+def tuning_device(device):
+    """AutoRound's device as the one a tensor on it reports ("cuda" is the current GPU)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def check(host, block, device):
     """Each quantized layer's engine options, or InvalidLayer naming the layer and field;
     nothing allocated or written before."""
-    layers = []
+    device, layers = tuning_device(device), []
     for name, m in quantized_layers(host, block):
         w = m.weight
         if w.dim() != 2:
@@ -98,7 +109,7 @@ def check(host, block, device):
         if w.dtype not in _WEIGHT_DTYPES:
             raise InvalidLayer("layer %r: weight has dtype %s, expected float16, bfloat16 or float32" % (
                 name, w.dtype))
-        if w.device != torch.device(device):
+        if w.device != device:
             raise InvalidLayer("layer %r: weight is on %s, not the tuning device %s" % (name, w.device, device))
         if m.bits not in BITS:
             raise InvalidLayer("layer %r: bits = %r is not one of 2, 3, 4, 8" % (name, m.bits))
@@ -119,7 +130,7 @@ class NativeTuning:
 
     def __init__(self, q, host, ctx, block, layers, active_inputs, fp_outputs, input_others, device, qlink_device):
         self.q, self.host, self.ctx, self.block = q, host, ctx, block
-        self.device, self.qlink_device = torch.device(device), qlink_device
+        self.device, self.qlink_device = tuning_device(device), qlink_device
         self.runner, self.others = q.block_forward, input_others
         dim = getattr(self.runner, "batch_dim", 0)
         self.inputs = torch.cat([x.to(self.device) for x in active_inputs], dim=dim)
