@@ -205,15 +205,19 @@ def test_off_runs_autorounds_own_loop(host, library):
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_data_parallel_tuning_tracks_autorounds_serial_loop(host, library, world):
+def test_data_parallel_tuning_tracks_autorounds_serial_loop(host, library, world, monkeypatch):
     """The same batches from the same start: the summed gradients are the serial ones up to
     rounding. For 5 steps no sign differs, the tuned blocks are the serial one; over 30
-    steps signs of near-zero sums part the paths, the tuned block no worse than serial's."""
+    steps signs of near-zero sums part the paths, the tuned block no worse than serial's.
+    Pure SignSGD steps on qlink's engine, never AutoRound's optimizer."""
+    own_step = host.sign_round.SignRoundQuantizer._step
     for iters, same in ((5, True), (30, False)):
         adapter.uninstall()
         serial, _, _ = _tune(host, iters=iters)
         adapter.install(world, ctx=cpu(library, 4), check_replicas=True)  # every step: replicas == home
+        monkeypatch.setattr(host.sign_round.SignRoundQuantizer, "_step", None)
         tuned, best, _ = _tune(host, iters=iters)
+        monkeypatch.setattr(host.sign_round.SignRoundQuantizer, "_step", own_step)
         assert adapter.counters()["quantize_block"]["qlink"] == 1
         name, plan = adapter.plans()[0]
         assert name == "block" and plan.devices == tuple(range(world))
