@@ -48,8 +48,9 @@ class Block(torch.nn.Module):
         for name, m in (("up", self.up), ("down", self.down)):
             m.bits, m.group_size, m.global_name = 4, 32, "block." + name
 
-    def forward(self, hidden_states, scale=None):
-        return self.down(torch.nn.functional.silu(self.up(hidden_states))) * scale
+    def forward(self, hidden_states, scale=None, shift=None):
+        out = self.down(torch.nn.functional.silu(self.up(hidden_states))) * scale
+        return out if shift is None else out + shift
 
 
 class Model(torch.nn.Module):
@@ -74,9 +75,10 @@ def _data(seed, nsamples=16):
     torch.manual_seed(seed)
     model = Model()
     inputs = [torch.randn(1, SEQ, HIDDEN) for _ in range(nsamples)]
-    others = {"scale": torch.tensor(1.5)}
+    # A value every sample shares, and one of each sample's own (AutoRound caches those as a list).
+    others = {"scale": torch.tensor(1.5), "shift": [torch.randn(1, 1, HIDDEN) * 0.1 for _ in range(nsamples)]}
     with torch.no_grad():
-        outputs = [model.block(x, **others) for x in inputs]
+        outputs = [model.block(x, scale=others["scale"], shift=shift) for x, shift in zip(inputs, others["shift"])]
     return model, inputs, others, outputs
 
 
@@ -94,7 +96,8 @@ def _error(model, seed=0):
     """The tuned block's mean squared error against the full-precision block's outputs."""
     _, inputs, others, outputs = _data(seed)
     with torch.no_grad():
-        return float(sum(((model.block(x, **others) - y) ** 2).mean() for x, y in zip(inputs, outputs)))
+        return float(sum(((model.block(x, scale=others["scale"], shift=shift) - y) ** 2).mean()
+                         for x, shift, y in zip(inputs, others["shift"], outputs)))
 
 
 NATIVE_CASES = {
@@ -134,6 +137,23 @@ def test_the_native_loop_at_world_1_equals_autorounds_own(host, library, case):
     for (n, a), b in zip(own.block.named_parameters(), tuned.block.parameters()):
         assert torch.equal(a, b), n
     assert not any(hasattr(m, "orig_layer") for m in tuned.modules())  # unwrapped by AutoRound's unwrapper
+
+
+def test_the_native_loop_selects_batches_on_the_device(host, library, monkeypatch):
+    """Every batch an index_select of device tensors: no per-sample list reaches AutoRound's
+    select_batch (indexing one from the host synchronizes a GPU and defeats its graph)."""
+    seen = []
+    select = host.block_runner.BlockForwardRunner.select_batch
+
+    def recording(self, inputs, input_others, indices):
+        seen.append((type(inputs), isinstance(indices, torch.Tensor),
+                     sorted(k for k, v in input_others.items() if isinstance(v, list))))
+        return select(self, inputs, input_others, indices)
+
+    monkeypatch.setattr(host.block_runner.BlockForwardRunner, "select_batch", recording)
+    adapter.install("auto", ctx=cpu(library, 1), strict=True)
+    _tune(host, iters=4)
+    assert seen == [(torch.Tensor, True, [])] * 4
 
 
 def test_a_failure_mid_block_runs_autorounds_loop_on_the_untouched_block_or_raises_when_strict(host, library,

@@ -131,8 +131,9 @@ class NativeTuning:
     def __init__(self, q, host, ctx, block, layers, active_inputs, fp_outputs, input_others, device, qlink_device):
         self.q, self.host, self.ctx, self.block = q, host, ctx, block
         self.device, self.qlink_device = tuning_device(device), qlink_device
-        self.runner, self.others = q.block_forward, input_others
+        self.runner = q.block_forward
         dim = getattr(self.runner, "batch_dim", 0)
+        self.others = _on_device(self.runner, input_others, self.device, dim)
         self.inputs = torch.cat([x.to(self.device) for x in active_inputs], dim=dim)
         self.targets = torch.cat([y.to(self.device) for y in fp_outputs], dim=dim)
         self.layers = layers
@@ -192,10 +193,6 @@ class NativeTuning:
             by_options.setdefault(options, []).append((name, m))
         weights = {}
         for (bits, group_size, sym, scale_dtype, thresh), members in by_options.items():
-            with torch.no_grad():  # WrapperLinear's clamp of the range factors, before the quant-dequant
-                for name, _ in members:
-                    self.state[name][1].clamp_(0.0, 1.0)
-                    self.state[name][2].clamp_(0.0, 1.0)
             qdq = signround_qdq_layers([(name, m.weight, *self.state[name]) for name, m in members], bits=bits,
                                        group_size=group_size, sym=sym, scale_dtype=scale_dtype,
                                        q_scale_thresh=thresh, ctx=self.ctx, device=self.qlink_device)
@@ -286,6 +283,28 @@ class NativeTuning:
                      if id(t) in kept}
             out[name] = {key: t.to(cache, copy=True) for key, t in tuned.items()}
         return out
+
+
+def _on_device(runner, others, device, dim):
+    """AutoRound's input_others on the tuning device, each per-sample list of tensors (one
+    row each) stacked into one tensor: the runner's select_batch then takes a batch by an
+    index_select, as it does the stacked inputs, where a list would be indexed element by
+    element from the host (a synchronization per sample, and no CUDA graph)."""
+    def move(value):
+        if isinstance(value, torch.Tensor):
+            return value.to(device)
+        if isinstance(value, (list, tuple)):
+            return type(value)(move(v) for v in value)
+        if isinstance(value, dict):
+            return {k: move(v) for k, v in value.items()}
+        return value
+    shared = getattr(runner, "shared_cache_keys", ())
+    out = {}
+    for key, value in others.items():
+        rows = isinstance(value, list) and value and key not in shared and all(
+            isinstance(t, torch.Tensor) and t.dim() > dim and t.shape[dim] == 1 for t in value)
+        out[key] = torch.cat([t.to(device) for t in value], dim=dim) if rows else move(value)
+    return out
 
 
 class _Forward(torch.nn.Module):

@@ -33,8 +33,14 @@ class BlockForwardRunner:
             selected = torch.index_select(inputs, self.batch_dim, indices)
         others = {}
         for key, value in input_others.items():
-            per_sample = isinstance(value, torch.Tensor) and value.dim() > 0 and key not in self.shared_cache_keys
-            others[key] = torch.index_select(value, self.batch_dim, indices) if per_sample else value
+            if key in self.shared_cache_keys or not isinstance(value, (list, torch.Tensor)) or (
+                    isinstance(value, torch.Tensor) and value.dim() == 0):
+                others[key] = value
+            elif isinstance(value, list):  # one per sample
+                chosen = [value[i] for i in indices]
+                others[key] = chosen[0] if len(chosen) == 1 else torch.cat(chosen, dim=self.batch_dim)
+            else:
+                others[key] = torch.index_select(value, self.batch_dim, indices)
         return selected, others
 
     def _forward_one_batch(self, block, batch_inputs, batch_others):
