@@ -158,27 +158,34 @@ def test_the_native_loop_selects_batches_on_the_device(host, library, monkeypatc
 
 def test_a_failure_mid_block_runs_autorounds_loop_on_the_untouched_block_or_raises_when_strict(host, library,
                                                                                                monkeypatch):
-    own, _, _ = _tune(host, iters=6)
+    """AutoRound's loop then draws the batches it draws alone (the sampler's `random` state
+    restored) and tunes to the same weights (its best iteration is not the first here)."""
+    own, _, own_losses = _tune(host, iters=30)
+    assert min(own_losses) < own_losses[0]
+    drawn = host.auto_round.compressors.utils.IndexSampler.drawn
+    own_draws = list(drawn)
     ctx = cpu(library, 1)
     step, calls = ctx.signsgd_step, []
 
-    def failing_third_step(*args, **kwargs):
+    def failing_tenth_step(*args, **kwargs):
         calls.append(1)
-        if len(calls) == 3:
-            raise RuntimeError("injected at step 3")
+        if len(calls) == 10:
+            raise RuntimeError("injected at step 10")
         return step(*args, **kwargs)
 
-    monkeypatch.setattr(ctx, "signsgd_step", failing_third_step)
+    monkeypatch.setattr(ctx, "signsgd_step", failing_tenth_step)
     adapter.install("auto", ctx=ctx)
-    fallen_back, _, _ = _tune(host, iters=6)
+    drawn.clear()
+    fallen_back, _, _ = _tune(host, iters=30)
+    assert drawn[30:] == own_draws  # after the native loop's own 30 draws, AutoRound's, the same
     assert all(torch.equal(a, b) for a, b in zip(own.block.parameters(), fallen_back.block.parameters()))
     assert adapter.counters()["quantize_block"] == {"qlink": 0, "host": 0, "fallback": 1,
-                                                    "reasons": {"RuntimeError: injected at step 3": 1}}
+                                                    "reasons": {"RuntimeError: injected at step 10": 1}}
     calls.clear()
     adapter.install("auto", ctx=ctx, strict=True)
-    model, q, inputs, others, outputs = _setup(host, iters=6)
+    model, q, inputs, others, outputs = _setup(host, iters=30)
     start = [p.detach().clone() for p in model.block.parameters()]
-    with pytest.raises(FallbackRefused, match="quantize_block failed and strict=True.*injected at step 3"):
+    with pytest.raises(FallbackRefused, match="quantize_block failed and strict=True.*injected at step 10"):
         q.quantize_block(model.block, inputs, others, outputs, None, types.SimpleNamespace(block_name="block"))
     assert all(torch.equal(a, b) for a, b in zip(start, model.block.parameters()))  # as AutoRound left them
     assert not any(hasattr(m, "orig_layer") for m in model.modules())

@@ -25,6 +25,7 @@ an explicit N that cannot engage raises PlanRefused naming every reason; auto wi
 than two usable devices runs the native loop on one and says why, once per reason; "off"
 runs AutoRound's own code."""
 import logging
+import random
 
 import torch
 
@@ -209,10 +210,15 @@ class _Installation(Installation):
 
         def tune():
             layers = check(h, block, device)  # refused before anything is allocated
-            tuning = NativeTuning(q, h, self.ctx, block, layers, active, fp_outputs, input_others, device,
-                                  qlink_device)
-            return tuning.run(lambda why: self.counters.host("step_graph", why) if why
-                              else self.counters.qlink("step_graph"))
+            sampler_state = random.getstate()  # AutoRound's sampler shuffles with `random`
+            try:
+                tuning = NativeTuning(q, h, self.ctx, block, layers, active, fp_outputs, input_others, device,
+                                      qlink_device)
+                return tuning.run(lambda why: self.counters.host("step_graph", why) if why
+                                  else self.counters.qlink("step_graph"))
+            except Exception:
+                random.setstate(sampler_state)  # AutoRound's loop, if it runs instead, draws as it would have
+                raise
 
         def commit(result):
             best_params, losses, best_iter, last_loss = result
