@@ -59,12 +59,14 @@ class Model(torch.nn.Module):
         self.block = Block()
 
 
-def _setup(host, seed=0, nsamples=16, batch_size=4, layers=None, **config):
+def _setup(host, seed=0, nsamples=16, batch_size=4, layers=None, lr_for_bits=None, **config):
     model, inputs, others, outputs = _data(seed, nsamples)
     for name, options in (layers or {}).items():  # per-layer quantization options, as AutoRound sets them
         for key, value in options.items():
             setattr(getattr(model.block, name), key, value)
     q = host.sign_round.SignRoundQuantizer(host.sign_round.SignRoundConfig(**config))
+    if lr_for_bits:  # AutoRound's heuristic raises low-bit lrs at 1000 iterations and more: one at any count
+        q._config.compute_lr = q._config.compute_minmax_lr = lr_for_bits
     q.model, q.block_forward = model, host.block_runner.BlockForwardRunner(batch_size=batch_size)
     q.calibration_context.batch_size = batch_size
     return model, q, inputs, others, outputs
@@ -104,7 +106,8 @@ NATIVE_CASES = {
     "sym int4, a minmax lr of its own": dict(iters=30, minmax_lr=0.01),
     "asym, int8 per-channel down, bf16 scales": dict(iters=30, layers={
         "up": {"sym": False, "scale_dtype": torch.bfloat16}, "down": {"bits": 8, "group_size": -1, "sym": False}}),
-    "2-bit up at its own lr, fp32 scales": dict(iters=20, layers={"up": {"bits": 2, "scale_dtype": torch.float32}}),
+    "2-bit up at its own lr, fp32 scales": dict(iters=20, layers={"up": {"bits": 2, "scale_dtype": torch.float32}},
+                                                lr_for_bits=lambda bits: 0.08 if bits <= 3 else None),
     "not_use_best_mse": dict(iters=12, not_use_best_mse=True),
     "gradient_accumulate_steps=2": dict(iters=12, gradient_accumulate_steps=2),
 }
@@ -118,6 +121,7 @@ def test_the_native_loop_at_world_1_equals_autorounds_own(host, library, case):
     block: a flip would show here as weights and losses that part."""
     config = NATIVE_CASES[case]
     own, own_best, own_losses = _tune(host, **config)
+    assert config.get("not_use_best_mse") or min(own_losses) < own_losses[0]  # the best is a tuned iteration
     own_draws = list(host.auto_round.compressors.utils.IndexSampler.drawn)
     host.auto_round.compressors.utils.IndexSampler.drawn.clear()
     adapter.install("auto", ctx=cpu(library, 1), strict=True)
