@@ -201,7 +201,7 @@ class _Installation(Installation):
                 q._cached_valid_token_mask = q._compute_valid_token_mask(input_ids)
             mask = q._cached_valid_token_mask
         device = h.device_manager.device
-        reason = unsupported(q, h, block, active, mask, device)
+        reason = unsupported(q, h, block, active, device)
         if reason:
             self.counters.host("quantize_block", reason)
             return original(q, *args, input_ids=input_ids, **kwargs)
@@ -212,8 +212,8 @@ class _Installation(Installation):
             layers = check(h, block, device)  # refused before anything is allocated
             sampler_state = random.getstate()  # AutoRound's sampler shuffles with `random`
             try:
-                tuning = NativeTuning(q, h, self.ctx, block, layers, active, fp_outputs, input_others, device,
-                                      qlink_device)
+                tuning = NativeTuning(q, h, self.ctx, block, layers, active, fp_outputs, input_others, mask,
+                                      device, qlink_device)
                 return tuning.run(lambda why: self.counters.host("step_graph", why) if why
                                   else self.counters.qlink("step_graph"))
             except Exception:

@@ -52,14 +52,13 @@ def quantized_layers(host, block):
             if type(m) in tuple(host.SUPPORTED_LAYER_TYPES) and getattr(m, "bits", 16) <= 8]
 
 
-def unsupported(q, host, block, active_inputs, valid_token_mask, device):
+def unsupported(q, host, block, active_inputs, device):
     """Why this block's tuning is not for this loop (AutoRound's own loop runs it), or None."""
     checks = [
         (q.iters < 1, "iters=%d (no tuning)" % q.iters),
         (q.optimizer is not host.SignSGD or bool(q.momentum), "an optimizer other than pure SignSGD (momentum %s)"
          % (q.momentum,)),
         (q.dynamic_max_gap > 0 and not q.not_use_best_mse, "dynamic_max_gap (an early stop the host decides)"),
-        (bool(valid_token_mask), "a valid-token loss mask (padded calibration data)"),
         (bool(q.enable_norm_bias_tuning), "enable_norm_bias_tuning"),
         (tuning_device(getattr(q, "_loss_device", device)) != tuning_device(device),
          "a loss device other than the tuning device"),
@@ -128,7 +127,8 @@ def check(host, block, device):
 class NativeTuning:
     """One block's tuning state and loop; run() returns AutoRound's best_params."""
 
-    def __init__(self, q, host, ctx, block, layers, active_inputs, fp_outputs, input_others, device, qlink_device):
+    def __init__(self, q, host, ctx, block, layers, active_inputs, fp_outputs, input_others, valid_token_mask, device,
+                 qlink_device):
         self.q, self.host, self.ctx, self.block = q, host, ctx, block
         self.device, self.qlink_device = tuning_device(device), qlink_device
         self.runner = q.block_forward
@@ -150,13 +150,22 @@ class NativeTuning:
         self.best = [torch.zeros_like(p) for p in self.params]
         self.best_loss = torch.full((1,), torch.finfo(torch.float).max, device=self.device)
         self.epoch = torch.zeros(1, dtype=torch.int64, device=self.device)
-        self.losses = torch.zeros(max(q.iters, 1), device=self.device)
+        # Each iteration's loss as AutoRound sums it (a float64 of fp32 losses over num_elm).
+        self.losses = torch.zeros(max(q.iters, 1), dtype=torch.float64, device=self.device)
         gas = q.gradient_accumulate_steps
         self.mse = torch.nn.MSELoss(reduction="mean" if gas == 1 else "sum").to(self.device)
         self.batch_size = q.calibration_context.batch_size
         global_batch = min(len(active_inputs), self.batch_size * gas)
         self.num_elm = sum(active_inputs[i].numel() for i in range(global_batch)) if gas != 1 else 1
         self.num_elm = 1 if self.num_elm <= 0 else self.num_elm
+        # AutoRound's valid-token mask: its rows on the device, selected by device indices in
+        # its own _get_loss; each sample's count of valid tokens (its _get_non_zero_cnt), summed
+        # over an iteration's batch on the device for that iteration's num_elm.
+        self.mask, self.mask_counts = None, None
+        if valid_token_mask:
+            self.mask = _DeviceRows(torch.cat([m.to(self.device) for m in valid_token_mask], dim=0))
+            self.mask_counts = torch.tensor([q._get_non_zero_cnt(valid_token_mask, [i])
+                                             for i in range(len(valid_token_mask))], dtype=torch.int64).to(self.device)
         sampler = host.IndexSampler(len(active_inputs), global_batch)
         draws = [[int(i) for i in sampler.next_batch()] for _ in range(q.iters)]  # AutoRound's draws, in order
         self.draws = torch.tensor(draws or [[0] * global_batch], dtype=torch.long).to(self.device)
@@ -207,19 +216,23 @@ class NativeTuning:
         for p in self.params:
             p.grad = None
         weights = self._quant_dequant()
-        total = torch.zeros(1, device=self.device)
+        num_elm = self.num_elm
+        if self.mask_counts is not None:  # AutoRound: its batch's valid tokens, 1 where there are none
+            num_elm = self.mask_counts.index_select(0, self.index).sum().clamp(min=1).double()
+        total = torch.zeros(1, dtype=torch.float64, device=self.device)
         for start in range(0, self.index.numel(), self.batch_size):
             idx = self.index[start:start + self.batch_size]
             x, others = self.runner.select_batch(self.inputs, self.others, idx)  # AutoRound's own selection
             pred = functional_call(self.forward_module, weights, (x, others))
             ref = torch.index_select(self.targets, dim, idx)
-            loss = q._get_loss(pred, ref, idx, self.mse, self.device, None)
-            total = total + loss.detach().float().reshape(1) / self.num_elm
+            rows = [idx[k:k + 1] for k in range(idx.numel())]  # the samples, as device indices
+            loss = q._get_loss(pred, ref, rows, self.mse, self.device, self.mask)
+            total = total + loss.detach().double().reshape(1) / num_elm
             q._scale_loss_and_backward(None, loss)
         self.losses.index_copy_(0, self.epoch, total)
-        # not_use_best_mse: AutoRound keeps the last iteration's parameters; a key that
-        # falls every step makes the engine keep each iteration's.
-        key = -self.epoch.float() if q.not_use_best_mse else total
+        # The engine keeps the parameters of the lowest fp32 key. not_use_best_mse: AutoRound
+        # keeps the last iteration's, which a key falling every step makes the engine keep.
+        key = -self.epoch.float() if q.not_use_best_mse else total.float()
         signsgd_step(self.params, self.lrs, lr_groups=self.lr_groups, epoch=self.epoch, total_iters=q.iters,
                      loss=key, best_loss=self.best_loss, best=self.best, ctx=self.ctx, device=self.qlink_device)
         for p in self.params:
@@ -250,14 +263,16 @@ class NativeTuning:
             torch.cuda.current_stream(self.device).wait_stream(stream)
         graphs(reason)
         losses = self.losses[:q.iters].tolist()  # the one read of the loop's results
-        best_loss, best_iter = torch.finfo(torch.float).max, 0
-        for i, loss in enumerate(losses):  # AutoRound's choice: the first strictly lowest
-            if loss < best_loss:
-                best_loss, best_iter = loss, i
         if q.not_use_best_mse:
             return self._best_params(), losses, q.iters, losses[-1] if losses else 0
-        improved = best_loss < torch.finfo(torch.float).max
-        return self._best_params() if improved else {}, losses, best_iter, best_loss
+        # AutoRound's choice, the first strictly lowest, on the keys the engine compared
+        keys = torch.tensor(losses, dtype=torch.float64).float().tolist()
+        best_key, best_iter = torch.finfo(torch.float).max, 0
+        for i, key in enumerate(keys):
+            if key < best_key:
+                best_key, best_iter = key, i
+        improved = best_key < torch.finfo(torch.float).max
+        return self._best_params() if improved else {}, losses, best_iter, losses[best_iter]
 
     def _capture(self, stream):
         """The iteration as a CUDA graph, or (None, why not); capturing runs nothing, so a
@@ -305,6 +320,20 @@ def _on_device(runner, others, device, dim):
             isinstance(t, torch.Tensor) and t.dim() > dim and t.shape[dim] == 1 for t in value)
         out[key] = torch.cat([t.to(device) for t in value], dim=dim) if rows else move(value)
     return out
+
+
+class _DeviceRows:
+    """A stacked tensor as AutoRound's per-sample list: truthy, indexed by a one-element
+    device index tensor (a gather on the device, no host read)."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __bool__(self):
+        return True
+
+    def __getitem__(self, index):
+        return self.rows[index]
 
 
 class _Forward(torch.nn.Module):
