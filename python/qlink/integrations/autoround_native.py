@@ -4,12 +4,14 @@ per-iteration host work.
 
 - Every iteration's batch indices are drawn before the loop from AutoRound's own sampler
   (the same draws, the same consumption of Python's `random`), into one device table.
-- The calibration inputs and the block's reference outputs are stacked on the tuning
-  device once; a batch is an index_select by the iteration's row of the table.
+- The calibration inputs, the block's reference outputs, the per-sample entries of
+  input_others and AutoRound's valid-token mask are stacked on the tuning device once; a
+  batch is an index_select by the iteration's row of the table.
 - The block runs unwrapped through AutoRound's own forward runner, its quantized linears'
   weights replaced for the call (functional_call) by the engine's quant-dequant of all of
   them at once (signround_qdq_layers: one engine call per options set forward, one
-  backward); the loss is AutoRound's (_get_loss, _scale_loss_and_backward).
+  backward); the loss is AutoRound's (_get_loss, _scale_loss_and_backward), each
+  iteration's as AutoRound sums it (float64, over the batch's valid tokens with a mask).
 - The step is the engine's SignSGD with AutoRound's learning-rate groups and LinearLR
   schedule; it keeps the best-loss parameters on the device itself. The iterations'
   losses are written into a device tensor at the step counter's index: the host reads
