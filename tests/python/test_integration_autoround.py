@@ -59,15 +59,20 @@ class Model(torch.nn.Module):
         self.block = Block()
 
 
-def _setup(host, seed=0, nsamples=16, batch_size=4, layers=None, lr_for_bits=None, **config):
+def _setup(host, seed=0, nsamples=16, batch_size=4, layers=None, lr_for_bits=None, device="cpu", **config):
     model, inputs, others, outputs = _data(seed, nsamples)
     for name, options in (layers or {}).items():  # per-layer quantization options, as AutoRound sets them
         for key, value in options.items():
             setattr(getattr(model.block, name), key, value)
+    if device != "cpu":  # where AutoRound has dispatched the block and cached its data
+        model.to(device)
+        inputs, outputs = [x.to(device) for x in inputs], [y.to(device) for y in outputs]
+        others = {"scale": others["scale"].to(device), "shift": [t.to(device) for t in others["shift"]]}
     q = host.sign_round.SignRoundQuantizer(host.sign_round.SignRoundConfig(**config))
     if lr_for_bits:  # AutoRound's heuristic raises low-bit lrs at 1000 iterations and more: one at any count
         q._config.compute_lr = q._config.compute_minmax_lr = lr_for_bits
-    q.model, q.block_forward = model, host.block_runner.BlockForwardRunner(batch_size=batch_size)
+    q.model = model
+    q.block_forward = host.block_runner.BlockForwardRunner(batch_size=batch_size, device=device, cache_device=device)
     q.calibration_context.batch_size = batch_size
     return model, q, inputs, others, outputs
 
@@ -386,3 +391,34 @@ def test_iters_0_spreads_the_blocks_layers_over_the_devices(host, library, name)
     for a, b in zip(serial.block.parameters(), spread.block.parameters()):
         assert torch.equal(a, b)
     assert not any(hasattr(m, "tuning_device") for m in spread.modules())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() != 1, reason="needs exactly one GPU")
+def test_the_native_loop_on_a_gpu_replays_a_graph_without_host_synchronization(host, ctx, monkeypatch):
+    """On one GPU: the iteration captured and replayed as a CUDA graph, no synchronizing
+    call in any iteration (PyTorch's sync debug mode raises on one), and the tuning
+    AutoRound's own (the same draws, the first losses, the final error within 1 %)."""
+    from qlink.integrations import autoround_native
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(host.auto_round.utils.device_manager.device_manager, "device", gpu)
+    own, _, own_losses = _tune(host, iters=30, token_ids=True, device=gpu)
+    drawn = host.auto_round.compressors.utils.IndexSampler.drawn
+    own_draws = list(drawn)
+    drawn.clear()
+    iteration = autoround_native.NativeTuning.iteration
+
+    def unsynchronized(self):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            iteration(self)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    monkeypatch.setattr(autoround_native.NativeTuning, "iteration", unsynchronized)
+    adapter.install("auto", ctx=ctx, strict=True)
+    tuned, _, _ = _tune(host, iters=30, token_ids=True, device=gpu)
+    assert adapter.counters()["step_graph"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
+    assert drawn == own_draws
+    (_, losses), = adapter.losses()
+    assert losses[:3] == pytest.approx(own_losses[:3], rel=1e-5)
+    assert abs(_error(tuned.cpu()) / _error(own.cpu()) - 1) < 0.01
