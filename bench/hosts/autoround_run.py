@@ -1,11 +1,19 @@
-"""One AutoRound W4G128 quantization of the issue's model with AutoRound's own code, alone
-or with qlink installed (torch guards in force then); prints and writes its wall time, each
-block's loss line and qlink's plans and counters.
+"""AutoRound W4A16 quantizations of the issue's model with AutoRound's own orchestrator,
+alone or with qlink installed (torch guards in force then), several times in one process:
+the first a warm-up (AutoRound compiles its block forward with torch.compile; qlink
+captures its CUDA graphs), the last timed; --profile adds one run under torch.profiler for
+the GPU's busy share. Each run: the wall time of quantize(), the tuning time of
+AutoRound's own log line ("quantization tuning time"), each block's loss line, and the
+quantized model's output error on held-out sequences (MSE of the last hidden state
+against the bf16 model's, fp32). Prints and writes JSON; qlink's plans and counters.
 
-    python3 autoround_run.py --model DIR --iters 200|0 [--qlink auto|N|off] [--out FILE]
+    python3 autoround_run.py --model DIR --iters 200|0 [--qlink auto|N|off] [--strict]
+        [--runs 2] [--profile] [--heldout 16] [--out FILE]
 """
 import argparse
+import gc
 import logging
+import re
 
 from common import install_guards, make_llama, setup_paths, timed, token_batches, write
 
@@ -13,7 +21,7 @@ setup_paths()
 
 
 class Lines(logging.Handler):
-    """AutoRound's per-block summary lines ("... loss iter 0: a -> iter k: b")."""
+    """AutoRound's per-block summary lines and its tuning-time line."""
 
     def __init__(self):
         super().__init__()
@@ -21,16 +29,66 @@ class Lines(logging.Handler):
 
     def emit(self, record):
         message = record.getMessage()
-        if "loss iter" in message or "layers in the block" in message:
+        if "loss iter" in message or "layers in the block" in message or "quantization tuning time" in message:
             self.lines.append(message)
 
 
 def final_losses(lines):
-    out = []
-    for line in lines:
-        if "-> iter" in line:
-            out.append(float(line.rsplit(":", 1)[1]))
-    return out
+    return [float(line.rsplit(":", 1)[1]) for line in lines if "-> iter" in line]
+
+
+def tuning_time(lines):
+    times = [float(m.group(1)) for m in (re.search(r"quantization tuning time ([0-9.eE+-]+)", x) for x in lines) if m]
+    return times[-1] if times else None
+
+
+def last_hidden(model, tokens, batch=4):
+    """The model's last hidden state of every held-out sequence, fp32 on the GPU."""
+    import torch
+    with torch.no_grad():
+        return torch.cat([model.model(input_ids=tokens[i:i + batch].cuda()).last_hidden_state.float()
+                          for i in range(0, len(tokens), batch)])
+
+
+def load(path):
+    import torch
+    import transformers
+    return transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16)
+
+
+def quantize_once(args, tokenizer, heldout, reference, profile=False):
+    """One AutoRound(...).quantize() of a freshly loaded model: its figures."""
+    import torch
+    from auto_round import AutoRound
+    lines = Lines()
+    autoround_log = logging.getLogger("autoround")
+    autoround_log.addHandler(lines)
+    autoround_log.setLevel(min(autoround_log.getEffectiveLevel(), logging.INFO))  # its per-block loss lines
+    model = load(args.model)
+    batches = list(token_batches(args.samples, args.seqlen).split(8))
+    ar = AutoRound(model, scheme="W4A16", tokenizer=tokenizer, dataset=batches, iters=args.iters,
+                   nsamples=args.samples, seqlen=args.seqlen, batch_size=8, device_map=0)
+    run = {"profiled": profile}
+    if profile:
+        from gptqmodel_run import busy_shares
+        from torch.profiler import ProfilerActivity
+        with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            with timed(run, "quantize_s"):
+                ar.quantize()
+    else:
+        with timed(run, "quantize_s"):
+            ar.quantize()
+    autoround_log.removeHandler(lines)
+    run["tuning_s"], run["block_lines"] = tuning_time(lines.lines), lines.lines
+    run["final_losses"] = final_losses(lines.lines)
+    if profile:  # the share of the quantize call's wall time with a kernel (or a copy) running
+        run["gpu_busy_kernels"], run["gpu_busy_kernels_or_copies"] = busy_shares(prof, run["quantize_s"])
+    model.to("cuda")  # quantized in place (fake-quantized weights), left on the CPU by AutoRound
+    run["output_mse"] = float(((last_hidden(model, heldout) - reference) ** 2).mean())
+    del ar, model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return run
 
 
 def main():
@@ -38,36 +96,48 @@ def main():
     a.add_argument("--model", required=True)
     a.add_argument("--iters", type=int, default=200)
     a.add_argument("--qlink", default=None, help="parallel_quantization with qlink installed: auto, N or off")
+    a.add_argument("--strict", action="store_true", help="qlink's failures raise instead of running AutoRound's")
+    a.add_argument("--runs", type=int, default=2, help="unprofiled runs; the first warms up, the last is timed")
+    a.add_argument("--profile", action="store_true", help="one more run under torch.profiler")
     a.add_argument("--samples", type=int, default=128)
     a.add_argument("--seqlen", type=int, default=2048)
+    a.add_argument("--heldout", type=int, default=16)
     a.add_argument("--out")
     args = a.parse_args()
     import torch
     import transformers
     make_llama(args.model)
     result = {"host": "AutoRound", "iters": args.iters, "qlink": args.qlink, "gpus": torch.cuda.device_count()}
+    tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
+    heldout = token_batches(args.heldout, args.seqlen, seed=2)  # not among the calibration's (seed 1)
+    model = load(args.model).to("cuda")
+    reference = last_hidden(model, heldout)  # the bf16 model's
+    del model
+    torch.cuda.empty_cache()
     if args.qlink is not None:
         install_guards()
         import qlink.integrations.autoround as qlink_autoround
         parallel = args.qlink if args.qlink in ("auto", "off") else int(args.qlink)
-        qlink_autoround.install(parallel, config={"backend": "cuda", "log_level": "warn"}, check_replicas=True)
-    from auto_round import AutoRound
-    lines = Lines()
-    autoround_log = logging.getLogger("autoround")
-    autoround_log.addHandler(lines)
-    autoround_log.setLevel(min(autoround_log.getEffectiveLevel(), logging.INFO))  # its per-block loss lines
-    model = transformers.AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.bfloat16)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
-    batches = list(token_batches(args.samples, args.seqlen).split(8))
-    ar = AutoRound(model, scheme="W4A16", tokenizer=tokenizer, dataset=batches, iters=args.iters,
-                   nsamples=args.samples, seqlen=args.seqlen, batch_size=8, device_map=0)
-    with timed(result, "quantize_s"):
-        ar.quantize()
-    result["block_lines"], result["final_losses"] = lines.lines, final_losses(lines.lines)
-    if args.qlink is not None:
-        result["plans"] = [(name, plan.describe()) for name, plan in qlink_autoround.plans()]
-        result["counters"] = qlink_autoround.counters()
-    write(result, args.out)
+        qlink_autoround.install(parallel, strict=args.strict, config={"backend": "cuda", "log_level": "warn"})
+    runs = result["runs"] = [quantize_once(args, tokenizer, heldout, reference) for _ in range(args.runs)]
+    timed_run = runs[args.runs - 1]
+    result.update({k: timed_run[k] for k in ("quantize_s", "tuning_s", "final_losses", "output_mse")})
+    result["warmup_tuning_s"] = runs[0]["tuning_s"]
+
+    def qlink_state():
+        if args.qlink is not None:
+            result["plans"] = [(name, plan.describe()) for name, plan in qlink_autoround.plans()][:4]
+            result["counters"] = qlink_autoround.counters()
+            result["native_losses"] = [(name, losses[::20]) for name, losses in qlink_autoround.losses()][:4]
+    qlink_state()
+    write(result, args.out)  # the timed figures kept should the profiled run not finish
+    if args.profile:
+        runs.append(quantize_once(args, tokenizer, heldout, reference, profile=True))
+        result["gpu_busy_kernels"] = runs[-1]["gpu_busy_kernels"]
+        result["gpu_busy_kernels_or_copies"] = runs[-1]["gpu_busy_kernels_or_copies"]
+        result["profiled_tuning_s"] = runs[-1]["tuning_s"]
+        qlink_state()
+        write(result, args.out)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
 #   bash bench/hosts/run_all.sh OUTDIR [PARTS]   PARTS: any of "pytest plan stress gptq ar ar0 gptq3
 #   hprec loop loop_host8" (default the first seven, in that order, the most wanted figures
 #   first where a lease is short). Issue 23's figures: "hprec loop", about 8 minutes
-#   (loop_host8, GPTQModel alone at 8 layers, about 3 more).
+#   (loop_host8, GPTQModel alone at 8 layers, about 3 more). Issue 22's: "ar ar0", about 8.
 set -uo pipefail
 cd "$(dirname "$0")"
 out=$1
@@ -69,12 +69,13 @@ for part in $parts; do
         "$out/loop_qlink2_tensor.json" "$codes/qlink2_tensor.pt" "$out/codes_tensor_vs_ieee.json" ;;
     loop_host8)
       run loop_host8 420 python3 gptqmodel_run.py --model /tmp/llama7b-8layers --layers 8 --out "$out/loop_host8.json" ;;
-    ar)
-      run ar_host 300 python3 autoround_run.py --model $model --iters 200 --out "$out/ar_host.json"
-      run ar_qlink 300 python3 autoround_run.py --model $model --iters 200 --qlink auto --out "$out/ar_qlink.json" ;;
-    ar0)
-      run ar0_host 200 python3 autoround_run.py --model $model --iters 0 --out "$out/ar0_host.json"
-      run ar0_qlink 200 python3 autoround_run.py --model $model --iters 0 --qlink auto --out "$out/ar0_qlink.json" ;;
+    ar)  # issue 22: each a warm-up run, a timed run and a profiled run in one process (about 6 minutes)
+      run ar_qlink 240 python3 autoround_run.py --model $model --iters 200 --qlink auto --profile \
+        --out "$out/ar_qlink.json"
+      run ar_host 330 python3 autoround_run.py --model $model --iters 200 --profile --out "$out/ar_host.json" ;;
+    ar0)  # a warm-up run and a timed one each (about 2 minutes)
+      run ar0_host 150 python3 autoround_run.py --model $model --iters 0 --out "$out/ar0_host.json"
+      run ar0_qlink 150 python3 autoround_run.py --model $model --iters 0 --qlink auto --out "$out/ar0_qlink.json" ;;
   esac
 done
 python3 summarize.py "$out" | tee "$out/summary.md"

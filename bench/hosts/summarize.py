@@ -93,13 +93,32 @@ def loop(out):
 
 
 def autoround(out, prefix, label):
+    """AutoRound alone and with qlink: each timed after a warm-up run of itself in its process
+    (autoround_run.py), the tuning time of AutoRound's own log line, the GPU's busy share of
+    the profiled run, each block's final loss and the output error on held-out sequences."""
     host, ql = load(os.path.join(out, prefix + "_host.json")), load(os.path.join(out, prefix + "_qlink.json"))
     if not host and not ql:
         return ["AutoRound %s: no run finished" % label]
-    lines = ["| AutoRound W4G128 %s | wall (s) | final block losses |" % label, "|---|---|---|"]
+    lines = ["| AutoRound W4A16 %s | tuning (s; warm-up) | wall (s) | GPU busy (kernels; or copies) | final block "
+             "losses | output MSE, 16 held-out |" % label, "|---|---|---|---|---|---|"]
     for name, r in (("alone", host), ("qlink installed", ql)):
         if r:
-            lines.append("| %s | %.1f | %s |" % (name, r["quantize_s"], ", ".join("%.6f" % x for x in r["final_losses"])))
+            busy = ("%.0f %%; %.0f %%" % (100 * r["gpu_busy_kernels"], 100 * r["gpu_busy_kernels_or_copies"])
+                    if "gpu_busy_kernels" in r else "")
+            lines.append("| %s | %s; %s | %.1f | %s | %s | %.4g |" % (
+                name, r.get("tuning_s"), r.get("warmup_tuning_s"), r["quantize_s"], busy,
+                ", ".join("%.6f" % x for x in r["final_losses"]), r["output_mse"]))
+    if host and ql:
+        lines.append("")
+        if host.get("tuning_s") and ql.get("tuning_s"):
+            lines.append("tuning speed-up with qlink: %.2fx" % (host["tuning_s"] / ql["tuning_s"]))
+        pairs = list(zip(host["final_losses"], ql["final_losses"]))
+        if pairs:
+            lines.append("final losses, qlink / alone - 1: %s" % ", ".join("%+.2f %%" % (100 * (q / h - 1))
+                                                                           for h, q in pairs if h))
+        if host["output_mse"]:
+            lines.append("output MSE, qlink / alone - 1: %+.2f %%" % (100 * (ql["output_mse"] / host["output_mse"]
+                                                                            - 1)))
     if ql:
         lines.append("")
         lines += ["plan %s: %s" % (name, text.replace("\n", "; ")) for name, text in ql.get("plans", [])[:1]]

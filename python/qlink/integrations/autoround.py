@@ -8,9 +8,13 @@
 
 What install() changes (each a patch with its own counters; the same install, uninstall,
 counters and strict as the GPTQModel integration's, integrations/base.py):
-  quantize_block  SignRoundQuantizer.quantize_block, AutoRound's block tuning, data-parallel
-                  over the plan's replicas (autoround_tuning.py): pure SignSGD exchanges
-                  sign(sum of gradients), anything else the fp32 (or bf16) sum
+  quantize_block  SignRoundQuantizer.quantize_block, AutoRound's block tuning: data-parallel
+                  over the plan's replicas (autoround_tuning.py; pure SignSGD exchanges
+                  sign(sum of gradients), anything else the fp32 (or bf16) sum), and on
+                  one device qlink's native loop (autoround_native.py: the engine's
+                  quant-dequant and SignSGD step, no host synchronization inside the loop)
+  step_graph      per block of the native loop: its iteration replayed as a CUDA graph
+                  ("qlink"), or eager and why ("host")
   rtn_layers      iters=0 (RTN and optimized RTN): the block's per-layer searches spread over
                   the plan's devices, each layer on one device, moved there and back by qlink
                   (no fallback: AutoRound's own loop has run when qlink's moves start, so a
@@ -18,18 +22,21 @@ counters and strict as the GPTQModel integration's, integrations/base.py):
 
 The plan (qlink.plan) is resolved per block on the context's devices and their free memory:
 an explicit N that cannot engage raises PlanRefused naming every reason; auto with fewer
-than two usable devices runs AutoRound's own serial code and says why, once per reason."""
+than two usable devices runs the native loop on one and says why, once per reason; "off"
+runs AutoRound's own code."""
 import logging
+import random
 
 import torch
 
 from ..defaults import configure
 from ..plan import check_setting, resolve_plan
 from ..quant.placement import Placement
+from .autoround_native import NativeTuning, check, unsupported
 from .autoround_tuning import make_mirrors, move_tensor_attributes, run_on_replicas, tune_block
 from .base import HostSpec, Installation, Integration
 
-PATCHES = ("quantize_block", "rtn_layers")
+PATCHES = ("quantize_block", "rtn_layers", "step_graph")
 TRANSPORTS = ("fp32", "bf16")
 
 _SIGN_ROUND = "auto_round.algorithms.quantization.sign_round.quantizer:SignRoundQuantizer"
@@ -42,12 +49,16 @@ HOST = HostSpec("AutoRound", "auto_round", "auto_round.version", "0.15", "b9f3d0
     "auto_round.algorithms.quantization.sign_round.sign_sgd:SignSGD",
     "auto_round.compressors.utils:IndexSampler", "auto_round.compressors.utils:collect_best_params",
     "auto_round.wrapper:unwrapper_block", "auto_round.logger:logger", "auto_round.utils.device_manager:device_manager",
-    "auto_round.utils:get_module",
+    "auto_round.utils:get_module", "auto_round.utils:SUPPORTED_LAYER_TYPES",
+    "auto_round.algorithms.block_runner:BlockForwardRunner.select_batch",
+    "auto_round.algorithms.block_runner:BlockForwardRunner._forward_one_batch",
+    "auto_round.algorithms.block_runner:BlockForwardRunner._normalize_output",
 ] + [_SIGN_ROUND + "." + name for name in (
     "quantize_block", "_compute_valid_token_mask", "_get_loss", "_scale_loss_and_backward", "_get_non_zero_cnt",
     "_step", "_maybe_log_low_bit_lr", "wrapper_block", "block_forward", "calibration_context", "compress_context",
     "enable_quanted_input", "gradient_accumulate_steps", "not_use_best_mse", "dynamic_max_gap", "optimizer",
-    "momentum", "lr_scheduler", "iters")])
+    "momentum", "lr_scheduler", "iters", "lr", "minmax_lr", "enable_minmax_tuning", "enable_norm_bias_tuning",
+    "_config")])
 
 log = logging.getLogger("qlink")
 _integration = Integration()
@@ -87,6 +98,7 @@ class _Installation(Installation):
         self.plans = []         # (block name, Plan), in the order the blocks came
         self._placements = {}   # devices -> Placement (its worker threads kept between blocks)
         self._said = set()      # serial reasons already logged
+        self.losses = []        # (block name, each iteration's loss) of the native loop
 
     def apply(self):
         h, bind = self.host, self.rebindings
@@ -117,7 +129,7 @@ class _Installation(Installation):
             said = "; ".join(plan.left_out)
             if said not in self._said:
                 self._said.add(said)
-                log.warning("qlink: parallel_quantization=%s runs serial: %s", self.parallel, said)
+                log.warning("qlink: parallel_quantization=%s runs on one device: %s", self.parallel, said)
         return plan
 
     def placement(self, plan):
@@ -159,8 +171,10 @@ class _Installation(Installation):
                      "activations (estimate)": 16 * batch * _nbytes(active[:1])}
             plan = self.plan(getattr(block_ctx, "block_name", ""), q.iters, batch, block, parts)
             if plan.world < 2:
-                self.counters.host("quantize_block", "; ".join(plan.left_out) or "a world of 1")
-                return original(q, *args, input_ids=input_ids, **kwargs)
+                if self.parallel == "off":
+                    self.counters.host("quantize_block", "parallel_quantization=off")
+                    return original(q, *args, input_ids=input_ids, **kwargs)
+                return self._tune_native(q, original, args, active, input_ids, kwargs)
             op = "sign" if q.optimizer is self.host.SignSGD and not q.momentum else "sum"
             placement = self.placement(plan)
             # The mirrors are qlink's alone: if they fail, AutoRound's serial loop runs on an
@@ -173,6 +187,57 @@ class _Installation(Installation):
                                            self.check_replicas, *args, input_ids=input_ids, **kwargs))
         quantize_block.__qualname__ = original.__qualname__
         return quantize_block
+
+    def _tune_native(self, q, original, args, active, input_ids, kwargs):
+        """The block on qlink's native loop (autoround_native.py): nothing of the host's
+        changes until the tuning is done (a failure before runs AutoRound's own loop on the
+        untouched block, or raises under strict); then AutoRound's wrappers write the best
+        parameters' weights."""
+        h = self.host
+        block, _, input_others, fp_outputs, _, block_ctx = args
+        mask = None
+        if input_ids is not None:  # as AutoRound's quantize_block derives it, cached on the quantizer
+            if not hasattr(q, "_cached_valid_token_mask"):
+                q._cached_valid_token_mask = q._compute_valid_token_mask(input_ids)
+            mask = q._cached_valid_token_mask
+        device = h.device_manager.device
+        reason = unsupported(q, h, block, active, device)
+        if reason:
+            self.counters.host("quantize_block", reason)
+            return original(q, *args, input_ids=input_ids, **kwargs)
+        qlink_device = 0 if self.ctx.host_memory else None
+        name = getattr(block_ctx, "block_name", "")
+
+        def tune():
+            layers = check(h, block, device)  # refused before anything is allocated
+            sampler_state = random.getstate()  # AutoRound's sampler shuffles with `random`
+            try:
+                tuning = NativeTuning(q, h, self.ctx, block, layers, active, fp_outputs, input_others, mask,
+                                      device, qlink_device)
+                return tuning.run(lambda why: self.counters.host("step_graph", why) if why
+                                  else self.counters.qlink("step_graph"))
+            except Exception:
+                random.setstate(sampler_state)  # AutoRound's loop, if it runs instead, draws as it would have
+                raise
+
+        def commit(result):
+            best_params, losses, best_iter, last_loss = result
+            self.losses.append((name, losses))
+            quantized, unquantized = q.wrapper_block(block, q.enable_minmax_tuning, q.enable_norm_bias_tuning,
+                                                     enable_torch_compile=q.compress_context.enable_torch_compile,
+                                                     device=device)
+            q.compress_context.clear_memory()
+            if unquantized:
+                h.logger.info("Unquantized layers: %s" % unquantized)
+            with torch.no_grad():
+                h.unwrapper_block(block, best_params)
+            getattr(h.logger, "infoclean", h.logger.info)(
+                "quantized %d/%d layers in the block, loss iter 0: %.6f -> iter %d: %.6f" % (
+                    len(quantized), len(quantized) + len(unquantized), losses[0], best_iter, last_loss))
+            return best_params
+
+        return self.guard.attempt("quantize_block", tune, lambda: original(q, *args, input_ids=input_ids, **kwargs),
+                                  commit)
 
     # -- iters=0 ------------------------------------------------------------------------------
 
@@ -254,6 +319,12 @@ def counters():
     """Per patch: blocks run through qlink, run serial ("host") and why ({} when not
     installed)."""
     return _integration.counters()
+
+
+def losses():
+    """(block name, each iteration's loss) for every block the native loop tuned since
+    install(), in order."""
+    return list(_integration.current.losses) if _integration.current is not None else []
 
 
 def plans():

@@ -10,13 +10,15 @@ replicas stay bit-identical and home's parameters are the run's.
 The loss each replica backpropagates is its shard's share of the serial loss (a sum over
 its samples divided by the whole batch's element count where AutoRound takes a mean), so
 the summed gradient is the serial one up to rounding, and the reported loss is the sum
-of the shares in rank order."""
+of the shares in rank order. Pure SignSGD steps on qlink's engine (NativeSteps: the
+same step, LinearLR advanced on the device), anything else through AutoRound's optimizer."""
 import copy
 
 import torch
 
 from ..collectives import PreparedAllReduce
 from ..quant.placement import shard_sizes
+from ..quant.signround import signsgd_step
 
 
 class ReplicaFailed(RuntimeError):
@@ -160,6 +162,30 @@ class GradientExchange:
             offset += n
 
 
+class NativeSteps:
+    """Each replica's pure SignSGD step on qlink's engine: its tuning parameters in the
+    optimizer's order, each with its param group's learning rate, LinearLR's schedule
+    advanced on the device (AutoRound's SignSGD and schedule, bit for bit)."""
+
+    def __init__(self, ctx, placement, groups, iters):
+        self.ctx, self.iters = ctx, iters
+        self.ids = placement.ids if placement.cpu else [None] * placement.world  # qlink ids of the CPU's devices
+        self.replicas = []
+        for r, replica_groups in enumerate(groups):
+            device = placement.torch_devices[r]
+            params = [p for g in replica_groups for p in g["params"]]
+            lr_groups = [k for k, g in enumerate(replica_groups) for _ in g["params"]]
+            lrs = torch.stack([torch.as_tensor(g["lr"], dtype=torch.float32).reshape(()) for g in replica_groups])
+            self.replicas.append((params, lr_groups, lrs.to(device), torch.zeros(1, dtype=torch.int64, device=device)))
+
+    def step(self, rank):
+        params, lr_groups, lrs, epoch = self.replicas[rank]
+        signsgd_step(params, lrs, lr_groups=lr_groups, epoch=epoch, total_iters=self.iters, ctx=self.ctx,
+                     device=self.ids[rank])
+        for p in params:  # the optimizer's zero_grad
+            p.grad = None
+
+
 def tune_block(quantizer, host, ctx, placement, mirrors, exchange_op, transport, check_replicas, block, fp_inputs,
                input_others, fp_outputs, q_inputs, block_ctx, input_ids=None, **kwargs):
     """SignRoundQuantizer.quantize_block on placement.world replicas (the block and its
@@ -182,10 +208,14 @@ def tune_block(quantizer, host, ctx, placement, mirrors, exchange_op, transport,
         host.unwrapper_block(block, {})
         return {}
     reps.synchronize_start()
-    extra = {} if q.momentum is None else {"momentum": q.momentum}
-    optimizers = [q.optimizer(groups, lr=torch.tensor(q.lr), weight_decay=0, **extra) for groups in reps.groups]
-    schedules = [torch.optim.lr_scheduler.LinearLR(o, start_factor=1.0, end_factor=0.0, total_iters=q.iters)
-                 for o in optimizers]
+    if exchange_op == "sign":  # pure SignSGD: qlink's step
+        native, step = NativeSteps(ctx, placement, reps.groups, q.iters), None
+    else:
+        extra = {} if q.momentum is None else {"momentum": q.momentum}
+        optimizers = [q.optimizer(groups, lr=torch.tensor(q.lr), weight_decay=0, **extra) for groups in reps.groups]
+        schedules = [torch.optim.lr_scheduler.LinearLR(o, start_factor=1.0, end_factor=0.0, total_iters=q.iters)
+                     for o in optimizers]
+        native, step = None, lambda r: q._step(None, optimizers[r], schedules[r])
     exchange = GradientExchange(ctx, placement, reps.params, exchange_op, transport) if placement.world > 1 else None
 
     mean = q.gradient_accumulate_steps == 1  # AutoRound's MSE: a mean per step, else a sum over the steps
@@ -236,7 +266,7 @@ def tune_block(quantizer, host, ctx, placement, mirrors, exchange_op, transport,
         if exchange is not None:
             exchange.plan.run()
             run_on_replicas(placement, exchange.unpack, "the gradient exchange of iteration %d" % i)
-        run_on_replicas(placement, lambda r: q._step(None, optimizers[r], schedules[r]), "step %d" % i)
+        run_on_replicas(placement, native.step if native is not None else step, "step %d" % i)
         if check_replicas:
             placement.synchronize()
             reps.check_identical(i)

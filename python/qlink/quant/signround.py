@@ -92,6 +92,45 @@ def signround_qdq(weight, v, min_scale, max_scale, bits=4, group_size=128, sym=T
     return _SignRoundQdq.apply(weight, v, min_scale, max_scale, (layer, options, qctx, device))
 
 
+class _SignRoundQdqLayers(torch.autograd.Function):
+    """Several layers of one options set in one engine call forward and one backward."""
+
+    @staticmethod
+    def forward(ctx, spec, *tuned):
+        layers, options, qctx = spec
+        records = []
+        for k, layer in enumerate(layers):
+            v, lo, hi = (t.detach() for t in tuned[3 * k:3 * k + 3])
+            records.append(dict(layer, v=v, min_scale=lo, max_scale=hi, qdq=torch.empty_like(layer["weight"])))
+        qctx.signround_qdq(records, options, streams=_streams(qctx, [r["weight"] for r in records]))
+        ctx.spec, ctx.records = spec, records
+        return tuple(r["qdq"] for r in records)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        _, options, qctx = ctx.spec
+        records = [dict(r, qdq=None, grad_qdq=g.contiguous().to(r["weight"].dtype), grad_v=torch.empty_like(r["v"]),
+                        grad_min_scale=torch.empty_like(r["min_scale"]),
+                        grad_max_scale=torch.empty_like(r["max_scale"])) for r, g in zip(ctx.records, grads)]
+        qctx.signround_qdq(records, options, backward=True, streams=_streams(qctx, [r["weight"] for r in records]))
+        return (None,) + tuple(t for r in records for t in (r["grad_v"], r["grad_min_scale"], r["grad_max_scale"]))
+
+
+def signround_qdq_layers(layers, bits=4, group_size=128, sym=True, scale_dtype=torch.float16, q_scale_thresh=1e-5,
+                         ctx=None, device=None):
+    """signround_qdq of several layers sharing one options set, in one engine call (and
+    one for their backward): layers are (name, weight, v, min_scale, max_scale), v
+    (groups, group_len) and the range factors (groups,) as the engine takes them. Returns
+    the layers' quant-dequantized weights, differentiable in each v, min_scale, max_scale."""
+    qctx = ctx or default_context()
+    options = {"bits": bits, "group_size": group_size, "sym": sym, "scale_dtype": scale_dtype,
+               "q_scale_thresh": q_scale_thresh}
+    specs = [{"name": name, "weight": weight.detach(), **({} if device is None else {"device": device})}
+             for name, weight, _, _, _ in layers]
+    tuned = [t for _, _, v, lo, hi in layers for t in (v, lo, hi)]
+    return list(_SignRoundQdqLayers.apply((specs, options, qctx), *tuned))
+
+
 def signsgd_step(params, lrs, lr_groups=None, epoch=None, total_iters=0, loss=None, best_loss=None, best=None,
                  ctx=None, device=None):
     """AutoRound's SignSGD step (no momentum, no weight decay) of fp32 tensors on one device,

@@ -1,8 +1,12 @@
-"""Stand-in for auto_round.wrapper: WrapperLinear (rounding offsets V and range factors
-min/max per group, tuned against a fake-quantized forward) and the block (un)wrappers."""
+"""Stand-in for auto_round.wrapper: WrapperLinear (rounding offsets `value` per group
+element and range factors min/max per group, as AutoRound shapes them, tuned against the
+quant-dequant of AutoRound's int data type: the tests' reference of its arithmetic,
+signround_reference.py) and the block (un)wrappers; optimized RTN (disable_opt_rtn=False)
+searches a range shrink per group."""
 import torch
 
 from auto_round.utils import set_module
+from signround_reference import reference_qdq
 
 
 def round_ste(x):
@@ -16,12 +20,14 @@ class WrapperLinear(torch.nn.Module):
         self.orig_layer = orig_layer
         self.device = orig_layer.tuning_device if hasattr(orig_layer, "tuning_device") else device
         self.disable_opt_rtn = disable_opt_rtn
+        self.q_scale_thresh = 1e-8 if getattr(orig_layer, "scale_dtype", None) == torch.float32 else 1e-5
         rows, cols = orig_layer.weight.shape
-        groups = cols // orig_layer.group_size
+        group_len = cols if orig_layer.group_size == -1 else orig_layer.group_size
+        groups = rows * cols // group_len
         self.params = {}
-        self._init("value", (rows, cols), 0.0, enable_round_tuning)
-        self._init("min_scale", (rows, groups), 1.0, enable_minmax_tuning)
-        self._init("max_scale", (rows, groups), 1.0, enable_minmax_tuning)
+        self._init("value", (groups, group_len), 0.0, enable_round_tuning)
+        self._init("min_scale", (groups,), 1.0, enable_minmax_tuning)
+        self._init("max_scale", (groups,), 1.0, enable_minmax_tuning)
 
     def _init(self, name, shape, value, tunable):
         if tunable:
@@ -32,15 +38,20 @@ class WrapperLinear(torch.nn.Module):
         setattr(self, name, p)
 
     def _qdq_weight(self, value, min_scale, max_scale):
+        """(quant-dequantized weight, scale or None)."""
+        layer = self.orig_layer
+        if self.disable_opt_rtn:
+            return reference_qdq(layer.weight.to(self.device), value, min_scale, max_scale, layer.bits,
+                                 layer.group_size, getattr(layer, "sym", True),
+                                 getattr(layer, "scale_dtype", torch.float16), self.q_scale_thresh), None
         min_scale.data.clamp_(0, 1)
         max_scale.data.clamp_(0, 1)
-        layer = self.orig_layer
         w = layer.weight.to(self.device).float()
         rows, cols = w.shape
         g = w.reshape(rows, -1, layer.group_size)
         maxq = 2 ** layer.bits - 1
         lo, hi = torch.clamp(g.amin(-1), max=0), torch.clamp(g.amax(-1), min=0)
-        shrinks = [1.0] if self.disable_opt_rtn else [1.0 - 0.05 * k for k in range(6)]
+        shrinks = [1.0 - 0.05 * k for k in range(6)]
         weights = layer.imatrix.to(w.device).reshape(1, -1, layer.group_size) if hasattr(layer, "imatrix") else 1.0
         best, best_err = None, None
         for shrink in shrinks:  # optimized RTN: the range shrink with the least (imatrix-weighted) error per group
@@ -70,7 +81,8 @@ class WrapperLinear(torch.nn.Module):
         with torch.no_grad():
             w, scale = self._qdq_weight(v, mn.clone(), mx.clone())
             self.orig_layer.weight.data.copy_(w)
-        self.orig_layer.scale = scale.to("cpu")
+        if scale is not None:
+            self.orig_layer.scale = scale.to("cpu")
         return self.orig_layer
 
 

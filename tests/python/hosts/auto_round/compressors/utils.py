@@ -4,7 +4,9 @@ import random
 
 
 class IndexSampler:
-    """Shuffled batches of sample indices, reshuffled when fewer than a batch remain."""
+    """Shuffled batches of sample indices, reshuffled when fewer than a batch remain;
+    every batch drawn is also appended to IndexSampler.drawn (the tests' record)."""
+    drawn = []
 
     def __init__(self, nsamples, batch_size):
         if batch_size <= 0 or batch_size > nsamples:
@@ -19,6 +21,7 @@ class IndexSampler:
             self.index = 0
         batch = self.indices[self.index:self.index + self.batch_size]
         self.index += self.batch_size
+        IndexSampler.drawn.append(batch)
         return batch
 
 

@@ -1,5 +1,7 @@
-"""Stand-in for auto_round.utils: module lookup by dotted name."""
+"""Stand-in for auto_round.utils: module lookup by dotted name, the layer types AutoRound wraps."""
 import functools
+
+import torch
 
 from . import device_manager  # noqa: F401
 
@@ -11,3 +13,6 @@ def get_module(model, name):
 def set_module(model, name, module):
     parent, _, child = name.rpartition(".")
     setattr(get_module(model, parent), child, module)
+
+
+SUPPORTED_LAYER_TYPES = (torch.nn.Linear,)

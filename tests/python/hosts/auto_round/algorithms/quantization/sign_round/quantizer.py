@@ -32,10 +32,15 @@ class SignRoundConfig:
     is_act_nv_fp: bool = False
 
     def compute_lr(self, bits):
-        return None
+        """A layer's lr for its bit width (AutoRound's heuristic when lr is not given)."""
+        if self.lr is not None:
+            return self.lr
+        if self.iters <= 0:
+            return None
+        return 2.0 / self.iters if self.iters >= 1000 and bits is not None and bits <= 3 else 1.0 / self.iters
 
     def compute_minmax_lr(self, bits):
-        return None
+        return self.minmax_lr if self.minmax_lr is not None else self.compute_lr(bits)
 
 
 class SignRoundQuantizer(BaseQuantizer):
@@ -99,12 +104,17 @@ class SignRoundQuantizer(BaseQuantizer):
         nsamples = len(active_inputs)
         quantized, unquantized = self.wrapper_block(block, self.enable_minmax_tuning, self.enable_norm_bias_tuning,
                                                     enable_torch_compile=False, device=device)
-        round_groups, minmax_groups = {}, {}
+        round_groups, minmax_groups = {}, {}  # by each layer's lr for its bit width
         for _n, m in block.named_modules():
             if hasattr(m, "orig_layer"):
+                bits = getattr(m.orig_layer, "bits", None)
+                lr = self._config.compute_lr(bits)
+                lr = self.lr if lr is None else lr
+                minmax_lr = self._config.compute_minmax_lr(bits)
+                minmax_lr = self.minmax_lr if minmax_lr is None else minmax_lr
                 for key, p in m.params.items():
                     groups = minmax_groups if ("min" in key or "max" in key) else round_groups
-                    groups.setdefault(float(self.minmax_lr if groups is minmax_groups else self.lr), []).append(p)
+                    groups.setdefault(float(minmax_lr if groups is minmax_groups else lr), []).append(p)
         if not round_groups and not minmax_groups:
             unwrapper_block(block, {})
             return {}

@@ -1,0 +1,358 @@
+"""AutoRound's block tuning (SignRoundQuantizer.quantize_block) on one device, on qlink's
+native SignRound engine: the same iterations as AutoRound's loop with none of its
+per-iteration host work.
+
+- Every iteration's batch indices are drawn before the loop from AutoRound's own sampler
+  (the same draws, the same consumption of Python's `random`), into one device table.
+- The calibration inputs, the block's reference outputs, the per-sample entries of
+  input_others and AutoRound's valid-token mask are stacked on the tuning device once; a
+  batch is an index_select by the iteration's row of the table.
+- The block runs unwrapped through AutoRound's own forward runner, its quantized linears'
+  weights replaced for the call (functional_call) by the engine's quant-dequant of all of
+  them at once (signround_qdq_layers: one engine call per options set forward, one
+  backward); the loss is AutoRound's (_get_loss, _scale_loss_and_backward), each
+  iteration's as AutoRound sums it (float64, over the batch's valid tokens with a mask).
+- The step is the engine's SignSGD with AutoRound's learning-rate groups and LinearLR
+  schedule; it keeps the best-loss parameters on the device itself. The iterations'
+  losses are written into a device tensor at the step counter's index: the host reads
+  them once, after the loop.
+- On a GPU the iteration (forward, backward, step) is captured once warm and replayed as
+  a CUDA graph; where it cannot be (not a GPU, a failed capture), it runs eagerly and the
+  reason is counted (the installation's "step_graph" counter).
+
+Nothing the host can see changes until commit(): the block stays unwrapped, the tuning
+state is qlink's own tensors. commit() wraps the block with AutoRound's wrappers and
+unwraps it with the best parameters (AutoRound's own arithmetic writes the weights), and
+logs AutoRound's summary line. check() refuses bad input before anything is allocated,
+naming the layer and the field; unsupported() names the options this loop does not cover
+(AutoRound's own loop runs those)."""
+import collections
+
+import torch
+
+from ..quant.signround import signround_qdq_layers, signsgd_step
+
+try:
+    from torch.func import functional_call
+except ImportError:  # PyTorch < 2.0
+    from torch.nn.utils.stateless import functional_call
+
+BITS = (2, 3, 4, 8)
+WARMUP = 3  # eager iterations before the capture: compiled code and autograd's state settle
+_SCALE_DTYPES = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16,
+                 "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
+_WEIGHT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+class InvalidLayer(ValueError):
+    """A quantized layer the engine cannot take; the message names the layer and field."""
+
+
+def quantized_layers(host, block):
+    """(name, module) of the block's layers AutoRound's wrapper_block wraps."""
+    return [(n, m) for n, m in block.named_modules()
+            if type(m) in tuple(host.SUPPORTED_LAYER_TYPES) and getattr(m, "bits", 16) <= 8]
+
+
+def unsupported(q, host, block, active_inputs, device):
+    """Why this block's tuning is not for this loop (AutoRound's own loop runs it), or None."""
+    checks = [
+        (q.iters < 1, "iters=%d (no tuning)" % q.iters),
+        (q.optimizer is not host.SignSGD or bool(q.momentum), "an optimizer other than pure SignSGD (momentum %s)"
+         % (q.momentum,)),
+        (q.dynamic_max_gap > 0 and not q.not_use_best_mse, "dynamic_max_gap (an early stop the host decides)"),
+        (bool(q.enable_norm_bias_tuning), "enable_norm_bias_tuning"),
+        (tuning_device(getattr(q, "_loss_device", device)) != tuning_device(device),
+         "a loss device other than the tuning device"),
+        (len({tuple(x.shape) for x in active_inputs}) != 1, "calibration inputs of different shapes"),
+        (any(x.shape[getattr(q.block_forward, "batch_dim", 0)] != 1 for x in active_inputs[:1]),
+         "calibration inputs of more than one sample each"),
+    ]
+    for name, m in quantized_layers(host, block):
+        checks += [
+            (type(m) is not torch.nn.Linear, "layer %r: %s (the engine takes torch.nn.Linear)" % (
+                name, type(m).__name__)),
+            (getattr(m, "act_bits", 16) <= 8, "layer %r: activation quantization (act_bits %s)" % (
+                name, getattr(m, "act_bits", None))),
+            (str(getattr(m, "data_type", "int")) != "int", "layer %r: data_type %r" % (
+                name, getattr(m, "data_type", None))),
+            (any(hasattr(m, a) for a in ("super_bits", "awq_clip_max", "weight_global_scale")),
+             "layer %r: super groups, AWQ clipping or a global scale" % name),
+            (bool(m._forward_hooks or m._forward_pre_hooks), "layer %r: forward hooks" % name),
+        ]
+    return next((reason for failed, reason in checks if failed), None)
+
+
+def _scale_dtype(name, m):
+    value = getattr(m, "scale_dtype", torch.float16)
+    dtype = _SCALE_DTYPES.get(value, value) if isinstance(value, str) else value
+    if dtype not in _WEIGHT_DTYPES:
+        raise InvalidLayer("layer %r: scale_dtype %r is not float16, bfloat16 or float32" % (name, value))
+    return dtype
+
+
+def tuning_device(device):
+    """AutoRound's device as the one a tensor on it reports ("cuda" is the current GPU)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def check(host, block, device):
+    """Each quantized layer's engine options, or InvalidLayer naming the layer and field;
+    nothing allocated or written before."""
+    device, layers = tuning_device(device), []
+    for name, m in quantized_layers(host, block):
+        w = m.weight
+        if w.dim() != 2:
+            raise InvalidLayer("layer %r: weight has shape %s, expected (rows, columns)" % (name, tuple(w.shape)))
+        if w.dtype not in _WEIGHT_DTYPES:
+            raise InvalidLayer("layer %r: weight has dtype %s, expected float16, bfloat16 or float32" % (
+                name, w.dtype))
+        if w.device != device:
+            raise InvalidLayer("layer %r: weight is on %s, not the tuning device %s" % (name, w.device, device))
+        if m.bits not in BITS:
+            raise InvalidLayer("layer %r: bits = %r is not one of 2, 3, 4, 8" % (name, m.bits))
+        group_size = m.group_size
+        if not isinstance(group_size, int) or not (group_size == -1 or (group_size > 0 and
+                                                                       w.shape[1] % group_size == 0)):
+            raise InvalidLayer("layer %r: group_size %r does not divide the weight's %d columns" % (
+                name, group_size, w.shape[1]))
+        scale_dtype = _scale_dtype(name, m)
+        options = (m.bits, group_size, bool(getattr(m, "sym", True)), scale_dtype,
+                   1e-8 if scale_dtype == torch.float32 else 1e-5)  # WrapperLinear's q_scale_thresh
+        layers.append((name, m, options))
+    return layers
+
+
+class NativeTuning:
+    """One block's tuning state and loop; run() returns AutoRound's best_params."""
+
+    def __init__(self, q, host, ctx, block, layers, active_inputs, fp_outputs, input_others, valid_token_mask, device,
+                 qlink_device):
+        self.q, self.host, self.ctx, self.block = q, host, ctx, block
+        self.device, self.qlink_device = tuning_device(device), qlink_device
+        self.runner = q.block_forward
+        dim = getattr(self.runner, "batch_dim", 0)
+        self.others = _on_device(self.runner, input_others, self.device, dim)
+        self.inputs = torch.cat([x.to(self.device) for x in active_inputs], dim=dim)
+        self.targets = torch.cat([y.to(self.device) for y in fp_outputs], dim=dim)
+        self.layers = layers
+        self.state = {}  # layer name -> [v, min_scale, max_scale]
+        for name, m, (_, group_size, _, _, _) in layers:
+            rows, cols = m.weight.shape
+            group_len = cols if group_size == -1 else group_size
+            groups = rows * cols // group_len
+            self.state[name] = [torch.zeros(groups, group_len, device=self.device, requires_grad=True),
+                                torch.ones(groups, device=self.device, requires_grad=True),
+                                torch.ones(groups, device=self.device, requires_grad=True)]
+        self.params, self.lr_groups, lrs = self._groups()
+        self.lrs = torch.stack([torch.tensor(lr) for lr in lrs]).to(self.device)
+        self.best = [torch.zeros_like(p) for p in self.params]
+        self.best_loss = torch.full((1,), torch.finfo(torch.float).max, device=self.device)
+        self.epoch = torch.zeros(1, dtype=torch.int64, device=self.device)
+        # Each iteration's loss as AutoRound sums it (a float64 of fp32 losses over num_elm).
+        self.losses = torch.zeros(max(q.iters, 1), dtype=torch.float64, device=self.device)
+        gas = q.gradient_accumulate_steps
+        self.mse = torch.nn.MSELoss(reduction="mean" if gas == 1 else "sum").to(self.device)
+        self.batch_size = q.calibration_context.batch_size
+        global_batch = min(len(active_inputs), self.batch_size * gas)
+        self.num_elm = sum(active_inputs[i].numel() for i in range(global_batch)) if gas != 1 else 1
+        self.num_elm = 1 if self.num_elm <= 0 else self.num_elm
+        # AutoRound's valid-token mask: its rows on the device, selected by device indices in
+        # its own _get_loss; each sample's count of valid tokens (its _get_non_zero_cnt), summed
+        # over an iteration's batch on the device for that iteration's num_elm.
+        self.mask, self.mask_counts = None, None
+        if valid_token_mask:
+            self.mask = _DeviceRows(torch.cat([m.to(self.device) for m in valid_token_mask], dim=0))
+            self.mask_counts = torch.tensor([q._get_non_zero_cnt(valid_token_mask, [i])
+                                             for i in range(len(valid_token_mask))], dtype=torch.int64).to(self.device)
+        sampler = host.IndexSampler(len(active_inputs), global_batch)
+        draws = [[int(i) for i in sampler.next_batch()] for _ in range(q.iters)]  # AutoRound's draws, in order
+        self.draws = torch.tensor(draws or [[0] * global_batch], dtype=torch.long).to(self.device)
+        self.index = self.draws[0].clone()
+        self.forward_module = _Forward(self.runner, block)
+
+    def _groups(self):
+        """The tuned tensors in AutoRound's order and each one's learning-rate group:
+        rounding offsets grouped by their layer's lr, then (with min-max tuning) the range
+        factors by their layer's minmax lr (SignRoundQuantizer.quantize_block's groups)."""
+        q = self.q
+        round_groups, minmax_groups = collections.OrderedDict(), collections.OrderedDict()
+        for name, m, _ in self.layers:
+            lr = q._config.compute_lr(m.bits)
+            lr = q.lr if lr is None else lr
+            q._maybe_log_low_bit_lr(m.bits)
+            minmax_lr = q._config.compute_minmax_lr(m.bits)
+            minmax_lr = q.minmax_lr if minmax_lr is None else minmax_lr
+            v, lo, hi = self.state[name]
+            round_groups.setdefault(float(lr), []).append(v)
+            if q.enable_minmax_tuning:
+                minmax_groups.setdefault(float(minmax_lr), []).extend([lo, hi])
+        params, groups, lrs = [], [], []
+        for k, (lr, ps) in enumerate(list(round_groups.items()) + list(minmax_groups.items())):
+            lrs.append(lr)
+            params += ps
+            groups += [k] * len(ps)
+        return params, groups, lrs
+
+    def _quant_dequant(self):
+        """{"<layer>.weight": its quant-dequantized weight}, one engine call per options set."""
+        by_options = collections.OrderedDict()
+        for name, m, options in self.layers:
+            by_options.setdefault(options, []).append((name, m))
+        weights = {}
+        for (bits, group_size, sym, scale_dtype, thresh), members in by_options.items():
+            qdq = signround_qdq_layers([(name, m.weight, *self.state[name]) for name, m in members], bits=bits,
+                                       group_size=group_size, sym=sym, scale_dtype=scale_dtype,
+                                       q_scale_thresh=thresh, ctx=self.ctx, device=self.qlink_device)
+            weights.update({"block." + name + ".weight": w for (name, _), w in zip(members, qdq)})
+        return weights
+
+    def iteration(self):
+        """One iteration, on the device only: the batch at self.index in AutoRound's
+        sub-batches, loss and backward, the step (best kept, schedule advanced), the loss
+        recorded at the step counter."""
+        q, dim = self.q, getattr(self.runner, "batch_dim", 0)
+        for p in self.params:
+            p.grad = None
+        weights = self._quant_dequant()
+        num_elm = self.num_elm
+        if self.mask_counts is not None:  # AutoRound: its batch's valid tokens, 1 where there are none
+            num_elm = self.mask_counts.index_select(0, self.index).sum().clamp(min=1).double()
+        total = torch.zeros(1, dtype=torch.float64, device=self.device)
+        for start in range(0, self.index.numel(), self.batch_size):
+            idx = self.index[start:start + self.batch_size]
+            x, others = self.runner.select_batch(self.inputs, self.others, idx)  # AutoRound's own selection
+            pred = functional_call(self.forward_module, weights, (x, others))
+            ref = torch.index_select(self.targets, dim, idx)
+            rows = [idx[k:k + 1] for k in range(idx.numel())]  # the samples, as device indices
+            loss = q._get_loss(pred, ref, rows, self.mse, self.device, self.mask)
+            total = total + loss.detach().double().reshape(1) / num_elm
+            q._scale_loss_and_backward(None, loss)
+        self.losses.index_copy_(0, self.epoch, total)
+        # The engine keeps the parameters of the lowest fp32 key. not_use_best_mse: AutoRound
+        # keeps the last iteration's, which a key falling every step makes the engine keep.
+        key = -self.epoch.float() if q.not_use_best_mse else total.float()
+        signsgd_step(self.params, self.lrs, lr_groups=self.lr_groups, epoch=self.epoch, total_iters=q.iters,
+                     loss=key, best_loss=self.best_loss, best=self.best, ctx=self.ctx, device=self.qlink_device)
+        for p in self.params:
+            p.grad = None
+
+    def run(self, graphs):
+        """AutoRound's iterations; graphs(reason=None): counts whether the step replayed
+        as a CUDA graph. Returns (best_params, losses, best_iter, last_loss)."""
+        q = self.q
+        graph, reason = None, None
+        if self.device.type != "cuda":
+            reason = "not a CUDA device (%s)" % self.device
+        elif q.iters <= WARMUP:
+            reason = "iters %d <= %d warm-up iterations" % (q.iters, WARMUP)
+        stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream) if stream is not None else _Nothing():
+            for i in range(q.iters):
+                self.index.copy_(self.draws[i])
+                if graph is not None:
+                    graph.replay()
+                    continue
+                self.iteration()
+                if i + 1 == WARMUP and reason is None:
+                    graph, reason = self._capture(stream)
+        if stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+        graphs(reason)
+        losses = self.losses[:q.iters].tolist()  # the one read of the loop's results
+        if q.not_use_best_mse:
+            return self._best_params(), losses, q.iters, losses[-1] if losses else 0
+        # AutoRound's choice, the first strictly lowest, on the keys the engine compared
+        keys = torch.tensor(losses, dtype=torch.float64).float().tolist()
+        best_key, best_iter = torch.finfo(torch.float).max, 0
+        for i, key in enumerate(keys):
+            if key < best_key:
+                best_key, best_iter = key, i
+        improved = best_key < torch.finfo(torch.float).max
+        return self._best_params() if improved else {}, losses, best_iter, losses[best_iter]
+
+    def _capture(self, stream):
+        """The iteration as a CUDA graph, or (None, why not); capturing runs nothing, so a
+        failed capture leaves the state as the eager iterations left it."""
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, stream=stream):
+                self.iteration()
+        except Exception as error:  # noqa: BLE001 (counted; the eager iterations go on)
+            for p in self.params:
+                p.grad = None
+            return None, "capture failed: %s: %s" % (type(error).__name__, error)
+        return graph, None
+
+    def _best_params(self):
+        """collect_best_params' layout: {layer: {"value", "min_scale", "max_scale"}} of the
+        tuned tensors, on AutoRound's cache device."""
+        cache = self.q.compress_context.cache_device
+        kept = dict(zip(map(id, self.params), self.best))
+        out = {}
+        for name, _, _ in self.layers:
+            tuned = {key: kept[id(t)] for key, t in zip(("value", "min_scale", "max_scale"), self.state[name])
+                     if id(t) in kept}
+            out[name] = {key: t.to(cache, copy=True) for key, t in tuned.items()}
+        return out
+
+
+def _on_device(runner, others, device, dim):
+    """AutoRound's input_others on the tuning device, each per-sample list of tensors (one
+    row each) stacked into one tensor: the runner's select_batch then takes a batch by an
+    index_select, as it does the stacked inputs, where a list would be indexed element by
+    element from the host (a synchronization per sample, and no CUDA graph)."""
+    def move(value):
+        if isinstance(value, torch.Tensor):
+            return value.to(device)
+        if isinstance(value, (list, tuple)):
+            return type(value)(move(v) for v in value)
+        if isinstance(value, dict):
+            return {k: move(v) for k, v in value.items()}
+        return value
+    shared = getattr(runner, "shared_cache_keys", ())
+    out = {}
+    for key, value in others.items():
+        rows = isinstance(value, list) and value and key not in shared and all(
+            isinstance(t, torch.Tensor) and t.dim() > dim and t.shape[dim] == 1 for t in value)
+        out[key] = torch.cat([t.to(device) for t in value], dim=dim) if rows else move(value)
+    return out
+
+
+class _DeviceRows:
+    """A stacked tensor as AutoRound's per-sample list: truthy, indexed by a one-element
+    device index tensor (a gather on the device, no host read)."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __bool__(self):
+        return True
+
+    def __getitem__(self, index):
+        return self.rows[index]
+
+
+class _Forward(torch.nn.Module):
+    """The block through AutoRound's runner, as one module functional_call can swap the
+    block's weights in."""
+
+    def __init__(self, runner, block):
+        super().__init__()
+        self.runner, self.block = runner, block
+
+    def forward(self, x, others):
+        return self.runner._normalize_output(self.runner._forward_one_batch(self.block, x, others), self.block)
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
