@@ -47,6 +47,8 @@ class Block(torch.nn.Module):
         self.down = torch.nn.Linear(2 * HIDDEN, HIDDEN)
         for name, m in (("up", self.up), ("down", self.down)):
             m.bits, m.group_size, m.global_name = 4, 32, "block." + name
+            # AutoRound sets every key of its scheme on each layer, None where unused (W4A16).
+            m.data_type, m.act_bits, m.super_bits, m.super_group_size = "int", 16, None, None
 
     def forward(self, hidden_states, scale=None, shift=None):
         out = self.down(torch.nn.functional.silu(self.up(hidden_states))) * scale

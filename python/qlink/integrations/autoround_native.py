@@ -76,7 +76,8 @@ def unsupported(q, host, block, active_inputs, device):
                 name, getattr(m, "act_bits", None))),
             (str(getattr(m, "data_type", "int")) != "int", "layer %r: data_type %r" % (
                 name, getattr(m, "data_type", None))),
-            (any(hasattr(m, a) for a in ("super_bits", "awq_clip_max", "weight_global_scale")),
+            # AutoRound sets these on every layer, None where unused (W4A16 int: all None).
+            (any(getattr(m, a, None) is not None for a in ("super_bits", "awq_clip_max", "weight_global_scale")),
              "layer %r: super groups, AWQ clipping or a global scale" % name),
             (bool(m._forward_hooks or m._forward_pre_hooks), "layer %r: forward hooks" % name),
         ]
