@@ -35,24 +35,21 @@ def test_every_library_the_tests_load_comes_from_the_install_step():
 
 
 def test_a_library_the_install_step_stops_naming_fails_the_check_naming_it(tmp_path):
-    # The package the engine's BLAS came from: take it out of the install step and off the
-    # bare machine's list.
-    blas = [f for f in check_deps.probe_libraries(LIBRARY, os.path.join(RUNFILES, "python"))
-            if os.path.basename(f).startswith(("libopenblas", "libblas"))]
+    # An install step that names only the C library, on a bare machine that has nothing:
+    # the BLAS the engine loaded (OpenBLAS, or the reference BLAS python3-torch brings) is
+    # then outside it, and the check names it with its package.
+    blas = sorted(f for f in check_deps.probe_libraries(LIBRARY, os.path.join(RUNFILES, "python"))
+                  if os.path.basename(f).startswith(("libopenblas", "libblas")))
     assert blas, "the probe mapped no BLAS"
-    owners = check_deps.file_owners()
-    package = check_deps.package_of(sorted(blas)[0], owners)
+    package = check_deps.package_of(blas[0], check_deps.file_owners())
     assert package is not None
-    script = open(os.path.join(RUNFILES, "tools", "install_deps.sh")).read()
     fake_install = tmp_path / "install_deps.sh"
-    fake_install.write_text(script.replace(package, ""))
+    fake_install.write_text("packages=(libc6)\n")
     fake_bare = tmp_path / "bare.txt"
-    fake_bare.write_text("".join(line for path in BARE for line in open(path)
-                                 if line.split("\t")[1:2] not in ([package], [package + ":amd64"])))
+    fake_bare.write_text("")
     code, out = run(str(fake_install), [str(fake_bare)])
     assert code == 1, out
-    assert "from package %s, which tools/install_deps.sh does not name" % package in out
-    assert sorted(blas)[0] in out
+    assert "%s: from package %s, which tools/install_deps.sh does not name" % (blas[0], package) in out
 
 
 def test_the_install_step_names_are_read_from_its_package_list(tmp_path):

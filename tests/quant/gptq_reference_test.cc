@@ -44,15 +44,22 @@ std::string FileDefining(const char* symbol) {
 std::string Config() {
   static const std::string config = [] {
     const std::string blas = FileDefining("sgemm_"), lapack = FileDefining("spotrf_");
-    EXPECT_FALSE(blas.empty() || lapack.empty()) << "ATen's BLAS/LAPACK not found in the process";
-    if (const char* expect = std::getenv("QLINK_TEST_EXPECT_BLAS")) {
-      EXPECT_NE(blas.find(expect), std::string::npos) << "ATen resolved sgemm_ from " << blas << ", not " << expect;
-    }
     std::printf("engine and reference on BLAS %s, LAPACK %s\n", blas.c_str(), lapack.c_str());
     return R"({"backend": "cpu", "cpu_devices": 1, "log_level": "warn", "blas_library": ")" + blas +
            R"(", "solver_library": ")" + lapack + R"("})";
   }();
   return config;
+}
+
+// The BLAS this target chose (QLINK_TEST_EXPECT_BLAS, set by the BUILD file with the
+// LD_LIBRARY_PATH that chooses it) is the one ATen runs on, so neither target silently
+// tests the other's library.
+TEST(Libraries, AtenRunsOnTheBlasThisTargetChose) {
+  const std::string blas = FileDefining("sgemm_"), lapack = FileDefining("spotrf_");
+  ASSERT_FALSE(blas.empty() || lapack.empty()) << "ATen's BLAS/LAPACK not found in the process";
+  const char* expect = std::getenv("QLINK_TEST_EXPECT_BLAS");
+  ASSERT_NE(expect, nullptr) << "the BUILD file sets QLINK_TEST_EXPECT_BLAS";
+  EXPECT_NE(blas.find(expect), std::string::npos) << "ATen resolved sgemm_ from " << blas << ", not " << expect;
 }
 
 // A random layer: weight (rows, cols) and H = X^T X of `tokens` activations whose columns
