@@ -11,7 +11,6 @@ decoder layer at each world.
 import argparse
 import importlib.util
 import os
-import statistics
 import sys
 import threading
 import time
@@ -20,22 +19,10 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import qlink  # noqa: E402
+from timing import median_s  # noqa: E402
 from qlink.quant import GPTQLayer, Placement, gptq_quantize, parallel_gptq, parallel_hessian  # noqa: E402
 
 HIDDEN, INTERMEDIATE, TOKENS = 4096, 11008, 128 * 2048
-
-
-def timed(fn, reps):
-    """Median wall time of fn() over reps runs (after one warm-up), synchronizing around each."""
-    out = fn()
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        out = fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return out, statistics.median(times)
 
 
 class PeakMemory:
@@ -135,17 +122,17 @@ def main():
                                         act_group_aware=gar, nsamples=TOKENS, ctx=ctx)
             with PeakMemory() as mem:
                 run()
-            q, t_q = timed(run, a.reps)
+            q, t_q = median_s(run, a.reps)
             gm_ms = speed = same = loss_ratio = "-"
             if solve_gm is not None:
-                (gq, gs, gz, gg, gloss, gdamp), t_gm = timed(lambda: solve_gm(w, h, desc_act, gar, TOKENS),
+                (gq, gs, gz, gg, gloss, gdamp), t_gm = median_s(lambda: solve_gm(w, h, desc_act, gar, TOKENS),
                                                              max(1, a.reps // 2))
                 gm_ms, speed = "%.1f" % (t_gm * 1e3), "%.1fx" % (t_gm / t_q)
                 same = "%.4f %%" % (100 * (q.codes == codes_of(gq, gs, gz, gg)).float().mean().item())
                 loss_ratio = "%.5f" % (q.loss / gloss)
             py_ms = "-"
             if python_engine is not None and order == "as given":
-                _, t_py = timed(lambda: python_engine.gptq_quantize(w, h, bits=4, group_size=128), max(1, a.reps // 2))
+                _, t_py = median_s(lambda: python_engine.gptq_quantize(w, h, bits=4, group_size=128), max(1, a.reps // 2))
                 py_ms = "%.1f" % (t_py * 1e3)
             say("| %s %d x %d | %s | **%.1f** | %s | %s | %s | %s | %s | %.0f MiB |" % (
                 name, rows, h.shape[0], order, t_q * 1e3, gm_ms, speed, py_ms, same, loss_ratio, mem.peak / 2**20))
@@ -155,12 +142,12 @@ def main():
     say()
     x = torch.randn(TOKENS, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
     one = Placement([0], ctx=ctx)
-    h, t_h = timed(lambda: parallel_hessian([x], one), a.reps)
+    h, t_h = median_s(lambda: parallel_hessian([x], one), a.reps)
     def torch_fp32():  # GPTQModel's compute_hessian_xtx: fp32 matmul of the whole batch
         x32 = x.float()
         return (x32.t() @ x32) * (2.0 / TOKENS)
     torch.backends.cuda.matmul.allow_tf32 = False
-    ref, t_ref = timed(torch_fp32, a.reps)
+    ref, t_ref = median_s(torch_fp32, a.reps)
     err = ((h - ref).abs().max() / ref.abs().max()).item()
     say("| qlink hessian_accumulate + reduce | torch fp32 X^T X (GPTQModel's) | max rel. difference |")
     say("|---|---|---|")
@@ -173,7 +160,7 @@ def main():
     for world in range(1, torch.cuda.device_count() + 1):
         place = Placement(list(range(world)), ctx=ctx)
         shards = [s.to("cuda:%d" % r) for r, s in enumerate(x.chunk(world))]
-        hw, t = timed(lambda: parallel_hessian(shards, place), a.reps)  # the merge waits for every partial
+        hw, t = median_s(lambda: parallel_hessian(shards, place), a.reps)  # the merge waits for every partial
         diff = ((hw - h).abs().max() / h.abs().max()).item()
         say("| %d | %.4f | %.2fx | %.1e |" % (world, t, t_h / t, diff))
     say()
@@ -190,7 +177,7 @@ def main():
     base = None
     for world in range(1, torch.cuda.device_count() + 1):
         place = Placement(list(range(world)), ctx=ctx)
-        res, t = timed(lambda: parallel_gptq(layers, place, nsamples=TOKENS), a.reps)
+        res, t = median_s(lambda: parallel_gptq(layers, place, nsamples=TOKENS), a.reps)
         if base is None:
             base, t1 = res, t
         same = all(torch.equal(r.codes, b.codes) and torch.equal(r.weight, b.weight) for r, b in zip(res, base))

@@ -17,7 +17,6 @@ Frobenius error, largest relative error on the diagonal):
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -25,6 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import qlink  # noqa: E402
+from timing import median_s  # noqa: E402
 from qlink.quant import HessianAccumulator  # noqa: E402
 
 SAMPLES, SEQLEN = 128, 2048
@@ -46,18 +46,6 @@ def reference(x, rows=8192):
         block = x[r:r + rows].double()
         h.addmm_(block.T, block)
     return h
-
-
-def timed(fn, reps=3):
-    out = fn()
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        out = fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return out, statistics.median(times)
 
 
 def variants(ctx, x):
@@ -123,7 +111,7 @@ def main():
         norm, diag = torch.linalg.matrix_norm(exact).item(), exact.diagonal()
         for name, fn in variants(ctx, x):
             try:
-                h, seconds = timed(fn)
+                h, seconds = median_s(fn)
             except Exception as error:  # noqa: BLE001  (a variant this PyTorch lacks is reported)
                 rows.append({"variant": name, "d": d, "error": "%s: %s" % (type(error).__name__, error)})
                 lines.append("| %s | %d | %s | | |" % (name, d, rows[-1]["error"][:80]))

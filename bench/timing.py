@@ -1,6 +1,7 @@
 """Host wall-time measurement shared by the benchmarks, in the manner of the baseline
 scripts (bench/baselines): best of N synchronized runs, or the mean of back-to-back
 runs as nccl_bench.py does."""
+import statistics
 import time
 
 import torch
@@ -37,3 +38,17 @@ def mean_us(fn, reps=20):
         fn()
     sync_all()
     return (time.perf_counter() - t0) / reps * 1e6
+
+
+def median_s(fn, reps=3):
+    """Median wall time in s of fn() over reps runs after one warm-up, synchronizing around
+    each; with the last run's result: (result, seconds)."""
+    out = fn()
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return out, statistics.median(times)

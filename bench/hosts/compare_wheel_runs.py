@@ -9,13 +9,7 @@ import json
 import os
 import sys
 
-
-def load(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
+from summarize import load
 
 
 def main(out):

@@ -33,7 +33,7 @@ from ..defaults import configure
 from ..plan import check_setting, resolve_plan
 from ..quant.placement import Placement
 from .autoround_native import NativeTuning, check, unsupported
-from .autoround_tuning import make_mirrors, move_tensor_attributes, run_on_replicas, tune_block
+from .autoround_tuning import finish_block, make_mirrors, move_tensor_attributes, run_on_replicas, tune_block
 from .base import HostSpec, Installation, Integration
 
 PATCHES = ("quantize_block", "rtn_layers", "step_graph")
@@ -226,14 +226,8 @@ class _Installation(Installation):
             quantized, unquantized = q.wrapper_block(block, q.enable_minmax_tuning, q.enable_norm_bias_tuning,
                                                      enable_torch_compile=q.compress_context.enable_torch_compile,
                                                      device=device)
-            q.compress_context.clear_memory()
-            if unquantized:
-                h.logger.info("Unquantized layers: %s" % unquantized)
-            with torch.no_grad():
-                h.unwrapper_block(block, best_params)
-            getattr(h.logger, "infoclean", h.logger.info)(
-                "quantized %d/%d layers in the block, loss iter 0: %.6f -> iter %d: %.6f" % (
-                    len(quantized), len(quantized) + len(unquantized), losses[0], best_iter, last_loss))
+            finish_block(h, q, block, best_params, quantized, unquantized,
+                         ", loss iter 0: %.6f -> iter %d: %.6f" % (losses[0], best_iter, last_loss))
             return best_params
 
         return self.guard.attempt("quantize_block", tune, lambda: original(q, *args, input_ids=input_ids, **kwargs),

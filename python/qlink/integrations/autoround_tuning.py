@@ -272,13 +272,20 @@ def tune_block(quantizer, host, ctx, placement, mirrors, exchange_op, transport,
             reps.check_identical(i)
 
     last_loss, best_iter = (total_loss, q.iters) if q.not_use_best_mse else (best_loss, last_best_iter)
+    finish_block(host, q, block, best_params, quantized_names, unquantized_names,
+                 " on %d replicas, loss iter 0: %.6f -> iter %d: %.6f" % (placement.world, init_loss, best_iter,
+                                                                         last_loss))
+    return best_params
+
+
+def finish_block(host, q, block, best_params, quantized_names, unquantized_names, summary):
+    """What AutoRound does when a block's tuning ends: memory cleared, the best parameters
+    written into the block as it unwraps it, one line logged (AutoRound's, `summary` after
+    "in the block")."""
     q.compress_context.clear_memory()
     if unquantized_names:
         host.logger.info("Unquantized layers: %s" % unquantized_names)
     with torch.no_grad():
         host.unwrapper_block(block, best_params)
-    getattr(host.logger, "infoclean", host.logger.info)(
-        "quantized %d/%d layers in the block on %d replicas, loss iter 0: %.6f -> iter %d: %.6f" % (
-            len(quantized_names), len(quantized_names) + len(unquantized_names), placement.world, init_loss,
-            best_iter, last_loss))
-    return best_params
+    getattr(host.logger, "infoclean", host.logger.info)("quantized %d/%d layers in the block%s" % (
+        len(quantized_names), len(quantized_names) + len(unquantized_names), summary))
