@@ -18,20 +18,6 @@ int Int(int64_t v) { return static_cast<int>(v); }
 
 int64_t Col(const int32_t* perm, int64_t c) { return perm != nullptr ? perm[c] : c; }
 
-float ElementToFloat(const void* p, DLDataType dtype, int64_t i) {
-  if (dtype.bits == 32) return static_cast<const float*>(p)[i];
-  const uint16_t bits = static_cast<const uint16_t*>(p)[i];
-  return dtype.code == kDLBfloat ? Bf16ToFloat(bits) : HalfToFloat(bits);
-}
-
-void StoreElement(void* p, DLDataType dtype, int64_t i, float v) {
-  if (dtype.bits == 32) {
-    static_cast<float*>(p)[i] = v;
-  } else {
-    static_cast<uint16_t*>(p)[i] = dtype.code == kDLBfloat ? FloatToBf16(v) : FloatToHalf(v);
-  }
-}
-
 class CpuQuantMath final : public QuantMath {
  public:
   CpuQuantMath(const LapackApi& api, LibraryReport report) : api_(api), report_(std::move(report)) {}
@@ -123,7 +109,7 @@ class CpuQuantMath final : public QuantMath {
   Status LoadWeight(int, Stream, const void* w, DLDataType dtype, int64_t rows, int64_t cols, const int32_t* perm,
                     float* out) override {
     for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = ElementToFloat(w, dtype, r * cols + Col(perm, c));
+      for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = LoadElement(w, dtype.code, dtype.bits, r * cols + Col(perm, c));
     }
     return Status::Ok();
   }
@@ -131,7 +117,7 @@ class CpuQuantMath final : public QuantMath {
   Status StoreWeight(int, Stream, const float* w, int64_t rows, int64_t cols, const int32_t* position,
                      DLDataType dtype, void* out) override {
     for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < cols; ++c) StoreElement(out, dtype, r * cols + c, w[r * cols + Col(position, c)]);
+      for (int64_t c = 0; c < cols; ++c) StoreElement(out, dtype.code, dtype.bits, r * cols + c, w[r * cols + Col(position, c)]);
     }
     return Status::Ok();
   }
@@ -200,7 +186,7 @@ class CpuQuantMath final : public QuantMath {
   }
 
   Status ToFloat(int, Stream, const void* x, DLDataType dtype, int64_t count, float* out) override {
-    for (int64_t i = 0; i < count; ++i) out[i] = ElementToFloat(x, dtype, i);
+    for (int64_t i = 0; i < count; ++i) out[i] = LoadElement(x, dtype.code, dtype.bits, i);
     return Status::Ok();
   }
 

@@ -35,20 +35,6 @@ __device__ __forceinline__ int LaneColumn(int lane, int k) {
 
 __device__ __forceinline__ int64_t At(const int32_t* perm, int64_t c) { return perm != nullptr ? perm[c] : c; }
 
-__device__ __forceinline__ float Load(const void* p, int code, int bits, int64_t i) {
-  if (bits == 32) return static_cast<const float*>(p)[i];
-  const uint16_t b = static_cast<const uint16_t*>(p)[i];
-  return code == kDLBfloat ? Bf16ToFloat(b) : HalfToFloat(b);
-}
-
-__device__ __forceinline__ void Store(void* p, int code, int bits, int64_t i, float v) {
-  if (bits == 32) {
-    static_cast<float*>(p)[i] = v;
-  } else {
-    static_cast<uint16_t*>(p)[i] = code == kDLBfloat ? FloatToBf16(v) : FloatToHalf(v);
-  }
-}
-
 unsigned Blocks(int64_t work, int64_t per_block = kThreads) {
   return static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>((work + per_block - 1) / per_block, 1), 65535));
 }
@@ -106,12 +92,12 @@ __global__ void MirrorKernel(float* a, int64_t n, bool fill_lower) {
 
 __global__ void LoadWeightKernel(const void* w, int code, int bits, int64_t rows, int64_t cols, const int32_t* perm,
                                  float* out) {
-  QLINK_ROWS_COLS(r, c, rows, cols) out[r * cols + c] = Load(w, code, bits, r * cols + At(perm, c));
+  QLINK_ROWS_COLS(r, c, rows, cols) out[r * cols + c] = LoadElement(w, code, bits, r * cols + At(perm, c));
 }
 
 __global__ void StoreWeightKernel(const float* w, int64_t rows, int64_t cols, const int32_t* position, int code,
                                   int bits, void* out) {
-  QLINK_ROWS_COLS(r, c, rows, cols) Store(out, code, bits, r * cols + c, w[r * cols + At(position, c)]);
+  QLINK_ROWS_COLS(r, c, rows, cols) StoreElement(out, code, bits, r * cols + c, w[r * cols + At(position, c)]);
 }
 
 __global__ void StoreCodesKernel(const uint8_t* codes, int64_t rows, int64_t cols, const int32_t* position,
@@ -124,7 +110,7 @@ __global__ void ZeroColumnsKernel(float* w, int64_t rows, int64_t ld, const int3
 }
 
 __global__ void ToFloatKernel(const void* x, int code, int bits, int64_t count, float* out) {
-  QLINK_GRID_STRIDE(i, count) out[i] = Load(x, code, bits, i);
+  QLINK_GRID_STRIDE(i, count) out[i] = LoadElement(x, code, bits, i);
 }
 
 // One team per (row, group): min and max over the group's columns, then the range.

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include <dlpack/dlpack.h>
+
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define QLINK_HD __host__ __device__ __forceinline__
 #else
@@ -116,6 +118,22 @@ QLINK_HD uint16_t FloatToHalf(float f) {
   const uint32_t rem = abs & 0x1fffu;
   if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;
   return static_cast<uint16_t>(sign | half);
+}
+
+// Element i of an fp32, bf16 or fp16 buffer (a DLPack dtype's code and bits) as fp32; and
+// back, rounded to nearest even.
+QLINK_HD float LoadElement(const void* p, int code, int bits, int64_t i) {
+  if (bits == 32) return static_cast<const float*>(p)[i];
+  const uint16_t b = static_cast<const uint16_t*>(p)[i];
+  return code == kDLBfloat ? Bf16ToFloat(b) : HalfToFloat(b);
+}
+
+QLINK_HD void StoreElement(void* p, int code, int bits, int64_t i, float v) {
+  if (bits == 32) {
+    static_cast<float*>(p)[i] = v;
+  } else {
+    static_cast<uint16_t*>(p)[i] = code == kDLBfloat ? FloatToBf16(v) : FloatToHalf(v);
+  }
 }
 
 }  // namespace quant
