@@ -67,14 +67,14 @@ struct CopyLeaf {
 // One rank's part of a latency-bound all-reduce done by one kernel per device that
 // synchronizes with its peers through flags in peer memory instead of stream events.
 struct OneShotAllReduce {
-  int rank = 0, world = 0;  // world <= kMaxParticipants
+  int rank = 0, world = 0;       // world <= kMaxParticipants
   const float* input = nullptr;  // this rank's buffer
   float* output = nullptr;       // may be `input`
   size_t count = 0;
-  void* const* staging = nullptr;  // per rank: that rank's staging slot for this call
+  void* const* staging = nullptr;    // per rank: that rank's staging slot for this call
   uint64_t* const* flags = nullptr;  // per rank: that rank's kOneShotFlagsPerRank flags, zeroed before first use
-  uint64_t epoch = 0;  // strictly increasing per workspace; flags reaching it mean "arrived"
-  bool bf16 = false;   // staged partials are bf16
+  uint64_t epoch = 0;                // strictly increasing per workspace; flags reaching it mean "arrived"
+  bool bf16 = false;                 // staged partials are bf16
   float scale = 1.0f;
   bool signs = false;  // output sign(scale * sum) as -1, 0, 1
 };
@@ -154,8 +154,7 @@ class DeviceBackend {
   // PullLeaves over leaves fixed once: the GPU backend keeps their descriptors in
   // device memory, so each launch passes one pointer instead of every descriptor. By
   // default the leaves stay on the host and each launch is a PullLeaves.
-  virtual Status PreparePull(int dst_device, const CopyLeaf* leaves, size_t count,
-                             std::unique_ptr<PreparedPull>* out);
+  virtual Status PreparePull(int dst_device, const CopyLeaf* leaves, size_t count, std::unique_ptr<PreparedPull>* out);
   // Leaves of at least this many bytes go to CopyLeaves even over a peer link: the
   // measured point where the copy engines overtake the pull kernel. By default never.
   virtual uint64_t PullCrossoverBytes() const { return UINT64_MAX; }
@@ -226,8 +225,8 @@ extern "C" {
 
 // What core hands a backend's factory: C types only, sized by struct_size.
 typedef struct qlink_backend_options {
-  size_t struct_size;          // sizeof(qlink_backend_options) as core was built
-  int32_t virtual_devices;     // config cpu_devices: the CPU backend's device count; others ignore it
+  size_t struct_size;       // sizeof(qlink_backend_options) as core was built
+  int32_t virtual_devices;  // config cpu_devices: the CPU backend's device count; others ignore it
   // Config backend_options: a JSON object's text. A backend that takes options refuses
   // keys it does not know; the others ignore it.
   const char* options_json;
@@ -294,9 +293,9 @@ DeviceBackend* CreateBackend(Create create, const qlink_backend_options* options
 
 // Defines a backend library's two exports around
 // `qlink::Status create(const qlink_backend_options&, std::unique_ptr<qlink::DeviceBackend>*)`.
-#define QLINK_EXPORT_BACKEND(create)                                                                        \
-  extern "C" uint32_t qlink_backend_interface_version(void) { return QLINK_BACKEND_INTERFACE_VERSION; }     \
-  extern "C" qlink::DeviceBackend* qlink_backend_create(const qlink_backend_options* options, char* error,  \
-                                                        size_t error_capacity) {                            \
-    return qlink::internal::CreateBackend(create, options, error, error_capacity);                          \
+#define QLINK_EXPORT_BACKEND(create)                                                                       \
+  extern "C" uint32_t qlink_backend_interface_version(void) { return QLINK_BACKEND_INTERFACE_VERSION; }    \
+  extern "C" qlink::DeviceBackend* qlink_backend_create(const qlink_backend_options* options, char* error, \
+                                                        size_t error_capacity) {                           \
+    return qlink::internal::CreateBackend(create, options, error, error_capacity);                         \
   }

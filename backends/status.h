@@ -34,8 +34,8 @@ inline Status Internal(std::string m) { return Status(QLINK_INTERNAL, std::move(
 
 }  // namespace qlink
 
-#define QLINK_RETURN_IF_ERROR(expr)            \
-  do {                                         \
-    ::qlink::Status qlink_status_ = (expr);    \
+#define QLINK_RETURN_IF_ERROR(expr)                \
+  do {                                             \
+    ::qlink::Status qlink_status_ = (expr);        \
     if (!qlink_status_.ok()) return qlink_status_; \
   } while (0)

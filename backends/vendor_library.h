@@ -85,7 +85,8 @@ Status LoadVendorLibraries(const std::vector<VendorLibrary>& libraries, Api init
     for (size_t i = 0; i < libraries.size(); ++i) {
       const VendorLibrary& l = libraries[i];
       boost::dll::fs::error_code ec;
-      loaded->opened[i].load(l.file, boost::dll::load_mode::search_system_folders | boost::dll::load_mode::rtld_now, ec);
+      loaded->opened[i].load(l.file, boost::dll::load_mode::search_system_folders | boost::dll::load_mode::rtld_now,
+                             ec);
       if (ec) {
         cache.erase(key);
         return Unavailable(l.what + " library '" + l.file + "' cannot be loaded: " + ec.message() +

@@ -75,7 +75,8 @@ int main(int argc, char** argv) {
   }
   boost::dll::shared_library lib(argv[1], boost::dll::load_mode::rtld_local);
   const char* error = nullptr;
-  Harness h{lib.get<const qlink_api*(uint32_t, uint32_t, const char**)>("qlink_get_api")(QLINK_ABI_MAJOR, QLINK_ABI_MINOR, &error),
+  Harness h{lib.get<const qlink_api*(uint32_t, uint32_t, const char**)>("qlink_get_api")(QLINK_ABI_MAJOR,
+                                                                                         QLINK_ABI_MINOR, &error),
             nullptr};
   if (h.api == nullptr) {
     std::fprintf(stderr, "%s\n", error);
@@ -94,9 +95,9 @@ int main(int argc, char** argv) {
   std::printf("%-44s %12s %14s\n", "call", "enqueue_us", "completion_us");
   // The module-move shapes of docs/BASELINES.md, as p2p_bench.cu times its raw paths (best of 30,
   // synchronizing the destination's stream).
-  const std::vector<std::pair<int, int64_t>> shapes = {{8, 32768},      {64, 32768},    {8, 262144},
-                                                       {64, 262144},    {256, 65536},   {8, 2 << 20},
-                                                       {64, 2 << 20},   {16, 16 << 20}, {4, 64 << 20}};
+  const std::vector<std::pair<int, int64_t>> shapes = {{8, 32768},    {64, 32768},    {8, 262144},
+                                                       {64, 262144},  {256, 65536},   {8, 2 << 20},
+                                                       {64, 2 << 20}, {16, 16 << 20}, {4, 64 << 20}};
   for (auto [n, size] : shapes) {
     void *src = nullptr, *dst = nullptr;
     h.Check(h.api->memory_allocate(h.ctx, 0, n * size, &src), "memory_allocate");
@@ -116,8 +117,10 @@ int main(int argc, char** argv) {
       h.Check(h.api->copy_plan_create(h.ctx, &args, &plan), "copy_plan_create");
       auto run = [&] { h.Check(h.api->copy_plan_execute(plan, nullptr, 0), "copy_plan_execute"); };
       auto fresh = [&] { h.Check(h.api->copy_batch(h.ctx, &args), "copy_batch"); };
-      const std::string shape = std::to_string(n) + " x " + std::to_string(size >> 10) + " KiB, flags " + std::to_string(flags);
-      std::printf("%-44s %12.1f %14.1f\n", ("prepared " + shape).c_str(), h.EnqueueUs(run), h.CompletionUs(run, synchronized));
+      const std::string shape =
+          std::to_string(n) + " x " + std::to_string(size >> 10) + " KiB, flags " + std::to_string(flags);
+      std::printf("%-44s %12.1f %14.1f\n", ("prepared " + shape).c_str(), h.EnqueueUs(run),
+                  h.CompletionUs(run, synchronized));
       std::printf("%-44s %12.1f %14.1f\n", ("fresh    " + shape).c_str(), h.EnqueueUs(fresh),
                   h.CompletionUs(fresh, synchronized));
       h.Check(h.api->copy_plan_destroy(plan), "copy_plan_destroy");
@@ -135,13 +138,14 @@ int main(int argc, char** argv) {
       b.push_back(Bytes(buf[dev], &elements, dev, {kDLFloat, 32, 1}));
     }
     const qlink_all_reduce_args args{sizeof(qlink_all_reduce_args), b.data(), 2, QLINK_REDUCE_SUM,
-                                     QLINK_TRANSPORT_FP32, nullptr, 0, QLINK_ALL_REDUCE_AUTO};
+                                     QLINK_TRANSPORT_FP32,          nullptr,  0, QLINK_ALL_REDUCE_AUTO};
     qlink_all_reduce_plan* plan = nullptr;
     h.Check(h.api->all_reduce_plan_create(h.ctx, &args, &plan), "all_reduce_plan_create");
     auto run = [&] { h.Check(h.api->all_reduce_plan_execute(plan, nullptr, 0), "all_reduce_plan_execute"); };
     auto once = [&] { h.Check(h.api->all_reduce(h.ctx, &args), "all_reduce"); };
     const std::string size = std::to_string(bytes >> 10) + " KiB fp32";
-    std::printf("%-44s %12.1f %14.1f\n", ("all-reduce prepared " + size).c_str(), h.EnqueueUs(run), h.CompletionUs(run, 1));
+    std::printf("%-44s %12.1f %14.1f\n", ("all-reduce prepared " + size).c_str(), h.EnqueueUs(run),
+                h.CompletionUs(run, 1));
     std::printf("%-44s %12.1f %14.1f\n", ("all-reduce " + size).c_str(), h.EnqueueUs(once), h.CompletionUs(once, 1));
     h.Check(h.api->all_reduce_plan_destroy(plan), "all_reduce_plan_destroy");
     for (int dev = 0; dev < 2; ++dev) h.Check(h.api->memory_free(h.ctx, dev, buf[dev]), "memory_free");

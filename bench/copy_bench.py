@@ -79,7 +79,9 @@ def main():
             ("held_wait", "qlink prepared, host-ordered, wait"), ("module_to", "module.to"),
             ("move", "qlink move_module_to_device"), ("speedup", "move speedup")]
     print(("%5s %9s" + " %12s" * len(cols)) % (("N", "S") + tuple(k[:12] for k, _ in cols)))
-    for n, s in SHAPES:
+
+    def measure(n, s):
+        """One row: every way of moving n leaves of s bytes GPU0 -> GPU1. Its tensors are freed on return."""
         src = [torch.empty(s // 2, dtype=torch.bfloat16, device="cuda:0").normal_() for _ in range(n)]
         dst = [torch.empty_like(t, device="cuda:1") for t in src]
         r = {"N": n, "S": s}
@@ -125,9 +127,12 @@ def main():
         r["module_to"] = on_both(lambda: module.to("cuda:1"), reset=back)
         r["move"] = on_both(lambda: qlink.move_module_to_device(module, "cuda:1"), reset=back)
         r["speedup"] = r["module_to"] / r["move"]
+        return r
+
+    for n, s in SHAPES:
+        r = measure(n, s)
         rows.append(r)
         print(("%5d %9d" + " %12.1f" * len(cols)) % ((n, s) + tuple(r[k] for k, _ in cols)))
-        del src, dst, module, prepared, held, waiting, held_waiting
         torch.cuda.empty_cache()
     if a.markdown:
         with open(a.markdown, "w") as f:

@@ -81,6 +81,18 @@ def profile_python():
     pstats.Stats(prof).sort_stats("tottime").print_stats(14)
 
 
+def breakdown_row(n, s):
+    """One row: n leaves of s bytes; its tensors are freed when it returns."""
+    src = [torch.randn(s // 4, device="cuda:0") for _ in range(n)]
+    dst = [torch.empty_like(t, device="cuda:1") for t in src]
+    prepared = qlink.PreparedCopy(src, dst)
+    calls = 200 if n * s < (64 << 20) else 20
+    host_p = enqueue_us(prepared.run, calls)
+    host_f = enqueue_us(lambda: qlink.peer_copy_batch(src, dst), calls)
+    g = gpu_us(prepared.run)
+    return "%5d %9d %14.1f %14.1f %14.1f %12.1f" % (n, s, host_p, host_f, g, n * s / g / 1e3)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--library", required=True)
@@ -88,15 +100,7 @@ def main():
     qlink.configure({"backend": "cuda", "log_level": "warn"}, library=a.library).enable_peer_access([0, 1])
     print("%5s %9s %14s %14s %14s %12s" % ("N", "S", "prepared_host", "fresh_host", "gpu_us", "GB/s"))
     for n, s in SHAPES:
-        src = [torch.randn(s // 4, device="cuda:0") for _ in range(n)]
-        dst = [torch.empty_like(t, device="cuda:1") for t in src]
-        prepared = qlink.PreparedCopy(src, dst)
-        calls = 200 if n * s < (64 << 20) else 20
-        host_p = enqueue_us(prepared.run, calls)
-        host_f = enqueue_us(lambda: qlink.peer_copy_batch(src, dst), calls)
-        g = gpu_us(prepared.run)
-        print("%5d %9d %14.1f %14.1f %14.1f %12.1f" % (n, s, host_p, host_f, g, n * s / g / 1e3))
-        del src, dst, prepared
+        print(breakdown_row(n, s))
         torch.cuda.empty_cache()
     profile_python()
     for label, fn in [("current_stream(d).cuda_stream", lambda: torch.cuda.current_stream(1).cuda_stream),

@@ -55,9 +55,8 @@ def main():
     print("|---|---|---|---|")
     for name in LIBRARIES:
         s, hh = times[name]["solve"], times[name]["hessian"]
-        print("| %s | %.2f s (%.2f) | %.2f s (%.2f) | %.2fx |" % (name, statistics.median(s), min(s),
-                                                                   statistics.median(hh), min(hh),
-                                                                   ref / statistics.median(s)))
+        print("| %s | %.2f s (%.2f) | %.2f s (%.2f) | %.2fx |" %
+              (name, statistics.median(s), min(s), statistics.median(hh), min(hh), ref / statistics.median(s)))
     a, b = results.values()
     print("codes equal across the two libraries: %.4f %%" % (100 * (a.codes == b.codes).float().mean()))
 

@@ -143,6 +143,7 @@ def main():
     x = torch.randn(TOKENS, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
     one = Placement([0], ctx=ctx)
     h, t_h = median_s(lambda: parallel_hessian([x], one), a.reps)
+
     def torch_fp32():  # GPTQModel's compute_hessian_xtx: fp32 matmul of the whole batch
         x32 = x.float()
         return (x32.t() @ x32) * (2.0 / TOKENS)
@@ -168,8 +169,9 @@ def main():
     say("## The 7 linears of a LLaMA-7B decoder layer (4 Hessians), solved together")
     say()
     h_attn, h_o = hessian_of(HIDDEN, gen), hessian_of(HIDDEN, gen)
-    shapes = [("q_proj", HIDDEN, h_attn), ("k_proj", HIDDEN, h_attn), ("v_proj", HIDDEN, h_attn), ("o_proj", HIDDEN, h_o),
-              ("gate_proj", INTERMEDIATE, h_gate), ("up_proj", INTERMEDIATE, h_gate), ("down_proj", HIDDEN, h_down)]
+    shapes = [("q_proj", HIDDEN, h_attn), ("k_proj", HIDDEN, h_attn), ("v_proj", HIDDEN, h_attn),
+              ("o_proj", HIDDEN, h_o), ("gate_proj", INTERMEDIATE, h_gate), ("up_proj", INTERMEDIATE, h_gate),
+              ("down_proj", HIDDEN, h_down)]
     layers = [GPTQLayer((torch.randn(r, hh.shape[0], device="cuda", generator=gen) * 0.02).to(torch.bfloat16), hh, n)
               for n, r, hh in shapes]
     say("| world | seconds | speedup | identical to world 1 |")

@@ -37,6 +37,30 @@ def timed(fn, placement):
     return out, time.perf_counter() - t0
 
 
+def gptq_table_rows(a, serial, parallel):
+    """The GPTQ rows of the table; its tensors are freed when it returns."""
+    table = []
+    # GPTQ: H of the MLP input over samples x seqlen tokens (bf16 activations), then gate_proj.
+    rows = a.samples * a.seqlen
+    basis = torch.randn(256, HIDDEN, device="cuda:0")
+    x = (torch.randn(rows, 256, device="cuda:0") @ basis + 0.1 * torch.randn(rows, HIDDEN, device="cuda:0")).bfloat16()
+    counts = shard_sizes(rows, a.world)
+    shards = [t.to("cuda:%d" % r) for r, t in enumerate(torch.split(x, counts))]
+    parallel_hessian([x], serial)  # warm-up
+    h1, t_h1 = timed(lambda: parallel_hessian([x], serial), serial)
+    hw, t_hw = timed(lambda: parallel_hessian(shards, parallel), parallel)
+    h_err = ((hw - h1).abs().max() / h1.abs().max()).item()
+    table.append("| GPTQ Hessian, %d x %d tokens | %.3f | %.3f | %.2fx | max diff / max entry %.1e |" % (
+        a.samples, a.seqlen, t_h1, t_hw, t_h1 / t_hw, h_err))
+    w = torch.randn(INTERMEDIATE, HIDDEN, device="cuda:0").bfloat16() * 0.02
+    q1, t_q1 = timed(lambda: parallel_gptq(w, h1, serial), serial)
+    qw, t_qw = timed(lambda: parallel_gptq(w, h1, parallel), parallel)
+    same = (q1.weight == qw.weight).float().mean().item()
+    table.append("| GPTQ quantize gate_proj %dx%d, 4-bit g128 | %.3f | %.3f | %.2fx | %.4f%% of weights equal |" % (
+        INTERMEDIATE, HIDDEN, t_q1, t_qw, t_q1 / t_qw, 100 * same))
+    return table
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--library", required=True)
@@ -54,26 +78,7 @@ def main():
     torch.manual_seed(0)
     lines = ["| engine (LLaMA-7B MLP) | serial s | world %d s | speedup | agreement with serial |" % a.world,
              "|---|---|---|---|---|"]
-
-    # GPTQ: H of the MLP input over samples x seqlen tokens (bf16 activations), then gate_proj.
-    rows = a.samples * a.seqlen
-    basis = torch.randn(256, HIDDEN, device="cuda:0")
-    x = (torch.randn(rows, 256, device="cuda:0") @ basis + 0.1 * torch.randn(rows, HIDDEN, device="cuda:0")).bfloat16()
-    counts = shard_sizes(rows, a.world)
-    shards = [t.to("cuda:%d" % r) for r, t in enumerate(torch.split(x, counts))]
-    parallel_hessian([x], serial)  # warm-up
-    h1, t_h1 = timed(lambda: parallel_hessian([x], serial), serial)
-    hw, t_hw = timed(lambda: parallel_hessian(shards, parallel), parallel)
-    h_err = ((hw - h1).abs().max() / h1.abs().max()).item()
-    lines.append("| GPTQ Hessian, %d x %d tokens | %.3f | %.3f | %.2fx | max diff / max entry %.1e |" % (
-        a.samples, a.seqlen, t_h1, t_hw, t_h1 / t_hw, h_err))
-    w = torch.randn(INTERMEDIATE, HIDDEN, device="cuda:0").bfloat16() * 0.02
-    q1, t_q1 = timed(lambda: parallel_gptq(w, h1, serial), serial)
-    qw, t_qw = timed(lambda: parallel_gptq(w, h1, parallel), parallel)
-    same = (q1.weight == qw.weight).float().mean().item()
-    lines.append("| GPTQ quantize gate_proj %dx%d, 4-bit g128 | %.3f | %.3f | %.2fx | %.4f%% of weights equal |" % (
-        INTERMEDIATE, HIDDEN, t_q1, t_qw, t_q1 / t_qw, 100 * same))
-    del x, shards, h1, hw, q1, qw
+    lines += gptq_table_rows(a, serial, parallel)
     torch.cuda.empty_cache()
 
     # SignRound on the whole MLP block, bf16.
@@ -90,8 +95,9 @@ def main():
     same = sum((s1.weights[k] == sw.weights[k]).sum().item() for k in s1.weights) / sum(
         v.numel() for v in s1.weights.values())
     lines.append("| SignRound %d iters, %d x %d tokens, batch 8 | %.3f | %.3f | %.2fx | loss %.3e vs serial %.3e "
-                 "(RTN %.3e); %.2f%% of weights equal |" % (a.iters, a.tune_samples, a.tune_seqlen, t_s1, t_sw,
-                                                           t_s1 / t_sw, sw.loss, s1.loss, rtn.loss, 100 * same))
+                 "(RTN %.3e); %.2f%% of weights equal |" %
+                 (a.iters, a.tune_samples, a.tune_seqlen, t_s1, t_sw, t_s1 / t_sw, sw.loss, s1.loss, rtn.loss,
+                  100 * same))
     print("\n".join(lines))
     if a.markdown:
         with open(a.markdown, "w") as f:

@@ -88,16 +88,17 @@ def main():
     dev = torch.device("cuda", 0)
     print("device: %s, torch %s" % (torch.cuda.get_device_name(dev), torch.__version__))
     specs = layers(dev)
-    elements = sum(l["weight"].numel() for l in specs)
-    groups = sum(l["min_scale"].numel() for l in specs)
-    for l in specs:
-        l["qdq"] = torch.empty_like(l["weight"])
-    fwd = [{k: l[k] for k in ("name", "weight", "v", "min_scale", "max_scale", "qdq")} for l in specs]
-    upstream = [torch.randn(l["weight"].shape, device=dev).to(torch.bfloat16) for l in specs]
-    bwd = [{"name": l["name"], "weight": l["weight"], "v": l["v"], "min_scale": l["min_scale"],
-            "max_scale": l["max_scale"], "grad_qdq": g, "grad_v": torch.empty_like(l["v"]),
-            "grad_min_scale": torch.empty_like(l["min_scale"]), "grad_max_scale": torch.empty_like(l["max_scale"])}
-           for l, g in zip(specs, upstream)]
+    elements = sum(spec["weight"].numel() for spec in specs)
+    groups = sum(spec["min_scale"].numel() for spec in specs)
+    for spec in specs:
+        spec["qdq"] = torch.empty_like(spec["weight"])
+    fwd = [{k: spec[k] for k in ("name", "weight", "v", "min_scale", "max_scale", "qdq")} for spec in specs]
+    upstream = [torch.randn(spec["weight"].shape, device=dev).to(torch.bfloat16) for spec in specs]
+    bwd = [{"name": spec["name"], "weight": spec["weight"], "v": spec["v"], "min_scale": spec["min_scale"],
+            "max_scale": spec["max_scale"], "grad_qdq": g, "grad_v": torch.empty_like(spec["v"]),
+            "grad_min_scale": torch.empty_like(spec["min_scale"]),
+            "grad_max_scale": torch.empty_like(spec["max_scale"])}
+           for spec, g in zip(specs, upstream)]
     streams = lambda: {0: torch.cuda.current_stream().cuda_stream}  # noqa: E731
 
     # Bytes each pass must move at least: the weight, v and the output (forward) or the
@@ -114,12 +115,12 @@ def main():
     print("%-28s %8.3f ms" % ("forward + backward", fwd_ms + ms))
 
     params = []
-    for l, b in zip(specs, bwd):
-        params += [{"param": l["v"], "grad": b["grad_v"], "best": torch.empty_like(l["v"]), "lr_group": 0},
-                   {"param": l["min_scale"], "grad": b["grad_min_scale"], "best": torch.empty_like(l["min_scale"]),
-                    "lr_group": 1},
-                   {"param": l["max_scale"], "grad": b["grad_max_scale"], "best": torch.empty_like(l["max_scale"]),
-                    "lr_group": 1}]
+    for spec, b in zip(specs, bwd):
+        params += [{"param": spec["v"], "grad": b["grad_v"], "best": torch.empty_like(spec["v"]), "lr_group": 0},
+                   {"param": spec["min_scale"], "grad": b["grad_min_scale"],
+                    "best": torch.empty_like(spec["min_scale"]), "lr_group": 1},
+                   {"param": spec["max_scale"], "grad": b["grad_max_scale"],
+                    "best": torch.empty_like(spec["max_scale"]), "lr_group": 1}]
     lrs = torch.tensor([0.005, 0.005], device=dev)
     epoch = torch.zeros(1, dtype=torch.int64, device=dev)
     loss, best_loss = torch.zeros(1, device=dev), torch.ones(1, device=dev)
@@ -134,11 +135,11 @@ def main():
     # Against the reference, eagerly on this GPU, through the autograd Function.
     print("engine vs the tests' reference of AutoRound's arithmetic, on the GPU:")
     all_equal = True
-    for l, g in zip(specs, upstream):
+    for spec, g in zip(specs, upstream):
         got, want = [], []
         for fn, out in ((lambda *a, **o: signround_qdq(*a, ctx=ctx, **o), got), (reference_qdq, want)):
-            v, lo, hi = (l[k].clone().requires_grad_(True) for k in ("v", "min_scale", "max_scale"))
-            q = fn(l["weight"], v, lo, hi, **OPTIONS)
+            v, lo, hi = (spec[k].clone().requires_grad_(True) for k in ("v", "min_scale", "max_scale"))
+            q = fn(spec["weight"], v, lo, hi, **OPTIONS)
             q.backward(g)
             out += [q.detach(), v.grad, lo.grad, hi.grad]
         qdq_equal, gv_equal = torch.equal(got[0], want[0]), torch.equal(got[1], want[1])
@@ -149,7 +150,7 @@ def main():
                 100.0 * float((a == b).float().mean()),
                 float(((a - b).abs() / b.abs().clamp(min=1e-12)).max())))
         print("  %-10s qdq %s, grad_v %s; grad_min_scale %s; grad_max_scale %s" % (
-            l["name"], "bit-identical" if qdq_equal else "DIFFERS", "bit-identical" if gv_equal else "DIFFERS",
+            spec["name"], "bit-identical" if qdq_equal else "DIFFERS", "bit-identical" if gv_equal else "DIFFERS",
             ranges[0], ranges[1]))
     print("RESULT: qdq and grad_v bit-identical on every layer: %s" % ("yes" if all_equal else "NO"))
 

@@ -141,8 +141,8 @@ Status HalvingDoubling(Context& ctx, const AllReduceRanks& r) {
       const size_t first = std::min(k, p), second = std::max(k, p);
       QLINK_RETURN_IF_ERROR(Readable(ctx, r.dev[k], r.dev[first], r.buf[first] + next_lo[k] * 4, n * 4, r.stream[k],
                                      &scratch, &partials[0]));
-      QLINK_RETURN_IF_ERROR(Readable(ctx, r.dev[k], r.dev[second], r.buf[second] + next_lo[k] * 4, n * 4,
-                                     r.stream[k], &scratch, &partials[1]));
+      QLINK_RETURN_IF_ERROR(Readable(ctx, r.dev[k], r.dev[second], r.buf[second] + next_lo[k] * 4, n * 4, r.stream[k],
+                                     &scratch, &partials[1]));
       QLINK_RETURN_IF_ERROR(
           b.ReduceSum(r.dev[k], r.buf[k] + next_lo[k] * 4, partials, 2, false, n, 1.0f, false, r.stream[k]));
     }

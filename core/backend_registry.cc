@@ -42,15 +42,16 @@ Status Open(const boost::dll::fs::path& path, std::shared_ptr<boost::dll::shared
 Status CheckInterfaceVersion(const boost::dll::shared_library& library, const std::string& path) {
   const std::string ours = std::to_string(QLINK_BACKEND_INTERFACE_VERSION);
   if (!library.has(QLINK_BACKEND_VERSION_SYMBOL)) {
-    return Unavailable("backend library '" + path + "' does not export " QLINK_BACKEND_VERSION_SYMBOL
+    return Unavailable("backend library '" + path +
+                       "' does not export " QLINK_BACKEND_VERSION_SYMBOL
                        ": it predates versioned backend interfaces; this libqlink.so needs backend interface "
-                       "version " + ours + " (rebuild the backend with this qlink)");
+                       "version " +
+                       ours + " (rebuild the backend with this qlink)");
   }
   const uint32_t theirs = library.get<qlink_backend_version_fn>(QLINK_BACKEND_VERSION_SYMBOL)();
   if (theirs != QLINK_BACKEND_INTERFACE_VERSION) {
-    return Unavailable("backend library '" + path + "' implements backend interface version " +
-                       std::to_string(theirs) + ", this libqlink.so needs version " + ours +
-                       " (rebuild the backend with this qlink)");
+    return Unavailable("backend library '" + path + "' implements backend interface version " + std::to_string(theirs) +
+                       ", this libqlink.so needs version " + ours + " (rebuild the backend with this qlink)");
   }
   if (!library.has(QLINK_BACKEND_CREATE_SYMBOL)) {
     return Unavailable("backend library '" + path + "' does not export " QLINK_BACKEND_CREATE_SYMBOL);
@@ -98,8 +99,8 @@ Status LoadBackend(const Config& config, spdlog::logger& log, LoadedBackend* out
       *out = std::move(candidate);
       break;
     }
-    skipped += std::string(skipped.empty() ? "" : "; ") + vendor + ": " +
-               (s.ok() ? std::string("no devices") : s.message());
+    skipped +=
+        std::string(skipped.empty() ? "" : "; ") + vendor + ": " + (s.ok() ? std::string("no devices") : s.message());
   }
   if (!out->backend) QLINK_RETURN_IF_ERROR(LoadNamed("cpu", config, out));
   static std::once_flag logged;

@@ -3,8 +3,8 @@
 
 #include <memory>
 
-#include <boost/dll/shared_library.hpp>
 #include <spdlog/logger.h>
+#include <boost/dll/shared_library.hpp>
 
 #include "backends/device_backend.h"
 #include "core/config.h"

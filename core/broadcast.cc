@@ -31,9 +31,10 @@ Status Broadcast(Context& ctx, const qlink_broadcast_args* a) {
     for (size_t i = 0; i < leaves; ++i) {
       const int dev = d[i].device.device_id;
       if (dev != replica_device[r] || dev == root) {
-        return InvalidArgument(ArgName("destinations", r * leaves + i) + " is on device " + std::to_string(dev) +
-                               (dev == root ? ", the root's" : ", not replica " + std::to_string(r) + "'s device " +
-                                                                   std::to_string(replica_device[r])));
+        return InvalidArgument(
+            ArgName("destinations", r * leaves + i) + " is on device " + std::to_string(dev) +
+            (dev == root ? ", the root's"
+                         : ", not replica " + std::to_string(r) + "'s device " + std::to_string(replica_device[r])));
       }
     }
     for (size_t q = 0; q < r; ++q) {
@@ -47,8 +48,13 @@ Status Broadcast(Context& ctx, const qlink_broadcast_args* a) {
   std::vector<DLTensor> all_sources;
   all_sources.reserve(leaves * replicas);
   for (size_t r = 0; r < replicas; ++r) all_sources.insert(all_sources.end(), a->sources, a->sources + leaves);
-  qlink_copy_args whole{sizeof(qlink_copy_args), all_sources.data(), a->destinations, leaves * replicas,
-                        a->streams, a->num_streams, flags};
+  qlink_copy_args whole{sizeof(qlink_copy_args),
+                        all_sources.data(),
+                        a->destinations,
+                        leaves * replicas,
+                        a->streams,
+                        a->num_streams,
+                        flags};
   CopyPlan check;
   QLINK_RETURN_IF_ERROR(CopyPlan::Build(ctx, &whole, &check));
 
@@ -70,7 +76,12 @@ Status Broadcast(Context& ctx, const qlink_broadcast_args* a) {
       next.push_back(to);
     }
     // The host's promises cover the root's sources: only the first round reads nothing else.
-    qlink_copy_args round{sizeof(qlink_copy_args), src.data(), dst.data(), src.size(), a->streams, a->num_streams,
+    qlink_copy_args round{sizeof(qlink_copy_args),
+                          src.data(),
+                          dst.data(),
+                          src.size(),
+                          a->streams,
+                          a->num_streams,
                           rounds.empty() ? flags & ~uint32_t{QLINK_COPY_WAIT} : 0u};
     rounds.emplace_back();
     QLINK_RETURN_IF_ERROR(CopyPlan::Build(ctx, &round, &rounds.back()));

@@ -16,9 +16,8 @@ namespace qlink {
 namespace {
 
 qlink_status ContextCreate(const char* config_json, qlink_context** out) {
-  return Guard([&] {
-    return MakeHandle(out, "out", [&](qlink_context& h) { return Context::Create(config_json, &h.impl); });
-  });
+  return Guard(
+      [&] { return MakeHandle(out, "out", [&](qlink_context& h) { return Context::Create(config_json, &h.impl); }); });
 }
 
 // The context's own destructor restores the host's device: its backend goes with it.
@@ -190,8 +189,7 @@ qlink_status HostTransfer(qlink_context* ctx, int32_t device, void* dst, const v
   });
 }
 
-qlink_status MemoryToHost(qlink_context* ctx, int32_t device, void* host_dst, const void* device_src,
-                          uint64_t bytes) {
+qlink_status MemoryToHost(qlink_context* ctx, int32_t device, void* host_dst, const void* device_src, uint64_t bytes) {
   return HostTransfer(ctx, device, host_dst, device_src, bytes, &DeviceBackend::CopyToHost);
 }
 
@@ -230,9 +228,8 @@ qlink_status CommCreate(qlink_context* ctx, const qlink_unique_id* id, int32_t n
                         qlink_comm** out) {
   return OnContext(ctx, [&](Context& c) {
     QLINK_RETURN_IF_ERROR(CheckNotNull(id, "id"));
-    return MakeHandle(out, "comm", [&](qlink_comm& h) {
-      return Communicator::Create(c, *id, nranks, rank, device, &h.impl);
-    });
+    return MakeHandle(out, "comm",
+                      [&](qlink_comm& h) { return Communicator::Create(c, *id, nranks, rank, device, &h.impl); });
   });
 }
 

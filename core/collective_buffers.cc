@@ -9,8 +9,9 @@ namespace qlink {
 
 Status CheckFp32(const DLTensor& t, const char* side, size_t i) {
   if (t.dtype.code == kDLFloat && t.dtype.bits == 32 && t.dtype.lanes == 1) return Status::Ok();
-  return InvalidArgument(ArgName(side, i) + ": dtype must be float32, got code " + std::to_string(t.dtype.code) + " with " +
-                         std::to_string(t.dtype.bits) + " bits x " + std::to_string(t.dtype.lanes) + " lanes");
+  return InvalidArgument(ArgName(side, i) + ": dtype must be float32, got code " + std::to_string(t.dtype.code) +
+                         " with " + std::to_string(t.dtype.bits) + " bits x " + std::to_string(t.dtype.lanes) +
+                         " lanes");
 }
 
 Status CheckPerDevice(const Context& ctx, const DLTensor* t, size_t n, const char* side, uint64_t* bytes,
@@ -28,8 +29,8 @@ Status CheckPerDevice(const Context& ctx, const DLTensor* t, size_t n, const cha
     QLINK_RETURN_IF_ERROR(CheckFp32(t[i], side, i));
     if (i == 0) *bytes = got;
     if (got != *bytes) {
-      return InvalidArgument(ArgName(side, i) + " has " + std::to_string(got) + " bytes but " + ArgName(side, 0) + " has " +
-                             std::to_string(*bytes));
+      return InvalidArgument(ArgName(side, i) + " has " + std::to_string(got) + " bytes but " + ArgName(side, 0) +
+                             " has " + std::to_string(*bytes));
     }
   }
   order->resize(n);
@@ -46,8 +47,9 @@ Status CheckPerDevice(const Context& ctx, const DLTensor* t, size_t n, const cha
   // Virtual CPU devices share one address space, so distinct devices do not imply
   // distinct memory.
   std::vector<size_t> by_address(*order);
-  std::sort(by_address.begin(), by_address.end(), [&](size_t x, size_t y) { return TensorBytes(t[x]) < TensorBytes(t[y]); });
-  for (size_t k = 1; k < n && *bytes > 0; ++k) {
+  std::sort(by_address.begin(), by_address.end(),
+            [&](size_t x, size_t y) { return TensorBytes(t[x]) < TensorBytes(t[y]); });
+  for (size_t k = 1; k<n&& * bytes> 0; ++k) {
     if (TensorBytes(t[by_address[k]]) < TensorBytes(t[by_address[k - 1]]) + *bytes) {
       return InvalidArgument(ArgName(side, std::max(by_address[k], by_address[k - 1])) + " overlaps " +
                              ArgName(side, std::min(by_address[k], by_address[k - 1])));

@@ -12,9 +12,12 @@ Status LoadFor(Context& ctx, const NcclApi** out) {
   std::string library = ctx.config().nccl_library;
   if (library.empty()) {
     const std::string backend = ctx.backend().name();
-    if (backend == "cuda") library = "libnccl.so.2";
-    else if (backend == "hip") library = "librccl.so.1";
-    else return Unavailable("the " + backend + " backend has no NCCL transport: it connects GPUs of CUDA or HIP");
+    if (backend == "cuda")
+      library = "libnccl.so.2";
+    else if (backend == "hip")
+      library = "librccl.so.1";
+    else
+      return Unavailable("the " + backend + " backend has no NCCL transport: it connects GPUs of CUDA or HIP");
   }
   return LoadNccl(library, out);
 }
@@ -35,7 +38,8 @@ Status Communicator::Create(Context& ctx, const qlink_unique_id& id, int nranks,
                             std::unique_ptr<Communicator>* out) {
   if (nranks < 1) return InvalidArgument("nranks = " + std::to_string(nranks) + " must be >= 1");
   if (rank < 0 || rank >= nranks) {
-    return InvalidArgument("rank = " + std::to_string(rank) + " is outside [0, nranks = " + std::to_string(nranks) + ")");
+    return InvalidArgument("rank = " + std::to_string(rank) + " is outside [0, nranks = " + std::to_string(nranks) +
+                           ")");
   }
   QLINK_RETURN_IF_ERROR(ctx.CheckDevice(device, "device"));
   const NcclApi* nccl = nullptr;
@@ -100,8 +104,8 @@ Status Communicator::SignAllReduce(float* data, size_t count, Stream stream) {
       "ncclReduceScatter"));
   const void* owned = partial + rank_ * chunk;
   QLINK_RETURN_IF_ERROR(b.ReduceSum(device_, sign + rank_ * chunk, &owned, 1, false, chunk, 1.0f, true, stream));
-  QLINK_RETURN_IF_ERROR(nccl_.Check(
-      nccl_.AllGather(sign + rank_ * chunk, sign, chunk, NcclApi::kInt8, comm_, stream), "ncclAllGather"));
+  QLINK_RETURN_IF_ERROR(
+      nccl_.Check(nccl_.AllGather(sign + rank_ * chunk, sign, chunk, NcclApi::kInt8, comm_, stream), "ncclAllGather"));
   QLINK_RETURN_IF_ERROR(b.ExpandSigns(device_, data, sign, count, stream));
   return scratch.GiveBack();
 }
@@ -122,8 +126,7 @@ Status Communicator::Reduce(const DLTensor* buffer, int root, double scale, Stre
         nccl_.Reduce(data, data, bytes / 4, NcclApi::kFloat32, NcclApi::kSum, root, comm_, stream), "ncclReduce"));
     if (rank_ != root || scale == 1.0) return Status::Ok();
     const void* in = data;
-    return ctx_.backend().ReduceSum(device_, data, &in, 1, false, bytes / 4, static_cast<float>(scale), false,
-                                    stream);
+    return ctx_.backend().ReduceSum(device_, data, &in, 1, false, bytes / 4, static_cast<float>(scale), false, stream);
   });
 }
 

@@ -31,8 +31,8 @@ Status ReadBool(const json::value& v, const std::string& field, bool* out) {
 
 Status ReadInt(const json::value& v, const std::string& field, int lo, int hi, int* out) {
   if (!v.is_int64() && !v.is_uint64()) return WrongType(field, "an integer", v);
-  bool in_range = v.is_int64() ? (v.get_int64() >= lo && v.get_int64() <= hi)
-                               : v.get_uint64() <= static_cast<uint64_t>(hi);
+  bool in_range =
+      v.is_int64() ? (v.get_int64() >= lo && v.get_int64() <= hi) : v.get_uint64() <= static_cast<uint64_t>(hi);
   if (!in_range) {
     return InvalidArgument("config field '" + field + "' = " + json::serialize(v) + " is out of range [" +
                            std::to_string(lo) + ", " + std::to_string(hi) + "]");
@@ -90,9 +90,12 @@ Status ParseP2P(const json::object& obj, P2PConfig* p2p) {
 
 const char* ToString(P2PMode mode) {
   switch (mode) {
-    case P2PMode::kOn: return "on";
-    case P2PMode::kOff: return "off";
-    default: return "auto";
+    case P2PMode::kOn:
+      return "on";
+    case P2PMode::kOff:
+      return "off";
+    default:
+      return "auto";
   }
 }
 
@@ -109,8 +112,7 @@ Status ParseConfig(const char* text, Config* out) {
       QLINK_RETURN_IF_ERROR(ReadString(v, field, &out->backend));
       if (out->backend.empty()) return InvalidArgument("config field 'backend' is empty");
     } else if (key == "log_level") {
-      QLINK_RETURN_IF_ERROR(
-          ReadChoice(v, field, {"trace", "debug", "info", "warn", "error", "off"}, &out->log_level));
+      QLINK_RETURN_IF_ERROR(ReadChoice(v, field, {"trace", "debug", "info", "warn", "error", "off"}, &out->log_level));
     } else if (key == "cpu_devices") {
       QLINK_RETURN_IF_ERROR(ReadInt(v, field, 1, 256, &out->cpu_devices));
     } else if (key == "nccl_library") {

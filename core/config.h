@@ -12,20 +12,20 @@ enum class P2PMode { kAuto, kOn, kOff };
 // GPTQModel's P2PConfig (docs/HOSTS.md), field for field.
 struct P2PConfig {
   P2PMode mode = P2PMode::kAuto;
-  bool probe = false;     // time each pair before accepting it
-  int probe_mib = 64;     // bytes per probe copy, MiB
-  double min_gbps = 0.0;  // a probed pair below this is rejected
-  double min_ratio = 0.8; // ... or below this ratio to the regular path (noise allowed)
+  bool probe = false;      // time each pair before accepting it
+  int probe_mib = 64;      // bytes per probe copy, MiB
+  double min_gbps = 0.0;   // a probed pair below this is rejected
+  double min_ratio = 0.8;  // ... or below this ratio to the regular path (noise allowed)
 };
 
 // How hessian_accumulate sums bf16/fp16 activations' products (qlink_hessian_precision).
 enum class HessianPrecision { kIeeeFp32, kTensor };
 
 struct Config {
-  std::string backend = "auto";   // auto | cuda | hip | cpu | path to a backend .so
-  std::string log_level = "warn"; // trace | debug | info | warn | error | off
-  int cpu_devices = 4;            // virtual devices of the CPU backend
-  std::string nccl_library;       // NCCL/RCCL for multi-process collectives; "" = the backend's default
+  std::string backend = "auto";    // auto | cuda | hip | cpu | path to a backend .so
+  std::string log_level = "warn";  // trace | debug | info | warn | error | off
+  int cpu_devices = 4;             // virtual devices of the CPU backend
+  std::string nccl_library;        // NCCL/RCCL for multi-process collectives; "" = the backend's default
   // The GPTQ engine's BLAS and LAPACK-style solver libraries, handed to the backend;
   // "" = the backend's default.
   std::string blas_library;

@@ -19,8 +19,7 @@ struct Span {
 // the order leaves run in. Addresses are unique across devices (UVA; one host space for
 // the CPU backend), so plain intervals decide.
 Status CheckOverlaps(const std::vector<Span>& sources, std::vector<Span> destinations) {
-  std::sort(destinations.begin(), destinations.end(),
-            [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  std::sort(destinations.begin(), destinations.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
   for (size_t k = 1; k < destinations.size(); ++k) {
     if (destinations[k].begin < destinations[k - 1].end) {
       size_t a = std::min(destinations[k - 1].index, destinations[k].index);

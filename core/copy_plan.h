@@ -13,8 +13,8 @@ namespace qlink {
 // Everything that lands on one destination device.
 struct DestinationWork {
   int device = 0;
-  std::vector<int> joined_sources;  // other devices whose stream this one waits for
-  std::vector<CopyLeaf> pulled;     // one launch on `device`
+  std::vector<int> joined_sources;         // other devices whose stream this one waits for
+  std::vector<CopyLeaf> pulled;            // one launch on `device`
   std::unique_ptr<PreparedPull> prepared;  // instead of `pulled`, laid out for replays (prepared plans)
   std::vector<std::pair<int, std::vector<CopyLeaf>>> runtime;  // runtime copies per source device
 };

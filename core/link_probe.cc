@@ -5,8 +5,7 @@
 
 namespace qlink {
 
-Status TimeCopy(DeviceBackend& backend, int src, int dst, uint64_t bytes, CopyPath path, int reps,
-                double* seconds) {
+Status TimeCopy(DeviceBackend& backend, int src, int dst, uint64_t bytes, CopyPath path, int reps, double* seconds) {
   void* from = nullptr;
   void* to = nullptr;
   Stream stream = nullptr;

@@ -34,7 +34,8 @@ Status Reduce(Context& ctx, const qlink_reduce_args* a) {
     const char* in = TensorBytes(a->inputs[i]);
     const bool in_place = in == out && a->inputs[i].device.device_id == o;
     if (!in_place && bytes > 0 && in < out + bytes && out < in + bytes) {
-      return InvalidArgument("output overlaps " + ArgName("inputs", i) + " (only the input of the output's own device "
+      return InvalidArgument("output overlaps " + ArgName("inputs", i) +
+                             " (only the input of the output's own device "
                              "may be the output itself)");
     }
   }

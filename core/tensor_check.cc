@@ -5,12 +5,18 @@ namespace {
 
 const char* DeviceTypeName(int type) {
   switch (type) {
-    case kDLCPU: return "cpu";
-    case kDLCUDA: return "cuda";
-    case kDLCUDAHost: return "cuda_host";
-    case kDLROCM: return "rocm";
-    case kDLROCMHost: return "rocm_host";
-    default: return "unknown";
+    case kDLCPU:
+      return "cpu";
+    case kDLCUDA:
+      return "cuda";
+    case kDLCUDAHost:
+      return "cuda_host";
+    case kDLROCM:
+      return "rocm";
+    case kDLROCMHost:
+      return "rocm_host";
+    default:
+      return "unknown";
   }
 }
 
@@ -26,8 +32,10 @@ Status Check(const DLTensor& t, Name what, DLDeviceType device_type, int device_
     return InvalidArgument(what() + ": device id " + std::to_string(t.device.device_id) +
                            " does not exist (the context has " + std::to_string(device_count) + " device(s))");
   }
-  if (t.ndim < 0 || t.ndim > 64) return InvalidArgument(what() + ": ndim " + std::to_string(t.ndim) + " is out of range");
-  if (t.ndim > 0 && t.shape == nullptr) return InvalidArgument(what() + ": shape is NULL with ndim " + std::to_string(t.ndim));
+  if (t.ndim < 0 || t.ndim > 64)
+    return InvalidArgument(what() + ": ndim " + std::to_string(t.ndim) + " is out of range");
+  if (t.ndim > 0 && t.shape == nullptr)
+    return InvalidArgument(what() + ": shape is NULL with ndim " + std::to_string(t.ndim));
   if (t.dtype.bits == 0 || t.dtype.lanes == 0 || (t.dtype.bits * t.dtype.lanes) % 8 != 0) {
     return InvalidArgument(what() + ": dtype of " + std::to_string(t.dtype.bits) + " bits x " +
                            std::to_string(t.dtype.lanes) + " lanes is not a whole number of bytes");
@@ -44,9 +52,9 @@ Status Check(const DLTensor& t, Name what, DLDeviceType device_type, int device_
     int64_t expected = 1;
     for (int d = t.ndim - 1; d >= 0; --d) {
       if (t.shape[d] != 1 && t.strides[d] != expected) {
-        return InvalidArgument(what() + ": not contiguous (strides[" + std::to_string(d) + "] = " +
-                               std::to_string(t.strides[d]) + ", compact layout needs " + std::to_string(expected) +
-                               ")");
+        return InvalidArgument(what() + ": not contiguous (strides[" + std::to_string(d) +
+                               "] = " + std::to_string(t.strides[d]) + ", compact layout needs " +
+                               std::to_string(expected) + ")");
       }
       expected *= t.shape[d];
     }
@@ -62,12 +70,14 @@ Status Check(const DLTensor& t, Name what, DLDeviceType device_type, int device_
 
 Status CheckTensor(const DLTensor& t, const char* side, size_t index, DLDeviceType device_type, int device_count,
                    uint64_t* bytes) {
-  return Check(t, [&] { return ArgName(side, index); }, device_type, device_count, bytes);
+  return Check(
+      t, [&] { return ArgName(side, index); }, device_type, device_count, bytes);
 }
 
 Status CheckTensor(const DLTensor& t, const std::string& name, DLDeviceType device_type, int device_count,
                    uint64_t* bytes) {
-  return Check(t, [&] { return name; }, device_type, device_count, bytes);
+  return Check(
+      t, [&] { return name; }, device_type, device_count, bytes);
 }
 
 }  // namespace qlink

@@ -27,13 +27,13 @@ void WarnOnce(spdlog::logger& log, const std::string& pairs) {
 }  // namespace
 
 Topology::Topology(DeviceBackend& backend, const P2PConfig& config, spdlog::logger& log)
-    : backend_(backend), config_(config), log_(log), n_(backend.device_count()),
-      states_(static_cast<size_t>(n_) * n_) {
+    : backend_(backend), config_(config), log_(log), n_(backend.device_count()), states_(static_cast<size_t>(n_) * n_) {
   for (int s = 0; s < n_; ++s) {
     for (int d = 0; d < n_; ++d) {
       if (s == d || !backend_.HasPeerAccess()) {
         At(s, d).state = QLINK_PEER_NOT_APPLICABLE;
-        At(s, d).reason = s == d ? "same device" : std::string("the ") + backend_.name() + " backend has no peer access";
+        At(s, d).reason =
+            s == d ? "same device" : std::string("the ") + backend_.name() + " backend has no peer access";
       }
     }
   }
@@ -86,9 +86,10 @@ PeerState Topology::Judge(int src, int dst) {
     p.reason = "probe of the peer path failed: " + s.message();
   } else if (p.peer_gbps < config_.min_gbps || ratio < config_.min_ratio) {
     p.state = QLINK_PEER_PROBE_REJECTED;
-    p.reason = fmt::format("probe: {:.1f} GB/s over the peer path, {:.2f}x the regular path; needs p2p.min_gbps {} "
-                           "and p2p.min_ratio {}",
-                           p.peer_gbps, ratio, config_.min_gbps, config_.min_ratio);
+    p.reason = fmt::format(
+        "probe: {:.1f} GB/s over the peer path, {:.2f}x the regular path; needs p2p.min_gbps {} "
+        "and p2p.min_ratio {}",
+        p.peer_gbps, ratio, config_.min_gbps, config_.min_ratio);
   }
   return p;
 }

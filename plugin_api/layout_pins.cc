@@ -10,7 +10,7 @@
 #define QLINK_PIN(type, field, offset) \
   static_assert(offsetof(type, field) == (offset), #type "." #field " moved: released fields never move")
 // Slot n of the function table, after struct_size and the two version words.
-#define QLINK_SLOT(field, n)                                                                   \
+#define QLINK_SLOT(field, n)                                                                         \
   static_assert(offsetof(qlink_api, field) == offsetof(qlink_api, last_error) + (n) * sizeof(void*), \
                 "qlink_api." #field " moved: the table is append-only")
 

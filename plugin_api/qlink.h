@@ -45,8 +45,7 @@ extern "C" {
  * smallest a library accepts. A host sets struct_size from *_STRUCT_SIZE; qlink reads a
  * field only when struct_size covers it. plugin_api/layout_pins.cc pins every field's
  * offset per minor. */
-#define QLINK_STRUCT_SIZE(type, last_field) \
-  (offsetof(type, last_field) + sizeof(((type*)0)->last_field))
+#define QLINK_STRUCT_SIZE(type, last_field) (offsetof(type, last_field) + sizeof(((type*)0)->last_field))
 
 typedef enum qlink_status {
   QLINK_OK = 0,
@@ -54,14 +53,14 @@ typedef enum qlink_status {
   QLINK_UNAVAILABLE = 2,      /* backend, device or peer path cannot serve the call */
   QLINK_VERSION_MISMATCH = 3, /* ABI major or minor not provided by this library */
   QLINK_OUT_OF_MEMORY = 4,
-  QLINK_RUNTIME_ERROR = 5,    /* the device runtime failed; its sticky error was drained */
-  QLINK_INTERNAL = 6          /* a bug in qlink */
+  QLINK_RUNTIME_ERROR = 5, /* the device runtime failed; its sticky error was drained */
+  QLINK_INTERNAL = 6       /* a bug in qlink */
 } qlink_status;
 
 /* Opaque handles. */
 typedef struct qlink_context qlink_context;
 typedef struct qlink_copy_plan qlink_copy_plan;
-typedef struct qlink_comm qlink_comm; /* 1.1: one rank of a multi-process communicator */
+typedef struct qlink_comm qlink_comm;                       /* 1.1: one rank of a multi-process communicator */
 typedef struct qlink_all_reduce_plan qlink_all_reduce_plan; /* 1.2 */
 
 typedef struct qlink_device_info {
@@ -89,11 +88,11 @@ typedef struct qlink_peer_info {
   size_t struct_size;
   int32_t src_device;
   int32_t dst_device;
-  int32_t state;        /* qlink_peer_state */
-  int32_t probed;       /* 1 when the gbps fields below were measured */
-  double peer_gbps;     /* probe over the peer path (1e9 bytes/s) */
-  double regular_gbps;  /* probe over the regular (host-staged) path */
-  char reason[256];     /* NUL-terminated; why the pair is not enabled, else empty */
+  int32_t state;       /* qlink_peer_state */
+  int32_t probed;      /* 1 when the gbps fields below were measured */
+  double peer_gbps;    /* probe over the peer path (1e9 bytes/s) */
+  double regular_gbps; /* probe over the regular (host-staged) path */
+  char reason[256];    /* NUL-terminated; why the pair is not enabled, else empty */
 } qlink_peer_info;
 #define QLINK_PEER_INFO_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_peer_info, reason)
 #define QLINK_PEER_INFO_STRUCT_SIZE_1_0 QLINK_PEER_INFO_STRUCT_SIZE
@@ -101,13 +100,12 @@ typedef struct qlink_peer_info {
 /* A measured link, as reported by measure_link (what `qlink probe` prints). */
 typedef struct qlink_link_measurement {
   size_t struct_size;
-  uint64_t bytes;        /* bytes per timed copy */
-  double gbps;           /* bandwidth of a `bytes` copy */
-  double latency_us;     /* one small (4 KiB) copy, enqueue to completion */
-  int32_t used_peer;     /* 1 when the direct peer path carried it */
+  uint64_t bytes;    /* bytes per timed copy */
+  double gbps;       /* bandwidth of a `bytes` copy */
+  double latency_us; /* one small (4 KiB) copy, enqueue to completion */
+  int32_t used_peer; /* 1 when the direct peer path carried it */
 } qlink_link_measurement;
-#define QLINK_LINK_MEASUREMENT_STRUCT_SIZE \
-  QLINK_STRUCT_SIZE(qlink_link_measurement, used_peer)
+#define QLINK_LINK_MEASUREMENT_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_link_measurement, used_peer)
 #define QLINK_LINK_MEASUREMENT_STRUCT_SIZE_1_0 QLINK_LINK_MEASUREMENT_STRUCT_SIZE
 
 /* The stream to order a device's part of a call against. */
@@ -135,10 +133,10 @@ typedef struct qlink_copy_args {
   const DLTensor* sources;      /* borrowed array of num_leaves */
   const DLTensor* destinations; /* borrowed array of num_leaves */
   size_t num_leaves;
-  const qlink_stream* streams;  /* borrowed array of num_streams; may be NULL */
-  size_t num_streams;           /* devices not listed use their default stream */
-  uint32_t flags;               /* 1.2: qlink_copy_flags, or-ed; read only when
-                                   struct_size covers it, else 0 */
+  const qlink_stream* streams; /* borrowed array of num_streams; may be NULL */
+  size_t num_streams;          /* devices not listed use their default stream */
+  uint32_t flags;              /* 1.2: qlink_copy_flags, or-ed; read only when
+                                  struct_size covers it, else 0 */
 } qlink_copy_args;
 #define QLINK_COPY_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_copy_args, flags)
 #define QLINK_COPY_ARGS_STRUCT_SIZE_1_0 QLINK_STRUCT_SIZE(qlink_copy_args, num_streams)
@@ -176,17 +174,17 @@ typedef enum qlink_transport {
  * follows the rules of qlink_copy_args. */
 typedef struct qlink_broadcast_args {
   size_t struct_size;
-  const DLTensor* sources;      /* borrowed array of num_leaves, all on one device */
+  const DLTensor* sources; /* borrowed array of num_leaves, all on one device */
   size_t num_leaves;
   const DLTensor* destinations; /* borrowed array of num_replicas * num_leaves, replica-major:
                                    destinations[r * num_leaves + i] receives sources[i] */
   size_t num_replicas;          /* each replica on its own device, not the source's */
   const qlink_stream* streams;  /* borrowed array of num_streams; may be NULL */
   size_t num_streams;
-  uint32_t flags;               /* 1.2: qlink_copy_flags for the root's sources (relays from
-                                   replicas keep their joins; QLINK_COPY_WAIT waits for
-                                   every replica); read only when struct_size covers it,
-                                   else 0 */
+  uint32_t flags; /* 1.2: qlink_copy_flags for the root's sources (relays from
+                     replicas keep their joins; QLINK_COPY_WAIT waits for
+                     every replica); read only when struct_size covers it,
+                     else 0 */
 } qlink_broadcast_args;
 #define QLINK_BROADCAST_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_broadcast_args, flags)
 #define QLINK_BROADCAST_ARGS_STRUCT_SIZE_1_1 QLINK_STRUCT_SIZE(qlink_broadcast_args, num_streams)
@@ -197,24 +195,24 @@ typedef struct qlink_broadcast_args {
  * the partials straight from peer memory. */
 typedef struct qlink_reduce_args {
   size_t struct_size;
-  const DLTensor* inputs;       /* borrowed array of num_inputs; fp32, equal shapes,
-                                   one per device */
+  const DLTensor* inputs; /* borrowed array of num_inputs; fp32, equal shapes,
+                             one per device */
   size_t num_inputs;
-  const DLTensor* output;       /* borrowed; fp32, the inputs' shape; may be the input
-                                   of its own device */
+  const DLTensor* output; /* borrowed; fp32, the inputs' shape; may be the input
+                             of its own device */
   double scale;
-  const qlink_stream* streams;  /* borrowed array of num_streams; may be NULL */
+  const qlink_stream* streams; /* borrowed array of num_streams; may be NULL */
   size_t num_streams;
 } qlink_reduce_args;
 #define QLINK_REDUCE_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_reduce_args, num_streams)
 #define QLINK_REDUCE_ARGS_STRUCT_SIZE_1_1 QLINK_REDUCE_ARGS_STRUCT_SIZE
 
 typedef enum qlink_all_reduce_algorithm {
-  QLINK_ALL_REDUCE_AUTO = 0,             /* one-shot up to 1 MiB where every pair has peer
-                                            access, else two-shot */
-  QLINK_ALL_REDUCE_TWO_SHOT = 1,         /* reduce-scatter by chunk owners, then all-gather */
-  QLINK_ALL_REDUCE_HALVING_DOUBLING = 2  /* recursive halving, then doubling: power-of-two
-                                            buffer counts, fp32 transport */
+  QLINK_ALL_REDUCE_AUTO = 0,            /* one-shot up to 1 MiB where every pair has peer
+                                           access, else two-shot */
+  QLINK_ALL_REDUCE_TWO_SHOT = 1,        /* reduce-scatter by chunk owners, then all-gather */
+  QLINK_ALL_REDUCE_HALVING_DOUBLING = 2 /* recursive halving, then doubling: power-of-two
+                                           buffer counts, fp32 transport */
 } qlink_all_reduce_algorithm;
 
 /* Every buffer becomes op(sum of all buffers), in place, and all end bit-identical: each
@@ -223,17 +221,17 @@ typedef enum qlink_all_reduce_algorithm {
  * QLINK_REDUCE_SIGN the gathered chunks are int8 signs. */
 typedef struct qlink_all_reduce_args {
   size_t struct_size;
-  const DLTensor* buffers;      /* borrowed array of num_buffers; fp32, equal shapes,
-                                   one per device */
+  const DLTensor* buffers; /* borrowed array of num_buffers; fp32, equal shapes,
+                              one per device */
   size_t num_buffers;
-  int32_t op;                   /* qlink_reduce_op */
-  int32_t transport;            /* qlink_transport */
-  const qlink_stream* streams;  /* borrowed array of num_streams; may be NULL */
+  int32_t op;                  /* qlink_reduce_op */
+  int32_t transport;           /* qlink_transport */
+  const qlink_stream* streams; /* borrowed array of num_streams; may be NULL */
   size_t num_streams;
-  int32_t algorithm;            /* 1.2: qlink_all_reduce_algorithm; read only when
-                                   struct_size covers it, else QLINK_ALL_REDUCE_AUTO.
-                                   (Appended while the minor was still 1.1: a host that
-                                   sets it asks for minor 1.2 or later.) */
+  int32_t algorithm; /* 1.2: qlink_all_reduce_algorithm; read only when
+                        struct_size covers it, else QLINK_ALL_REDUCE_AUTO.
+                        (Appended while the minor was still 1.1: a host that
+                        sets it asks for minor 1.2 or later.) */
 } qlink_all_reduce_args;
 #define QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_all_reduce_args, algorithm)
 #define QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE_1_1 QLINK_STRUCT_SIZE(qlink_all_reduce_args, num_streams)
@@ -270,19 +268,19 @@ typedef enum qlink_hessian_precision {
  * order. */
 typedef struct qlink_hessian_args {
   size_t struct_size;
-  const DLTensor* inputs;      /* borrowed array of num_inputs: activations (..., columns),
-                                  fp32, bf16 or fp16, contiguous; the rows are every
-                                  leading index */
+  const DLTensor* inputs; /* borrowed array of num_inputs: activations (..., columns),
+                             fp32, bf16 or fp16, contiguous; the rows are every
+                             leading index */
   size_t num_inputs;
-  const DLTensor* partials;    /* borrowed array of num_partials: (columns, columns) fp32,
-                                  contiguous, at most one per device; each input's device
-                                  has one */
+  const DLTensor* partials; /* borrowed array of num_partials: (columns, columns) fp32,
+                               contiguous, at most one per device; each input's device
+                               has one */
   size_t num_partials;
   const qlink_stream* streams; /* borrowed array of num_streams; may be NULL */
   size_t num_streams;
   /* 1.6 */
-  int32_t precision;           /* qlink_hessian_precision; DEFAULT (0) where struct_size
-                                  ends before it */
+  int32_t precision; /* qlink_hessian_precision; DEFAULT (0) where struct_size
+                        ends before it */
 } qlink_hessian_args;
 #define QLINK_HESSIAN_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_hessian_args, precision)
 #define QLINK_HESSIAN_ARGS_STRUCT_SIZE_1_4 QLINK_STRUCT_SIZE(qlink_hessian_args, num_streams)
@@ -311,13 +309,13 @@ typedef struct qlink_gptq_options {
                                  (w - q)^2 / d^2 / 2 over the layer, divided by nsamples;
                                  0 leaves the sum undivided */
   /* 1.5 */
-  int32_t act_group_aware;    /* nonzero: GPTQModel's group-aware reordering (GAR): columns
-                                 visited group by group, groups in descending order of their
-                                 largest diagonal entry of the Hessian, columns within a
-                                 group in descending order of theirs. Needs a group_size;
-                                 excludes desc_act and static_groups. Each column keeps its
-                                 group (g_idx = column / group_size). 0 where struct_size
-                                 ends before it */
+  int32_t act_group_aware; /* nonzero: GPTQModel's group-aware reordering (GAR): columns
+                              visited group by group, groups in descending order of their
+                              largest diagonal entry of the Hessian, columns within a
+                              group in descending order of theirs. Needs a group_size;
+                              excludes desc_act and static_groups. Each column keeps its
+                              group (g_idx = column / group_size). 0 where struct_size
+                              ends before it */
 } qlink_gptq_options;
 #define QLINK_GPTQ_OPTIONS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_gptq_options, act_group_aware)
 #define QLINK_GPTQ_OPTIONS_STRUCT_SIZE_1_4 QLINK_STRUCT_SIZE(qlink_gptq_options, nsamples)
@@ -361,10 +359,10 @@ typedef struct qlink_gptq_args {
   const qlink_gptq_options* options; /* borrowed */
   qlink_gptq_layer* layers;          /* borrowed array of num_layers; loss and damp written */
   size_t num_layers;
-  const int32_t* devices;            /* borrowed array of num_devices, each listed once; NULL
-                                        with 0: every layer on its weight's device */
+  const int32_t* devices; /* borrowed array of num_devices, each listed once; NULL
+                             with 0: every layer on its weight's device */
   size_t num_devices;
-  const qlink_stream* streams;       /* borrowed array of num_streams; may be NULL */
+  const qlink_stream* streams; /* borrowed array of num_streams; may be NULL */
   size_t num_streams;
 } qlink_gptq_args;
 #define QLINK_GPTQ_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_gptq_args, num_streams)
@@ -379,13 +377,13 @@ typedef struct qlink_gptq_args {
  * on GPUs); the backward's per-group sums run in a fixed order of their own. */
 typedef struct qlink_signround_options {
   size_t struct_size;
-  int32_t bits;             /* 2, 3, 4 or 8 */
-  int32_t group_size;       /* -1 (one group per row) or a positive divisor of the columns */
-  int32_t sym;              /* nonzero: quant_tensor_sym (levels -2^(bits-1) .. 2^(bits-1) - 1);
-                               zero: quant_tensor_asym (levels 0 .. 2^bits - 1, a zero point) */
-  DLDataType scale_dtype;   /* float16 (AutoRound's default), bfloat16 or float32 */
-  double q_scale_thresh;    /* > 0: the scale's smallest magnitude (AutoRound: 1e-5, 1e-8
-                               for a float32 scale) */
+  int32_t bits;           /* 2, 3, 4 or 8 */
+  int32_t group_size;     /* -1 (one group per row) or a positive divisor of the columns */
+  int32_t sym;            /* nonzero: quant_tensor_sym (levels -2^(bits-1) .. 2^(bits-1) - 1);
+                             zero: quant_tensor_asym (levels 0 .. 2^bits - 1, a zero point) */
+  DLDataType scale_dtype; /* float16 (AutoRound's default), bfloat16 or float32 */
+  double q_scale_thresh;  /* > 0: the scale's smallest magnitude (AutoRound: 1e-5, 1e-8
+                             for a float32 scale) */
 } qlink_signround_options;
 #define QLINK_SIGNROUND_OPTIONS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_signround_options, q_scale_thresh)
 #define QLINK_SIGNROUND_OPTIONS_STRUCT_SIZE_1_7 QLINK_SIGNROUND_OPTIONS_STRUCT_SIZE
@@ -420,7 +418,7 @@ typedef struct qlink_signround_args {
   const qlink_signround_options* options; /* borrowed */
   const qlink_signround_layer* layers;    /* borrowed array of num_layers */
   size_t num_layers;
-  const qlink_stream* streams;            /* borrowed array of num_streams; may be NULL */
+  const qlink_stream* streams; /* borrowed array of num_streams; may be NULL */
   size_t num_streams;
 } qlink_signround_args;
 #define QLINK_SIGNROUND_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_signround_args, num_streams)
@@ -430,11 +428,11 @@ typedef struct qlink_signround_args {
  * defaults: no momentum, no weight decay). */
 typedef struct qlink_signsgd_param {
   size_t struct_size;
-  const DLTensor* param;    /* fp32, contiguous; updated in place */
-  const DLTensor* grad;     /* fp32, param's shape */
-  const DLTensor* best;     /* fp32, param's shape: param is copied here before the update
-                               when loss < best_loss; NULL: not kept */
-  int32_t lr_group;         /* its learning rate: element lr_group of args->lrs */
+  const DLTensor* param; /* fp32, contiguous; updated in place */
+  const DLTensor* grad;  /* fp32, param's shape */
+  const DLTensor* best;  /* fp32, param's shape: param is copied here before the update
+                            when loss < best_loss; NULL: not kept */
+  int32_t lr_group;      /* its learning rate: element lr_group of args->lrs */
 } qlink_signsgd_param;
 #define QLINK_SIGNSGD_PARAM_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_signsgd_param, lr_group)
 #define QLINK_SIGNSGD_PARAM_STRUCT_SIZE_1_7 QLINK_SIGNSGD_PARAM_STRUCT_SIZE
@@ -449,12 +447,12 @@ typedef struct qlink_signsgd_args {
   size_t struct_size;
   const qlink_signsgd_param* params; /* borrowed array of num_params, all on one device */
   size_t num_params;
-  const DLTensor* lrs;               /* (groups,) fp32: each group's learning rate */
-  const DLTensor* epoch;             /* (1,) int64: LinearLR's last_epoch; NULL: no schedule */
-  int64_t total_iters;               /* LinearLR's total_iters (AutoRound: iters), >= 1 with epoch */
-  const DLTensor* loss;              /* (1,) fp32: this iteration's loss; NULL: no best kept */
-  const DLTensor* best_loss;         /* (1,) fp32; required with loss */
-  const qlink_stream* streams;       /* borrowed array of num_streams; may be NULL */
+  const DLTensor* lrs;         /* (groups,) fp32: each group's learning rate */
+  const DLTensor* epoch;       /* (1,) int64: LinearLR's last_epoch; NULL: no schedule */
+  int64_t total_iters;         /* LinearLR's total_iters (AutoRound: iters), >= 1 with epoch */
+  const DLTensor* loss;        /* (1,) fp32: this iteration's loss; NULL: no best kept */
+  const DLTensor* best_loss;   /* (1,) fp32; required with loss */
+  const qlink_stream* streams; /* borrowed array of num_streams; may be NULL */
   size_t num_streams;
 } qlink_signsgd_args;
 #define QLINK_SIGNSGD_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_signsgd_args, num_streams)
@@ -479,21 +477,18 @@ typedef struct qlink_api {
   qlink_status (*backend_name)(const qlink_context* ctx, const char** name);
   qlink_status (*device_count)(const qlink_context* ctx, int32_t* count);
   /* info: borrowed, caller sets info->struct_size. */
-  qlink_status (*device_info)(const qlink_context* ctx, int32_t device,
-                              qlink_device_info* info);
+  qlink_status (*device_info)(const qlink_context* ctx, int32_t device, qlink_device_info* info);
 
   /* Enables and (per config) probes every ordered pair of the borrowed device list.
    * Pairs are judged one by one; in p2p mode "auto" a refused pair is reported through
    * peer_info and one process-wide warning, in mode "on" it fails the call. */
-  qlink_status (*enable_peer_access)(qlink_context* ctx, const int32_t* devices,
-                                     size_t num_devices);
+  qlink_status (*enable_peer_access)(qlink_context* ctx, const int32_t* devices, size_t num_devices);
   /* info: borrowed, caller sets info->struct_size. */
-  qlink_status (*peer_info)(const qlink_context* ctx, int32_t src_device,
-                            int32_t dst_device, qlink_peer_info* info);
+  qlink_status (*peer_info)(const qlink_context* ctx, int32_t src_device, int32_t dst_device, qlink_peer_info* info);
   /* Times a copy of `bytes` from src to dst over the path copies would take.
    * out: borrowed, caller sets out->struct_size. */
-  qlink_status (*measure_link)(qlink_context* ctx, int32_t src_device, int32_t dst_device,
-                               uint64_t bytes, qlink_link_measurement* out);
+  qlink_status (*measure_link)(qlink_context* ctx, int32_t src_device, int32_t dst_device, uint64_t bytes,
+                               qlink_link_measurement* out);
 
   /* Validates, plans and enqueues one batch (see qlink_copy_args). */
   qlink_status (*copy_batch)(qlink_context* ctx, const qlink_copy_args* args);
@@ -502,24 +497,21 @@ typedef struct qlink_api {
    * calibration staging): validation and planning happen once here, each
    * copy_plan_execute only enqueues. args->streams is ignored here.
    * *plan: owned by the caller, released with copy_plan_destroy, before ctx. */
-  qlink_status (*copy_plan_create)(qlink_context* ctx, const qlink_copy_args* args,
-                                   qlink_copy_plan** plan);
+  qlink_status (*copy_plan_create)(qlink_context* ctx, const qlink_copy_args* args, qlink_copy_plan** plan);
   /* streams: borrowed array of num_streams (may be NULL), as in qlink_copy_args. */
-  qlink_status (*copy_plan_execute)(qlink_copy_plan* plan, const qlink_stream* streams,
-                                    size_t num_streams);
+  qlink_status (*copy_plan_execute)(qlink_copy_plan* plan, const qlink_stream* streams, size_t num_streams);
   /* plan: owned, released here (NULL is a no-op). */
   qlink_status (*copy_plan_destroy)(qlink_copy_plan* plan);
 
   /* Device memory for hosts without an allocator of their own (C++ hosts, the CLI).
    * *ptr: owned by the caller, released with memory_free on the same device. */
-  qlink_status (*memory_allocate)(qlink_context* ctx, int32_t device, uint64_t bytes,
-                                  void** ptr);
+  qlink_status (*memory_allocate)(qlink_context* ctx, int32_t device, uint64_t bytes, void** ptr);
   qlink_status (*memory_free)(qlink_context* ctx, int32_t device, void* ptr);
   /* Synchronous copies between host memory and `device`; both pointers borrowed. */
-  qlink_status (*memory_to_host)(qlink_context* ctx, int32_t device, void* host_dst,
-                                 const void* device_src, uint64_t bytes);
-  qlink_status (*memory_from_host)(qlink_context* ctx, int32_t device, void* device_dst,
-                                   const void* host_src, uint64_t bytes);
+  qlink_status (*memory_to_host)(qlink_context* ctx, int32_t device, void* host_dst, const void* device_src,
+                                 uint64_t bytes);
+  qlink_status (*memory_from_host)(qlink_context* ctx, int32_t device, void* device_dst, const void* host_src,
+                                   uint64_t bytes);
   /* Blocks until all work enqueued on `stream` (borrowed; NULL = default) is done. */
   qlink_status (*stream_synchronize)(qlink_context* ctx, int32_t device, void* stream);
 
@@ -534,19 +526,16 @@ typedef struct qlink_api {
   qlink_status (*comm_unique_id)(qlink_context* ctx, qlink_unique_id* out);
   /* Joins rank `rank` of `nranks` on `device`; blocks until every rank has joined.
    * id: borrowed. *comm: owned by the caller, released with comm_destroy before ctx. */
-  qlink_status (*comm_create)(qlink_context* ctx, const qlink_unique_id* id, int32_t nranks,
-                              int32_t rank, int32_t device, qlink_comm** comm);
+  qlink_status (*comm_create)(qlink_context* ctx, const qlink_unique_id* id, int32_t nranks, int32_t rank,
+                              int32_t device, qlink_comm** comm);
   qlink_status (*comm_destroy)(qlink_comm* comm);
   /* In place on every rank's buffer (borrowed; fp32 on the rank's device), enqueued on
    * `stream` (borrowed; NULL = default). op: qlink_reduce_op. */
-  qlink_status (*comm_all_reduce)(qlink_comm* comm, const DLTensor* buffer, int32_t op,
-                                  void* stream);
+  qlink_status (*comm_all_reduce)(qlink_comm* comm, const DLTensor* buffer, int32_t op, void* stream);
   /* Any dtype; root's bytes land in every rank's buffer. */
-  qlink_status (*comm_broadcast)(qlink_comm* comm, const DLTensor* buffer, int32_t root,
-                                 void* stream);
+  qlink_status (*comm_broadcast)(qlink_comm* comm, const DLTensor* buffer, int32_t root, void* stream);
   /* fp32; root's buffer becomes scale * sum of every rank's buffer. */
-  qlink_status (*comm_reduce)(qlink_comm* comm, const DLTensor* buffer, int32_t root,
-                              double scale, void* stream);
+  qlink_status (*comm_reduce)(qlink_comm* comm, const DLTensor* buffer, int32_t root, double scale, void* stream);
 
   /* 1.2. An all-reduce over fixed buffers (SignRound's gradients, every iteration):
    * validated and planned once here, each all_reduce_plan_execute only enqueues, as
@@ -555,8 +544,7 @@ typedef struct qlink_api {
   qlink_status (*all_reduce_plan_create)(qlink_context* ctx, const qlink_all_reduce_args* args,
                                          qlink_all_reduce_plan** plan);
   /* streams: borrowed array of num_streams (may be NULL), as in qlink_all_reduce_args. */
-  qlink_status (*all_reduce_plan_execute)(qlink_all_reduce_plan* plan,
-                                          const qlink_stream* streams, size_t num_streams);
+  qlink_status (*all_reduce_plan_execute)(qlink_all_reduce_plan* plan, const qlink_stream* streams, size_t num_streams);
   /* plan: owned, released here (NULL is a no-op). */
   qlink_status (*all_reduce_plan_destroy)(qlink_all_reduce_plan* plan);
 
@@ -587,8 +575,7 @@ typedef struct qlink_api {
  * the library and lives until it is unloaded. */
 const qlink_api* qlink_get_api(uint32_t major, uint32_t min_minor, const char** error);
 
-typedef const qlink_api* (*qlink_get_api_fn)(uint32_t major, uint32_t min_minor,
-                                             const char** error);
+typedef const qlink_api* (*qlink_get_api_fn)(uint32_t major, uint32_t min_minor, const char** error);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -70,12 +70,21 @@ class View {
     dl_.dtype.bits = static_cast<uint8_t>(t.element_size() * 8);
     switch (t.scalar_type()) {
       case at::kFloat:
-      case at::kHalf: dl_.dtype.code = kDLFloat; break;
-      case at::kBFloat16: dl_.dtype.code = kDLBfloat; break;
-      case at::kByte: dl_.dtype.code = kDLUInt; break;
-      case at::kInt: dl_.dtype.code = kDLInt; break;
-      default: throw Error(QLINK_INVALID_ARGUMENT, std::string("dtype ") + at::toString(t.scalar_type()) +
-                                                       " does not cross the qlink ABI");
+      case at::kHalf:
+        dl_.dtype.code = kDLFloat;
+        break;
+      case at::kBFloat16:
+        dl_.dtype.code = kDLBfloat;
+        break;
+      case at::kByte:
+        dl_.dtype.code = kDLUInt;
+        break;
+      case at::kInt:
+        dl_.dtype.code = kDLInt;
+        break;
+      default:
+        throw Error(QLINK_INVALID_ARGUMENT,
+                    std::string("dtype ") + at::toString(t.scalar_type()) + " does not cross the qlink ABI");
     }
     if (!t.is_contiguous()) throw Error(QLINK_INVALID_ARGUMENT, "a tensor handed to qlink is not contiguous");
     dl_.shape = shape_.data();
@@ -100,16 +109,16 @@ struct GptqOptions {
   bool tf32 = false;
   double damp = 0.01;
   double damp_auto_increment = 0.01;
-  double nsamples = 0;  // 0: loss is the undivided sum
+  double nsamples = 0;           // 0: loss is the undivided sum
   bool act_group_aware = false;  // GPTQModel's group-aware reordering (ABI 1.5)
 };
 
 struct GptqResult {
-  at::Tensor codes;    // uint8 (rows, columns)
-  at::Tensor scales;   // fp32 (rows, groups)
-  at::Tensor zeros;    // fp32 (rows, groups)
-  at::Tensor g_idx;    // int32 (columns)
-  at::Tensor weight;   // dequantized, the weight's dtype
+  at::Tensor codes;   // uint8 (rows, columns)
+  at::Tensor scales;  // fp32 (rows, groups)
+  at::Tensor zeros;   // fp32 (rows, groups)
+  at::Tensor g_idx;   // int32 (columns)
+  at::Tensor weight;  // dequantized, the weight's dtype
   double loss = 0;
   double damp = 0;
 };
@@ -161,8 +170,8 @@ class Context {
     std::vector<DLTensor> in, out;
     for (const at::Tensor& x : inputs) in.push_back(*in_views.emplace_back(x).get());
     for (const at::Tensor& p : partials) out.push_back(*out_views.emplace_back(p).get());
-    qlink_hessian_args args{QLINK_HESSIAN_ARGS_STRUCT_SIZE, in.data(), in.size(), out.data(), out.size(),
-                            nullptr, 0, precision};
+    qlink_hessian_args args{
+        QLINK_HESSIAN_ARGS_STRUCT_SIZE, in.data(), in.size(), out.data(), out.size(), nullptr, 0, precision};
     Check(api_.hessian_accumulate(ctx_, &args));
   }
 
@@ -181,9 +190,17 @@ class Context {
   // Layers solved together, data-parallel over `devices` (empty: each on its own device).
   std::vector<GptqResult> gptq_quantize(const std::vector<GptqLayer>& layers, const GptqOptions& options,
                                         const std::vector<int32_t>& devices) {
-    const qlink_gptq_options o{QLINK_GPTQ_OPTIONS_STRUCT_SIZE, options.bits, options.group_size, options.sym,
-                               options.desc_act, options.static_groups, options.tf32, options.damp,
-                               options.damp_auto_increment, options.nsamples, options.act_group_aware};
+    const qlink_gptq_options o{QLINK_GPTQ_OPTIONS_STRUCT_SIZE,
+                               options.bits,
+                               options.group_size,
+                               options.sym,
+                               options.desc_act,
+                               options.static_groups,
+                               options.tf32,
+                               options.damp,
+                               options.damp_auto_increment,
+                               options.nsamples,
+                               options.act_group_aware};
     std::vector<GptqResult> results(layers.size());
     std::deque<View> views;
     std::vector<qlink_gptq_layer> specs(layers.size());
@@ -200,14 +217,24 @@ class Context {
       qlink_gptq_layer& s = specs[i];
       s.struct_size = QLINK_GPTQ_LAYER_STRUCT_SIZE;
       s.name = layers[i].name.empty() ? nullptr : layers[i].name.c_str();
-      for (auto [slot, t] : {std::pair<const DLTensor**, const at::Tensor*>{&s.weight, &w}, {&s.hessian, &layers[i].hessian},
-                             {&s.codes, &r.codes}, {&s.scales, &r.scales}, {&s.zeros, &r.zeros},
-                             {&s.g_idx, &r.g_idx}, {&s.dequantized, &r.weight}}) {
+      for (auto [slot, t] : {std::pair<const DLTensor**, const at::Tensor*>{&s.weight, &w},
+                             {&s.hessian, &layers[i].hessian},
+                             {&s.codes, &r.codes},
+                             {&s.scales, &r.scales},
+                             {&s.zeros, &r.zeros},
+                             {&s.g_idx, &r.g_idx},
+                             {&s.dequantized, &r.weight}}) {
         *slot = views.emplace_back(*t).get();
       }
     }
-    qlink_gptq_args args{QLINK_GPTQ_ARGS_STRUCT_SIZE, &o, specs.data(), specs.size(),
-                         devices.empty() ? nullptr : devices.data(), devices.size(), nullptr, 0};
+    qlink_gptq_args args{QLINK_GPTQ_ARGS_STRUCT_SIZE,
+                         &o,
+                         specs.data(),
+                         specs.size(),
+                         devices.empty() ? nullptr : devices.data(),
+                         devices.size(),
+                         nullptr,
+                         0};
     Check(api_.gptq_quantize(ctx_, &args));
     for (size_t i = 0; i < layers.size(); ++i) {
       results[i].loss = specs[i].loss;
@@ -235,12 +262,15 @@ class Context {
     for (const SignRoundLayer& l : layers) {
       out.push_back({at::empty_like(l.v), at::empty_like(l.min_scale), at::empty_like(l.max_scale)});
     }
-    SignRound(layers, options, [&](size_t i, qlink_signround_layer& s, std::deque<View>& views) {
-      s.grad_qdq = views.emplace_back(grad_qdq.at(i)).get();
-      s.grad_v = views.emplace_back(out[i].v).get();
-      s.grad_min_scale = views.emplace_back(out[i].min_scale).get();
-      s.grad_max_scale = views.emplace_back(out[i].max_scale).get();
-    }, api_.signround_qdq_backward);
+    SignRound(
+        layers, options,
+        [&](size_t i, qlink_signround_layer& s, std::deque<View>& views) {
+          s.grad_qdq = views.emplace_back(grad_qdq.at(i)).get();
+          s.grad_v = views.emplace_back(out[i].v).get();
+          s.grad_min_scale = views.emplace_back(out[i].min_scale).get();
+          s.grad_max_scale = views.emplace_back(out[i].max_scale).get();
+        },
+        api_.signround_qdq_backward);
     return out;
   }
 
@@ -252,8 +282,12 @@ class Context {
     DLDataType scale{kDLFloat, 32, 1};
     if (options.scale_dtype == at::kHalf) scale.bits = 16;
     if (options.scale_dtype == at::kBFloat16) scale = DLDataType{kDLBfloat, 16, 1};
-    const qlink_signround_options o{QLINK_SIGNROUND_OPTIONS_STRUCT_SIZE, options.bits, options.group_size,
-                                    options.sym, scale, options.q_scale_thresh};
+    const qlink_signround_options o{QLINK_SIGNROUND_OPTIONS_STRUCT_SIZE,
+                                    options.bits,
+                                    options.group_size,
+                                    options.sym,
+                                    scale,
+                                    options.q_scale_thresh};
     std::deque<View> views;
     std::vector<qlink_signround_layer> specs(layers.size());
     for (size_t i = 0; i < layers.size(); ++i) {

@@ -44,21 +44,21 @@ struct Grid {
 
 // GPTQ's column loop over one block of columns [first, first + count) of w (rows x ld).
 struct BlockArgs {
-  float* w = nullptr;             // the working weight; the block's columns end as the
-                                  // dequantized values
+  float* w = nullptr;  // the working weight; the block's columns end as the
+                       // dequantized values
   int64_t rows = 0, ld = 0;
-  int64_t first = 0, count = 0;   // count <= kBlockColumns
-  const float* u = nullptr;       // the upper Cholesky factor of H^-1 (n x n, ld n)
+  int64_t first = 0, count = 0;  // count <= kBlockColumns
+  const float* u = nullptr;      // the upper Cholesky factor of H^-1 (n x n, ld n)
   int64_t n = 0;
   const int32_t* column_group = nullptr;  // per working column: its group in the tables
   const float* scales = nullptr;          // rows x groups
   const float* zeros = nullptr;
   int64_t groups = 0;
   Grid grid;
-  uint8_t* codes = nullptr;       // optional: rows x ld, each working column's level
-  float* err = nullptr;           // rows x count: each column's scaled error, for the
-                                  // cross-block update
-  double* row_loss = nullptr;     // rows: each row's sum of err^2 = ((w - q) / d)^2 added
+  uint8_t* codes = nullptr;    // optional: rows x ld, each working column's level
+  float* err = nullptr;        // rows x count: each column's scaled error, for the
+                               // cross-block update
+  double* row_loss = nullptr;  // rows: each row's sum of err^2 = ((w - q) / d)^2 added
 };
 
 constexpr int64_t kBlockColumns = 128;  // GPTQ's lazy batch (blocksize)
@@ -128,8 +128,8 @@ class QuantMath {
   // columns[g * group_size + j] (or g * group_size + j when columns is NULL),
   // j < group_size; written to column g of scales and zeros (rows x groups).
   virtual Status GroupRanges(int device, Stream stream, const float* w, int64_t rows, int64_t ld, int64_t group_size,
-                             int64_t first_group, int64_t num_groups, const int32_t* columns, Grid grid,
-                             float* scales, float* zeros, int64_t groups) = 0;
+                             int64_t first_group, int64_t num_groups, const int32_t* columns, Grid grid, float* scales,
+                             float* zeros, int64_t groups) = 0;
   // The fused column loop of one block (BlockArgs).
   virtual Status QuantizeBlock(int device, Stream stream, const BlockArgs& args) = 0;
   // out = float(x) for `count` elements of dtype fp32, bf16 or fp16.

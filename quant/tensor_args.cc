@@ -4,9 +4,11 @@ namespace qlink {
 namespace quant {
 
 std::string DtypeName(DLDataType t) {
-  const char* code = t.code == kDLFloat ? "float" : t.code == kDLBfloat ? "bfloat" : t.code == kDLInt ? "int"
-                                                                                        : t.code == kDLUInt ? "uint"
-                                                                                                           : "code";
+  const char* code = t.code == kDLFloat    ? "float"
+                     : t.code == kDLBfloat ? "bfloat"
+                     : t.code == kDLInt    ? "int"
+                     : t.code == kDLUInt   ? "uint"
+                                           : "code";
   return std::string(code) + std::to_string(t.bits) + (t.lanes != 1 ? "x" + std::to_string(t.lanes) : "");
 }
 

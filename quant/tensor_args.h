@@ -36,7 +36,8 @@ Status CheckTensorOf(const Context& ctx, const DLTensor* t, const std::string& w
   int d = 0;
   for (int64_t extent : shape) same = same && t->shape[d++] == extent;
   if (!same) {
-    return InvalidArgument(what + " has shape " + ShapeText(*t) + ", expected " + ShapeText(shape.begin(), shape.size()));
+    return InvalidArgument(what + " has shape " + ShapeText(*t) + ", expected " +
+                           ShapeText(shape.begin(), shape.size()));
   }
   if (!ok(t->dtype)) return InvalidArgument(what + " has dtype " + DtypeName(t->dtype) + ", expected " + wanted);
   return Status::Ok();

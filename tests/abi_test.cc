@@ -32,7 +32,8 @@ TEST(Abi, RefusesAnotherMajorNamingBothVersions) {
   const char* error = nullptr;
   EXPECT_EQ(plugin.get_api()(QLINK_ABI_MAJOR + 1, 0, &error), nullptr);
   ASSERT_NE(error, nullptr);
-  EXPECT_THAT(error, HasSubstr("provides ABI " + std::to_string(QLINK_ABI_MAJOR) + "." + std::to_string(QLINK_ABI_MINOR)));
+  EXPECT_THAT(error,
+              HasSubstr("provides ABI " + std::to_string(QLINK_ABI_MAJOR) + "." + std::to_string(QLINK_ABI_MINOR)));
   EXPECT_THAT(error, HasSubstr("asked for 2.0"));
   EXPECT_THAT(error, HasSubstr("major"));
 }

@@ -62,8 +62,8 @@ TEST_P(Collectives, AllReduceSumAndAverageMatchTheFp64Reference) {
   for (int32_t op : {QLINK_REDUCE_SUM, QLINK_REDUCE_AVG}) {
     MakeBuffers(1000 + 37, 11);  // not a multiple of the world or of the chunk alignment
     const std::vector<double> exact = ExactSum();
-    qlink_all_reduce_args args{QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE, dl_.data(), dl_.size(), op, QLINK_TRANSPORT_FP32,
-                               nullptr, 0};
+    qlink_all_reduce_args args{
+        QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE, dl_.data(), dl_.size(), op, QLINK_TRANSPORT_FP32, nullptr, 0};
     ASSERT_EQ(api_.all_reduce(ctx_.get(), &args), QLINK_OK) << api_.last_error();
     const double div = op == QLINK_REDUCE_AVG ? world() : 1.0;
     for (int d = 0; d < world(); ++d) {
@@ -80,8 +80,9 @@ TEST_P(Collectives, HalvingDoublingMatchesTheFp64ReferenceOnPowerOfTwoWorlds) {
   for (int32_t op : {QLINK_REDUCE_SUM, QLINK_REDUCE_AVG, QLINK_REDUCE_SIGN}) {
     MakeBuffers(3000 + 11, 21);
     const std::vector<double> exact = ExactSum();
-    qlink_all_reduce_args args{sizeof(qlink_all_reduce_args), dl_.data(), dl_.size(), op, QLINK_TRANSPORT_FP32,
-                               nullptr, 0, QLINK_ALL_REDUCE_HALVING_DOUBLING};
+    qlink_all_reduce_args args{
+        sizeof(qlink_all_reduce_args), dl_.data(), dl_.size(), op,
+        QLINK_TRANSPORT_FP32,          nullptr,    0,          QLINK_ALL_REDUCE_HALVING_DOUBLING};
     ASSERT_EQ(api_.all_reduce(ctx_.get(), &args), QLINK_OK) << api_.last_error();
     const double div = op == QLINK_REDUCE_AVG ? world() : 1.0;
     for (int d = 0; d < world(); ++d) {
@@ -106,8 +107,8 @@ TEST_P(Collectives, AllReduceWithBf16TransportStaysWithinBf16Rounding) {
     for (size_t i = 0; i < v.size(); ++i) bound[i] += std::abs(v[i]) * std::ldexp(1.0, -8);  // half a bf16 ulp each
   }
   const std::vector<double> exact = ExactSum();
-  qlink_all_reduce_args args{QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE, dl_.data(), dl_.size(), QLINK_REDUCE_SUM,
-                             QLINK_TRANSPORT_BF16, nullptr, 0};
+  qlink_all_reduce_args args{
+      QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE, dl_.data(), dl_.size(), QLINK_REDUCE_SUM, QLINK_TRANSPORT_BF16, nullptr, 0};
   ASSERT_EQ(api_.all_reduce(ctx_.get(), &args), QLINK_OK) << api_.last_error();
   for (int d = 0; d < world(); ++d) {
     EXPECT_EQ(data_[d], data_[0]);
@@ -118,8 +119,8 @@ TEST_P(Collectives, AllReduceWithBf16TransportStaysWithinBf16Rounding) {
 TEST_P(Collectives, SignCastLeavesEveryReplicaBitIdentical) {
   MakeBuffers(777, 13);
   const std::vector<double> exact = ExactSum();
-  qlink_all_reduce_args args{QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE, dl_.data(), dl_.size(), QLINK_REDUCE_SIGN,
-                             QLINK_TRANSPORT_BF16, nullptr, 0};
+  qlink_all_reduce_args args{
+      QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE, dl_.data(), dl_.size(), QLINK_REDUCE_SIGN, QLINK_TRANSPORT_BF16, nullptr, 0};
   ASSERT_EQ(api_.all_reduce(ctx_.get(), &args), QLINK_OK) << api_.last_error();
   for (int d = 0; d < world(); ++d) {
     EXPECT_EQ(std::memcmp(data_[d].data(), data_[0].data(), data_[0].size() * 4), 0) << "replica " << d;
@@ -137,8 +138,8 @@ TEST_P(Collectives, SignCastLeavesEveryReplicaBitIdentical) {
 TEST_P(Collectives, AllReducePlanReplaysLikeAllReduce) {
   for (int32_t op : {QLINK_REDUCE_AVG, QLINK_REDUCE_SIGN}) {
     MakeBuffers(1500, 21);
-    qlink_all_reduce_args args{QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE, dl_.data(), dl_.size(), op, QLINK_TRANSPORT_BF16,
-                               nullptr, 0};
+    qlink_all_reduce_args args{
+        QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE, dl_.data(), dl_.size(), op, QLINK_TRANSPORT_BF16, nullptr, 0};
     qlink_all_reduce_plan* plan = nullptr;
     ASSERT_EQ(api_.all_reduce_plan_create(ctx_.get(), &args, &plan), QLINK_OK) << api_.last_error();
     for (unsigned round = 0; round < 3; ++round) {
@@ -152,8 +153,8 @@ TEST_P(Collectives, AllReducePlanReplaysLikeAllReduce) {
       const auto replayed = data_;
       data_ = inputs;
       Describe();
-      qlink_all_reduce_args once{QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE, dl_.data(), dl_.size(), op, QLINK_TRANSPORT_BF16,
-                                 nullptr, 0};
+      qlink_all_reduce_args once{
+          QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE, dl_.data(), dl_.size(), op, QLINK_TRANSPORT_BF16, nullptr, 0};
       ASSERT_EQ(api_.all_reduce(ctx_.get(), &once), QLINK_OK) << api_.last_error();
       EXPECT_EQ(replayed, data_) << "round " << round;
     }
@@ -216,8 +217,8 @@ TEST_P(Collectives, BroadcastMirrorsEveryLeafToEveryReplica) {
       d.push_back(t.emplace_back(dst.back().data(), n, kDLCPU, r).dl);
     }
   }
-  qlink_broadcast_args args{sizeof(qlink_broadcast_args), s.data(), sizes.size(), d.data(),
-                            static_cast<size_t>(world() - 1), nullptr, 0, 8u};
+  qlink_broadcast_args args{
+      sizeof(qlink_broadcast_args), s.data(), sizes.size(), d.data(), static_cast<size_t>(world() - 1), nullptr, 0, 8u};
   EXPECT_EQ(api_.broadcast(ctx_.get(), &args), QLINK_INVALID_ARGUMENT);
   EXPECT_THAT(api_.last_error(), HasSubstr("args.flags = 8 has bits that are not qlink_copy_flags"));
   for (size_t k = 0; k < dst.size(); ++k) ASSERT_EQ(dst[k], std::vector<uint8_t>(dst[k].size(), 0)) << k;
@@ -250,7 +251,11 @@ TEST_F(CollectiveRefusals, NamesTheCulpritAndWritesNothing) {
     edit(b[k]);
     return b;
   };
-  EXPECT_EQ(all_reduce(with(1, [](DLTensor& t) { t.dtype = DLDataType{kDLBfloat, 16, 1}; }), 0, 0),
+  EXPECT_EQ(all_reduce(with(1,
+                            [](DLTensor& t) {
+                              t.dtype = DLDataType{kDLBfloat, 16, 1};
+                            }),
+                       0, 0),
             QLINK_INVALID_ARGUMENT);
   EXPECT_THAT(api_.last_error(), HasSubstr("buffers[1]: dtype must be float32"));
   EXPECT_EQ(all_reduce(with(2, [](DLTensor& t) { t.device.device_id = 0; }), 0, 0), QLINK_INVALID_ARGUMENT);
@@ -273,8 +278,8 @@ TEST_F(CollectiveRefusals, NamesTheCulpritAndWritesNothing) {
   }
   EXPECT_EQ(all_reduce(dl_, 0, 9), QLINK_INVALID_ARGUMENT);
   EXPECT_THAT(api_.last_error(), HasSubstr("args.transport = 9"));
-  qlink_all_reduce_args hd{sizeof(qlink_all_reduce_args), dl_.data(), 3, QLINK_REDUCE_SUM, QLINK_TRANSPORT_FP32,
-                           nullptr, 0, QLINK_ALL_REDUCE_HALVING_DOUBLING};
+  qlink_all_reduce_args hd{sizeof(qlink_all_reduce_args), dl_.data(), 3, QLINK_REDUCE_SUM,
+                           QLINK_TRANSPORT_FP32,          nullptr,    0, QLINK_ALL_REDUCE_HALVING_DOUBLING};
   EXPECT_EQ(api_.all_reduce(ctx_.get(), &hd), QLINK_INVALID_ARGUMENT);
   EXPECT_THAT(api_.last_error(), HasSubstr("needs a power-of-two number of buffers, got 3"));
   hd.num_buffers = 2;

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include <boost/dll/shared_library.hpp>
 #include <gtest/gtest.h>
+#include <boost/dll/shared_library.hpp>
 
 #include "backends/cpu/cpu_kernels.h"
 #include "backends/device_backend.h"
@@ -32,9 +32,9 @@ std::vector<std::string>& BackendPaths() {
   return paths;
 }
 
-#define ASSERT_OK(expr)                         \
-  do {                                          \
-    const Status s_ = (expr);                   \
+#define ASSERT_OK(expr)                                    \
+  do {                                                     \
+    const Status s_ = (expr);                              \
     ASSERT_TRUE(s_.ok()) << #expr << ": " << s_.message(); \
   } while (0)
 
@@ -47,8 +47,7 @@ class Conformance : public ::testing::TestWithParam<std::string> {
     if (!library_.is_loaded()) {
       library_.load(GetParam(), boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
     }
-    ASSERT_EQ(library_.get<qlink_backend_version_fn>(QLINK_BACKEND_VERSION_SYMBOL)(),
-              QLINK_BACKEND_INTERFACE_VERSION);
+    ASSERT_EQ(library_.get<qlink_backend_version_fn>(QLINK_BACKEND_VERSION_SYMBOL)(), QLINK_BACKEND_INTERFACE_VERSION);
     create_ = &library_.get<qlink_backend_create_fn>(QLINK_BACKEND_CREATE_SYMBOL);
     qlink_backend_options options = Options();
     char error[256] = "";
@@ -283,7 +282,8 @@ TEST_P(Conformance, CollectiveKernelsMatchTheHostReference) {
 std::string Label(const ::testing::TestParamInfo<std::string>& info) {
   std::string name = info.param.substr(info.param.find_last_of('/') + 1);
   name = name.substr(0, name.find('.'));
-  std::replace_if(name.begin(), name.end(), [](char c) { return !std::isalnum(static_cast<unsigned char>(c)); }, '_');
+  std::replace_if(
+      name.begin(), name.end(), [](char c) { return !std::isalnum(static_cast<unsigned char>(c)); }, '_');
   return name;
 }
 

@@ -248,9 +248,9 @@ TEST_F(Faults, CopyFlagsHandEachJoinToTheHost) {
   using Clock = std::chrono::steady_clock;
   const size_t n = 4096;
   struct Case {
-    int slow;            // the device whose stream is slow
-    uint32_t flag;       // the promise that skips the join through that stream
-    int synchronized;    // the device timed after the copy
+    int slow;          // the device whose stream is slow
+    uint32_t flag;     // the promise that skips the join through that stream
+    int synchronized;  // the device timed after the copy
   };
   for (const Case c : {Case{0, QLINK_COPY_SOURCES_READY, 1}, Case{1, QLINK_COPY_SOURCES_HELD, 0}}) {
     for (uint32_t flags : {0u, c.flag}) {
@@ -276,8 +276,8 @@ TEST_F(Faults, CopyFlagsHandEachJoinToTheHost) {
       if (flags == 0) {
         EXPECT_GE(waited, 150) << "device " << c.synchronized << " did not wait for device " << c.slow;
       } else {
-        EXPECT_LT(waited, 150) << "device " << c.synchronized << " waited for device " << c.slow
-                               << " although flags " << flags << " said not to";
+        EXPECT_LT(waited, 150) << "device " << c.synchronized << " waited for device " << c.slow << " although flags "
+                               << flags << " said not to";
       }
       SynchronizeAll(ctx, 2);
       EXPECT_EQ(dst, src);
@@ -352,8 +352,8 @@ TEST_F(Faults, CollectivesWaitForSlowProducersOnEveryDevice) {
       ASSERT_EQ(api_.copy_batch(ctx.get(), &produce), QLINK_OK) << LastError();
       bufs.push_back(to);
     }
-    qlink_all_reduce_args args{QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE, bufs.data(), 3, QLINK_REDUCE_SUM, transport,
-                               nullptr, 0};
+    qlink_all_reduce_args args{
+        QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE, bufs.data(), 3, QLINK_REDUCE_SUM, transport, nullptr, 0};
     ASSERT_EQ(api_.all_reduce(ctx.get(), &args), QLINK_OK) << LastError();
     SynchronizeAll(ctx, 3);
     for (int d = 0; d < 3; ++d) {

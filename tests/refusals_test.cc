@@ -45,8 +45,7 @@ TEST_F(Refusals, WrongTypes) {
   ExpectConfigRefused(R"({"p2p": {"min_gbps": "fast"}})", QLINK_INVALID_ARGUMENT, "'p2p.min_gbps' must be a number");
   ExpectConfigRefused(R"({"p2p": []})", QLINK_INVALID_ARGUMENT, "'p2p' must be an object");
   ExpectConfigRefused(R"({"backend": 3})", QLINK_INVALID_ARGUMENT, "'backend' must be a string");
-  ExpectConfigRefused(R"({"backend_options": "slow"})", QLINK_INVALID_ARGUMENT,
-                      "'backend_options' must be an object");
+  ExpectConfigRefused(R"({"backend_options": "slow"})", QLINK_INVALID_ARGUMENT, "'backend_options' must be an object");
   ExpectConfigRefused(R"({"blas_library": 1})", QLINK_INVALID_ARGUMENT, "'blas_library' must be a string");
   ExpectConfigRefused(R"({"solver_library": null})", QLINK_INVALID_ARGUMENT, "'solver_library' must be a string");
 }
@@ -191,8 +190,11 @@ TEST_F(RefusedBatch, DestinationOverlappingASource) {
 }
 
 TEST_F(RefusedBatch, BadDtype) {
-  Expect([](Leaves& s, Leaves&, Buffers&) { s[0].dtype = DLDataType{kDLInt, 4, 1}; },
-         "sources[0]: dtype of 4 bits x 1 lanes is not a whole number of bytes");
+  Expect(
+      [](Leaves& s, Leaves&, Buffers&) {
+        s[0].dtype = DLDataType{kDLInt, 4, 1};
+      },
+      "sources[0]: dtype of 4 bits x 1 lanes is not a whole number of bytes");
 }
 
 TEST_F(RefusedBatch, StreamOfAnUnknownDevice) {

@@ -126,8 +126,8 @@ class Worker {
       leaf.dst = arenas_[leaf.dst_device] + (kMaxLeaves + i) * kMaxLeaf;
       Scribble(&leaf.bytes);
       const std::vector<uint8_t> zeros(leaf.bytes.size(), 0);
-      if (!Check(api_.memory_from_host(ctx_, leaf.src_device, leaf.src, leaf.bytes.data(), leaf.bytes.size()),
-                 QLINK_OK, "memory_from_host") ||
+      if (!Check(api_.memory_from_host(ctx_, leaf.src_device, leaf.src, leaf.bytes.data(), leaf.bytes.size()), QLINK_OK,
+                 "memory_from_host") ||
           !Check(api_.memory_from_host(ctx_, leaf.dst_device, leaf.dst, zeros.data(), zeros.size()), QLINK_OK,
                  "memory_from_host")) {
         return false;
@@ -150,7 +150,8 @@ class Worker {
                  "memory_to_host")) {
         return false;
       }
-      const bool ok = expected ? got == leaf.bytes : std::all_of(got.begin(), got.end(), [](uint8_t x) { return x == 0; });
+      const bool ok =
+          expected ? got == leaf.bytes : std::all_of(got.begin(), got.end(), [](uint8_t x) { return x == 0; });
       if (!ok) {
         failures_.Add("thread " + std::to_string(id_) + ": " + what +
                       (expected ? " did not copy byte-exact" : " wrote a destination"));

@@ -27,7 +27,9 @@ struct Buffer {
   }
   ~Buffer() { api.memory_free(ctx, dl.device.device_id, data); }
   Buffer(const Buffer&) = delete;
-  void Upload(const void* host) { Check(api, api.memory_from_host(ctx, dl.device.device_id, data, host, bytes), "upload"); }
+  void Upload(const void* host) {
+    Check(api, api.memory_from_host(ctx, dl.device.device_id, data, host, bytes), "upload");
+  }
   template <typename T>
   std::vector<T> Download() const {
     std::vector<T> out(bytes / sizeof(T));
@@ -69,8 +71,8 @@ std::vector<float> Activations(int64_t tokens, int64_t d, std::mt19937& gen) {
 }
 
 // Mean squared output error of the quantized weight on the activations: |X (Wq - W)^T|^2.
-double OutputError(const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>& wq,
-                   int64_t rows, int64_t cols) {
+double OutputError(const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>& wq, int64_t rows,
+                   int64_t cols) {
   double total = 0;
   for (int64_t t = 0; t < kTokens; t += 8) {  // every eighth token is plenty
     for (int64_t r = 0; r < rows; ++r) {
@@ -100,10 +102,14 @@ int GptqDemo(const qlink_api& api, qlink_context* ctx) {
   for (int l = 0; l < kLayers; ++l) {
     const int base = static_cast<int>(x.size());
     for (int64_t d : {kHidden, kHidden, kHidden, kIntermediate}) x.push_back(Activations(kTokens, d, gen));
-    const struct { const char* name; int input; int64_t rows, cols; } shapes[] = {
-        {"q_proj", 0, kHidden, kHidden}, {"k_proj", 0, kHidden, kHidden}, {"v_proj", 0, kHidden, kHidden},
-        {"o_proj", 1, kHidden, kHidden}, {"gate_proj", 2, kIntermediate, kHidden},
-        {"up_proj", 2, kIntermediate, kHidden}, {"down_proj", 3, kHidden, kIntermediate}};
+    const struct {
+      const char* name;
+      int input;
+      int64_t rows, cols;
+    } shapes[] = {{"q_proj", 0, kHidden, kHidden},          {"k_proj", 0, kHidden, kHidden},
+                  {"v_proj", 0, kHidden, kHidden},          {"o_proj", 1, kHidden, kHidden},
+                  {"gate_proj", 2, kIntermediate, kHidden}, {"up_proj", 2, kIntermediate, kHidden},
+                  {"down_proj", 3, kHidden, kIntermediate}};
     for (const auto& s : shapes) {
       Linear lin{"layers." + std::to_string(l) + "." + s.name, base + s.input, s.rows, s.cols, {}};
       lin.w.resize(static_cast<size_t>(s.rows * s.cols));
@@ -133,7 +139,8 @@ int GptqDemo(const qlink_api& api, qlink_context* ctx) {
     }
   }
   std::deque<Buffer> hessians;
-  for (const Input& input : inputs) hessians.emplace_back(api, ctx, on(0), input.d, input.d, DLDataType{kDLFloat, 32, 1});
+  for (const Input& input : inputs)
+    hessians.emplace_back(api, ctx, on(0), input.d, input.d, DLDataType{kDLFloat, 32, 1});
   auto accumulate = [&] {
     const auto t0 = std::chrono::steady_clock::now();
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -141,11 +148,21 @@ int GptqDemo(const qlink_api& api, qlink_context* ctx) {
       for (Buffer& partial : input.partials) {
         partial.Upload(std::vector<float>(static_cast<size_t>(input.d * input.d), 0.0f).data());
       }
-      qlink_hessian_args acc{QLINK_HESSIAN_ARGS_STRUCT_SIZE, input.in.data(), input.in.size(), input.parts.data(),
-                             input.parts.size(), nullptr, 0};
+      qlink_hessian_args acc{QLINK_HESSIAN_ARGS_STRUCT_SIZE,
+                             input.in.data(),
+                             input.in.size(),
+                             input.parts.data(),
+                             input.parts.size(),
+                             nullptr,
+                             0};
       Check(api, api.hessian_accumulate(ctx, &acc), "hessian_accumulate");
-      qlink_reduce_args merge{QLINK_REDUCE_ARGS_STRUCT_SIZE, input.parts.data(), input.parts.size(),
-                              &hessians[i].dl, 2.0 / kTokens, nullptr, 0};
+      qlink_reduce_args merge{QLINK_REDUCE_ARGS_STRUCT_SIZE,
+                              input.parts.data(),
+                              input.parts.size(),
+                              &hessians[i].dl,
+                              2.0 / kTokens,
+                              nullptr,
+                              0};
       Check(api, api.reduce(ctx, &merge), "reduce");
     }
     for (int dev = 0; dev < n; ++dev) Check(api, api.stream_synchronize(ctx, dev, nullptr), "stream_synchronize");
@@ -182,8 +199,8 @@ int GptqDemo(const qlink_api& api, qlink_context* ctx) {
       specs.push_back({QLINK_GPTQ_LAYER_STRUCT_SIZE, lin.name.c_str(), &run.weights.back().dl, &h.dl,
                        &run.codes.back().dl, nullptr, nullptr, nullptr, &run.dequantized.back().dl, 0, 0});
     }
-    qlink_gptq_args args{QLINK_GPTQ_ARGS_STRUCT_SIZE, &options, specs.data(), specs.size(), devices.data(),
-                         devices.size(), nullptr, 0};
+    qlink_gptq_args args{
+        QLINK_GPTQ_ARGS_STRUCT_SIZE, &options, specs.data(), specs.size(), devices.data(), devices.size(), nullptr, 0};
     const auto t0 = std::chrono::steady_clock::now();
     Check(api, api.gptq_quantize(ctx, &args), "gptq_quantize");
     run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -210,14 +227,16 @@ int GptqDemo(const qlink_api& api, qlink_context* ctx) {
   }
   const char* backend = nullptr;
   Check(api, api.backend_name(ctx, &backend), "backend_name");
-  std::printf("demo: GPTQ 4-bit g64 act-order of a %d-layer Llama-shaped model (hidden %d, intermediate %d, %zu "
-              "linears, %d tokens) on %s x %d\n",
-              kLayers, kHidden, kIntermediate, linears.size(), kTokens, backend, n);
+  std::printf(
+      "demo: GPTQ 4-bit g64 act-order of a %d-layer Llama-shaped model (hidden %d, intermediate %d, %zu "
+      "linears, %d tokens) on %s x %d\n",
+      kLayers, kHidden, kIntermediate, linears.size(), kTokens, backend, n);
   std::printf("  first calls (setting up scratch and the vendor libraries): Hessians %.1f ms, solve %.1f ms\n",
               first_hessian_s * 1e3, first_solve_s * 1e3);
-  std::printf("  per decoder layer, after them: Hessians %.1f ms (per-device partials, device-order merge), "
-              "solve %.1f ms on 1 device\n",
-              hessian_s * 1e3 / kLayers, serial.seconds * 1e3 / kLayers);
+  std::printf(
+      "  per decoder layer, after them: Hessians %.1f ms (per-device partials, device-order merge), "
+      "solve %.1f ms on 1 device\n",
+      hessian_s * 1e3 / kLayers, serial.seconds * 1e3 / kLayers);
   if (n > 1) {
     std::printf("  solve data-parallel over %d devices: %.1f ms per layer, %.2fx the 1-device solve\n", n,
                 parallel.seconds * 1e3 / kLayers, serial.seconds / parallel.seconds);

@@ -35,7 +35,8 @@ int main(int argc, char** argv) {
     at::manual_seed(0);
     // Correlated activations, as a model's are: GPTQ's error feedback has something to use.
     const at::Tensor x = (at::matmul(at::randn({tokens, cols / 8}, on), at::randn({cols / 8, cols}, on)) +
-                          0.3 * at::randn({tokens, cols}, on)).to(at::kBFloat16);
+                          0.3 * at::randn({tokens, cols}, on))
+                             .to(at::kBFloat16);
     const at::Tensor w = (0.02 * at::randn({rows, cols}, on)).to(at::kBFloat16);
 
     auto t0 = std::chrono::steady_clock::now();

@@ -10,6 +10,7 @@ packages=(bazel-bootstrap libboost1.81-dev libspdlog-dev libfmt-dev libgtest-dev
           liblapack3 libblas3        # the reference BLAS/LAPACK: the engine's fallback, tested beside OpenBLAS
           python3-dev                # CPython's headers: the torch bridge (python/bridge)
           clang libclang-rt-14-dev   # clang and its libFuzzer runtime: the fuzz targets
+          clang-format-14 python3-flake8 git  # formatter and linter over the tracked files (tools/style.sh)
           libamdhip64-dev hipcc)     # the HIP backend: runtime headers, and hipcc for its kernels
 missing=()
 for p in "${packages[@]}"; do

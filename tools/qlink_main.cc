@@ -70,14 +70,22 @@ class Checked {
 
 const char* PeerStateName(int32_t state) {
   switch (state) {
-    case QLINK_PEER_NOT_APPLICABLE: return "n/a";
-    case QLINK_PEER_NOT_REQUESTED: return "not requested";
-    case QLINK_PEER_DISABLED: return "disabled";
-    case QLINK_PEER_UNSUPPORTED: return "unsupported";
-    case QLINK_PEER_ENABLE_FAILED: return "enable failed";
-    case QLINK_PEER_PROBE_REJECTED: return "probe rejected";
-    case QLINK_PEER_ENABLED: return "enabled";
-    default: return "?";
+    case QLINK_PEER_NOT_APPLICABLE:
+      return "n/a";
+    case QLINK_PEER_NOT_REQUESTED:
+      return "not requested";
+    case QLINK_PEER_DISABLED:
+      return "disabled";
+    case QLINK_PEER_UNSUPPORTED:
+      return "unsupported";
+    case QLINK_PEER_ENABLE_FAILED:
+      return "enable failed";
+    case QLINK_PEER_PROBE_REJECTED:
+      return "probe rejected";
+    case QLINK_PEER_ENABLED:
+      return "enabled";
+    default:
+      return "?";
   }
 }
 
@@ -110,7 +118,8 @@ int Probe(const qlink_api& api, qlink_context* ctx, const Options& o) {
       p.struct_size = QLINK_PEER_INFO_STRUCT_SIZE;
       check(api.peer_info(ctx, s, d, &p), "peer_info");
       std::printf("%16s", PeerStateName(p.state));
-      if (p.reason[0] != '\0' && s != d) reasons.push_back(std::to_string(s) + "->" + std::to_string(d) + ": " + p.reason);
+      if (p.reason[0] != '\0' && s != d)
+        reasons.push_back(std::to_string(s) + "->" + std::to_string(d) + ": " + p.reason);
     }
     std::printf("\n");
   }
@@ -165,7 +174,8 @@ int Demo(const qlink_api& api, qlink_context* ctx) {
   auto device_of = [&](int hop) { return hop % n; };
   std::vector<uint8_t> pattern;
   for (int h = 0; h <= hops; ++h) {
-    for (int i = 0; i < kLeaves; ++i) check(api.memory_allocate(ctx, device_of(h), sizes[i], &buf[h][i]), "memory_allocate");
+    for (int i = 0; i < kLeaves; ++i)
+      check(api.memory_allocate(ctx, device_of(h), sizes[i], &buf[h][i]), "memory_allocate");
   }
   for (int i = 0; i < kLeaves; ++i) {
     pattern.resize(sizes[i]);
@@ -202,9 +212,10 @@ int Demo(const qlink_api& api, qlink_context* ctx) {
   for (int h = 0; h <= hops; ++h) {
     for (int i = 0; i < kLeaves; ++i) check(api.memory_free(ctx, device_of(h), buf[h][i]), "memory_free");
   }
-  std::printf("demo: backend %s, %d leaves (%.1f MiB) moved around %d device(s) in %d batch(es), %.3f ms, %.1f GB/s: %s\n",
-              backend, kLeaves, total / 1048576.0, n, hops, seconds * 1e3, total * hops / seconds / 1e9,
-              bad == 0 ? "byte-exact" : "CORRUPTED");
+  std::printf(
+      "demo: backend %s, %d leaves (%.1f MiB) moved around %d device(s) in %d batch(es), %.3f ms, %.1f GB/s: %s\n",
+      backend, kLeaves, total / 1048576.0, n, hops, seconds * 1e3, total * hops / seconds / 1e9,
+      bad == 0 ? "byte-exact" : "CORRUPTED");
   return bad == 0 ? 0 : 1;
 }
 

@@ -154,8 +154,7 @@ class FaultBackend final : public DeviceBackend {
     QLINK_RETURN_IF_ERROR(CountCopy(dst_device));
     return EnqueueLeaves(dst_device, leaves, count, dst_stream);
   }
-  Status CopyLeaves(int dst_device, int src_device, const CopyLeaf* leaves, size_t count,
-                    Stream dst_stream) override {
+  Status CopyLeaves(int dst_device, int src_device, const CopyLeaf* leaves, size_t count, Stream dst_stream) override {
     QLINK_RETURN_IF_ERROR(CountCopy(dst_device));
     if (src_device != dst_device) QLINK_RETURN_IF_ERROR(CountCopy(src_device));
     return EnqueueLeaves(dst_device, leaves, count, dst_stream);
@@ -164,8 +163,8 @@ class FaultBackend final : public DeviceBackend {
   uint64_t PullCrossoverBytes() const override { return 64 << 10; }
 
   // The CPU backend's kernels, run in stream order on the worker.
-  Status ReduceSum(int device, void* out, const void* const* inputs, size_t num_inputs, bool input_bf16,
-                   size_t count, float scale, bool signs, Stream stream) override {
+  Status ReduceSum(int device, void* out, const void* const* inputs, size_t num_inputs, bool input_bf16, size_t count,
+                   float scale, bool signs, Stream stream) override {
     QLINK_RETURN_IF_ERROR(Alive(device));
     std::vector<const void*> in(inputs, inputs + num_inputs);
     Worker(device, stream).Enqueue([=, in = std::move(in)] {
@@ -231,10 +230,10 @@ class FaultBackend final : public DeviceBackend {
 
   const FaultOptions options_;
   std::vector<std::unique_ptr<StreamWorker>> default_streams_;  // per device
-  std::atomic<int64_t> copies_{0};                               // copy calls that touched the lost device
-  std::atomic<bool> lost_{false};                                // lost_device is gone
-  std::atomic<int64_t> leaves_{0};                               // leaves enqueued over the backend's life
-  std::atomic<int64_t> allocations_{0};                          // Allocate calls so far
+  std::atomic<int64_t> copies_{0};                              // copy calls that touched the lost device
+  std::atomic<bool> lost_{false};                               // lost_device is gone
+  std::atomic<int64_t> leaves_{0};                              // leaves enqueued over the backend's life
+  std::atomic<int64_t> allocations_{0};                         // Allocate calls so far
 };
 
 Status Create(const qlink_backend_options& options, std::unique_ptr<DeviceBackend>* out) {

@@ -17,8 +17,8 @@ Status Refuse(const std::string& key, const std::string& why) {
 Status ReadInt(const json::value& v, const std::string& key, int64_t lo, int64_t hi, int64_t* out) {
   if (!v.is_int64() && !v.is_uint64()) return Refuse(key, "must be an integer");
   if (v.is_uint64() || v.get_int64() < lo || v.get_int64() > hi) {
-    return Refuse(key, "= " + json::serialize(v) + " is out of range [" + std::to_string(lo) + ", " +
-                           std::to_string(hi) + "]");
+    return Refuse(
+        key, "= " + json::serialize(v) + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   }
   *out = v.get_int64();
   return Status::Ok();
@@ -60,8 +60,8 @@ Status CheckDevicesExist(const FaultOptions& o) {
   auto check_pairs = [&](const std::set<std::pair<int, int>>& pairs, const char* key) {
     for (const auto& [src, dst] : pairs) {
       if (!exists(src) || !exists(dst)) {
-        return Refuse(key, "names device pair " + std::to_string(src) + "->" + std::to_string(dst) +
-                               " beyond the " + std::to_string(o.devices) + " device(s)");
+        return Refuse(key, "names device pair " + std::to_string(src) + "->" + std::to_string(dst) + " beyond the " +
+                               std::to_string(o.devices) + " device(s)");
       }
     }
     return Status::Ok();
@@ -105,8 +105,9 @@ Status ParseFaultOptions(const char* text, FaultOptions* out) {
     } else if (key == "lose_device") {
       QLINK_RETURN_IF_ERROR(ReadLostDevice(v, out));
     } else {
-      return Refuse(key, "is unknown (known: devices, stream_delay_ms, unsupported_pairs, enable_failing_pairs, "
-                         "fail_leaf, fail_allocation, lose_device)");
+      return Refuse(key,
+                    "is unknown (known: devices, stream_delay_ms, unsupported_pairs, enable_failing_pairs, "
+                    "fail_leaf, fail_allocation, lose_device)");
     }
   }
   return CheckDevicesExist(*out);

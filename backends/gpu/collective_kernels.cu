@@ -23,8 +23,8 @@ __device__ __forceinline__ float Load(const void* p, size_t i, bool bf16) {
 __device__ __forceinline__ float4 Load4(const void* p, size_t v, bool bf16) {
   if (bf16) {
     const uint2 raw = static_cast<const uint2*>(p)[v];  // 4 bf16 values
-    return make_float4(__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u),
-                       __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u));
+    return make_float4(__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u), __uint_as_float(raw.y << 16),
+                       __uint_as_float(raw.y & 0xffff0000u));
   }
   return static_cast<const float4*>(p)[v];
 }
@@ -52,16 +52,25 @@ __global__ void __launch_bounds__(kThreads)
         acc = x[0];
 #pragma unroll
         for (int k = 1; k < kFixed; ++k) {
-          acc.x += x[k].x; acc.y += x[k].y; acc.z += x[k].z; acc.w += x[k].w;
+          acc.x += x[k].x;
+          acc.y += x[k].y;
+          acc.z += x[k].z;
+          acc.w += x[k].w;
         }
       } else {
         acc = Load4(in.ptr[0], v, bf16);
         for (int k = 1; k < n; ++k) {
           const float4 x = Load4(in.ptr[k], v, bf16);
-          acc.x += x.x; acc.y += x.y; acc.z += x.z; acc.w += x.w;
+          acc.x += x.x;
+          acc.y += x.y;
+          acc.z += x.z;
+          acc.w += x.w;
         }
       }
-      acc.x *= scale; acc.y *= scale; acc.z *= scale; acc.w *= scale;
+      acc.x *= scale;
+      acc.y *= scale;
+      acc.z *= scale;
+      acc.w *= scale;
       if (signs) {
         static_cast<char4*>(out)[v] = make_char4(Sign(acc.x), Sign(acc.y), Sign(acc.z), Sign(acc.w));
       } else {
@@ -166,10 +175,16 @@ __global__ void __launch_bounds__(kThreads) OneShotKernel(const QLINK_GRID_CONST
 #pragma unroll
       for (int j = 1; j < kWorld; ++j) {
         if (j < p.world) {
-          acc.x += x[j].x; acc.y += x[j].y; acc.z += x[j].z; acc.w += x[j].w;
+          acc.x += x[j].x;
+          acc.y += x[j].y;
+          acc.z += x[j].z;
+          acc.w += x[j].w;
         }
       }
-      acc.x *= p.scale; acc.y *= p.scale; acc.z *= p.scale; acc.w *= p.scale;
+      acc.x *= p.scale;
+      acc.y *= p.scale;
+      acc.z *= p.scale;
+      acc.w *= p.scale;
       if (p.signs) acc = make_float4(Sign(acc.x), Sign(acc.y), Sign(acc.z), Sign(acc.w));
       reinterpret_cast<float4*>(p.output)[u] = acc;
     } else {
@@ -216,7 +231,7 @@ bool Aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p
 }  // namespace
 
 gpuError_t LaunchReduceSum(void* out, const void* const* inputs, size_t num_inputs, bool input_bf16, size_t count,
-                            float scale, bool signs, int sm_count, gpuStream_t stream) {
+                           float scale, bool signs, int sm_count, gpuStream_t stream) {
   if (num_inputs == 0 || num_inputs > kMaxParticipants) return gpuErrorInvalidValue;
   if (count == 0) return gpuSuccess;
   Inputs in;
@@ -228,10 +243,17 @@ gpuError_t LaunchReduceSum(void* out, const void* const* inputs, size_t num_inpu
   const unsigned grid = Grid(vectorized ? count / 4 : count, sm_count);
   const int n = static_cast<int>(num_inputs);
   switch (num_inputs) {
-    case 2: ReduceKernel<2><<<grid, kThreads, 0, stream>>>(in, n, input_bf16, out, count, scale, signs, vectorized); break;
-    case 4: ReduceKernel<4><<<grid, kThreads, 0, stream>>>(in, n, input_bf16, out, count, scale, signs, vectorized); break;
-    case 8: ReduceKernel<8><<<grid, kThreads, 0, stream>>>(in, n, input_bf16, out, count, scale, signs, vectorized); break;
-    default: ReduceKernel<0><<<grid, kThreads, 0, stream>>>(in, n, input_bf16, out, count, scale, signs, vectorized);
+    case 2:
+      ReduceKernel<2><<<grid, kThreads, 0, stream>>>(in, n, input_bf16, out, count, scale, signs, vectorized);
+      break;
+    case 4:
+      ReduceKernel<4><<<grid, kThreads, 0, stream>>>(in, n, input_bf16, out, count, scale, signs, vectorized);
+      break;
+    case 8:
+      ReduceKernel<8><<<grid, kThreads, 0, stream>>>(in, n, input_bf16, out, count, scale, signs, vectorized);
+      break;
+    default:
+      ReduceKernel<0><<<grid, kThreads, 0, stream>>>(in, n, input_bf16, out, count, scale, signs, vectorized);
   }
   return gpuGetLastError();
 }

@@ -14,7 +14,7 @@ namespace qlink {
 namespace gpu {
 
 gpuError_t LaunchReduceSum(void* out, const void* const* inputs, size_t num_inputs, bool input_bf16, size_t count,
-                            float scale, bool signs, int sm_count, gpuStream_t stream);
+                           float scale, bool signs, int sm_count, gpuStream_t stream);
 gpuError_t LaunchCastToBf16(uint16_t* out, const float* in, size_t count, int sm_count, gpuStream_t stream);
 gpuError_t LaunchExpandSigns(float* out, const int8_t* signs, size_t count, int sm_count, gpuStream_t stream);
 gpuError_t LaunchOneShot(const OneShotAllReduce& args, gpuStream_t stream);

@@ -10,11 +10,11 @@
 #include <utility>
 #include <vector>
 
+#include "backends/device_backend.h"
 #include "backends/gpu/collective_kernels.h"
 #include "backends/gpu/gpu_runtime.h"
 #include "backends/gpu/gpu_status.h"
 #include "backends/gpu/pull_kernel.h"
-#include "backends/device_backend.h"
 #include "quant/gpu/gpu_quant_math.h"
 #include "quant/gpu/gpu_signround.h"
 
@@ -152,8 +152,7 @@ class GpuBackend final : public DeviceBackend {
   }
   Status RecordEvent(int device, Event event, Stream stream) override {
     QLINK_GPU_SCOPE(device);
-    return Check(gpuEventRecord(static_cast<gpuEvent_t>(event), static_cast<gpuStream_t>(stream)),
-                 "gpuEventRecord");
+    return Check(gpuEventRecord(static_cast<gpuEvent_t>(event), static_cast<gpuStream_t>(stream)), "gpuEventRecord");
   }
   Status StreamWaitEvent(int device, Stream stream, Event event) override {
     QLINK_GPU_SCOPE(device);
@@ -199,9 +198,9 @@ class GpuBackend final : public DeviceBackend {
     // One runtime peer copy per leaf: staged through host memory by the runtime when the
     // pair has no peer access.
     for (size_t i = 0; i < count; ++i) {
-      QLINK_RETURN_IF_ERROR(Check(gpuMemcpyPeerAsync(leaves[i].dst, dst_device, leaves[i].src, src_device,
-                                                      leaves[i].bytes, s),
-                                  "gpuMemcpyPeerAsync"));
+      QLINK_RETURN_IF_ERROR(
+          Check(gpuMemcpyPeerAsync(leaves[i].dst, dst_device, leaves[i].src, src_device, leaves[i].bytes, s),
+                "gpuMemcpyPeerAsync"));
     }
     return Status::Ok();
   }
@@ -210,11 +209,11 @@ class GpuBackend final : public DeviceBackend {
   // (docs/BASELINES.md).
   uint64_t PullCrossoverBytes() const override { return uint64_t{8} << 20; }
 
-  Status ReduceSum(int device, void* out, const void* const* inputs, size_t num_inputs, bool input_bf16,
-                   size_t count, float scale, bool signs, Stream stream) override {
+  Status ReduceSum(int device, void* out, const void* const* inputs, size_t num_inputs, bool input_bf16, size_t count,
+                   float scale, bool signs, Stream stream) override {
     QLINK_GPU_SCOPE(device);
     return Check(gpu::LaunchReduceSum(out, inputs, num_inputs, input_bf16, count, scale, signs, sm_counts_[device],
-                                       static_cast<gpuStream_t>(stream)),
+                                      static_cast<gpuStream_t>(stream)),
                  "reduce kernel launch");
   }
   Status CastToBf16(int device, uint16_t* out, const float* in, size_t count, Stream stream) override {
@@ -335,7 +334,7 @@ class GpuBackend final : public DeviceBackend {
   std::vector<int> sm_counts_;
   std::mutex mu_;
   std::vector<std::unique_ptr<Side>> sides_;  // per device, created on first use
-  const quant::Libraries libraries_;  // what the quant engine loads
+  const quant::Libraries libraries_;          // what the quant engine loads
   std::mutex quant_mu_;
   std::unique_ptr<quant::QuantMath> quant_;  // the GPTQ engine's part, made on first use
   const std::unique_ptr<quant::SignRoundMath> signround_ = quant::MakeGpuSignRoundMath();

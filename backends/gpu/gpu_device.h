@@ -25,7 +25,7 @@ constexpr long long kClockTicksPerSecond = 100000000;  // s_memrealtime runs at 
 constexpr size_t kMaxLeavesPerLaunch = 64;
 #else
 constexpr long long kClockTicksPerSecond = 1000000000;  // %globaltimer counts nanoseconds
-constexpr size_t kMaxLeavesPerLaunch = 1000;             // 32 + 1000 * 32 bytes < 32764
+constexpr size_t kMaxLeavesPerLaunch = 1000;            // 32 + 1000 * 32 bytes < 32764
 #endif
 
 __device__ __forceinline__ long long WallClock() {

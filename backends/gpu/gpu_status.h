@@ -15,8 +15,8 @@ namespace gpu {
 inline Status Check(gpuError_t e, const char* what) {
   if (e == gpuSuccess) return Status::Ok();
   (void)gpuGetLastError();
-  std::string message = std::string(QLINK_GPU_BACKEND_NAME ": ") + what + ": " + gpuGetErrorName(e) + " (" +
-                        gpuGetErrorString(e) + ")";
+  std::string message =
+      std::string(QLINK_GPU_BACKEND_NAME ": ") + what + ": " + gpuGetErrorName(e) + " (" + gpuGetErrorString(e) + ")";
   return e == gpuErrorMemoryAllocation ? OutOfMemory(message) : RuntimeError(message);
 }
 

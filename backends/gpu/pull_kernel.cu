@@ -16,7 +16,7 @@ namespace gpu {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kUnroll = 4;  // 16-byte loads in flight per thread: peer reads are latency bound
+constexpr int kUnroll = 4;               // 16-byte loads in flight per thread: peer reads are latency bound
 constexpr uint32_t kMinChunkShift = 12;  // 4 KiB: one 16-byte vector per thread
 constexpr uint32_t kMaxChunkShift = 16;  // 64 KiB
 constexpr int kBlocksPerSm = 2048 / kThreads;
@@ -75,7 +75,10 @@ __global__ void __launch_bounds__(kThreads) PullKernel(const QLINK_GRID_CONSTANT
     uint32_t lo = 0, hi = batch.header.count - 1;
     while (lo < hi) {
       uint32_t mid = (lo + hi + 1) / 2;
-      if (leaves[mid].first_chunk <= chunk) lo = mid; else hi = mid - 1;
+      if (leaves[mid].first_chunk <= chunk)
+        lo = mid;
+      else
+        hi = mid - 1;
     }
     const LeafDesc& leaf = leaves[lo];
     const uint64_t begin = (chunk - leaf.first_chunk) << batch.header.chunk_shift;
@@ -124,8 +127,8 @@ unsigned Describe(const CopyLeaf* leaves, size_t count, int sm_count, BatchHeade
   header->chunk_shift = ChunkShift(TotalBytes(leaves, count), sm_count);
   uint64_t chunks = 0;
   for (size_t i = 0; i < count; ++i) {
-    descs[i] = LeafDesc{static_cast<const char*>(leaves[i].src), static_cast<char*>(leaves[i].dst), leaves[i].bytes,
-                        chunks};
+    descs[i] =
+        LeafDesc{static_cast<const char*>(leaves[i].src), static_cast<char*>(leaves[i].dst), leaves[i].bytes, chunks};
     chunks += ChunksOf(leaves[i].bytes, header->chunk_shift);
   }
   header->total_chunks = chunks;

@@ -64,8 +64,8 @@ def main():
     for package, (module_name, install, owner_name, method) in INTEGRATIONS.items():
         spec = importlib.import_module(module_name).HOST
         missing = tree.missing(spec)
-        print("%s: %d names looked up in %s: %s" % (spec.title, len(spec.names), hosts,
-                                                     "all found" if not missing else "MOVED: " + "; ".join(missing)))
+        print("%s: %d names looked up in %s: %s" %
+              (spec.title, len(spec.names), hosts, "all found" if not missing else "MOVED: " + "; ".join(missing)))
         failed |= bool(missing)
         try:
             importlib.import_module(package)

@@ -24,8 +24,8 @@ def main():
         rows.append({"layer": layer, "codes_equal": equal, "loss_a": la, "loss_b": lb, "loss_rel_diff": diff})
     lines = ["| layer | codes equal | loss A | loss B | loss difference |", "|---|---|---|---|---|"]
     for r in rows:
-        lines.append("| %s | %.3f %% | %.6g | %.6g | %.3f %% |" % (r["layer"], 100 * r["codes_equal"], r["loss_a"],
-                                                              r["loss_b"], 100 * r["loss_rel_diff"]))
+        lines.append("| %s | %.3f %% | %.6g | %.6g | %.3f %% |" %
+                     (r["layer"], 100 * r["codes_equal"], r["loss_a"], r["loss_b"], 100 * r["loss_rel_diff"]))
     if rows:
         lines.append("")
         lines.append("worst: codes equal %.3f %%, loss difference %.3f %%" % (

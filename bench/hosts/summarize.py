@@ -29,7 +29,8 @@ def gptq(out):
         lines.append("")
         lines.append("qlink runs bit-identical: %s" % (len({r["digest"] for r in runs}) == 1))
         if host:
-            lines.append("speedup over GPTQModel alone: %.2fx" % (host["quantize_s"] / min(r["quantize_s"] for r in runs)))
+            lines.append("speedup over GPTQModel alone: %.2fx" %
+                         (host["quantize_s"] / min(r["quantize_s"] for r in runs)))
             worst = max(((abs(runs[0]["losses"][k] / v - 1), k) for k, v in host["losses"].items()
                          if isinstance(v, float) and v and isinstance(runs[0]["losses"].get(k), float)),
                         default=(float("nan"), "no layer losses to compare"))
@@ -73,7 +74,8 @@ def loop(out):
                 label, ", ".join("%d layers %.1f s" % p for p in points), slope(points)))
     twos = [r for k, r in runs.items() if r["qlink"] and r["layers"] == 2 and r.get("precision") == "ieee_fp32"]
     if twos:
-        lines.append("qlink 2-layer ieee_fp32 runs: %d, bit-identical: %s" % (len(twos), len({r["digest"] for r in twos}) == 1))
+        lines.append("qlink 2-layer ieee_fp32 runs: %d, bit-identical: %s" %
+                     (len(twos), len({r["digest"] for r in twos}) == 1))
     host2, qlink2 = runs.get("host2"), runs.get("qlink2")
     for name in ("qlink2", "qlink2_tensor"):
         if host2 and runs.get(name):
@@ -117,8 +119,8 @@ def autoround(out, prefix, label):
             lines.append("final losses, qlink / alone - 1: %s" % ", ".join("%+.2f %%" % (100 * (q / h - 1))
                                                                            for h, q in pairs if h))
         if host["output_mse"]:
-            lines.append("output MSE, qlink / alone - 1: %+.2f %%" % (100 * (ql["output_mse"] / host["output_mse"]
-                                                                            - 1)))
+            lines.append("output MSE, qlink / alone - 1: %+.2f %%" %
+                         (100 * (ql["output_mse"] / host["output_mse"] - 1)))
     if ql:
         lines.append("")
         lines += ["plan %s: %s" % (name, text.replace("\n", "; ")) for name, text in ql.get("plans", [])[:1]]

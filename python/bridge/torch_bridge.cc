@@ -37,9 +37,9 @@ using ExecutePlan = qlink_status (*)(void*, const qlink_stream*, size_t);
 PyObject* to_handles = nullptr;    // unsafe_alloc_void_ptrs_from_tensors
 PyObject* from_handles = nullptr;  // alloc_tensors_by_stealing_from_void_ptrs
 
-constexpr int64_t kAlign = 256;      // bytes: leaves sharing one allocation start on this boundary
-constexpr int64_t kOwn = 8 << 20;    // bytes from which a moved leaf gets an allocation of its own:
-                                     // it copies for longer than allocating takes, and frees alone
+constexpr int64_t kAlign = 256;    // bytes: leaves sharing one allocation start on this boundary
+constexpr int64_t kOwn = 8 << 20;  // bytes from which a moved leaf gets an allocation of its own:
+                                   // it copies for longer than allocating takes, and frees alone
 
 bool Bound() {
   if (to_handles != nullptr) return true;
@@ -132,18 +132,21 @@ bool EnqueueCopy(const Plugin& plugin, const std::vector<Bytes>& src, const std:
   for (size_t i = 0; i < 2 * n; ++i) {
     const Bytes& b = i < n ? src[i] : dst[i - n];
     shapes[i] = b.nbytes;
-    tensors[i] = DLTensor{reinterpret_cast<void*>(b.data), DLDevice{type, b.device}, 1, DLDataType{kDLUInt, 8, 1},
-                          &shapes[i], nullptr, 0};
+    tensors[i] = DLTensor{reinterpret_cast<void*>(b.data),
+                          DLDevice{type, b.device},
+                          1,
+                          DLDataType{kDLUInt, 8, 1},
+                          &shapes[i],
+                          nullptr,
+                          0};
     if (std::find(devices.begin(), devices.end(), b.device) == devices.end()) devices.push_back(b.device);
   }
   std::vector<qlink_stream> streams;
   if (!CurrentStreams(type, devices, &streams)) return false;
-  qlink_copy_args args{sizeof(qlink_copy_args), tensors.data(), tensors.data() + n, n,
-                       streams.data(), streams.size(), 0};
-  Py_BEGIN_ALLOW_THREADS
-  *status = plugin.copy_batch(plugin.ctx, &args);
-  Py_END_ALLOW_THREADS
-  return true;
+  qlink_copy_args args{
+      sizeof(qlink_copy_args), tensors.data(), tensors.data() + n, n, streams.data(), streams.size(), 0};
+  Py_BEGIN_ALLOW_THREADS* status = plugin.copy_batch(plugin.ctx, &args);
+  Py_END_ALLOW_THREADS return true;
 }
 
 // Indices of the leaves in `candidates` whose bytes overlap another candidate's (views
@@ -342,10 +345,8 @@ PyObject* run(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   std::vector<qlink_stream> streams;
   if (PyErr_Occurred() || !CurrentStreams(type, devices, &streams)) return nullptr;
   qlink_status status;
-  Py_BEGIN_ALLOW_THREADS
-  status = execute(plan, streams.data(), streams.size());
-  Py_END_ALLOW_THREADS
-  return PyLong_FromLong(status);
+  Py_BEGIN_ALLOW_THREADS status = execute(plan, streams.data(), streams.size());
+  Py_END_ALLOW_THREADS return PyLong_FromLong(status);
 }
 
 template <typename F>
@@ -363,8 +364,8 @@ PyMethodDef kMethods[] = {
     {nullptr, nullptr, 0, nullptr},
 };
 
-PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "qlink_torch", "qlink's torch side in C", -1, kMethods,
-                       nullptr, nullptr, nullptr, nullptr};
+PyModuleDef kModule = {
+    PyModuleDef_HEAD_INIT, "qlink_torch", "qlink's torch side in C", -1, kMethods, nullptr, nullptr, nullptr, nullptr};
 
 }  // namespace
 }  // namespace bridge

@@ -32,7 +32,7 @@ struct Shim {
   ShimError (*empty_strided)(int64_t, const int64_t*, const int64_t*, int32_t, int32_t, int32_t, Handle*);
   ShimError (*alloc_from_pool)(Handle, int64_t, int32_t, int64_t, const int64_t*, const int64_t*, Handle*);
   ShimError (*get_current_cuda_stream)(int32_t, void**);  // libtorch_cuda's; null without it
-  int32_t cpu, cuda, strided, uint8;  // device types, layout and dtype as this PyTorch numbers them
+  int32_t cpu, cuda, strided, uint8;                      // device types, layout and dtype as this PyTorch numbers them
 };
 
 // Looks the shim up in libtorch_cpu (and the current stream in libtorch_cuda, if given);

@@ -1,6 +1,7 @@
 """ctypes mirror of plugin_api/qlink.h (ABI 1.6). Keep in step with the header."""
 import ctypes
-from ctypes import POINTER, c_char, c_char_p, c_double, c_int32, c_size_t, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p
+from ctypes import (POINTER, c_char, c_char_p, c_double, c_int32, c_size_t, c_uint8, c_uint16, c_uint32, c_uint64,
+                    c_void_p)
 
 ABI_MAJOR = 1
 ABI_MINOR = 7
@@ -193,4 +194,3 @@ _TABLE = [
 class Api(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t), ("abi_major", c_uint32), ("abi_minor", c_uint32)] + [
         (name, _F(restype, *argtypes)) for name, restype, argtypes in _TABLE]
-

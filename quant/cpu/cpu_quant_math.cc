@@ -28,8 +28,8 @@ class CpuQuantMath final : public QuantMath {
   // product is rounded on its own before it is added, as GPTQModel's W -= E @ U: a BLAS may
   // accumulate the product into C term by term (the reference BLAS does), and with -1 and 1
   // the two roundings then differ from GPTQModel's on every library but OpenBLAS.
-  Status Gemm(int, Stream, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-              const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool) override {
+  Status Gemm(int, Stream, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
+              int64_t ldb, float beta, float* c, int64_t ldc, bool) override {
     if (m == 0 || n == 0) return Status::Ok();
     const int mm = Int(n), nn = Int(m), kk = Int(k), la = Int(ldb), lb = Int(lda);
     if (beta == 0.0f) {
@@ -114,8 +114,8 @@ class CpuQuantMath final : public QuantMath {
     return Status::Ok();
   }
 
-  Status StoreWeight(int, Stream, const float* w, int64_t rows, int64_t cols, const int32_t* position,
-                     DLDataType dtype, void* out) override {
+  Status StoreWeight(int, Stream, const float* w, int64_t rows, int64_t cols, const int32_t* position, DLDataType dtype,
+                     void* out) override {
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t c = 0; c < cols; ++c) StoreElement(out, dtype.code, dtype.bits, r * cols + c, w[r * cols + Col(position, c)]);
     }
@@ -130,8 +130,7 @@ class CpuQuantMath final : public QuantMath {
     return Status::Ok();
   }
 
-  Status ZeroColumns(int, Stream, float* w, int64_t rows, int64_t ld, const int32_t* columns,
-                     int64_t count) override {
+  Status ZeroColumns(int, Stream, float* w, int64_t rows, int64_t ld, const int32_t* columns, int64_t count) override {
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t i = 0; i < count; ++i) w[r * ld + columns[i]] = 0.0f;
     }

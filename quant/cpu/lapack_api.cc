@@ -55,10 +55,11 @@ Status LoadLapack(const Libraries& libraries, const LapackApi** out, LibraryRepo
   report->warning.clear();
   if (!fallback.empty()) report->warning = fallback + "; ";
   if (!fallback.empty() || a.implementation.empty()) {
-    report->warning += "the CPU GPTQ engine runs on " + report->loaded +
-                       (a.implementation.empty() ? ", likely the reference BLAS: many times slower than OpenBLAS" : "") +
-                       " (install libopenblas0-pthread, or name the libraries in config fields blas_library / "
-                       "solver_library)";
+    report->warning +=
+        "the CPU GPTQ engine runs on " + report->loaded +
+        (a.implementation.empty() ? ", likely the reference BLAS: many times slower than OpenBLAS" : "") +
+        " (install libopenblas0-pthread, or name the libraries in config fields blas_library / "
+        "solver_library)";
   }
   return Status::Ok();
 }

@@ -30,7 +30,7 @@ struct LapackApi {
   Ssyrk* ssyrk = nullptr;
   Spotrf* spotrf = nullptr;  // from the LAPACK library
   Spotri* spotri = nullptr;
-  std::string implementation;  // "OpenBLAS (config)", "MKL", "BLIS", or "" (not recognized)
+  std::string implementation;          // "OpenBLAS (config)", "MKL", "BLIS", or "" (not recognized)
   std::string blas_file, lapack_file;  // where sgemm_ and spotrf_ came from, symlinks resolved
 };
 

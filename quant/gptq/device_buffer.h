@@ -54,7 +54,9 @@ class DeviceBuffer {
   }
 
   template <typename T>
-  T* as() const { return block_ == nullptr ? nullptr : static_cast<T*>(block_->ptr); }
+  T* as() const {
+    return block_ == nullptr ? nullptr : static_cast<T*>(block_->ptr);
+  }
 
  private:
   void Reset() {

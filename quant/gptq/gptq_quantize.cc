@@ -70,8 +70,8 @@ struct Work {
   QuantMath* math;
   GptqOptions options;
   std::vector<Layer> layers;
-  std::vector<size_t> group_of;            // per layer
-  std::vector<size_t> group_first_layer;   // per group: its first layer, for messages
+  std::vector<size_t> group_of;           // per layer
+  std::vector<size_t> group_first_layer;  // per group: its first layer, for messages
   Assignment placement;
   const qlink_stream* streams;
   size_t num_streams;
@@ -119,12 +119,12 @@ Status RunDevice(Work& work, InverseBoard& board, int device, Workspace* workspa
       inverse = &it->second;
     }
     const Layer& layer = work.layers[part.layer];
-    RowsJob job{&layer, part.row_begin, part.row_end, device, stream,
-                StreamFor(layer.device, work.streams, work.num_streams)};
+    RowsJob job{&layer, part.row_begin, part.row_end,
+                device, stream,         StreamFor(layer.device, work.streams, work.num_streams)};
     std::vector<double> loss;
     const auto start = std::chrono::steady_clock::now();
-    QLINK_RETURN_IF_ERROR(
-        SolveRows(backend, *work.math, *inverse, job, work.options, [&] { return board.AllMade(); }, workspace, &loss));
+    QLINK_RETURN_IF_ERROR(SolveRows(
+        backend, *work.math, *inverse, job, work.options, [&] { return board.AllMade(); }, workspace, &loss));
     work.ctx->log().debug("gptq: rows {}..{} of {} on device {}: {:.2f} ms", part.row_begin, part.row_end, layer.name,
                           device, Milliseconds(start));
     std::copy(loss.begin(), loss.end(), work.row_loss[part.layer].begin() + part.row_begin);
@@ -140,7 +140,8 @@ Status GptqQuantize(Context& ctx, qlink_gptq_args* args) {
   QLINK_RETURN_IF_ERROR(CheckStructSize(args->struct_size, QLINK_GPTQ_ARGS_STRUCT_SIZE_1_4, "args", "1.4"));
   Work work{&ctx};
   QLINK_RETURN_IF_ERROR(ReadOptions(args->options, &work.options));
-  if (args->num_layers > 0 && args->layers == nullptr) return InvalidArgument("args->layers is NULL with num_layers > 0");
+  if (args->num_layers > 0 && args->layers == nullptr)
+    return InvalidArgument("args->layers is NULL with num_layers > 0");
   if (args->num_devices > 0 && args->devices == nullptr) {
     return InvalidArgument("args->devices is NULL with num_devices > 0");
   }
@@ -182,7 +183,8 @@ Status GptqQuantize(Context& ctx, qlink_gptq_args* args) {
   std::sort(involved.begin(), involved.end());
   involved.erase(std::unique(involved.begin(), involved.end()), involved.end());
   DeviceBackend& backend = ctx.backend();
-  for (int d : involved) QLINK_RETURN_IF_ERROR(backend.SynchronizeStream(d, StreamFor(d, args->streams, args->num_streams)));
+  for (int d : involved)
+    QLINK_RETURN_IF_ERROR(backend.SynchronizeStream(d, StreamFor(d, args->streams, args->num_streams)));
 
   std::vector<int> workers;
   for (const RowsPart& p : work.placement.parts) workers.push_back(p.device);
@@ -220,8 +222,8 @@ Status GptqQuantize(Context& ctx, qlink_gptq_args* args) {
     const HessianInverse& inverse = board.Get(work.group_of[i]);
     if (layer.g_idx != nullptr) {
       const std::vector<int32_t> g = GroupIndex(inverse, work.options);
-      QLINK_RETURN_IF_ERROR(backend.CopyFromHost(layer.device, MutableDataOf(*layer.g_idx), g.data(),
-                                                 sizeof(int32_t) * g.size()));
+      QLINK_RETURN_IF_ERROR(
+          backend.CopyFromHost(layer.device, MutableDataOf(*layer.g_idx), g.data(), sizeof(int32_t) * g.size()));
     }
     double sum = 0;
     for (double v : work.row_loss[i]) sum += v;
@@ -232,8 +234,9 @@ Status GptqQuantize(Context& ctx, qlink_gptq_args* args) {
   uint64_t peak = 0;
   for (const Workspace& u : workspaces) peak = std::max<uint64_t>(peak, u.peak.load());
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  ctx.log().info("gptq: {} layer(s), {} Hessian(s) on {} device(s) in {:.3f} s; peak workspace {:.1f} MiB on one device",
-                 work.layers.size(), hessians.size(), workers.size(), seconds, peak / 1048576.0);
+  ctx.log().info(
+      "gptq: {} layer(s), {} Hessian(s) on {} device(s) in {:.3f} s; peak workspace {:.1f} MiB on one device",
+      work.layers.size(), hessians.size(), workers.size(), seconds, peak / 1048576.0);
   return Status::Ok();
 }
 

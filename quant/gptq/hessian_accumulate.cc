@@ -62,8 +62,8 @@ Status AccumulateNarrow(Context& ctx, QuantMath& math, int device, Stream stream
     const int b = static_cast<int>(k % 2);
     const int64_t m = std::min(chunk, rows - r);
     if (k >= 2) QLINK_RETURN_IF_ERROR(joins.Wait(device, side.get(), consumed[b]));
-    QLINK_RETURN_IF_ERROR(math.ToFloat(device, side.get(), DataOf(x) + r * row_bytes, x.dtype, m * n,
-                                       staged[b].as<float>()));
+    QLINK_RETURN_IF_ERROR(
+        math.ToFloat(device, side.get(), DataOf(x) + r * row_bytes, x.dtype, m * n, staged[b].as<float>()));
     QLINK_RETURN_IF_ERROR(joins.Record(device, side.get(), &mark));
     QLINK_RETURN_IF_ERROR(joins.Wait(device, stream, mark));
     QLINK_RETURN_IF_ERROR(math.SyrkAccumulate(device, stream, staged[b].as<float>(), m, n, h));
@@ -93,9 +93,15 @@ Status PrecisionOf(const Context& ctx, const qlink_hessian_args& args, HessianPr
   const int32_t asked =
       args.struct_size >= QLINK_HESSIAN_ARGS_STRUCT_SIZE_1_6 ? args.precision : QLINK_HESSIAN_PRECISION_DEFAULT;
   switch (asked) {
-    case QLINK_HESSIAN_PRECISION_DEFAULT: *out = ctx.config().hessian_precision; return Status::Ok();
-    case QLINK_HESSIAN_PRECISION_IEEE_FP32: *out = HessianPrecision::kIeeeFp32; return Status::Ok();
-    case QLINK_HESSIAN_PRECISION_TENSOR: *out = HessianPrecision::kTensor; return Status::Ok();
+    case QLINK_HESSIAN_PRECISION_DEFAULT:
+      *out = ctx.config().hessian_precision;
+      return Status::Ok();
+    case QLINK_HESSIAN_PRECISION_IEEE_FP32:
+      *out = HessianPrecision::kIeeeFp32;
+      return Status::Ok();
+    case QLINK_HESSIAN_PRECISION_TENSOR:
+      *out = HessianPrecision::kTensor;
+      return Status::Ok();
     default:
       return InvalidArgument("args->precision = " + std::to_string(asked) +
                              " is not one of 0 (DEFAULT), 1 (IEEE_FP32), 2 (TENSOR)");
@@ -107,7 +113,8 @@ Status PrecisionOf(const Context& ctx, const qlink_hessian_args& args, HessianPr
 Status HessianAccumulate(Context& ctx, const qlink_hessian_args* args) {
   if (args == nullptr) return InvalidArgument("args is NULL");
   QLINK_RETURN_IF_ERROR(CheckStructSize(args->struct_size, QLINK_HESSIAN_ARGS_STRUCT_SIZE_1_4, "args", "1.4"));
-  if (args->num_inputs > 0 && args->inputs == nullptr) return InvalidArgument("args->inputs is NULL with num_inputs > 0");
+  if (args->num_inputs > 0 && args->inputs == nullptr)
+    return InvalidArgument("args->inputs is NULL with num_inputs > 0");
   if (args->num_partials > 0 && args->partials == nullptr) {
     return InvalidArgument("args->partials is NULL with num_partials > 0");
   }
@@ -164,8 +171,8 @@ Status HessianAccumulate(Context& ctx, const qlink_hessian_args* args) {
     const Stream stream = StreamFor(device, args->streams, args->num_streams);
     Workspace workspace(ctx.scratch(), device, stream);
     if (x.dtype.bits == 32) {
-      QLINK_RETURN_IF_ERROR(math->SyrkAccumulate(device, stream, reinterpret_cast<const float*>(DataOf(x)), rows[i],
-                                                 n, h));
+      QLINK_RETURN_IF_ERROR(
+          math->SyrkAccumulate(device, stream, reinterpret_cast<const float*>(DataOf(x)), rows[i], n, h));
       continue;
     }
     if (tensor) {

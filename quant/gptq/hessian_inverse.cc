@@ -25,7 +25,8 @@ std::vector<int32_t> GroupAwareOrder(const std::vector<float>& diag, int64_t gro
   }
   std::vector<int32_t> group_order(static_cast<size_t>(groups));
   std::iota(group_order.begin(), group_order.end(), 0);
-  std::stable_sort(group_order.begin(), group_order.end(), [&](int32_t a, int32_t b) { return largest[a] > largest[b]; });
+  std::stable_sort(group_order.begin(), group_order.end(),
+                   [&](int32_t a, int32_t b) { return largest[a] > largest[b]; });
   std::vector<int32_t> order;
   order.reserve(static_cast<size_t>(n));
   group_position->assign(static_cast<size_t>(groups), 0);

@@ -17,12 +17,12 @@ namespace quant {
 struct HessianInverse {
   int device = 0;
   int64_t n = 0;
-  DeviceBuffer u;               // n x n; its upper triangle is U
-  std::vector<int32_t> perm;      // working column -> original column; empty: identity
-  std::vector<int32_t> position;  // original column -> working column (perm's inverse); empty: identity
+  DeviceBuffer u;                       // n x n; its upper triangle is U
+  std::vector<int32_t> perm;            // working column -> original column; empty: identity
+  std::vector<int32_t> position;        // original column -> working column (perm's inverse); empty: identity
   std::vector<int32_t> group_position;  // group-aware order: original group -> working group
-  std::vector<int32_t> dead;    // working columns whose diagonal was zero
-  double damp = 0;              // the damp the factorizations succeeded with
+  std::vector<int32_t> dead;            // working columns whose diagonal was zero
+  double damp = 0;                      // the damp the factorizations succeeded with
 };
 
 // Computes the inverse of the n x n Hessian `h` (on `device`) into *out. A Hessian that

@@ -54,8 +54,7 @@ Status ReadOptions(const qlink_gptq_options* o, GptqOptions* out) {
   return Status::Ok();
 }
 
-Status ReadLayer(const Context& ctx, const qlink_gptq_layer& l, size_t index, const GptqOptions& options,
-                 Layer* out) {
+Status ReadLayer(const Context& ctx, const qlink_gptq_layer& l, size_t index, const GptqOptions& options, Layer* out) {
   const std::string at = "layers[" + std::to_string(index) + "]";
   QLINK_RETURN_IF_ERROR(CheckStructSize(l.struct_size, QLINK_GPTQ_LAYER_STRUCT_SIZE_1_4, at.c_str(), "1.4"));
   out->name = l.name != nullptr && l.name[0] != '\0' ? at + " '" + l.name + "'" : at;
@@ -64,13 +63,14 @@ Status ReadLayer(const Context& ctx, const qlink_gptq_layer& l, size_t index, co
   if (l.hessian == nullptr) return InvalidArgument(who + ": hessian is NULL");
   const DLTensor& w = *l.weight;
   uint64_t bytes = 0;
-  QLINK_RETURN_IF_ERROR(CheckTensor(w, who + ": weight", ctx.backend().device_type(), ctx.backend().device_count(),
-                                    &bytes));
+  QLINK_RETURN_IF_ERROR(
+      CheckTensor(w, who + ": weight", ctx.backend().device_type(), ctx.backend().device_count(), &bytes));
   if (w.ndim != 2 || w.shape[0] < 1 || w.shape[1] < 1) {
     return InvalidArgument(who + ": weight has shape " + ShapeText(w) + ", expected (rows, columns), both >= 1");
   }
   if (!IsFloatDtype(w.dtype)) {
-    return InvalidArgument(who + ": weight has dtype " + DtypeName(w.dtype) + ", expected float32, bfloat16 or float16");
+    return InvalidArgument(who + ": weight has dtype " + DtypeName(w.dtype) +
+                           ", expected float32, bfloat16 or float16");
   }
   out->device = w.device.device_id;
   out->rows = w.shape[0];
@@ -89,12 +89,12 @@ Status ReadLayer(const Context& ctx, const qlink_gptq_layer& l, size_t index, co
     if (t == nullptr) return Status::Ok();
     return CheckTensorOf(ctx, t, who + ": " + field, out->device, shape, ok, wanted);
   };
-  QLINK_RETURN_IF_ERROR(optional(l.codes, "codes", {rows, cols}, [](DLDataType t) { return Is(t, kDLUInt, 8); },
-                                 "uint8", &out->codes));
+  QLINK_RETURN_IF_ERROR(optional(
+      l.codes, "codes", {rows, cols}, [](DLDataType t) { return Is(t, kDLUInt, 8); }, "uint8", &out->codes));
   QLINK_RETURN_IF_ERROR(optional(l.scales, "scales", {rows, groups}, fp32, "float32", &out->scales));
   QLINK_RETURN_IF_ERROR(optional(l.zeros, "zeros", {rows, groups}, fp32, "float32", &out->zeros));
-  QLINK_RETURN_IF_ERROR(optional(l.g_idx, "g_idx", {cols}, [](DLDataType t) { return Is(t, kDLInt, 32); }, "int32",
-                                 &out->g_idx));
+  QLINK_RETURN_IF_ERROR(optional(
+      l.g_idx, "g_idx", {cols}, [](DLDataType t) { return Is(t, kDLInt, 32); }, "int32", &out->g_idx));
   QLINK_RETURN_IF_ERROR(optional(l.dequantized, "dequantized", {rows, cols}, IsFloatDtype,
                                  "float32, bfloat16 or float16", &out->dequantized));
   out->weight = l.weight;

@@ -82,8 +82,7 @@ Status SolveRows(DeviceBackend& backend, QuantMath& math, const HessianInverse& 
   }
 
   if (layer.codes != nullptr) QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, rows * cols, &codes));
-  QLINK_RETURN_IF_ERROR(
-      DeviceBuffer::Make(*workspace, sizeof(float) * rows * std::min(cols, kBlockColumns), &err));
+  QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, sizeof(float) * rows * std::min(cols, kBlockColumns), &err));
   QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, sizeof(double) * rows, &loss));
   QLINK_RETURN_IF_ERROR(backend.Memset(device, loss.as<void>(), 0, sizeof(double) * rows, s));
   const float* u = inverse.u.as<float>();

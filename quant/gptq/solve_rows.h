@@ -15,8 +15,8 @@ namespace quant {
 struct RowsJob {
   const Layer* layer = nullptr;
   int64_t row_begin = 0, row_end = 0;
-  int device = 0;            // where the rows are solved
-  Stream stream = nullptr;   // of `device`
+  int device = 0;               // where the rows are solved
+  Stream stream = nullptr;      // of `device`
   Stream out_stream = nullptr;  // of the layer's device, for the outputs' copies
 };
 

@@ -39,7 +39,7 @@ struct DeviceState {
   LinalgApi::Handle blas = nullptr, solver = nullptr;
   float* work = nullptr;  // solver workspace, grown on demand
   int work_floats = 0;
-  int* info = nullptr;    // the solver's device-side status
+  int* info = nullptr;  // the solver's device-side status
 };
 
 class GpuQuantMath final : public QuantMath {
@@ -73,8 +73,8 @@ class GpuQuantMath final : public QuantMath {
     QLINK_RETURN_IF_ERROR(Blas(*st, stream, tf32));
     // Row-major C = A B is column-major C^T = B^T A^T: the operands swap.
     return CheckBlas(api_.Sgemm(st->blas, api_.op_n, api_.op_n, Int(n), Int(m), Int(k), &alpha, b, Int(ldb), a,
-                               Int(lda), &beta, c, Int(ldc)),
-                    api_.names.sgemm);
+                                Int(lda), &beta, c, Int(ldc)),
+                     api_.names.sgemm);
   }
 
   // The lower triangle of h (column-major) += A A^T for A = x^T (n x rows, column-major),
@@ -91,14 +91,14 @@ class GpuQuantMath final : public QuantMath {
     const int64_t p = n / 2, q = n - p;
     auto syrk = [&](int64_t first, int64_t size) {
       return CheckBlas(api_.Ssyrk(st->blas, api_.fill_lower, api_.op_n, Int(size), Int(rows), &one, x + first, Int(n),
-                                 &one, h + first * n + first, Int(n)),
-                      api_.names.ssyrk);
+                                  &one, h + first * n + first, Int(n)),
+                       api_.names.ssyrk);
     };
     if (p == 0) return syrk(0, n);
     QLINK_RETURN_IF_ERROR(syrk(0, p));
     QLINK_RETURN_IF_ERROR(CheckBlas(api_.Sgemm(st->blas, api_.op_n, api_.op_t, Int(q), Int(p), Int(rows), &one, x + p,
-                                              Int(n), x, Int(n), &one, h + p, Int(n)),
-                                   api_.names.sgemm));
+                                               Int(n), x, Int(n), &one, h + p, Int(n)),
+                                    api_.names.sgemm));
     return syrk(p, q);
   }
 
@@ -120,11 +120,11 @@ class GpuQuantMath final : public QuantMath {
     const auto* x16 = static_cast<const uint16_t*>(x);
     // h[first_row.., first_col..] (count_rows x count_cols, column-major) += x[:, rows]^T x[:, cols].
     auto gemm = [&](int64_t first_row, int64_t count_rows, int64_t first_col, int64_t count_cols) {
-      return CheckBlas(api_.GemmEx(st->blas, api_.op_n, api_.op_t, Int(count_rows), Int(count_cols), Int(rows), &one,
-                                  x16 + first_row, type, Int(n), x16 + first_col, type, Int(n), &one,
-                                  h + first_col * n + first_row, api_.r_32f, Int(n), api_.compute_32f,
-                                  api_.gemm_default),
-                      api_.names.gemm_ex);
+      return CheckBlas(
+          api_.GemmEx(st->blas, api_.op_n, api_.op_t, Int(count_rows), Int(count_cols), Int(rows), &one,
+                      x16 + first_row, type, Int(n), x16 + first_col, type, Int(n), &one, h + first_col * n + first_row,
+                      api_.r_32f, Int(n), api_.compute_32f, api_.gemm_default),
+          api_.names.gemm_ex);
     };
     const int64_t p = n / 2, q = n - p;
     if (p == 0) return gemm(0, n, 0, n);
@@ -140,7 +140,8 @@ class GpuQuantMath final : public QuantMath {
     const int uplo = lower ? api_.fill_lower : api_.fill_upper;
     int lwork = 0;
     QLINK_RETURN_IF_ERROR(Solver(*st, stream));
-    QLINK_RETURN_IF_ERROR(CheckSolver(api_.SpotrfBufferSize(st->solver, uplo, Int(n), a, Int(n), &lwork), api_.names.potrf_size));
+    QLINK_RETURN_IF_ERROR(
+        CheckSolver(api_.SpotrfBufferSize(st->solver, uplo, Int(n), a, Int(n), &lwork), api_.names.potrf_size));
     QLINK_RETURN_IF_ERROR(Work(*st, lwork));
     QLINK_RETURN_IF_ERROR(
         CheckSolver(api_.Spotrf(st->solver, uplo, Int(n), a, Int(n), st->work, lwork, st->info), api_.names.potrf));
@@ -193,8 +194,8 @@ class GpuQuantMath final : public QuantMath {
     return Check(gpu::LaunchStoreWeight(w, rows, cols, position, dtype, out, S(stream)), "store-weight kernel");
   }
 
-  Status StoreCodes(int device, Stream stream, const uint8_t* codes, int64_t rows, int64_t cols, const int32_t* position,
-                    uint8_t* out) override {
+  Status StoreCodes(int device, Stream stream, const uint8_t* codes, int64_t rows, int64_t cols,
+                    const int32_t* position, uint8_t* out) override {
     QLINK_RETURN_IF_ERROR(Activate(device));
     return Check(gpu::LaunchStoreCodes(codes, rows, cols, position, out, S(stream)), "store-codes kernel");
   }
@@ -227,7 +228,8 @@ class GpuQuantMath final : public QuantMath {
  private:
   // The device's state with its handles made, `device` current.
   Status Acquire(int device, DeviceState** out) {
-    if (device < 0 || static_cast<size_t>(device) >= states_.size()) return Internal("quant: no device " + std::to_string(device));
+    if (device < 0 || static_cast<size_t>(device) >= states_.size())
+      return Internal("quant: no device " + std::to_string(device));
     QLINK_RETURN_IF_ERROR(Activate(device));
     DeviceState& st = states_[device];
     std::lock_guard<std::mutex> lock(st.mu);

@@ -24,8 +24,8 @@ constexpr int kRangeTeamsPerBlock = kThreads / kRangeTeam;
 // flight. A lane's columns come in quads, so U's row reaches it four values to a read.
 constexpr int kTeam = 8;
 constexpr int kQuad = 4;
-constexpr int kSlots = kBlockColumns / kTeam;      // columns per lane
-constexpr int kQuadsPerLane = kSlots / kQuad;      // quad m of lane l: 32 m + 4 l .. + 3
+constexpr int kSlots = kBlockColumns / kTeam;  // columns per lane
+constexpr int kQuadsPerLane = kSlots / kQuad;  // quad m of lane l: 32 m + 4 l .. + 3
 constexpr int kLoopThreads = 256;
 constexpr int kLoopRows = kLoopThreads / kTeam;
 
@@ -39,14 +39,15 @@ unsigned Blocks(int64_t work, int64_t per_block = kThreads) {
   return static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>((work + per_block - 1) / per_block, 1), 65535));
 }
 
-#define QLINK_GRID_STRIDE(i, n) \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+#define QLINK_GRID_STRIDE(i, n)                                                          \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += int64_t(gridDim.x) * blockDim.x)
 
 // Element (r, c) of a rows x cols matrix for each thread of a 2-D launch (Grid2D): no
 // division per element.
-#define QLINK_ROWS_COLS(r, c, rows, cols)                                                          \
-  for (int64_t r = blockIdx.y; r < (rows); r += gridDim.y)                                         \
-    for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < (cols);      \
+#define QLINK_ROWS_COLS(r, c, rows, cols)                                                     \
+  for (int64_t r = blockIdx.y; r < (rows); r += gridDim.y)                                    \
+    for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < (cols); \
          c += int64_t(gridDim.x) * blockDim.x)
 
 dim3 Grid2D(int64_t rows, int64_t cols) {
@@ -54,9 +55,7 @@ dim3 Grid2D(int64_t rows, int64_t cols) {
               static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(rows, 1), 65535)));
 }
 
-__global__ void DiagonalKernel(const float* h, int64_t n, float* out) {
-  QLINK_GRID_STRIDE(i, n) out[i] = h[i * n + i];
-}
+__global__ void DiagonalKernel(const float* h, int64_t n, float* out) { QLINK_GRID_STRIDE(i, n) out[i] = h[i * n + i]; }
 
 // Column-major H[p][:, p]: row j of `out` is column j.
 __global__ void PrepareHessianKernel(const float* h, int64_t n, const int32_t* perm, float diag_add, float* out) {
@@ -67,9 +66,7 @@ __global__ void PrepareHessianKernel(const float* h, int64_t n, const int32_t* p
   }
 }
 
-__global__ void IdentityKernel(float* a, int64_t n) {
-  QLINK_ROWS_COLS(r, c, n, n) a[r * n + c] = r == c ? 1.0f : 0.0f;
-}
+__global__ void IdentityKernel(float* a, int64_t n) { QLINK_ROWS_COLS(r, c, n, n) a[r * n + c] = r == c ? 1.0f : 0.0f; }
 
 // Row-major view M[r][c] = a[r * n + c]. Column-major lower_to_upper fills M's lower
 // triangle (r > c) from its upper one; the reverse fills the upper. 32 x 32 tiles through
@@ -172,7 +169,8 @@ __global__ void __launch_bounds__(kLoopThreads) QuantizeBlockKernel(const BlockA
     }
     shared[k] = v;
   }
-  for (int j = threadIdx.x; j < kBlockColumns; j += blockDim.x) group[j] = j < a.count ? a.column_group[a.first + j] : 0;
+  for (int j = threadIdx.x; j < kBlockColumns; j += blockDim.x)
+    group[j] = j < a.count ? a.column_group[a.first + j] : 0;
   __syncthreads();
   const int lane = threadIdx.x % kTeam;
   const int64_t r = blockIdx.x * static_cast<int64_t>(kLoopRows) + threadIdx.x / kTeam;
@@ -232,7 +230,8 @@ __global__ void __launch_bounds__(kLoopThreads) QuantizeBlockKernel(const BlockA
     if (!active || c >= a.count) continue;
     row[c] = w[k];
     a.err[r * a.count + c] = err[k];
-    if (a.codes != nullptr) a.codes[r * a.ld + a.first + c] = static_cast<uint8_t>(levels[k / kQuad] >> (8 * (k % kQuad)));
+    if (a.codes != nullptr)
+      a.codes[r * a.ld + a.first + c] = static_cast<uint8_t>(levels[k / kQuad] >> (8 * (k % kQuad)));
     loss += static_cast<double>(err[k]) * err[k];
   }
   for (int mask = kTeam / 2; mask > 0; mask /= 2) loss += TeamXor(loss, mask, kTeam);  // a fixed tree

@@ -103,10 +103,10 @@ QLINK_HD uint16_t FloatToHalf(float f) {
   __builtin_memcpy(&u, &f, 4);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);           // NaN
-  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);          // overflow to inf
-  if (abs < 0x38800000u) {                                                       // subnormal or zero
-    if (abs < 0x33000000u) return sign;                                         // below half the smallest
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow to inf
+  if (abs < 0x38800000u) {                                               // subnormal or zero
+    if (abs < 0x33000000u) return sign;                                  // below half the smallest
     const uint32_t exp = abs >> 23, man = (abs & 0x7fffffu) | 0x800000u;
     const uint32_t shift = 126u - exp;  // 14..24
     uint32_t half = man >> shift;

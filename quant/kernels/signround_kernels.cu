@@ -189,9 +189,15 @@ unsigned Blocks(int64_t groups) { return static_cast<unsigned>((groups + kGroups
 gpuError_t LaunchSignRoundForward(const SignRoundConfig& c, const SignRoundLayer& l, gpuStream_t stream) {
   const bool vec = Vectorizable(l, c.weight);
   switch (c.weight) {
-    case Fmt::kF32: ForwardKernel<Fmt::kF32><<<Blocks(l.groups()), kThreads, 0, stream>>>(c, l, vec); break;
-    case Fmt::kBf16: ForwardKernel<Fmt::kBf16><<<Blocks(l.groups()), kThreads, 0, stream>>>(c, l, vec); break;
-    case Fmt::kF16: ForwardKernel<Fmt::kF16><<<Blocks(l.groups()), kThreads, 0, stream>>>(c, l, vec); break;
+    case Fmt::kF32:
+      ForwardKernel<Fmt::kF32><<<Blocks(l.groups()), kThreads, 0, stream>>>(c, l, vec);
+      break;
+    case Fmt::kBf16:
+      ForwardKernel<Fmt::kBf16><<<Blocks(l.groups()), kThreads, 0, stream>>>(c, l, vec);
+      break;
+    case Fmt::kF16:
+      ForwardKernel<Fmt::kF16><<<Blocks(l.groups()), kThreads, 0, stream>>>(c, l, vec);
+      break;
   }
   return gpuGetLastError();
 }
@@ -199,9 +205,15 @@ gpuError_t LaunchSignRoundForward(const SignRoundConfig& c, const SignRoundLayer
 gpuError_t LaunchSignRoundBackward(const SignRoundConfig& c, const SignRoundLayer& l, gpuStream_t stream) {
   const bool vec = Vectorizable(l, c.weight);
   switch (c.weight) {
-    case Fmt::kF32: BackwardKernel<Fmt::kF32><<<Blocks(l.groups()), kThreads, 0, stream>>>(c, l, vec); break;
-    case Fmt::kBf16: BackwardKernel<Fmt::kBf16><<<Blocks(l.groups()), kThreads, 0, stream>>>(c, l, vec); break;
-    case Fmt::kF16: BackwardKernel<Fmt::kF16><<<Blocks(l.groups()), kThreads, 0, stream>>>(c, l, vec); break;
+    case Fmt::kF32:
+      BackwardKernel<Fmt::kF32><<<Blocks(l.groups()), kThreads, 0, stream>>>(c, l, vec);
+      break;
+    case Fmt::kBf16:
+      BackwardKernel<Fmt::kBf16><<<Blocks(l.groups()), kThreads, 0, stream>>>(c, l, vec);
+      break;
+    case Fmt::kF16:
+      BackwardKernel<Fmt::kF16><<<Blocks(l.groups()), kThreads, 0, stream>>>(c, l, vec);
+      break;
   }
   return gpuGetLastError();
 }

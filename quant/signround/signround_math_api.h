@@ -21,13 +21,13 @@ namespace quant {
 struct SignRoundLayer {
   const void* weight = nullptr;
   int64_t rows = 0, cols = 0, group_len = 0;
-  const float* v = nullptr;           // rows x cols, the rounding offsets
-  float* min_scale = nullptr;         // groups; the forward clamps both to [0, 1] in place
-  float* max_scale = nullptr;         //   (WrapperLinear's minmax_scale_bound)
-  void* qdq = nullptr;                // forward: rows x cols, the weight's format
-  const void* grad_qdq = nullptr;     // backward: the gradient of qdq, the weight's format
-  float* grad_v = nullptr;            // backward: rows x cols
-  float* grad_min_scale = nullptr;    // backward: groups
+  const float* v = nullptr;         // rows x cols, the rounding offsets
+  float* min_scale = nullptr;       // groups; the forward clamps both to [0, 1] in place
+  float* max_scale = nullptr;       //   (WrapperLinear's minmax_scale_bound)
+  void* qdq = nullptr;              // forward: rows x cols, the weight's format
+  const void* grad_qdq = nullptr;   // backward: the gradient of qdq, the weight's format
+  float* grad_v = nullptr;          // backward: rows x cols
+  float* grad_min_scale = nullptr;  // backward: groups
   float* grad_max_scale = nullptr;
   QLINK_HD int64_t groups() const { return rows * cols / group_len; }
 };
@@ -38,18 +38,18 @@ struct SignSgdTensor {
   const float* grad = nullptr;
   float* best = nullptr;  // where param is copied first when the loss improved; NULL: none
   int64_t count = 0;
-  int32_t lr_group = 0;   // its learning rate: lrs[lr_group]
+  int32_t lr_group = 0;  // its learning rate: lrs[lr_group]
 };
 
 struct SignSgdStep {
   const SignSgdTensor* tensors = nullptr;  // host memory
   size_t num_tensors = 0;
-  float* lrs = nullptr;        // device: the groups' learning rates, fp32
+  float* lrs = nullptr;  // device: the groups' learning rates, fp32
   size_t num_lrs = 0;
-  int64_t* epoch = nullptr;    // device: LinearLR's last_epoch; NULL: no schedule
-  int64_t total_iters = 0;     // LinearLR's total_iters
-  const float* loss = nullptr; // device: this iteration's loss; NULL: no best-parameter keeping
-  float* best_loss = nullptr;  // device: the lowest loss so far, lowered to `loss` when it improved
+  int64_t* epoch = nullptr;     // device: LinearLR's last_epoch; NULL: no schedule
+  int64_t total_iters = 0;      // LinearLR's total_iters
+  const float* loss = nullptr;  // device: this iteration's loss; NULL: no best-parameter keeping
+  float* best_loss = nullptr;   // device: the lowest loss so far, lowered to `loss` when it improved
 };
 
 class SignRoundMath {

@@ -16,12 +16,12 @@
 
 static int failures = 0;
 
-#define CHECK(cond, what)                                    \
-  do {                                                       \
-    if (!(cond)) {                                           \
+#define CHECK(cond, what)                                        \
+  do {                                                           \
+    if (!(cond)) {                                               \
       fprintf(stderr, "FAILED: %s (line %d)\n", what, __LINE__); \
-      ++failures;                                            \
-    }                                                        \
+      ++failures;                                                \
+    }                                                            \
   } while (0)
 
 static const char* runfile(const char* name, char* buf, size_t cap) {

@@ -19,11 +19,11 @@ namespace {
 // "i" integer or enum, "f" floating point, "p" pointer, "a" array, "s" struct; then the size.
 template <typename T>
 std::string Kind() {
-  const char* kind = std::is_array<T>::value             ? "a"
-                     : std::is_floating_point<T>::value  ? "f"
-                     : std::is_pointer<T>::value         ? "p"
-                     : std::is_class<T>::value           ? "s"
-                                                         : "i";
+  const char* kind = std::is_array<T>::value            ? "a"
+                     : std::is_floating_point<T>::value ? "f"
+                     : std::is_pointer<T>::value        ? "p"
+                     : std::is_class<T>::value          ? "s"
+                                                        : "i";
   return std::string("[\"") + kind + "\", " + std::to_string(sizeof(T)) + "]";
 }
 
@@ -48,8 +48,8 @@ class Structs {
     first_field_ = true;
   }
   void Field(const char* name, size_t offset, const std::string& kind) {
-    out_ += std::string(first_field_ ? "" : ", ") + "[" + Quoted(name) + ", " + std::to_string(offset) + ", " + kind +
-            "]";
+    out_ +=
+        std::string(first_field_ ? "" : ", ") + "[" + Quoted(name) + ", " + std::to_string(offset) + ", " + kind + "]";
     first_field_ = false;
   }
   std::string Done() {
@@ -241,7 +241,7 @@ int main() {
 
   // Slots in table order, each with its offset and signature.
   std::vector<std::string> slots;
-#define SLOT(name)                                                                                           \
+#define SLOT(name)                                                                                \
   slots.push_back("[" + Quoted(#name) + ", " + std::to_string(offsetof(qlink_api, name)) + ", " + \
                   Signature(static_cast<decltype(qlink_api::name)>(nullptr)) + "]")
   SLOT(last_error);

@@ -5,8 +5,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 RUNFILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 sys.path.insert(0, os.path.join(RUNFILES, "tools"))
 import check_deps  # noqa: E402

@@ -41,9 +41,12 @@ struct Leaf {
 
 int64_t Dim(FuzzedDataProvider& in) {
   switch (in.ConsumeIntegralInRange<int>(0, 7)) {
-    case 0: return -in.ConsumeIntegralInRange<int64_t>(1, INT64_MAX);
-    case 1: return in.ConsumeIntegralInRange<int64_t>(int64_t{1} << 32, INT64_MAX);
-    default: return in.ConsumeIntegralInRange<int64_t>(0, 16);
+    case 0:
+      return -in.ConsumeIntegralInRange<int64_t>(1, INT64_MAX);
+    case 1:
+      return in.ConsumeIntegralInRange<int64_t>(int64_t{1} << 32, INT64_MAX);
+    default:
+      return in.ConsumeIntegralInRange<int64_t>(0, 16);
   }
 }
 
@@ -139,8 +142,12 @@ void FuzzCopy(FuzzedDataProvider& in) {
   Bind(dst, &destinations);
   std::vector<qlink_stream> streams(in.ConsumeIntegralInRange<size_t>(0, 3));
   for (auto& s : streams) s = qlink_stream{Device(in), nullptr};
-  qlink_copy_args args{QLINK_COPY_ARGS_STRUCT_SIZE, in.ConsumeIntegralInRange<int>(0, 31) ? sources.data() : nullptr,
-                       destinations.data(), n, streams.data(), streams.size()};
+  qlink_copy_args args{QLINK_COPY_ARGS_STRUCT_SIZE,
+                       in.ConsumeIntegralInRange<int>(0, 31) ? sources.data() : nullptr,
+                       destinations.data(),
+                       n,
+                       streams.data(),
+                       streams.size()};
   if (in.ConsumeIntegralInRange<int>(0, 31) == 0) args.struct_size = in.ConsumeIntegral<uint8_t>();
 
   std::memcpy(before, arena, kArenaBytes);

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include <boost/dll/shared_library.hpp>
 #include <gtest/gtest.h>
+#include <boost/dll/shared_library.hpp>
 
 #include "plugin_api/qlink.h"
 #include "tests/host/runfiles.h"

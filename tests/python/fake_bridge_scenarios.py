@@ -128,7 +128,8 @@ plugin = ctx.bridge_plugin()
 
 def scenario_describe():
     leaves = [tensor(0, FLOAT32, [3, 5]), tensor(2, BFLOAT16, [7]), tensor(0, INT64, [4], device_type=CPU),
-              tensor(1, FLOAT32, [4, 2], strides=[1, 4]), tensor(3, UINT8, [0]), tensor(0, FLOAT32, [2], device_type=OTHER)]
+              tensor(1, FLOAT32, [4, 2], strides=[1, 4]), tensor(3, UINT8, [0]),
+              tensor(0, FLOAT32, [2], device_type=OTHER)]
     r = records(leaves)
     assert list(r["device"]) == [0, 2, -1, 1, 3, -2], r
     assert list(r["nbytes"]) == [60, 14, 32, 32, 0, 8], r

@@ -44,8 +44,7 @@ int cusolverDnSpotrf(void* handle, int uplo, int n, float* a, int lda, float* wo
   return Forward<int(void*, int, int, float*, int, float*, int, int*)>("cusolverDnSpotrf", handle, uplo, n, a, lda,
                                                                        work, lwork, info);
 }
-int cusolverDnSpotrs(void* handle, int uplo, int n, int nrhs, const float* a, int lda, float* b, int ldb,
-                     int* info) {
+int cusolverDnSpotrs(void* handle, int uplo, int n, int nrhs, const float* a, int lda, float* b, int ldb, int* info) {
   return Forward<int(void*, int, int, int, const float*, int, float*, int, int*)>("cusolverDnSpotrs", handle, uplo, n,
                                                                                   nrhs, a, lda, b, ldb, info);
 }

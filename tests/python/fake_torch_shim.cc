@@ -142,8 +142,8 @@ int32_t aoti_torch_empty_strided(int64_t ndim, const int64_t* sizes, const int64
               strides);
   return 0;
 }
-int32_t aoti_torch__alloc_from_pool(void* pool, int64_t offset_bytes, int32_t dtype, int64_t ndim,
-                                    const int64_t* sizes, const int64_t* strides, void** out) {
+int32_t aoti_torch__alloc_from_pool(void* pool, int64_t offset_bytes, int32_t dtype, int64_t ndim, const int64_t* sizes,
+                                    const int64_t* strides, void** out) {
   const Impl& p = Of(pool);
   if (p.offset != 0 || ElementSize(dtype) == 0 || offset_bytes % ElementSize(dtype) != 0) return 1;
   *out = Make(p.storage, offset_bytes / ElementSize(dtype), dtype, p.device_type, p.device_index, ndim, sizes, strides);

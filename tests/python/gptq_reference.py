@@ -101,7 +101,8 @@ def reference_gptq(weight, hessian, bits=4, group_size=128, sym=True, desc_act=F
         scales, zeros = [s for s, _ in statics], [z for _, z in statics]
     if not scales:
         scales, zeros = [scale], [zero]
-    return (levels.to(torch.uint8), torch.cat(scales, 1), torch.cat(zeros, 1), g_idx, Q, losses.double().sum().item(), damp)
+    return (levels.to(torch.uint8), torch.cat(scales, 1), torch.cat(zeros, 1), g_idx, Q, losses.double().sum().item(),
+            damp)
 
 
 def torch_linalg_files():

@@ -110,7 +110,8 @@ def test_reader_sees_a_producer_still_running_on_the_source_stream(ctx):
 @two_gpus
 def test_refused_batch_writes_nothing_on_the_gpu(ctx):
     sources = [torch.ones(1024, device="cuda:0") for _ in range(3)]
-    targets = [torch.zeros(1024, device="cuda:1"), torch.zeros(1024, device="cuda:1"), torch.zeros(512, device="cuda:1")]
+    targets = [torch.zeros(1024, device="cuda:1"), torch.zeros(1024, device="cuda:1"),
+               torch.zeros(512, device="cuda:1")]
     with pytest.raises(qlink.InvalidArgumentError, match=r"destinations\[2\] has 2048 bytes but sources\[2\] has 4096"):
         qlink.peer_copy_batch(sources, targets)
     torch.cuda.synchronize()

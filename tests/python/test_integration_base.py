@@ -36,8 +36,8 @@ def _install(adapter, ctx, strict=False):
 
 
 # A host method install() replaces, per integration: (its class, its name).
-PATCHED = {gptqmodel: ("gptqmodel.quantization.gptq:GPTQ", "quantize"), autoround: (autoround.HOST.names[0],
-                                                                                     "quantize_block")}
+PATCHED = {gptqmodel: ("gptqmodel.quantization.gptq:GPTQ", "quantize"),
+           autoround: (autoround.HOST.names[0], "quantize_block")}
 
 
 def _owner(adapter):

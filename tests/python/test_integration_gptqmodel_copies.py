@@ -149,7 +149,8 @@ def test_the_loops_host_batches_go_to_the_gpu_through_kept_twins(gpu_host):
     with torch.no_grad():
         want = [layer(x[0].cuda(), [k["scale"][0].cuda()], k["mask"].cuda()) for x, k in zip(inputs, kwargs)]
         for _ in range(3):  # three passes over the same cache: one twin per host leaf, reused after
-            outputs = run(module=layer, layer_inputs=inputs, layer_input_kwargs=kwargs, devices=[torch.device("cuda:0")])
+            outputs = run(module=layer, layer_inputs=inputs, layer_input_kwargs=kwargs,
+                          devices=[torch.device("cuda:0")])
             torch.cuda.synchronize()
             assert all(torch.equal(o, w) for o, w in zip(outputs, want))
     counts = adapter.staging_counters()

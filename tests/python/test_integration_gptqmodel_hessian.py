@@ -36,8 +36,9 @@ class Layer(torch.nn.Module):
     def __init__(self, dtype):
         super().__init__()
         torch.manual_seed(0)
-        shapes = dict(q_proj=(HIDDEN, HIDDEN), k_proj=(HIDDEN, HIDDEN), v_proj=(HIDDEN, HIDDEN), o_proj=(HIDDEN, HIDDEN),
-                      gate_proj=(HIDDEN, INTER), up_proj=(HIDDEN, INTER), down_proj=(INTER, HIDDEN))
+        shapes = dict(q_proj=(HIDDEN, HIDDEN), k_proj=(HIDDEN, HIDDEN), v_proj=(HIDDEN, HIDDEN),
+                      o_proj=(HIDDEN, HIDDEN), gate_proj=(HIDDEN, INTER), up_proj=(HIDDEN, INTER),
+                      down_proj=(INTER, HIDDEN))
         for name, (i, o) in shapes.items():
             setattr(self, name, torch.nn.Linear(i, o, bias=False, dtype=dtype))
 

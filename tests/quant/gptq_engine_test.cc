@@ -18,8 +18,8 @@
 
 namespace {
 
-using ::testing::HasSubstr;
 using qlink_test::Plugin;
+using ::testing::HasSubstr;
 
 // A host-memory 2-D tensor of the CPU backend's virtual device `device`.
 struct Matrix {
@@ -39,13 +39,26 @@ constexpr DLDataType kF32{kDLFloat, 32, 1}, kU8{kDLUInt, 8, 1}, kI32{kDLInt, 32,
 // One layer's tensors: weight and Hessian in, every output.
 struct LayerData {
   LayerData(int64_t rows, int64_t cols, int64_t groups, int device)
-      : weight(rows, cols, kF32, device), codes(rows, cols, kU8, device), scales(rows, groups, kF32, device),
-        zeros(rows, groups, kF32, device), g_idx(cols, 0, kI32, device), dequantized(rows, cols, kF32, device) {}
+      : weight(rows, cols, kF32, device),
+        codes(rows, cols, kU8, device),
+        scales(rows, groups, kF32, device),
+        zeros(rows, groups, kF32, device),
+        g_idx(cols, 0, kI32, device),
+        dequantized(rows, cols, kF32, device) {}
   Matrix weight, codes, scales, zeros, g_idx, dequantized;
   // name: borrowed, as the ABI takes it.
   qlink_gptq_layer spec(const char* name, const Matrix& hessian) {
-    return {QLINK_GPTQ_LAYER_STRUCT_SIZE, name, &weight.dl, &hessian.dl, &codes.dl, &scales.dl,
-            &zeros.dl, &g_idx.dl, &dequantized.dl, 0, 0};
+    return {QLINK_GPTQ_LAYER_STRUCT_SIZE,
+            name,
+            &weight.dl,
+            &hessian.dl,
+            &codes.dl,
+            &scales.dl,
+            &zeros.dl,
+            &g_idx.dl,
+            &dequantized.dl,
+            0,
+            0};
   }
   std::vector<uint8_t> outputs() const {
     std::vector<uint8_t> all;
@@ -89,8 +102,8 @@ class Gptq : public ::testing::Test {
  protected:
   Gptq() : plugin_(Loaded()), api_(plugin_.api()) {}
   qlink_context* Make(int devices) {
-    contexts_.emplace_back(plugin_, R"({"backend": "cpu", "log_level": "off", "cpu_devices": )" +
-                                        std::to_string(devices) + "}");
+    contexts_.emplace_back(plugin_,
+                           R"({"backend": "cpu", "log_level": "off", "cpu_devices": )" + std::to_string(devices) + "}");
     EXPECT_EQ(contexts_.back().status(), QLINK_OK) << api_.last_error();
     return contexts_.back().get();
   }
@@ -110,9 +123,12 @@ struct Block {
       hessians.emplace_back(cols, cols, kF32, device);
       FillHessian(&hessians.back(), cols, gen);
     }
-    const struct { const char* name; int64_t rows; size_t h; } shapes[] = {
-        {"q_proj", 64, 0}, {"k_proj", 64, 0}, {"v_proj", 64, 0}, {"o_proj", 64, 1},
-        {"gate_proj", 160, 2}, {"up_proj", 160, 2}, {"down_proj", 64, 3}};
+    const struct {
+      const char* name;
+      int64_t rows;
+      size_t h;
+    } shapes[] = {{"q_proj", 64, 0},     {"k_proj", 64, 0},   {"v_proj", 64, 0},   {"o_proj", 64, 1},
+                  {"gate_proj", 160, 2}, {"up_proj", 160, 2}, {"down_proj", 64, 3}};
     for (const auto& s : shapes) {
       const int64_t cols = hessians[s.h].shape[0];
       layers.emplace_back(s.rows, cols, cols / 32, device);
@@ -145,8 +161,8 @@ TEST_F(Gptq, ResultsAreBitIdenticalAcrossWorldsOneToEight) {
     const int order = world % 3;
     qlink_gptq_options o = Options(4, 32, order == 1);
     o.act_group_aware = order == 2;
-    qlink_gptq_args args{QLINK_GPTQ_ARGS_STRUCT_SIZE, &o, specs.data(), specs.size(), devices.data(),
-                         devices.size(), nullptr, 0};
+    qlink_gptq_args args{
+        QLINK_GPTQ_ARGS_STRUCT_SIZE, &o, specs.data(), specs.size(), devices.data(), devices.size(), nullptr, 0};
     ASSERT_EQ(api_.gptq_quantize(ctx, &args), QLINK_OK) << "world " << world << ": " << api_.last_error();
     auto [it, fresh] = first.try_emplace(order);
     for (size_t i = 0; i < block.layers.size(); ++i) {
@@ -208,8 +224,8 @@ TEST_F(Gptq, MergedHessianIsBitIdenticalForEveryArrivalOrder) {
     Matrix out(cols, cols, kF32, 0);
     std::vector<DLTensor> listed;
     for (int d : order) listed.push_back(partials[d].dl);
-    const qlink_reduce_args merge{QLINK_REDUCE_ARGS_STRUCT_SIZE, listed.data(), 3, &out.dl, 2.0 / (3 * rows + 3),
-                                  nullptr, 0};
+    const qlink_reduce_args merge{QLINK_REDUCE_ARGS_STRUCT_SIZE, listed.data(), 3, &out.dl,
+                                  2.0 / (3 * rows + 3),          nullptr,       0};
     ASSERT_EQ(api_.reduce(ctx, &merge), QLINK_OK) << api_.last_error();
     if (first.empty()) first = out.bytes;
     EXPECT_EQ(out.bytes, first) << "arrival order " << order[0] << order[1] << order[2];
@@ -286,9 +302,9 @@ TEST_F(Gptq, RefusalsNameTheArgumentAndWriteNothing) {
 TEST_F(Gptq, OptionsOfTheOneFourSizeReadNoGroupAwareOrder) {
   qlink_context* ctx = Make(1);
   std::vector<std::vector<uint8_t>> outputs;
-  for (auto [size, group_aware] : {std::pair{QLINK_GPTQ_OPTIONS_STRUCT_SIZE, 0},
-                                   std::pair{QLINK_GPTQ_OPTIONS_STRUCT_SIZE_1_4, 1},
-                                   std::pair{QLINK_GPTQ_OPTIONS_STRUCT_SIZE, 1}}) {
+  for (auto [size, group_aware] :
+       {std::pair{QLINK_GPTQ_OPTIONS_STRUCT_SIZE, 0}, std::pair{QLINK_GPTQ_OPTIONS_STRUCT_SIZE_1_4, 1},
+        std::pair{QLINK_GPTQ_OPTIONS_STRUCT_SIZE, 1}}) {
     Block block;
     auto specs = block.specs();
     qlink_gptq_options o = Options();
@@ -345,8 +361,7 @@ TEST_F(Gptq, ConcurrentCallsFromManyThreads) {
   Block reference;
   auto ref_specs = reference.specs();
   const qlink_gptq_options o = Options();
-  qlink_gptq_args ref_args{QLINK_GPTQ_ARGS_STRUCT_SIZE, &o, ref_specs.data(), ref_specs.size(), nullptr, 0,
-                           nullptr, 0};
+  qlink_gptq_args ref_args{QLINK_GPTQ_ARGS_STRUCT_SIZE, &o, ref_specs.data(), ref_specs.size(), nullptr, 0, nullptr, 0};
   ASSERT_EQ(api_.gptq_quantize(ctx, &ref_args), QLINK_OK) << api_.last_error();
   std::vector<std::thread> threads;
   std::vector<int> ok(4, 0);
@@ -358,7 +373,8 @@ TEST_F(Gptq, ConcurrentCallsFromManyThreads) {
       qlink_gptq_args args{QLINK_GPTQ_ARGS_STRUCT_SIZE, &o, specs.data(), specs.size(), devices, 2, nullptr, 0};
       if (api_.gptq_quantize(ctx, &args) != QLINK_OK) return;
       bool same = true;
-      for (size_t i = 0; i < block.layers.size(); ++i) same = same && block.layers[i].outputs() == reference.layers[i].outputs();
+      for (size_t i = 0; i < block.layers.size(); ++i)
+        same = same && block.layers[i].outputs() == reference.layers[i].outputs();
       ok[t] = same ? 1 : 0;
     });
   }

@@ -24,8 +24,8 @@ struct ReferenceResult {
   at::Tensor codes;   // uint8 (rows, cols)
   at::Tensor scales;  // (rows, groups)
   at::Tensor zeros;
-  at::Tensor g_idx;   // int32 (cols)
-  at::Tensor weight;  // dequantized fp32
+  at::Tensor g_idx;     // int32 (cols)
+  at::Tensor weight;    // dequantized fp32
   double loss_sum = 0;  // sum of (w - q)^2 / d^2 / 2
   double damp = 0;
 };

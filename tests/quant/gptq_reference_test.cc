@@ -80,9 +80,9 @@ struct Combo {
 
 std::string Name(const Combo& c) {
   char s[96];
-  std::snprintf(s, sizeof(s), "bits%d_g%s%d_%s%s%s%s", c.bits, c.group_size < 0 ? "minus" : "",
-                std::abs(c.group_size), c.sym ? "sym" : "asym", c.desc_act ? "_descact" : "",
-                c.static_groups ? "_static" : "", c.act_group_aware ? "_groupaware" : "");
+  std::snprintf(s, sizeof(s), "bits%d_g%s%d_%s%s%s%s", c.bits, c.group_size < 0 ? "minus" : "", std::abs(c.group_size),
+                c.sym ? "sym" : "asym", c.desc_act ? "_descact" : "", c.static_groups ? "_static" : "",
+                c.act_group_aware ? "_groupaware" : "");
   return s;
 }
 

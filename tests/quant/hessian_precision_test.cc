@@ -16,8 +16,8 @@
 
 namespace {
 
-using ::testing::HasSubstr;
 using qlink_test::Plugin;
+using ::testing::HasSubstr;
 
 constexpr DLDataType kF32{kDLFloat, 32, 1}, kBF16{kDLBfloat, 16, 1}, kF16{kDLFloat, 16, 1};
 
@@ -50,7 +50,7 @@ void FillActivations(Matrix* x, uint32_t seed) {
       }
       // bf16: the top half (truncated; any 16-bit value will do). fp16: from a small value's bits.
       const uint16_t h = x->dl.dtype.code == kDLBfloat ? static_cast<uint16_t>(f >> 16)
-                                                      : static_cast<uint16_t>(0x3000 + (f >> 19) % 0x2000);
+                                                       : static_cast<uint16_t>(0x3000 + (f >> 19) % 0x2000);
       std::memcpy(&x->bytes[2 * i], &h, 2);
     }
   }

@@ -32,21 +32,45 @@ std::string Text(const std::vector<RowsPart>& parts) {
 TEST(PlaceTest, Table) {
   const std::vector<Case> cases = {
       {"no devices: each layer and its inverse on its weight's device",
-       {{48, 128, 0, 2}, {128, 256, 1, 3}}, 2, {}, {2, 3}, {{0, 0, 48, 2}, {1, 0, 128, 3}}},
+       {{48, 128, 0, 2}, {128, 256, 1, 3}},
+       2,
+       {},
+       {2, 3},
+       {{0, 0, 48, 2}, {1, 0, 128, 3}}},
       {"one device takes everything, its largest part first",
-       {{48, 128, 0, 0}, {128, 256, 1, 0}}, 2, {5}, {5, 5}, {{1, 0, 128, 5}, {0, 0, 48, 5}}},
+       {{48, 128, 0, 0}, {128, 256, 1, 0}},
+       2,
+       {5},
+       {5, 5},
+       {{1, 0, 128, 5}, {0, 0, 48, 5}}},
       // Loads: the inverse (n^3) on device 0 first, so the first layer goes to the idle device.
       {"two equal layers sharing a Hessian on two devices: one each, the inverse's device taking the second",
-       {{64, 128, 0, 0}, {64, 128, 0, 0}}, 1, {0, 1}, {0}, {{1, 0, 64, 0}, {0, 0, 64, 1}}},
+       {{64, 128, 0, 0}, {64, 128, 0, 0}},
+       1,
+       {0, 1},
+       {0},
+       {{1, 0, 64, 0}, {0, 0, 64, 1}}},
       {"one layer over three devices: its rows split, the remainder on the first share, which avoids the "
        "inverse's device",
-       {{10, 64, 0, 0}}, 1, {0, 1, 2}, {0}, {{0, 7, 10, 0}, {0, 0, 4, 1}, {0, 4, 7, 2}}},
+       {{10, 64, 0, 0}},
+       1,
+       {0, 1, 2},
+       {0},
+       {{0, 7, 10, 0}, {0, 0, 4, 1}, {0, 4, 7, 2}}},
       {"more devices than rows: one share per row, the inverse's device taking none",
-       {{2, 64, 0, 0}}, 1, {0, 1, 2}, {0}, {{0, 0, 1, 1}, {0, 1, 2, 2}}},
+       {{2, 64, 0, 0}},
+       1,
+       {0, 1, 2},
+       {0},
+       {{0, 0, 1, 1}, {0, 1, 2, 2}}},
       // Inverses 256^3 on 0 and 128^3 on 1; layers 2.1M and 0.5M: load balance (17.2M / 4.2M)
       // beats keeping each layer beside its inverse (18.8M / 2.6M).
       {"two Hessians on two devices: the costlier inverse first, the costlier layer on the less loaded device",
-       {{64, 256, 0, 0}, {64, 128, 1, 0}}, 2, {0, 1}, {0, 1}, {{1, 0, 64, 0}, {0, 0, 64, 1}}},
+       {{64, 256, 0, 0}, {64, 128, 1, 0}},
+       2,
+       {0, 1},
+       {0, 1},
+       {{1, 0, 64, 0}, {0, 0, 64, 1}}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

@@ -78,8 +78,8 @@ def collect(config, library):
                            for d in devices]
         info["peers"] = [{"src": s, "dst": d, "state": st.state, "reason": st.reason}
                          for (s, d), st in sorted(matrix.items())]
-    info["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None),
-                     "cuda_available": torch.cuda.is_available(),
+    info["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda,
+                     "hip": getattr(torch.version, "hip", None), "cuda_available": torch.cuda.is_available(),
                      "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
                      "bridge": _bridge.get() is not None, "driver": _driver_version()}
     info["hosts"] = {}
@@ -97,8 +97,8 @@ def _gib(n):
 
 def text(info):
     q, b, t = info["qlink"], info["backend"], info["torch"]
-    out = ["qlink %s (package speaks C ABI %s, library provides %s)" % (q["version"], q["package_abi"],
-                                                                         q["library_abi"]),
+    out = ["qlink %s (package speaks C ABI %s, library provides %s)" %
+           (q["version"], q["package_abi"], q["library_abi"]),
            "  package: %s" % q["package"], "  library: %s" % q["library"],
            "  backend libraries: %s" % ", ".join(q["backend_libraries"]),
            "backend: %s (%s)" % (b["chosen"], b["why"])]
@@ -120,7 +120,7 @@ def text(info):
                                        info["python"]["platform"]))
     for name, h in info["hosts"].items():
         out.append("%s: %s" % (name, "%s %s importable; qlink run installs into it" % (h["package"], h["version"] or "")
-                                if h["importable"] else "%s not importable; qlink run would skip it" % h["package"]))
+                               if h["importable"] else "%s not importable; qlink run would skip it" % h["package"]))
     return "\n".join(out)
 
 

@@ -146,8 +146,8 @@ class _Installation(Installation):
             (type(q) is not self.host.SignRoundQuantizer, "a SignRoundQuantizer subclass (%s)" % type(q).__name__),
             (not isinstance(active_inputs, list), "calibration inputs that are not a list of tensors (diffusion)"),
             (bool(q.enable_alg_ext) and str(q.scheme.data_type).endswith("dq"), "enable_alg_ext on a dq data type"),
-            (bool(q.enable_lfq) and input_ids is not None and last_block, "enable_lfq (an lm_head loss) on the last "
-                                                                         "block"),
+            (bool(q.enable_lfq) and input_ids is not None and last_block,
+             "enable_lfq (an lm_head loss) on the last block"),
             (q.lr_scheduler is not None, "a custom lr_scheduler (bound to one optimizer)"),
             (bool(getattr(q.config, "is_act_nv_fp", False)), "NVFP activation quantization"),
             (torch.distributed.is_available() and torch.distributed.is_initialized(),

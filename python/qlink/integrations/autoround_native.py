@@ -116,8 +116,8 @@ def check(host, block, device):
         if m.bits not in BITS:
             raise InvalidLayer("layer %r: bits = %r is not one of 2, 3, 4, 8" % (name, m.bits))
         group_size = m.group_size
-        if not isinstance(group_size, int) or not (group_size == -1 or (group_size > 0 and
-                                                                       w.shape[1] % group_size == 0)):
+        if not isinstance(group_size, int) or not (group_size == -1 or
+                                                   (group_size > 0 and w.shape[1] % group_size == 0)):
             raise InvalidLayer("layer %r: group_size %r does not divide the weight's %d columns" % (
                 name, group_size, w.shape[1]))
         scale_dtype = _scale_dtype(name, m)

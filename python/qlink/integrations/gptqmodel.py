@@ -55,8 +55,8 @@ HOST = HostSpec("GPTQModel", "gptqmodel", "gptqmodel.version", "7.3", "f4c327a",
     "gptqmodel.quantization.quantizer:Quantizer.requires_groupwise_processing",
     "gptqmodel.quantization.quantizer:Quantizer.perchannel", "gptqmodel.utils.fallback:should_use_fallback",
 ] + [_GPTQ + name for name in (
-    "quantize", "add_batch", "materialize_global_hessian", "finalize_hessian", "_select_hessian_target_device", "lock", "H",
-    "nsamples", "columns", "name", "qcfg", "module", "quantizer", "module_copy", "fallback", "expected_nsamples",
+    "quantize", "add_batch", "materialize_global_hessian", "finalize_hessian", "_select_hessian_target_device", "lock",
+    "H", "nsamples", "columns", "name", "qcfg", "module", "quantizer", "module_copy", "fallback", "expected_nsamples",
     "_tp_pad_cols", "fwd_counter", "_device_hessian_partials", "_device_sample_counts", "_hessian_dirty",
     "_final_hessian_device_hint")])
 

@@ -18,8 +18,7 @@ DEFAULTS = dict(bits=4, group_size=128, sym=True, desc_act=False, static_groups=
 @dataclasses.dataclass
 class GPTQResult:
     codes: torch.Tensor   # uint8 (rows, columns): levels in [0, 2^bits)
-    scales: torch.Tensor  # fp32 (rows, groups), groups in the order the columns were visited
-                          # (act_group_aware: in the groups' own order)
+    scales: torch.Tensor  # fp32 (rows, groups), in the order the columns were visited (act_group_aware: the groups')
     zeros: torch.Tensor   # fp32 (rows, groups), integer values
     g_idx: torch.Tensor   # int32 (columns): each column's group
     weight: torch.Tensor  # dequantized, the weight's dtype

@@ -7,7 +7,7 @@ import torch
 
 from ..defaults import default_context
 from ..streams import current_streams
-from ..plan import power_of_two_at_most as _power_of_two_at_most, resolve_plan
+from ..plan import resolve_plan
 
 
 def parallel_devices(parallel, devices, iters, batch_size, home=None):
@@ -52,8 +52,8 @@ class Placement:
     def copy(self, sources, targets, source_ranks, target_ranks):
         """targets[i].copy_(sources[i]) between ranks, through qlink."""
         self.ctx.copy(sources, targets, [self.ids[r] for r in source_ranks], [self.ids[r] for r in target_ranks],
-                      streams=None if self.cpu else current_streams(self.ctx, {self.ids[r] for r in
-                                                                              source_ranks + target_ranks}))
+                      streams=None if self.cpu else current_streams(
+                          self.ctx, {self.ids[r] for r in source_ranks + target_ranks}))
 
     def run(self, fn):
         """fn(rank) on every rank at once, each in its own thread with its device current;

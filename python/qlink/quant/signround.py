@@ -23,8 +23,9 @@ import torch
 
 from .. import collectives
 from ..p2p import default_context, move_nested_to_device
+from ..plan import power_of_two_at_most
 from .gptq import _streams
-from .placement import _power_of_two_at_most, shard_sizes
+from .placement import shard_sizes
 
 try:
     from torch.func import functional_call
@@ -227,7 +228,7 @@ def sign_round(block, inputs, placement, iters=200, lr=None, bits=4, group_size=
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1, got %d" % batch_size)
     if batch_size < placement.world:  # every replica needs a sample: demote, as AutoRound does
-        placement = placement.subset(_power_of_two_at_most(batch_size))
+        placement = placement.subset(power_of_two_at_most(batch_size))
     world = placement.world
     dev = placement.torch_devices
     layers = _linears(block)
@@ -243,12 +244,14 @@ def sign_round(block, inputs, placement, iters=200, lr=None, bits=4, group_size=
     else:
         blocks = [block] + collectives.mirror_module(block, dev[1:], ctx=placement.ctx)
         xs = [inputs] + [move_nested_to_device(inputs, dev[r], ctx=placement.ctx) for r in range(1, world)]
+
     def reference(r):  # full-precision outputs, computed once (no_grad is per thread)
         with torch.no_grad():
             return blocks[r](xs[r])
     targets = placement.run(reference)
 
     counts = {name: shard_sizes(m.out_features, world) for name, m in layers}
+
     def owned(r):
         rows = []
         for name, m in _linears(blocks[r]):

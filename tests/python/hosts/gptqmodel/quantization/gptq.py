@@ -83,7 +83,8 @@ class GPTQ:
         damp = self.qcfg.damp_percent
         H += damp * torch.mean(torch.diag(H)) * torch.eye(self.columns)
         Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
-        Q, losses, scales, zeros = torch.zeros_like(W), torch.zeros_like(W), [s for s, _ in static], [z for _, z in static]
+        Q, losses = torch.zeros_like(W), torch.zeros_like(W)
+        scales, zeros = [s for s, _ in static], [z for _, z in static]
         for i1 in range(0, self.columns, blocksize):
             i2 = min(i1 + blocksize, self.columns)
             W1, Err1 = W[:, i1:i2].clone(), torch.zeros(self.rows, i2 - i1)

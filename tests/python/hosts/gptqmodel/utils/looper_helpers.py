@@ -7,6 +7,7 @@ import torch
 
 from .model import move_to, nested_move_to
 
+
 def clear_non_picklable_state(module):
     return []
 
