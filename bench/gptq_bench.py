@@ -126,13 +126,14 @@ def main():
             gm_ms = speed = same = loss_ratio = "-"
             if solve_gm is not None:
                 (gq, gs, gz, gg, gloss, gdamp), t_gm = median_s(lambda: solve_gm(w, h, desc_act, gar, TOKENS),
-                                                             max(1, a.reps // 2))
+                                                                max(1, a.reps // 2))
                 gm_ms, speed = "%.1f" % (t_gm * 1e3), "%.1fx" % (t_gm / t_q)
                 same = "%.4f %%" % (100 * (q.codes == codes_of(gq, gs, gz, gg)).float().mean().item())
                 loss_ratio = "%.5f" % (q.loss / gloss)
             py_ms = "-"
             if python_engine is not None and order == "as given":
-                _, t_py = median_s(lambda: python_engine.gptq_quantize(w, h, bits=4, group_size=128), max(1, a.reps // 2))
+                _, t_py = median_s(lambda: python_engine.gptq_quantize(w, h, bits=4, group_size=128),
+                                   max(1, a.reps // 2))
                 py_ms = "%.1f" % (t_py * 1e3)
             say("| %s %d x %d | %s | **%.1f** | %s | %s | %s | %s | %s | %.0f MiB |" % (
                 name, rows, h.shape[0], order, t_q * 1e3, gm_ms, speed, py_ms, same, loss_ratio, mem.peak / 2**20))

@@ -1,4 +1,4 @@
-"""ctypes mirror of plugin_api/qlink.h (ABI 1.6). Keep in step with the header."""
+"""ctypes mirror of plugin_api/qlink.h (ABI 1.7). Keep in step with the header."""
 import ctypes
 from ctypes import (POINTER, c_char, c_char_p, c_double, c_int32, c_size_t, c_uint8, c_uint16, c_uint32, c_uint64,
                     c_void_p)

@@ -109,7 +109,8 @@ class CpuQuantMath final : public QuantMath {
   Status LoadWeight(int, Stream, const void* w, DLDataType dtype, int64_t rows, int64_t cols, const int32_t* perm,
                     float* out) override {
     for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = LoadElement(w, dtype.code, dtype.bits, r * cols + Col(perm, c));
+      for (int64_t c = 0; c < cols; ++c)
+        out[r * cols + c] = LoadElement(w, dtype.code, dtype.bits, r * cols + Col(perm, c));
     }
     return Status::Ok();
   }
@@ -117,7 +118,8 @@ class CpuQuantMath final : public QuantMath {
   Status StoreWeight(int, Stream, const float* w, int64_t rows, int64_t cols, const int32_t* position, DLDataType dtype,
                      void* out) override {
     for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < cols; ++c) StoreElement(out, dtype.code, dtype.bits, r * cols + c, w[r * cols + Col(position, c)]);
+      for (int64_t c = 0; c < cols; ++c)
+        StoreElement(out, dtype.code, dtype.bits, r * cols + c, w[r * cols + Col(position, c)]);
     }
     return Status::Ok();
   }

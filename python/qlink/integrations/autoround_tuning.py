@@ -272,9 +272,9 @@ def tune_block(quantizer, host, ctx, placement, mirrors, exchange_op, transport,
             reps.check_identical(i)
 
     last_loss, best_iter = (total_loss, q.iters) if q.not_use_best_mse else (best_loss, last_best_iter)
-    finish_block(host, q, block, best_params, quantized_names, unquantized_names,
-                 " on %d replicas, loss iter 0: %.6f -> iter %d: %.6f" % (placement.world, init_loss, best_iter,
-                                                                         last_loss))
+    summary = " on %d replicas, loss iter 0: %.6f -> iter %d: %.6f" % (
+        placement.world, init_loss, best_iter, last_loss)
+    finish_block(host, q, block, best_params, quantized_names, unquantized_names, summary)
     return best_params
 
 
