@@ -6,7 +6,7 @@
 #include "core/all_reduce_algorithms.h"
 #include "core/collective_buffers.h"
 #include "core/collectives.h"
-#include "core/copy_plan.h"
+#include "core/stream_list.h"
 #include "core/tensor_check.h"
 
 namespace qlink {

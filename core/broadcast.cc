@@ -5,6 +5,7 @@
 
 #include "core/collectives.h"
 #include "core/copy_plan.h"
+#include "core/stream_list.h"
 #include "core/tensor_check.h"
 
 namespace qlink {

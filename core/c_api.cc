@@ -7,6 +7,7 @@
 
 #include "core/entry_point.h"
 #include "core/link_probe.h"
+#include "core/stream_list.h"
 #include "plugin_api/qlink.h"
 #include "quant/gptq/gptq_quantize.h"
 #include "quant/gptq/hessian_accumulate.h"

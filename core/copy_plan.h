@@ -34,10 +34,4 @@ class CopyPlan {
   uint32_t flags_ = 0;               // qlink_copy_flags
 };
 
-// Checks a host-supplied stream list against the context's devices.
-Status CheckStreams(const Context& ctx, const qlink_stream* streams, size_t num_streams);
-
-// The stream listed for `device`, else its default stream.
-Stream StreamFor(int device, const qlink_stream* streams, size_t num_streams);
-
 }  // namespace qlink

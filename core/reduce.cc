@@ -6,8 +6,8 @@
 
 #include "core/collective_buffers.h"
 #include "core/collectives.h"
-#include "core/copy_plan.h"
 #include "core/stream_joins.h"
+#include "core/stream_list.h"
 #include "core/tensor_check.h"
 
 namespace qlink {

@@ -12,7 +12,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "core/copy_plan.h"
+#include "core/stream_list.h"
 #include "core/tensor_check.h"
 #include "quant/gptq/engine_math.h"
 #include "quant/gptq/placement.h"

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "core/copy_plan.h"
 #include "core/stream_joins.h"
+#include "core/stream_list.h"
 #include "core/tensor_check.h"
 #include "quant/gptq/device_buffer.h"
 #include "quant/gptq/engine_math.h"

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "core/copy_plan.h"
+#include "core/stream_list.h"
 #include "quant/signround/signround_math_api.h"
 #include "quant/tensor_args.h"
 
