@@ -14,6 +14,17 @@ std::string DtypeName(DLDataType t) {
 
 bool Is(DLDataType t, uint8_t code, uint8_t bits) { return t.code == code && t.bits == bits && t.lanes == 1; }
 
+Status CheckBitsAndGroupSize(int32_t bits, int64_t group_size) {
+  if (bits != 2 && bits != 3 && bits != 4 && bits != 8) {
+    return InvalidArgument("options->bits = " + std::to_string(bits) + " is not one of 2, 3, 4, 8");
+  }
+  if (group_size != -1 && group_size < 1) {
+    return InvalidArgument("options->group_size = " + std::to_string(group_size) +
+                           " is neither -1 (one group per row) nor positive");
+  }
+  return Status::Ok();
+}
+
 std::string ShapeText(const int64_t* extents, size_t count) {
   std::string s = "(";
   for (size_t d = 0; d < count; ++d) s += (d > 0 ? ", " : "") + std::to_string(extents[d]);

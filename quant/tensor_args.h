@@ -17,6 +17,10 @@ std::string DtypeName(DLDataType t);
 
 bool Is(DLDataType t, uint8_t code, uint8_t bits);
 
+// The options both engines share: bits 2, 3, 4 or 8, and a group size of -1 (one group
+// per row) or a positive one, refused naming options->bits / options->group_size.
+Status CheckBitsAndGroupSize(int32_t bits, int64_t group_size);
+
 // Extents as Python writes a shape tuple: (a, b), or (a,) for one.
 std::string ShapeText(const int64_t* extents, size_t count);
 std::string ShapeText(const DLTensor& t);

@@ -13,13 +13,7 @@ bool IsFloatDtype(DLDataType t) { return Is(t, kDLFloat, 32) || Is(t, kDLBfloat,
 Status ReadOptions(const qlink_gptq_options* o, GptqOptions* out) {
   if (o == nullptr) return InvalidArgument("args->options is NULL");
   QLINK_RETURN_IF_ERROR(CheckStructSize(o->struct_size, QLINK_GPTQ_OPTIONS_STRUCT_SIZE_1_4, "options", "1.4"));
-  if (o->bits != 2 && o->bits != 3 && o->bits != 4 && o->bits != 8) {
-    return InvalidArgument("options->bits = " + std::to_string(o->bits) + " is not one of 2, 3, 4, 8");
-  }
-  if (o->group_size != -1 && o->group_size < 1) {
-    return InvalidArgument("options->group_size = " + std::to_string(o->group_size) +
-                           " is neither -1 (one group per row) nor positive");
-  }
+  QLINK_RETURN_IF_ERROR(CheckBitsAndGroupSize(o->bits, o->group_size));
   if (o->static_groups && o->group_size == -1) {
     return InvalidArgument("options->static_groups needs a group_size, got -1");
   }

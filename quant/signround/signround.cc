@@ -32,13 +32,7 @@ struct Options {
 Status ReadOptions(const qlink_signround_options* o, Options* out) {
   if (o == nullptr) return InvalidArgument("args->options is NULL");
   QLINK_RETURN_IF_ERROR(CheckStructSize(o->struct_size, QLINK_SIGNROUND_OPTIONS_STRUCT_SIZE_1_7, "options", "1.7"));
-  if (o->bits != 2 && o->bits != 3 && o->bits != 4 && o->bits != 8) {
-    return InvalidArgument("options->bits = " + std::to_string(o->bits) + " is not one of 2, 3, 4, 8");
-  }
-  if (o->group_size != -1 && o->group_size < 1) {
-    return InvalidArgument("options->group_size = " + std::to_string(o->group_size) +
-                           " is neither -1 (one group per row) nor positive");
-  }
+  QLINK_RETURN_IF_ERROR(CheckBitsAndGroupSize(o->bits, o->group_size));
   if (!FmtOf(o->scale_dtype, &out->config.scale)) {
     return InvalidArgument("options->scale_dtype is " + DtypeName(o->scale_dtype) +
                            ", expected float16, bfloat16 or float32");
