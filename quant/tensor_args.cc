@@ -25,6 +25,21 @@ Status CheckBitsAndGroupSize(int32_t bits, int64_t group_size) {
   return Status::Ok();
 }
 
+std::string LayerName(size_t index, const char* name) {
+  const std::string at = "layers[" + std::to_string(index) + "]";
+  return name != nullptr && name[0] != '\0' ? at + " '" + name + "'" : at;
+}
+
+Status CheckWeightMatrix(const Context& ctx, const DLTensor& w, const std::string& who) {
+  uint64_t bytes = 0;
+  QLINK_RETURN_IF_ERROR(
+      CheckTensor(w, who + ": weight", ctx.backend().device_type(), ctx.backend().device_count(), &bytes));
+  if (w.ndim != 2 || w.shape[0] < 1 || w.shape[1] < 1) {
+    return InvalidArgument(who + ": weight has shape " + ShapeText(w) + ", expected (rows, columns), both >= 1");
+  }
+  return Status::Ok();
+}
+
 std::string ShapeText(const int64_t* extents, size_t count) {
   std::string s = "(";
   for (size_t d = 0; d < count; ++d) s += (d > 0 ? ", " : "") + std::to_string(extents[d]);

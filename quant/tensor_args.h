@@ -21,6 +21,13 @@ bool Is(DLDataType t, uint8_t code, uint8_t bits);
 // per row) or a positive one, refused naming options->bits / options->group_size.
 Status CheckBitsAndGroupSize(int32_t bits, int64_t group_size);
 
+// How refusals name layer `index` of a call: "layers[2]", or "layers[2] 'q_proj'" when it
+// has a name.
+std::string LayerName(size_t index, const char* name);
+
+// A layer's weight: a tensor of the context, 2-D with both extents >= 1.
+Status CheckWeightMatrix(const Context& ctx, const DLTensor& w, const std::string& who);
+
 // Extents as Python writes a shape tuple: (a, b), or (a,) for one.
 std::string ShapeText(const int64_t* extents, size_t count);
 std::string ShapeText(const DLTensor& t);

@@ -51,17 +51,12 @@ Status ReadOptions(const qlink_gptq_options* o, GptqOptions* out) {
 Status ReadLayer(const Context& ctx, const qlink_gptq_layer& l, size_t index, const GptqOptions& options, Layer* out) {
   const std::string at = "layers[" + std::to_string(index) + "]";
   QLINK_RETURN_IF_ERROR(CheckStructSize(l.struct_size, QLINK_GPTQ_LAYER_STRUCT_SIZE_1_4, at.c_str(), "1.4"));
-  out->name = l.name != nullptr && l.name[0] != '\0' ? at + " '" + l.name + "'" : at;
+  out->name = LayerName(index, l.name);
   const std::string& who = out->name;
   if (l.weight == nullptr) return InvalidArgument(who + ": weight is NULL");
   if (l.hessian == nullptr) return InvalidArgument(who + ": hessian is NULL");
   const DLTensor& w = *l.weight;
-  uint64_t bytes = 0;
-  QLINK_RETURN_IF_ERROR(
-      CheckTensor(w, who + ": weight", ctx.backend().device_type(), ctx.backend().device_count(), &bytes));
-  if (w.ndim != 2 || w.shape[0] < 1 || w.shape[1] < 1) {
-    return InvalidArgument(who + ": weight has shape " + ShapeText(w) + ", expected (rows, columns), both >= 1");
-  }
+  QLINK_RETURN_IF_ERROR(CheckWeightMatrix(ctx, w, who));
   if (!IsFloatDtype(w.dtype)) {
     return InvalidArgument(who + ": weight has dtype " + DtypeName(w.dtype) +
                            ", expected float32, bfloat16 or float16");

@@ -59,15 +59,10 @@ Status ReadLayer(const Context& ctx, const qlink_signround_layer& l, size_t inde
                  SignRoundPass pass, Checked* out) {
   const std::string at = "layers[" + std::to_string(index) + "]";
   QLINK_RETURN_IF_ERROR(CheckStructSize(l.struct_size, QLINK_SIGNROUND_LAYER_STRUCT_SIZE_1_7, at.c_str(), "1.7"));
-  const std::string who = l.name != nullptr && l.name[0] != '\0' ? at + " '" + l.name + "'" : at;
+  const std::string who = LayerName(index, l.name);
   if (l.weight == nullptr) return InvalidArgument(who + ": weight is NULL");
   const DLTensor& w = *l.weight;
-  uint64_t bytes = 0;
-  QLINK_RETURN_IF_ERROR(
-      CheckTensor(w, who + ": weight", ctx.backend().device_type(), ctx.backend().device_count(), &bytes));
-  if (w.ndim != 2 || w.shape[0] < 1 || w.shape[1] < 1) {
-    return InvalidArgument(who + ": weight has shape " + ShapeText(w) + ", expected (rows, columns), both >= 1");
-  }
+  QLINK_RETURN_IF_ERROR(CheckWeightMatrix(ctx, w, who));
   out->config = options.config;
   if (!FmtOf(w.dtype, &out->config.weight)) {
     return InvalidArgument(who + ": weight has dtype " + DtypeName(w.dtype) +
