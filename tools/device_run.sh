@@ -15,7 +15,9 @@ lib=dist/libqlink.so
 for p in $parts; do
   echo "=== $p" >> "$log"
   case $p in
-    test) timeout 400 python3 -m pytest -q tests/python --qlink-library $lib -p no:cacheprovider 2>&1 | tail -15 >> "$log" ;;
+    test)  # the whole output kept, every failure named in the log
+      timeout 400 python3 -m pytest -q -rf tests/python --qlink-library $lib -p no:cacheprovider > "$out/pytest.txt" 2>&1
+      grep -E "^(FAILED|ERROR) |passed|failed" "$out/pytest.txt" | tail -n 30 >> "$log" ;;
     conf) dist/conformance_test --backend="$PWD/dist/libqlink_backend_cuda.so" 2>&1 | tail -3 >> "$log" ;;
     stress) TEST_SRCDIR="$PWD/dist/rf" dist/stress_test --config='{"backend": "cuda"}' 2>&1 | tail -3 >> "$log" ;;
     over) dist/abi_overhead $lib >> "$log" 2>&1 ;;

@@ -27,7 +27,7 @@ run() {  # name, timeout, command...
 for part in $parts; do
   case $part in
     pytest)
-      run pytest 200 python3 -m pytest -q -p no:cacheprovider ../../tests/python --qlink-library ../../python/qlink/lib/libqlink.so ;;
+      run pytest 200 python3 -m pytest -q -rf -p no:cacheprovider ../../tests/python --qlink-library ../../python/qlink/lib/libqlink.so ;;
     plan)
       run plan 60 python3 -m qlink plan --parallel auto --iters 200 --batch-size 8 --config '{"backend": "cuda"}'
       run plan2 60 python3 -m qlink plan --parallel 2 --iters 200 --batch-size 8 --config '{"backend": "cuda"}' ;;
