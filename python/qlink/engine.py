@@ -35,6 +35,21 @@ def _described(records, fields):
     return array, addresses
 
 
+def _layer_specs(layers, fields, spec_type):
+    """The ABI layer structs (spec_type) of `layers` (dicts of `fields` by name, an optional
+    "name" and "device"), each sized and named, its tensor fields pointing into the
+    returned TensorArray. Keep the whole (array, names, specs) alive for the call."""
+    array, addresses = _described(layers, fields)
+    specs = (spec_type * max(len(layers), 1))()
+    names = [str(layer.get("name") or "").encode() for layer in layers]
+    for i, spec in enumerate(specs[:len(layers)]):
+        spec.struct_size = ctypes.sizeof(spec_type)
+        spec.name = names[i] or None
+        for field, address in zip(fields, addresses[i]):
+            setattr(spec, field, address)
+    return array, names, specs
+
+
 class EngineCalls:
     """The native engine; part of Context."""
 
@@ -59,14 +74,7 @@ class EngineCalls:
         None), an optional "name" and "device" (qlink device id where the tensors do not say);
         options: the qlink_gptq_options fields by name. devices: where the solve may run (None:
         each layer on its own device). Writes the outputs; returns (loss, damp) per layer."""
-        array, addresses = _described(layers, _GPTQ_TENSORS)
-        specs = (_abi.GptqLayer * max(len(layers), 1))()
-        names = [str(layer.get("name") or "").encode() for layer in layers]
-        for i, spec in enumerate(specs[:len(layers)]):
-            spec.struct_size = ctypes.sizeof(_abi.GptqLayer)
-            spec.name = names[i] or None
-            for field, address in zip(_GPTQ_TENSORS, addresses[i]):
-                setattr(spec, field, address)
+        array, names, specs = _layer_specs(layers, _GPTQ_TENSORS, _abi.GptqLayer)
         o = _abi.GptqOptions(ctypes.sizeof(_abi.GptqOptions), **options)
         device_list = [int(d) for d in devices or []]
         device_array = (ctypes.c_int32 * max(len(device_list), 1))(*device_list)
@@ -80,14 +88,7 @@ class EngineCalls:
         layers are dicts of the _SIGNROUND_TENSORS by field name (absent: NULL), an optional
         "name" and "device"; options: the qlink_signround_options fields by name, scale_dtype
         a torch dtype. Stream-ordered: enqueued on each layer's device stream."""
-        array, addresses = _described(layers, _SIGNROUND_TENSORS)
-        specs = (_abi.SignRoundLayer * max(len(layers), 1))()
-        names = [str(layer.get("name") or "").encode() for layer in layers]
-        for i, spec in enumerate(specs[:len(layers)]):
-            spec.struct_size = ctypes.sizeof(_abi.SignRoundLayer)
-            spec.name = names[i] or None
-            for field, address in zip(_SIGNROUND_TENSORS, addresses[i]):
-                setattr(spec, field, address)
+        array, names, specs = _layer_specs(layers, _SIGNROUND_TENSORS, _abi.SignRoundLayer)
         o = _abi.SignRoundOptions(ctypes.sizeof(_abi.SignRoundOptions), int(options["bits"]),
                                   int(options["group_size"]), int(bool(options["sym"])))
         o.scale_dtype.code, o.scale_dtype.bits = _dtype_of(options["scale_dtype"])
