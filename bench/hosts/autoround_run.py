@@ -1,21 +1,23 @@
 """AutoRound W4A16 quantizations of the issue's model with AutoRound's own orchestrator,
 alone or with qlink installed (torch guards in force then), several times in one process:
 the first a warm-up (AutoRound compiles its block forward with torch.compile; qlink
-captures its CUDA graphs), the last timed; --profile adds one run under torch.profiler for
-the GPU's busy share. Each run: the wall time of quantize(), the tuning time of
+captures its CUDA graphs), the last timed; --profile FILE adds one run under torch.profiler
+for the GPU's busy share (its operator table to FILE); --cprofile FILE times the last run
+under cProfile instead (its table to FILE). Each run: the wall time of quantize(), the tuning time of
 AutoRound's own log line ("quantization tuning time"), each block's loss line, and the
 quantized model's output error on held-out sequences (MSE of the last hidden state
 against the bf16 model's, fp32). Prints and writes JSON; qlink's plans and counters.
 
     python3 autoround_run.py --model DIR --iters 200|0 [--qlink auto|N|off] [--strict]
-        [--runs 2] [--profile] [--heldout 16] [--out FILE]
+        [--runs 2] [--profile FILE] [--cprofile FILE] [--heldout 16] [--out FILE]
 """
 import argparse
 import gc
 import logging
 import re
 
-from common import install_guards, make_llama, setup_paths, timed, token_batches, write
+from common import (install_guards, kernel_table, make_llama, python_profile, setup_paths, timed, token_batches,
+                    write)
 
 setup_paths()
 
@@ -56,7 +58,7 @@ def load(path):
     return transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16)
 
 
-def quantize_once(args, tokenizer, heldout, reference, profile=False):
+def quantize_once(args, tokenizer, heldout, reference, profile=False, cprofile=None):
     """One AutoRound(...).quantize() of a freshly loaded model: its figures."""
     import torch
     from auto_round import AutoRound
@@ -76,13 +78,14 @@ def quantize_once(args, tokenizer, heldout, reference, profile=False):
             with timed(run, "quantize_s"):
                 ar.quantize()
     else:
-        with timed(run, "quantize_s"):
+        with python_profile(cprofile), timed(run, "quantize_s"):
             ar.quantize()
     autoround_log.removeHandler(lines)
     run["tuning_s"], run["block_lines"] = tuning_time(lines.lines), lines.lines
     run["final_losses"] = final_losses(lines.lines)
     if profile:  # the share of the quantize call's wall time with a kernel (or a copy) running
         run["gpu_busy_kernels"], run["gpu_busy_kernels_or_copies"] = busy_shares(prof, run["quantize_s"])
+        kernel_table(prof, args.profile)
     model.to("cuda")  # quantized in place (fake-quantized weights), left on the CPU by AutoRound
     run["output_mse"] = float(((last_hidden(model, heldout) - reference) ** 2).mean())
     del ar, model
@@ -98,7 +101,8 @@ def main():
     a.add_argument("--qlink", default=None, help="parallel_quantization with qlink installed: auto, N or off")
     a.add_argument("--strict", action="store_true", help="qlink's failures raise instead of running AutoRound's")
     a.add_argument("--runs", type=int, default=2, help="unprofiled runs; the first warms up, the last is timed")
-    a.add_argument("--profile", action="store_true", help="one more run under torch.profiler")
+    a.add_argument("--profile", help="one more run under torch.profiler; its operator table to this file")
+    a.add_argument("--cprofile", help="the last unprofiled run under cProfile; its table to this file")
     a.add_argument("--samples", type=int, default=128)
     a.add_argument("--seqlen", type=int, default=2048)
     a.add_argument("--heldout", type=int, default=16)
@@ -119,7 +123,9 @@ def main():
         import qlink.integrations.autoround as qlink_autoround
         parallel = args.qlink if args.qlink in ("auto", "off") else int(args.qlink)
         qlink_autoround.install(parallel, strict=args.strict, config={"backend": "cuda", "log_level": "warn"})
-    runs = result["runs"] = [quantize_once(args, tokenizer, heldout, reference) for _ in range(args.runs)]
+    runs = result["runs"] = [quantize_once(args, tokenizer, heldout, reference,
+                                           cprofile=args.cprofile if r == args.runs - 1 else None)
+                             for r in range(args.runs)]
     timed_run = runs[args.runs - 1]
     result.update({k: timed_run[k] for k in ("quantize_s", "tuning_s", "final_losses", "output_mse")})
     result["warmup_tuning_s"] = runs[0]["tuning_s"]

@@ -91,3 +91,35 @@ def write(result, path):
     if path:
         with open(path, "w") as f:
             f.write(text)
+
+
+@contextlib.contextmanager
+def python_profile(path, rows=70):
+    """cProfile over the block when path is given: where the host's Python time goes
+    (cumulative and own time, `rows` functions each), written to path as text."""
+    if not path:
+        yield
+        return
+    import cProfile
+    import io
+    import pstats
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        yield
+    finally:
+        profiler.disable()
+        text = io.StringIO()
+        for order in ("cumulative", "tottime"):
+            pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(rows)
+        with open(path, "w") as f:
+            f.write(text.getvalue())
+
+
+def kernel_table(prof, path, rows=40):
+    """The torch.profiler's operators and kernels by their own device time, then by their
+    own host time, written to path as text."""
+    averages = prof.key_averages()
+    with open(path, "w") as f:
+        for key in ("self_device_time_total", "self_cpu_time_total"):
+            f.write(averages.table(sort_by=key, row_limit=rows, max_name_column_width=90) + "\n")

@@ -23,7 +23,8 @@ import sys
 import threading
 import time
 
-from common import install_guards, make_llama, setup_paths, timed, token_batches, write
+from common import (install_guards, kernel_table, make_llama, python_profile, setup_paths, timed, token_batches,
+                    write)
 
 setup_paths()
 
@@ -117,14 +118,15 @@ def main():
     a.add_argument("--layers", type=int, default=2)
     a.add_argument("--precision", choices=("ieee_fp32", "tensor"))
     a.add_argument("--codes")
-    a.add_argument("--profile", action="store_true")
+    a.add_argument("--profile", help="torch.profiler over the quantize call; its operator table to this file")
+    a.add_argument("--cprofile", help="cProfile over the quantize call; its table to this file")
     a.add_argument("--out")
     args = a.parse_args()
     import torch
     make_llama(args.model, layers=args.layers)
     result = {"host": "GPTQModel", "qlink": args.qlink, "strict": args.strict, "guards": args.qlink or args.guards,
               "gpus": torch.cuda.device_count(), "layers": args.layers, "precision": args.precision,
-              "profiled": args.profile}
+              "profiled": bool(args.profile or args.cprofile)}
     if args.qlink or args.guards:
         install_guards()
     if args.qlink:
@@ -151,8 +153,9 @@ def main():
                 with timed(result, "quantize_s"):
                     model.quantize(calibration, batch_size=1)
             result["gpu_busy_kernels"], result["gpu_busy_kernels_or_copies"] = busy_shares(prof, result["quantize_s"])
+            kernel_table(prof, args.profile)
         else:
-            with timed(result, "quantize_s"):
+            with python_profile(args.cprofile), timed(result, "quantize_s"):
                 model.quantize(calibration, batch_size=1)
     result["peak_torch_gib"] = round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)
     result["peak_device_gib"] = round(peak.peak / 2 ** 30, 2)

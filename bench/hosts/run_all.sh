@@ -55,7 +55,7 @@ for part in $parts; do
       run loop_qlink2_run2 200 python3 gptqmodel_run.py --model /tmp/llama7b-2layers --layers 2 --qlink \
         --strict --precision ieee_fp32 --out "$out/loop_qlink2_run2.json"
       run loop_qlink2_profile 200 python3 gptqmodel_run.py --model /tmp/llama7b-2layers --layers 2 --qlink \
-        --strict --precision ieee_fp32 --profile --out "$out/loop_qlink2_profile.json"
+        --strict --precision ieee_fp32 --profile "$out/loop_qlink2_ops.txt" --out "$out/loop_qlink2_profile.json"
       for p in ieee_fp32 tensor; do
         run loop_qlink4_$p 200 python3 gptqmodel_run.py --model /tmp/llama7b-4layers --layers 4 --qlink --strict \
           --precision $p --out "$out/loop_qlink4_$p.json"
@@ -70,9 +70,9 @@ for part in $parts; do
     loop_host8)
       run loop_host8 420 python3 gptqmodel_run.py --model /tmp/llama7b-8layers --layers 8 --out "$out/loop_host8.json" ;;
     ar)  # issue 22: each a warm-up run, a timed run and a profiled run in one process (about 6 minutes)
-      run ar_qlink 240 python3 autoround_run.py --model $model --iters 200 --qlink auto --profile \
+      run ar_qlink 240 python3 autoround_run.py --model $model --iters 200 --qlink auto --profile "$out/ar_qlink_ops.txt" \
         --out "$out/ar_qlink.json"
-      run ar_host 330 python3 autoround_run.py --model $model --iters 200 --profile --out "$out/ar_host.json" ;;
+      run ar_host 330 python3 autoround_run.py --model $model --iters 200 --profile "$out/ar_host_ops.txt" --out "$out/ar_host.json" ;;
     ar0)  # a warm-up run and a timed one each (about 2 minutes)
       run ar0_host 150 python3 autoround_run.py --model $model --iters 0 --out "$out/ar0_host.json"
       run ar0_qlink 150 python3 autoround_run.py --model $model --iters 0 --qlink auto --out "$out/ar0_qlink.json" ;;
