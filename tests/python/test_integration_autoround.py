@@ -363,13 +363,53 @@ def test_settings_that_are_not_ones_are_refused_naming_them(host, library):
 
 
 def test_uninstall_restores_autorounds_methods(host, library):
-    originals = [host.sign_round.SignRoundQuantizer.quantize_block, host.rtn.RTNQuantizer.quantize_block,
-                 host.rtn.OptimizedRTNQuantizer.quantize_block]
+    from auto_round.compressors.orchestrator import CompressionOrchestrator
+
+    def methods():
+        return [host.sign_round.SignRoundQuantizer.quantize_block, host.rtn.RTNQuantizer.quantize_block,
+                host.rtn.OptimizedRTNQuantizer.quantize_block, CompressionOrchestrator.quantize]
+    originals = methods()
     adapter.install(2, ctx=cpu(library, 2))
-    assert host.sign_round.SignRoundQuantizer.quantize_block is not originals[0]
+    assert all(a is not b for a, b in zip(methods(), originals))
     adapter.uninstall()
-    assert [host.sign_round.SignRoundQuantizer.quantize_block, host.rtn.RTNQuantizer.quantize_block,
-            host.rtn.OptimizedRTNQuantizer.quantize_block] == originals
+    assert methods() == originals
+
+
+def test_a_run_collects_only_what_it_made_and_unfreezes_after(host, library):
+    """AutoRound's gc.collect() between blocks walks only the objects made during quantize():
+    those older are frozen for the call, unfrozen after it returns or raises; garbage the run
+    makes is still collected."""
+    import gc
+    import weakref
+    from auto_round.compressors.orchestrator import CompressionOrchestrator
+    assert gc.get_freeze_count() == 0
+    adapter.install("auto", ctx=cpu(library, 1))
+    made = []
+
+    def work():  # a cycle made during the run, holding a tensor: the host's clearing frees it
+        cycle = [torch.zeros(4)]
+        cycle.append(cycle)
+        made.append(weakref.ref(cycle[0]))
+    run = CompressionOrchestrator(work).quantize()
+    assert run.freeze_counts[0] > 1000  # every object older than the call (the test process's)
+    assert made[0]() is None
+    assert gc.get_freeze_count() == 0
+    assert adapter.counters()["frozen_gc"]["qlink"] == 1
+
+    def fail():
+        raise RuntimeError("a block failed")
+    with pytest.raises(RuntimeError, match="a block failed"):
+        CompressionOrchestrator(fail).quantize()
+    assert gc.get_freeze_count() == 0
+
+    gc.freeze()  # the process's own freeze is left as it is
+    try:
+        frozen = gc.get_freeze_count()
+        assert CompressionOrchestrator().quantize().freeze_counts == [frozen]
+        assert gc.get_freeze_count() == frozen
+        assert adapter.counters()["frozen_gc"]["reasons"] == {"the process froze objects itself": 1}
+    finally:
+        gc.unfreeze()
 
 
 def _rtn(host, cls):

@@ -15,6 +15,9 @@ counters and strict as the GPTQModel integration's, integrations/base.py):
                   quant-dequant and SignSGD step, no host synchronization inside the loop)
   step_graph      per block of the native loop: its iteration replayed as a CUDA graph
                   ("qlink"), or eager and why ("host")
+  frozen_gc       CompressionOrchestrator.quantize, the whole run: the objects older than the
+                  call frozen out of the garbage collector for its length (host_gc.py), so
+                  AutoRound's gc.collect() between blocks walks only what the run made
   rtn_layers      iters=0 (RTN and optimized RTN): the block's per-layer searches spread over
                   the plan's devices, each layer on one device, moved there and back by qlink
                   (no fallback: AutoRound's own loop has run when qlink's moves start, so a
@@ -35,15 +38,17 @@ from ..quant.placement import Placement
 from .autoround_native import NativeTuning, check, unsupported
 from .autoround_tuning import finish_block, make_mirrors, move_tensor_attributes, run_on_replicas, tune_block
 from .base import HostSpec, Installation, Integration
+from .host_gc import frozen_gc
 
-PATCHES = ("quantize_block", "rtn_layers", "step_graph")
+PATCHES = ("quantize_block", "rtn_layers", "step_graph", "frozen_gc")
 TRANSPORTS = ("fp32", "bf16")
 
 _SIGN_ROUND = "auto_round.algorithms.quantization.sign_round.quantizer:SignRoundQuantizer"
 _RTN = "auto_round.algorithms.quantization.rtn.quantizer:"
+_ORCHESTRATOR = "auto_round.compressors.orchestrator:CompressionOrchestrator"
 # Every AutoRound name the patches replace, call or read.
 HOST = HostSpec("AutoRound", "auto_round", "auto_round.version", "0.15", "b9f3d00", [
-    _SIGN_ROUND, _RTN + "RTNQuantizer", _RTN + "OptimizedRTNQuantizer",
+    _SIGN_ROUND, _ORCHESTRATOR, _ORCHESTRATOR + ".quantize", _RTN + "RTNQuantizer", _RTN + "OptimizedRTNQuantizer",
     _RTN + "RTNQuantizer.quantize_block", _RTN + "OptimizedRTNQuantizer.quantize_block",
     _RTN + "RTNQuantizer._quantize_layer_via_rtn",
     "auto_round.algorithms.quantization.sign_round.sign_sgd:SignSGD",
@@ -69,6 +74,7 @@ class _Host:
 
     def __init__(self, names):
         self.SignRoundQuantizer = names[_SIGN_ROUND]
+        self.CompressionOrchestrator = names[_ORCHESTRATOR]
         self.RTNQuantizer = names[_RTN + "RTNQuantizer"]
         self.OptimizedRTNQuantizer = names[_RTN + "OptimizedRTNQuantizer"]
         for name in HOST.names:
@@ -105,6 +111,21 @@ class _Installation(Installation):
         bind.set(h.SignRoundQuantizer, "quantize_block", self._make_quantize_block(h.SignRoundQuantizer.quantize_block))
         for cls in (h.RTNQuantizer, h.OptimizedRTNQuantizer):
             bind.set(cls, "quantize_block", self._make_rtn_quantize_block(vars(cls)["quantize_block"]))
+        bind.set(h.CompressionOrchestrator, "quantize", self._make_quantize(h.CompressionOrchestrator.quantize))
+
+    def _make_quantize(self, original):
+        counters = self.counters
+
+        def quantize(orchestrator, *args, **kwargs):
+            with frozen_gc() as reason:
+                if reason:
+                    counters.host("frozen_gc", reason)
+                else:
+                    counters.qlink("frozen_gc")
+                return original(orchestrator, *args, **kwargs)
+        quantize.__qualname__ = original.__qualname__
+        quantize.__doc__ = original.__doc__
+        return quantize
 
     # -- the plan --------------------------------------------------------------------------
 

@@ -1,0 +1,38 @@
+"""A host's quantize call with the objects that existed before it frozen out of Python's
+cyclic garbage collector (gc.freeze), and unfrozen when the outermost such call returns.
+
+AutoRound clears memory between blocks with a full gc.collect() (12 to 15 per run of two
+blocks), each of which walks every object the process holds: transformers, torch and
+torch.compile's state, about 0.38 s a call on the issue's model, with the GPU idle since it
+synchronized first. Frozen, those objects are skipped; garbage made during the call (what
+the host's clearing is for) is collected as before. Where the process froze objects itself
+(gc.get_freeze_count() > 0 on entry) nothing is frozen: unfreezing would undo its freeze."""
+import contextlib
+import gc
+import threading
+
+_lock = threading.Lock()
+_depth = 0  # calls inside a freeze of ours, over every thread
+_ours = False  # whether the current freeze is ours
+
+
+@contextlib.contextmanager
+def frozen_gc():
+    """Yields None when the call runs with the older objects frozen, else why not."""
+    global _depth, _ours
+    with _lock:
+        if _depth == 0:
+            _ours = gc.get_freeze_count() == 0 and gc.isenabled()
+            if _ours:
+                gc.freeze()
+        _depth += 1
+        reason = None if _ours else ("the collector is disabled" if not gc.isenabled()
+                                     else "the process froze objects itself")
+    try:
+        yield reason
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0 and _ours:
+                gc.unfreeze()
+                _ours = False
