@@ -4,8 +4,9 @@ under `qlink run` (--guards: the same torch guards, qlink installed by the launc
 GPTQModel is first imported: wheel_run.sh); prints and writes its
 wall time, per-layer losses, a digest of every layer's solve (Q, scales, zeros, g_idx as
 GPTQ.quantize returns them: the packed model's finished layers are offloaded to meta),
-peak GPU memory (PyTorch's allocator, and the device's as cudaMemGetInfo saw it every
-10 ms: qlink's scratch is outside PyTorch's allocator) and qlink's counters.
+peak GPU memory (PyTorch's allocator; qlink's scratch is outside it) and qlink's counters.
+Nothing the script records waits on the device or copies to the host inside the timed
+call (device checksums, turned into digests after it).
 
     python3 gptqmodel_run.py --model DIR [--layers N] [--qlink [--strict] | --guards]
         [--precision ieee_fp32|tensor] [--codes FILE.pt] [--profile] [--out FILE]
@@ -20,9 +21,6 @@ import argparse
 import hashlib
 import sys
 
-import threading
-import time
-
 from common import (install_guards, kernel_table, make_llama, python_profile, setup_paths, timed, token_batches,
                     write)
 
@@ -36,48 +34,50 @@ def levels(q, scale, zero, g_idx, bits=4):
     return torch.round(q.float() / scale[:, g].float() + zero[:, g].float()).clamp(0, 2 ** bits - 1).to(torch.uint8)
 
 
+def device_checksum(t, chunk=1 << 23):
+    """Three int64 sums of a tensor's words on its device (plain, position-weighted, xor with
+    the position), enqueued without a host wait: a digest of the exact bits that costs the
+    timed run no device-to-host copy; chunked, so it adds little to peak memory."""
+    import torch
+    words = t.detach().contiguous().view(-1)
+    words = words.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[words.element_size()])
+    sums = torch.zeros(3, dtype=torch.int64, device=words.device)
+    for at in range(0, words.numel(), chunk):
+        w = words[at:at + chunk].to(torch.int64)
+        position = torch.arange(at, at + w.numel(), dtype=torch.int64, device=w.device)
+        sums += torch.stack([w.sum(), (w * (position * 2654435761 + 97)).sum(), (w ^ position).sum()])
+    return sums
+
+
 def record_solves(GPTQ, into, codes=None):
     """Wraps GPTQ.quantize (as installed: GPTQModel's own or qlink's) to record each layer's
-    result: a sha256 of what the solve returns (Q, scales, zeros, g_idx) and its loss; its
-    levels into `codes` (on the host) where given."""
-    import torch
+    result: device checksums of what the solve returns (Q, scales, zeros, g_idx) and its
+    loss; its levels (on the device) where `codes` is a dict. Nothing waits on the device
+    inside the timed run; finish_records() turns the records into digests (and codes on
+    the host) after it."""
     solve = GPTQ.quantize
 
     def recording(self, *args, **kwargs):
         out = solve(self, *args, **kwargs)
-        digest = hashlib.sha256()
-        for t in out[:4]:
-            digest.update(t.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes())
         name = getattr(getattr(self, "_named_module", None), "full_name", self.name)  # layer index included
-        into[name] = {"digest": digest.hexdigest(), "loss": out[5], "damp": out[6]}
+        into[name] = {"sums": [device_checksum(t) for t in out[:4]], "loss": out[5], "damp": out[6]}
         if codes is not None:
-            codes[name] = levels(*out[:4]).cpu()
+            codes[name] = levels(*out[:4])
         return out
     GPTQ.quantize = recording
 
 
-class DevicePeak:
-    """The most device memory in use while inside, polled every 10 ms (cudaMemGetInfo)."""
-
-    def __enter__(self):
-        import torch
-        self.torch = torch
-        torch.cuda.synchronize()
-        self.base = torch.cuda.mem_get_info()[0]
-        self.low, self.stop = self.base, False
-        self.thread = threading.Thread(target=self._poll, daemon=True)
-        self.thread.start()
-        return self
-
-    def _poll(self):
-        while not self.stop:
-            self.low = min(self.low, self.torch.cuda.mem_get_info()[0])
-            time.sleep(0.01)
-
-    def __exit__(self, *exc):
-        self.stop = True
-        self.thread.join()
-        self.peak = self.base - self.low
+def finish_records(into, codes=None):
+    """The records' checksums as one sha256 per layer, losses as floats, codes on the host."""
+    for record in into.values():
+        digest = hashlib.sha256()
+        for sums in record.pop("sums"):
+            digest.update(sums.cpu().numpy().tobytes())
+        record["digest"] = digest.hexdigest()
+        record["loss"], record["damp"] = float(record["loss"]), float(record["damp"])
+    if codes is not None:
+        for name in codes:
+            codes[name] = codes[name].cpu()
 
 
 def busy_shares(prof, wall_s):
@@ -146,19 +146,18 @@ def main():
     ids = token_batches(args.samples, args.seqlen)
     calibration = [{"input_ids": row, "attention_mask": torch.ones_like(row)} for row in ids]
     torch.cuda.reset_peak_memory_stats()
-    with DevicePeak() as peak:
-        if args.profile:
-            from torch.profiler import ProfilerActivity, profile
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                with timed(result, "quantize_s"):
-                    model.quantize(calibration, batch_size=1)
-            result["gpu_busy_kernels"], result["gpu_busy_kernels_or_copies"] = busy_shares(prof, result["quantize_s"])
-            kernel_table(prof, args.profile)
-        else:
-            with python_profile(args.cprofile), timed(result, "quantize_s"):
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            with timed(result, "quantize_s"):
                 model.quantize(calibration, batch_size=1)
+        result["gpu_busy_kernels"], result["gpu_busy_kernels_or_copies"] = busy_shares(prof, result["quantize_s"])
+        kernel_table(prof, args.profile)
+    else:
+        with python_profile(args.cprofile), timed(result, "quantize_s"):
+            model.quantize(calibration, batch_size=1)
     result["peak_torch_gib"] = round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)
-    result["peak_device_gib"] = round(peak.peak / 2 ** 30, 2)
+    finish_records(layers, codes)
     result["losses"] = {k: v["loss"] for k, v in layers.items()}
     result["digest"], result["packed_tensors"] = combined_digest(layers), len(layers)
     if args.qlink:

@@ -55,14 +55,14 @@ def loop(out):
     runs = {k: v for k, v in runs.items() if v}
     if not runs:
         return ["GPTQModel loop: no run finished"]
-    lines = ["| GPTQModel loop, 4-bit g128 | layers | wall (s) | peak GPU, torch / device (GiB) | GPU busy (kernels; "
+    lines = ["| GPTQModel loop, 4-bit g128 | layers | wall (s) | peak GPU, torch (GiB) | GPU busy (kernels; "
              "kernels or copies) | accumulations, shared |", "|---|---|---|---|---|---|"]
     for name, r in sorted(runs.items(), key=lambda kv: (kv[1]["qlink"], kv[1]["layers"], kv[0])):
         busy = ("%.0f %%; %.0f %%" % (100 * r["gpu_busy_kernels"], 100 * r["gpu_busy_kernels_or_copies"])
-                if r.get("profiled") else "")
+                if "gpu_busy_kernels" in r else "")
         h = r.get("hessian_counters") or {}
-        lines.append("| %s | %d | %.1f | %.2f / %.2f | %s | %s |" % (
-            name, r["layers"], r["quantize_s"], r["peak_torch_gib"], r["peak_device_gib"], busy,
+        lines.append("| %s | %d | %.1f | %.2f | %s | %s |" % (
+            name, r["layers"], r["quantize_s"], r["peak_torch_gib"], busy,
             "%s, %s" % (h["accumulations"], h["shared"]) if h else ""))
     lines.append("")
     for label, with_qlink, precision in (("alone", False, None), ("with qlink, ieee_fp32", True, "ieee_fp32"),
