@@ -123,3 +123,56 @@ def kernel_table(prof, path, rows=40):
     with open(path, "w") as f:
         for key in ("self_device_time_total", "self_cpu_time_total"):
             f.write(averages.table(sort_by=key, row_limit=rows, max_name_column_width=90) + "\n")
+
+
+@contextlib.contextmanager
+def stack_samples(path, interval_s=0.002, rows=60):
+    """A sampling profile of the calling thread's wall time when path is given: its stack
+    read every interval_s by a helper thread (sys._current_frames), so time blocked in C
+    (copies, waits, locks) counts as well as Python; each sample weighs the time since the
+    one before (a thread running Python holds the GIL the sampler waits for). Written to
+    path: the share of the time each function is on the stack (inclusive) and on top
+    (innermost Python frame)."""
+    if not path:
+        yield
+        return
+    import collections
+    import threading
+    target, stop = threading.get_ident(), threading.Event()
+    inclusive, innermost, count = collections.Counter(), collections.Counter(), [0]
+
+    def where(frame):
+        code = frame.f_code
+        return "%s:%d(%s)" % (os.path.relpath(code.co_filename, os.getcwd()) if code.co_filename.startswith("/")
+                              else code.co_filename, code.co_firstlineno, code.co_name)
+
+    def sample():
+        last = time.perf_counter()
+        while not stop.wait(interval_s):
+            frame = sys._current_frames().get(target)
+            now = time.perf_counter()
+            weight, last = now - last, now
+            if frame is None:
+                continue
+            count[0] += 1
+            innermost[where(frame)] += weight
+            seen = set()
+            while frame is not None:
+                seen.add(where(frame))
+                frame = frame.f_back
+            for name in seen:
+                inclusive[name] += weight
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        total = max(sum(innermost.values()), 1e-9)
+        with open(path, "w") as f:
+            for title, table in (("inclusive", inclusive), ("innermost", innermost)):
+                f.write("%s (%d samples every %.1f ms, %.2f s)\n" % (title, count[0], 1e3 * interval_s, total))
+                for name, t in table.most_common(rows):
+                    f.write("%6.1f %% %8.3f s  %s\n" % (100.0 * t / total, t, name))
+                f.write("\n")

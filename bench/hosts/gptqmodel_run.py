@@ -21,8 +21,8 @@ import argparse
 import hashlib
 import sys
 
-from common import (install_guards, kernel_table, make_llama, python_profile, setup_paths, timed, token_batches,
-                    write)
+from common import (install_guards, kernel_table, make_llama, python_profile, setup_paths, stack_samples, timed,
+                    token_batches, write)
 
 setup_paths()
 
@@ -120,13 +120,14 @@ def main():
     a.add_argument("--codes")
     a.add_argument("--profile", help="torch.profiler over the quantize call; its operator table to this file")
     a.add_argument("--cprofile", help="cProfile over the quantize call; its table to this file")
+    a.add_argument("--samples-out", help="the main thread's stack sampled every 2 ms; its table to this file")
     a.add_argument("--out")
     args = a.parse_args()
     import torch
     make_llama(args.model, layers=args.layers)
     result = {"host": "GPTQModel", "qlink": args.qlink, "strict": args.strict, "guards": args.qlink or args.guards,
               "gpus": torch.cuda.device_count(), "layers": args.layers, "precision": args.precision,
-              "profiled": bool(args.profile or args.cprofile)}
+              "profiled": bool(args.profile or args.cprofile or args.samples_out)}
     if args.qlink or args.guards:
         install_guards()
     if args.qlink:
@@ -154,7 +155,7 @@ def main():
         result["gpu_busy_kernels"], result["gpu_busy_kernels_or_copies"] = busy_shares(prof, result["quantize_s"])
         kernel_table(prof, args.profile)
     else:
-        with python_profile(args.cprofile), timed(result, "quantize_s"):
+        with python_profile(args.cprofile), stack_samples(args.samples_out), timed(result, "quantize_s"):
             model.quantize(calibration, batch_size=1)
     result["peak_torch_gib"] = round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)
     finish_records(layers, codes)
