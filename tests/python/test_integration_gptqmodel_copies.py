@@ -3,9 +3,12 @@ qlink.integrations.gptqmodel): on the fault backend, whose device 1 stream takes
 operation, a copy that returned before its stream ran would leave wrong bytes; twins kept,
 reused, refreshed after an in-place change and retired when their source dies; refusals
 that copy nothing. With a GPU, the stand-in GPTQModel's forward stages its host
-calibration batches through the twins, and a failing staging falls back or raises."""
+calibration batches through the twins, and a failing staging falls back or raises; the
+calibration cache GPTQModel's capture returns moves to the one GPU once (or stays, and
+says why)."""
 import gc
 import os
+import re
 import sys
 import time
 
@@ -187,3 +190,112 @@ def test_a_page_locked_source_is_read_in_place_after_the_work_before_it(gpu_host
     moved = ctx.move_tensors([pinned], "cuda:0", keep_host_copies=True)[0]
     assert torch.equal(moved, produced)
     assert ctx.host_staging.counters()["pinned_sources"] == 1 and ctx.host_staging.counters()["kept"] == 0
+
+
+def _capture(calibration):
+    """A capture as GPTQModel's: per batch its hidden states, kwargs (rotary tables as a
+    tuple), position ids and mask (None where sdpa needs none), in host memory."""
+    from gptqmodel.looper.input_cache import InputCache
+    gen = torch.Generator().manual_seed(calibration)
+    hidden = [[torch.randn(1, 16, 64, generator=gen).to(torch.bfloat16)] for _ in range(4)]
+    kwargs = [{"position_embeddings": (torch.randn(1, 16, 8, generator=gen), torch.randn(1, 16, 8, generator=gen)),
+               "use_cache": False} for _ in range(4)]
+    return InputCache(hidden, kwargs, [torch.arange(16).unsqueeze(0) for _ in range(4)], [None] * 4)
+
+
+def _looper(device="cuda:0"):
+    from gptqmodel.looper.module_looper import ModuleLooper
+    config = type("QuantizeConfig", (), {"device": device})()
+    return ModuleLooper(gptq_model=type("Model", (), {"quantize_config": config})(), capture=_capture)
+
+
+def _leaves(cache):
+    out = []
+
+    def walk(v):
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+    walk([cache.layer_inputs, cache.layer_input_kwargs, cache.position_ids, cache.attention_masks])
+    return out
+
+
+@pytest.fixture
+def host(library):
+    sys.path.insert(0, HOSTS)
+    yield
+    adapter.uninstall()
+    sys.path.remove(HOSTS)
+    for name in [n for n in sys.modules if n == "gptqmodel" or n.startswith("gptqmodel.")]:
+        del sys.modules[name]
+
+
+def test_on_the_cpu_backend_the_capture_stays_in_host_memory(host, library):
+    adapter.install(ctx=qlink.load({"backend": "cpu", "cpu_devices": 2, "log_level": "off"}, library=library))
+    cache = _looper().loop(0)
+    assert all(t.device.type == "cpu" for t in _leaves(cache))
+    assert adapter.counters()["cache_inputs"]["reasons"] == {"the cpu backend computes in host memory": 1}
+
+
+one_gpu = pytest.mark.skipif(torch.cuda.device_count() != 1, reason="needs exactly one GPU")
+
+
+@one_gpu
+def test_the_capture_moves_to_the_gpu_once_as_the_same_bytes(gpu_host):
+    adapter.install(ctx=gpu_host["ctx"], strict=True)
+    host_cache = _capture(0)
+    looper = _looper("cuda")
+    looper.capture = lambda calibration: host_cache
+    cache = looper.loop(0)
+    assert type(cache) is type(host_cache) and cache is not host_cache
+    leaves, host_leaves = _leaves(cache), _leaves(host_cache)
+    assert len(leaves) == len(host_leaves) == 4 * 4
+    for moved, source in zip(leaves, host_leaves):
+        assert moved.device == torch.device("cuda", 0) and source.device.type == "cpu"  # the host's left as it was
+        assert moved.dtype == source.dtype and torch.equal(moved.cpu(), source) and moved.is_inference()
+    assert cache.attention_masks == [None] * 4 and cache.layer_input_kwargs[0]["use_cache"] is False
+    assert isinstance(cache.layer_input_kwargs[0]["position_embeddings"], tuple)
+    assert adapter.counters()["cache_inputs"]["qlink"] == 1
+    # A forward's move of a cached tensor then finds it where it goes.
+    staged = adapter.staging_counters()["leaves"]
+    assert gpu_host["model"].move_to(cache.position_ids[0], torch.device("cuda:0")) is cache.position_ids[0]
+    assert adapter.staging_counters()["leaves"] == staged
+
+
+@one_gpu
+@pytest.mark.parametrize("device, share, reason", [
+    ("cpu", 0.5, "the layers run on cpu"),
+    ("cuda:0", 1e-12, r"the cache \(0.00 GiB\) would take more than 0 % of cuda:0's free"),
+])
+def test_a_cache_that_should_stay_stays_and_says_why(gpu_host, monkeypatch, device, share, reason):
+    from qlink.integrations import gptqmodel_cache
+    monkeypatch.setattr(gptqmodel_cache, "FREE_SHARE", share)
+    adapter.install(ctx=gpu_host["ctx"], strict=True)
+    cache = _looper(device).loop(0)
+    assert all(t.device.type == "cpu" for t in _leaves(cache))
+    (said,) = adapter.counters()["cache_inputs"]["reasons"]
+    assert re.match(reason, said), said
+
+
+@one_gpu
+def test_a_failed_move_returns_the_hosts_cache_or_raises_when_strict(gpu_host, monkeypatch):
+    ctx = gpu_host["ctx"]
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(ctx, "move_nested_to_device", broken)
+    adapter.install(ctx=ctx)
+    host_cache = _capture(1)
+    looper = _looper()
+    looper.capture = lambda calibration: host_cache
+    assert looper.loop(1) is host_cache
+    assert adapter.counters()["cache_inputs"]["fallback"] == 1
+    adapter.install(ctx=ctx, strict=True)
+    with pytest.raises(FallbackRefused, match="cache_inputs failed and strict=True.*injected"):
+        looper.loop(1)

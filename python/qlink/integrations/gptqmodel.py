@@ -11,6 +11,9 @@ What install() routes through qlink (each a patch with its own counters):
                             imported it, ForwardExecutor.run_parallel's default argument)
   torch_replicate           the replicas themselves: qlink's broadcast, not
                             torch.nn.parallel.replicate (broadcast_coalesced)
+  cache_inputs              the calibration cache GPTQModel's input capture returns, moved
+                            once to the one GPU the layers run on (gptqmodel_cache), so the
+                            forwards' moves of its tensors find them there
   move_to, nested_move_to   tensor, module and calibration-batch moves (in every module that
                             imported them by name); host tensors go to the GPU through pinned
                             twins on the device's current stream, no thread blocked
@@ -36,21 +39,25 @@ import torch
 
 from ..defaults import configure
 from ..quant.hessian import HessianAccumulator
+from . import gptqmodel_cache
 from .base import HostSpec, Installation, Integration
 from .gptqmodel_hessian import make_add_batch
 from .gptqmodel_solve import done_with_hessian, solve, unsupported
 
-PATCHES = ("clone_module_for_devices", "torch_replicate", "move_to", "nested_move_to", "add_batch",
+PATCHES = ("clone_module_for_devices", "torch_replicate", "cache_inputs", "move_to", "nested_move_to", "add_batch",
            "materialize_global_hessian", "quantize")
 
 _HELPERS, _MODEL = "gptqmodel.utils.looper_helpers:", "gptqmodel.utils.model:"
 _GPTQ = "gptqmodel.quantization.gptq:GPTQ."
+_LOOPER = "gptqmodel.looper.module_looper:ModuleLooper"
 # Every GPTQModel name the patches replace, call or read, GPTQ's task state included.
 HOST = HostSpec("GPTQModel", "gptqmodel", "gptqmodel.version", "7.3", "f4c327a", [
     _HELPERS + "clone_module_for_devices", _HELPERS + "torch_replicate", _HELPERS + "clear_non_picklable_state",
     _MODEL + "move_to", _MODEL + "nested_move_to",
     "gptqmodel.looper.forward_executor:ForwardExecutor.run_parallel",  # binds the clone as a default
     "gptqmodel.looper.module_looper:clone_module_for_devices",         # imports the helpers by name
+    _LOOPER, _LOOPER + ".cache_inputs", _LOOPER + ".gptq_model",
+    "gptqmodel.looper.input_cache:InputCache",
     "gptqmodel.quantization.gptq:GPTQ", "gptqmodel.quantization.quantizer:Quantizer",
     "gptqmodel.quantization.quantizer:Quantizer.requires_groupwise_processing",
     "gptqmodel.quantization.quantizer:Quantizer.perchannel", "gptqmodel.utils.fallback:should_use_fallback",
@@ -71,6 +78,7 @@ class _Host:
         self.GPTQ = names["gptqmodel.quantization.gptq:GPTQ"]
         self.Quantizer = names["gptqmodel.quantization.quantizer:Quantizer"]
         self.should_use_fallback = names["gptqmodel.utils.fallback:should_use_fallback"]
+        self.ModuleLooper, self.cache_inputs = names[_LOOPER], names[_LOOPER + ".cache_inputs"]
         for name in ("clone_module_for_devices", "torch_replicate"):
             setattr(self, name, names[_HELPERS + name])
         for name in ("move_to", "nested_move_to"):
@@ -105,6 +113,7 @@ class _Installation(Installation):
         h, bind = self.host, self.rebindings
         for name in ("clone_module_for_devices", "torch_replicate", "move_to", "nested_move_to"):
             bind.everywhere(getattr(h, name), getattr(self, "_make_" + name)(), "gptqmodel")
+        bind.set(h.ModuleLooper, "cache_inputs", self._make_cache_inputs())
         bind.set(h.GPTQ, "add_batch", make_add_batch(self))
         bind.set(h.GPTQ, "materialize_global_hessian", self._make_materialize_global_hessian())
         bind.set(h.GPTQ, "quantize", self._make_quantize())
@@ -162,6 +171,21 @@ class _Installation(Installation):
         return clone_module_for_devices
 
     # -- moves ---------------------------------------------------------------------------
+
+    def _make_cache_inputs(self):
+        original, ctx, counters, guard = self.host.cache_inputs, self.ctx, self.counters, self.guard
+
+        @_like(original)
+        def cache_inputs(looper, *args, **kwargs):
+            cache = original(looper, *args, **kwargs)
+            device, reason = gptqmodel_cache.placement(ctx, looper.gptq_model.quantize_config.device, cache)
+            if reason:
+                counters.host("cache_inputs", reason)
+                return cache
+            # The host's cache is returned untouched if the move fails: its capture ran once.
+            return guard.attempt("cache_inputs", lambda: gptqmodel_cache.on_device(ctx, cache, device),
+                                 lambda: cache)
+        return cache_inputs
 
     def _make_move_to(self):
         original, ctx, counters, guard = self.host.move_to, self.ctx, self.counters, self.guard

@@ -1,11 +1,25 @@
-"""Stand-in for gptqmodel.looper.module_looper: imports the helpers by name."""
+"""Stand-in for gptqmodel.looper.module_looper: imports the helpers by name; cache_inputs
+returns what `capture` (a test's function of the looper) makes, under inference_mode as
+GPTQModel's loop runs it."""
+import torch
+
 from ..utils.looper_helpers import clone_module_for_devices
 from ..utils.model import move_to
 
 
 class ModuleLooper:
+    def __init__(self, gptq_model=None, capture=None):
+        self.gptq_model, self.capture = gptq_model, capture
+
     def replicate_layer(self, layer, devices):
         return clone_module_for_devices(layer, devices)
 
     def stage(self, tensor, device):
         return move_to(tensor, device)
+
+    def cache_inputs(self, layers, calibration_data, use_cache, layer_names=None):
+        return self.capture(calibration_data)
+
+    def loop(self, calibration_data):
+        with torch.inference_mode():
+            return self.cache_inputs(None, calibration_data, use_cache=False)
