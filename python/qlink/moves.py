@@ -34,6 +34,35 @@ def _move_regular(out, tensors, indices, target):
         out[i] = _move_storage(t, target, moved) if users[storages.get(i)] > 1 else t.to(target)
 
 
+PINNED_MIN_BYTES = 1 << 20  # below it, page-locking a landing costs more than it saves
+
+
+def _to_pinned_host(tensors):
+    """Copies of `tensors` in host memory. The contiguous GPU tensors that need no autograd
+    and share no storage with another of them, when they add up to PINNED_MIN_BYTES, land in
+    page-locked memory, each copied asynchronously on its device's current stream, the
+    streams waited for once at the end (PyTorch's pageable copy waits for each tensor, at a
+    fraction of the link's speed); the rest move by PyTorch."""
+    out = list(tensors)
+    storages = collections.Counter(t.untyped_storage().data_ptr() for t in tensors if t.is_cuda)
+    fast = [i for i, t in enumerate(tensors) if t.is_cuda and t.is_contiguous() and not t.requires_grad
+            and storages[t.untyped_storage().data_ptr()] == 1]
+    if sum(tensors[i].numel() * tensors[i].element_size() for i in fast) < PINNED_MIN_BYTES:
+        fast = []
+    streams = {}
+    for i in fast:
+        t = tensors[i]
+        out[i] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        out[i].copy_(t, non_blocking=True)  # on the source device's current stream
+        streams.setdefault(t.device, torch.cuda.current_stream(t.device))
+    for stream in streams.values():
+        stream.synchronize()  # the caller reads the copies as soon as they are returned
+    taken = set(fast)
+    _move_regular(out, tensors, [i for i, t in enumerate(tensors) if i not in taken and t.device.type != "cpu"],
+                  torch.device("cpu"))
+    return out
+
+
 def module_tensors(module):
     """The distinct parameters and the distinct buffers of `module` and its submodules,
     each list in first-seen order."""
@@ -68,14 +97,19 @@ class MoveCalls:
         copy_batch fills every destination. Contiguous host leaves (no autograd) move to a
         GPU through pinned twins (host_staging.py), without blocking the calling thread;
         keep_host_copies holds the twins for their sources' next move (data moved again
-        and again). The rest, and every leaf where the bridge is missing, move by PyTorch
-        (storage ties kept)."""
+        and again). GPU leaves going to the host land in page-locked memory, copied
+        asynchronously and waited for once (_to_pinned_host). The rest, and every leaf
+        where the bridge is missing, move by PyTorch (storage ties kept)."""
         out = list(tensors)
         if not out:
             return out
         target = torch.device(device)
         if target.type == "cuda" and target.index is None:
             target = torch.device("cuda", torch.cuda.current_device())
+        if all(t.device == target for t in out):
+            return out  # the forwards' moves of a calibration cache already there (gptqmodel_cache)
+        if target.type == "cpu" and not self.host_memory:
+            return _to_pinned_host(tensors)
         if target.type != "cuda":
             for i, t in enumerate(tensors):
                 if t.device != target:
@@ -102,10 +136,11 @@ class MoveCalls:
         """module.to(device) for parameters and buffers, through qlink: parameters keep their
         identity (param.data is replaced, as module.to does), tied parameters stay tied."""
         params, buffers = module_tensors(module)
-        moved = self.move_tensors(params + buffers, device)
+        sources = [p.detach() for p in params] + buffers  # the parameters' data: autograd records no move
+        moved = self.move_tensors(sources, device)
         with torch.no_grad():
-            for p, new in zip(params, moved):
-                if new is not p:
+            for p, source, new in zip(params, sources, moved):
+                if new is not source:
                     p.data = new
                 if p.grad is not None:
                     p.grad.data = p.grad.data.to(device)

@@ -299,3 +299,28 @@ def test_a_failed_move_returns_the_hosts_cache_or_raises_when_strict(gpu_host, m
     adapter.install(ctx=ctx, strict=True)
     with pytest.raises(FallbackRefused, match="cache_inputs failed and strict=True.*injected"):
         looper.loop(1)
+
+
+@cuda
+def test_gpu_tensors_land_in_page_locked_memory_complete_when_returned(gpu_host):
+    """A layer moved to the host (GPTQModel's post_quantize): its tensors copied behind the
+    work queued before them, in page-locked memory, complete when the call returns; small
+    batches, tensors that need autograd and tensors sharing a storage move by PyTorch."""
+    ctx = gpu_host["ctx"]
+    big = [torch.randn(1 << 18, device="cuda:0") for _ in range(4)]
+    torch.cuda._sleep(50_000_000)  # the copies wait behind this on the stream
+    expected = [b.mul(3) for b in big]  # queued after the sleep: read too early, the copies are stale
+    moved = ctx.move_tensors(expected, "cpu")
+    assert all(m.device.type == "cpu" and m.is_pinned() and torch.equal(m, e.cpu()) for m, e in zip(moved, expected))
+    small = ctx.move_tensors([torch.ones(8, device="cuda:0")], "cpu")[0]
+    assert not small.is_pinned() and torch.equal(small, torch.ones(8))
+    grad = torch.randn(1 << 20, device="cuda:0", requires_grad=True)
+    (landed,) = ctx.move_tensors([grad], "cpu")
+    assert landed.grad_fn is not None and not landed.is_pinned()
+    base = torch.randn(1 << 20, device="cuda:0")
+    a, b = ctx.move_tensors([base[: 1 << 19], base[1 << 19:]], "cpu")
+    assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    layer = torch.nn.Linear(1024, 1024).cuda()
+    weight = layer.weight
+    ctx.move_module_to_device(layer, "cpu")
+    assert layer.weight is weight and weight.device.type == "cpu" and weight.requires_grad and weight.is_pinned()
