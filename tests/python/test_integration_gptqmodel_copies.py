@@ -289,7 +289,8 @@ def test_a_failed_move_returns_the_hosts_cache_or_raises_when_strict(gpu_host, m
     def broken(*args, **kwargs):
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(ctx, "move_nested_to_device", broken)
+    from qlink.integrations import gptqmodel_cache
+    monkeypatch.setattr(gptqmodel_cache, "_to", broken)
     adapter.install(ctx=ctx)
     host_cache = _capture(1)
     looper = _looper()

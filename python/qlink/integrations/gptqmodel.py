@@ -183,7 +183,7 @@ class _Installation(Installation):
                 counters.host("cache_inputs", reason)
                 return cache
             # The host's cache is returned untouched if the move fails: its capture ran once.
-            return guard.attempt("cache_inputs", lambda: gptqmodel_cache.on_device(ctx, cache, device),
+            return guard.attempt("cache_inputs", lambda: gptqmodel_cache.on_device(cache, device),
                                  lambda: cache)
         return cache_inputs
 

@@ -60,6 +60,21 @@ def placement(ctx, quantize_device, cache):
     return device, None
 
 
-def on_device(ctx, cache, device):
-    """A new cache of the same type with every tensor on `device` (one batched move)."""
-    return dataclasses.replace(cache, **ctx.move_nested_to_device(_fields(cache), device))
+def _to(value, device):
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return type(value)((k, _to(v, device)) for k, v in value.items())
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(_to(v, device) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to(v, device) for v in value)
+    return value
+
+
+def on_device(cache, device):
+    """A new cache of the same type with every tensor on `device`. Moved once, before the
+    first layer, with the GPU idle: PyTorch's pageable copies (the driver streams them
+    through its own pinned buffers) beat pinned twins here, which would page-lock the whole
+    cache anew (measured: 2.7 GB in 2.1 s through twins)."""
+    return dataclasses.replace(cache, **{name: _to(value, device) for name, value in _fields(cache).items()})

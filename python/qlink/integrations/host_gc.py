@@ -5,8 +5,10 @@ AutoRound clears memory between blocks with a full gc.collect() (12 to 15 per ru
 blocks), each of which walks every object the process holds: transformers, torch and
 torch.compile's state, about 0.38 s a call on the issue's model, with the GPU idle since it
 synchronized first. Frozen, those objects are skipped; garbage made during the call (what
-the host's clearing is for) is collected as before. Where the process froze objects itself
-(gc.get_freeze_count() > 0 on entry) nothing is frozen: unfreezing would undo its freeze."""
+the host's clearing is for) is collected as before. The unfreeze at the end returns every
+frozen object to the collector, including any the process froze before the call (torch or
+a library may have): left frozen, a cycle among the model's objects could never be
+collected after the run."""
 import contextlib
 import gc
 import threading
@@ -22,12 +24,11 @@ def frozen_gc():
     global _depth, _ours
     with _lock:
         if _depth == 0:
-            _ours = gc.get_freeze_count() == 0 and gc.isenabled()
+            _ours = gc.isenabled()
             if _ours:
                 gc.freeze()
         _depth += 1
-        reason = None if _ours else ("the collector is disabled" if not gc.isenabled()
-                                     else "the process froze objects itself")
+        reason = None if _ours else "the collector is disabled"
     try:
         yield reason
     finally:
