@@ -2,9 +2,10 @@
 # On the accelerator machine, from a folder laid out by prepare.sh: every host run of
 # bench/RESULTS.md, each in its own process, logs and JSON under OUTDIR.
 #   bash bench/hosts/run_all.sh OUTDIR [PARTS]   PARTS: any of "pytest plan stress gptq ar ar0 gptq3
-#   hprec loop loop_host8" (default the first seven, in that order, the most wanted figures
-#   first where a lease is short). Issue 23's figures: "hprec loop", about 8 minutes
-#   (loop_host8, GPTQModel alone at 8 layers, about 3 more). Issue 22's: "ar ar0", about 8.
+#   hprec loop loop_slope loop_host8" (default the first seven, in that order, the most wanted
+#   figures first where a lease is short). Issue 23's figures: "hprec loop loop_slope", about
+#   10 minutes (loop_host8, GPTQModel alone at 8 layers, about 3 more). Issue 22's: "ar ar0",
+#   about 8.
 set -uo pipefail
 cd "$(dirname "$0")"
 out=$1
@@ -43,30 +44,32 @@ for part in $parts; do
     hprec)  # the Hessian precision table: qlink and PyTorch, IEEE and tensor cores, vs float64
       run hprec 240 python3 ../hessian_precision.py --library ../../python/qlink/lib/libqlink.so \
         --json "$out/hprec.json" --markdown "$out/hprec.md" ;;
-    loop)  # GPTQModel's loop alone at 2/4 layers, with qlink ieee_fp32 at 2/4 and tensor at 2/4/8;
-      # peak memory; GPU busy (the profiled run, also the third of the bit-identical ieee_fp32
-      # runs: the profiler changes no result); levels of tensor vs ieee_fp32 vs GPTQModel alone
+    loop)  # GPTQModel's loop alone at 2/4 layers, with qlink ieee_fp32 and tensor at 2 (their
+      # levels kept), the levels compared: tensor vs ieee_fp32 vs GPTQModel alone
       run loop_host2 300 python3 gptqmodel_run.py --model /tmp/llama7b-2layers --layers 2 \
         --codes "$codes/host2.pt" --out "$out/loop_host2.json"
+      run loop_host4 300 python3 gptqmodel_run.py --model /tmp/llama7b-4layers --layers 4 --out "$out/loop_host4.json"
       run loop_qlink2 200 python3 gptqmodel_run.py --model /tmp/llama7b-2layers --layers 2 --qlink --strict \
         --precision ieee_fp32 --codes "$codes/qlink2.pt" --out "$out/loop_qlink2.json"
       run loop_qlink2_tensor 200 python3 gptqmodel_run.py --model /tmp/llama7b-2layers --layers 2 --qlink \
         --strict --precision tensor --codes "$codes/qlink2_tensor.pt" --out "$out/loop_qlink2_tensor.json"
-      run loop_qlink2_run2 200 python3 gptqmodel_run.py --model /tmp/llama7b-2layers --layers 2 --qlink \
-        --strict --precision ieee_fp32 --out "$out/loop_qlink2_run2.json"
-      run loop_qlink2_profile 200 python3 gptqmodel_run.py --model /tmp/llama7b-2layers --layers 2 --qlink \
-        --strict --precision ieee_fp32 --profile "$out/loop_qlink2_ops.txt" --out "$out/loop_qlink2_profile.json"
-      for p in ieee_fp32 tensor; do
-        run loop_qlink4_$p 200 python3 gptqmodel_run.py --model /tmp/llama7b-4layers --layers 4 --qlink --strict \
-          --precision $p --out "$out/loop_qlink4_$p.json"
-      done
-      run loop_qlink8_tensor 300 python3 gptqmodel_run.py --model /tmp/llama7b-8layers --layers 8 --qlink --strict \
-        --precision tensor --out "$out/loop_qlink8_tensor.json"
-      run loop_host4 300 python3 gptqmodel_run.py --model /tmp/llama7b-4layers --layers 4 --out "$out/loop_host4.json"
       run codes_ieee_vs_host 60 python3 compare_codes.py "$out/loop_host2.json" "$codes/host2.pt" \
         "$out/loop_qlink2.json" "$codes/qlink2.pt" "$out/codes_ieee_vs_host.json"
       run codes_tensor_vs_ieee 60 python3 compare_codes.py "$out/loop_qlink2.json" "$codes/qlink2.pt" \
         "$out/loop_qlink2_tensor.json" "$codes/qlink2_tensor.pt" "$out/codes_tensor_vs_ieee.json" ;;
+    loop_slope)  # with qlink: two more ieee_fp32 runs at 2 layers (the main thread sampled in
+      # one, torch.profiler over the other: GPU busy; the profiler changes no result), both
+      # precisions at 4 and 8 layers
+      run loop_qlink2_run2 200 python3 gptqmodel_run.py --model /tmp/llama7b-2layers --layers 2 --qlink \
+        --strict --precision ieee_fp32 --samples-out "$out/loop_qlink2_samples.txt" --out "$out/loop_qlink2_run2.json"
+      run loop_qlink2_profile 200 python3 gptqmodel_run.py --model /tmp/llama7b-2layers --layers 2 --qlink \
+        --strict --precision ieee_fp32 --profile "$out/loop_qlink2_ops.txt" --out "$out/loop_qlink2_profile.json"
+      for n in 4 8; do
+        for p in ieee_fp32 tensor; do
+          run loop_qlink${n}_$p 200 python3 gptqmodel_run.py --model /tmp/llama7b-${n}layers --layers $n --qlink \
+            --strict --precision $p --out "$out/loop_qlink${n}_$p.json"
+        done
+      done ;;
     loop_host8)
       run loop_host8 420 python3 gptqmodel_run.py --model /tmp/llama7b-8layers --layers 8 --out "$out/loop_host8.json" ;;
     ar)  # issue 22: each a warm-up run, a timed run and a profiled run in one process (about 6 minutes)
