@@ -115,10 +115,7 @@ __global__ void __launch_bounds__(kThreads) ForwardKernel(SignRoundConfig c, Sig
     float w[kChunk], v[kChunk], out[kChunk];
     LoadChunk<W>(l.weight, base + j, n, vec, w);
     LoadChunk<Fmt::kF32>(l.v, base + j, n, vec, v);
-    for (int i = 0; i < n; ++i) {
-      float level;
-      out[i] = SignRoundQdq(c, p, w[i], v[i], &level);
-    }
+    for (int i = 0; i < n; ++i) out[i] = SignRoundQdq(c, p, w[i], v[i]);
     StoreChunk<W>(l.qdq, base + j, n, vec, out);
   }
 }
