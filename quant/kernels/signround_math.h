@@ -243,7 +243,9 @@ QLINK_HD float LinearLrNext(float lr, int64_t epoch, int64_t total_iters) {
 // The per-group sums' order: a group's elements in chunks of kSignRoundChunk, chunk c on
 // lane c % kSignRoundLanes, each lane adding its elements in order, then lanes combined by
 // halves (lane l < half adds lane l + half; 16, 8, 4, 2, 1). On the GPU a lane is a thread
-// of the warp that owns the group, and a chunk is one vector load.
+// of the warp that owns the group (the generic kernels) or one of the lanes a thread of a
+// smaller team stands for (the team kernels, signround_kernels.cu), and a chunk is one
+// vector load.
 constexpr int kSignRoundLanes = 32;
 constexpr int kSignRoundChunk = 4;
 
