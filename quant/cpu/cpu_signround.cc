@@ -53,8 +53,7 @@ class CpuSignRoundMath final : public SignRoundMath {
       const SignRoundGroup p = GroupOf(c, l, g, true);
       const int64_t base = g * l.group_len;
       for (int64_t j = 0; j < l.group_len; ++j) {
-        float level;
-        Store(c.weight, l.qdq, base + j, SignRoundQdq(c, p, Load(c.weight, l.weight, base + j), l.v[base + j], &level));
+        Store(c.weight, l.qdq, base + j, SignRoundQdq(c, p, Load(c.weight, l.weight, base + j), l.v[base + j]));
       }
     }
     return Status::Ok();

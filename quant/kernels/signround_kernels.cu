@@ -11,9 +11,16 @@ namespace quant {
 namespace gpu {
 namespace {
 
-// A warp (32 lanes, kSignRoundLanes) per group, 8 groups a block; lane l owns the group's
-// chunks l, l + 32, ... of kSignRoundChunk elements, each one vector load where the
-// layer's pointers and group length allow it.
+// Two kernels per pass. The team kernels take groups of 32 to 512 elements (a power of
+// two) with vector-aligned buffers: a team of group_len / 16 threads per group, each
+// thread holding four chunks of kSignRoundChunk elements (its weight, v and upstream
+// gradient) in registers from one round of loads issued before any reduction. So every
+// byte is read once, a thread has 96 bytes in flight in a bf16 forward and 128 in the
+// backward, and the per-group work (range, parameters, sums) spreads over 16 elements a
+// thread. The generic kernels take any group: a warp (32 lanes, kSignRoundLanes) per
+// group, 8 groups a block, lane l owning the group's chunks l, l + 32, ..., each one
+// vector load where the layer's pointers and group length allow it; they read the weight
+// twice (its range first) instead of holding a whole row in registers.
 constexpr int kThreads = 256;
 constexpr int kGroupsPerBlock = kThreads / kSignRoundLanes;
 constexpr int kChunk = kSignRoundChunk;
@@ -115,10 +122,7 @@ __global__ void __launch_bounds__(kThreads) ForwardKernel(SignRoundConfig c, Sig
     float w[kChunk], v[kChunk], out[kChunk];
     LoadChunk<W>(l.weight, base + j, n, vec, w);
     LoadChunk<Fmt::kF32>(l.v, base + j, n, vec, v);
-    for (int i = 0; i < n; ++i) {
-      float level;
-      out[i] = SignRoundQdq(c, p, w[i], v[i], &level);
-    }
+    for (int i = 0; i < n; ++i) out[i] = SignRoundQdq(c, p, w[i], v[i]);
     StoreChunk<W>(l.qdq, base + j, n, vec, out);
   }
 }
@@ -155,6 +159,138 @@ __global__ void __launch_bounds__(kThreads) BackwardKernel(SignRoundConfig c, Si
   if (l.grad_max_scale != nullptr) l.grad_max_scale[g] = grad_max;
 }
 
+// The team kernels. Thread t of a team of kTeam holds the group's chunks t, t + kTeam, ...,
+// one coalesced vector load each across the team. The documented order of the backward's
+// sums has 32 lanes, chunk c on lane c % 32, so a thread stands for the kSignRoundLanes /
+// kTeam lanes t, t + kTeam, ... (its "virtual lanes", chunk i of its own on virtual lane
+// i % kVirtual), and the halving combine runs on this thread while a lane's partner
+// (l + half) is its own, then across the team by shuffles. A team of fewer than 8 leaves
+// virtual lanes without a chunk: they keep their start value, held as a constant.
+constexpr int kHeld = 4;  // chunks a thread holds
+
+template <int kTeam>
+struct TeamSlot {
+  static constexpr int kLen = kHeld * kTeam * kChunk;  // the group's length
+  static constexpr int kVirtual = kSignRoundLanes / kTeam;
+  static constexpr int kFilled = kVirtual < kHeld ? kVirtual : kHeld;  // virtual lanes with chunks
+  int t;
+  int64_t g;  // the team's group, the last one for a team past the end (computed, not stored)
+  bool live;
+  __device__ explicit TeamSlot(int64_t groups) {
+    t = threadIdx.x % kTeam;
+    const int64_t at = int64_t(blockIdx.x) * (kThreads / kTeam) + threadIdx.x / kTeam;
+    live = at < groups;
+    g = live ? at : groups - 1;  // every lane of the warp takes part in the shuffles
+  }
+  __device__ int64_t At(int i) const { return g * kLen + int64_t(t + i * kTeam) * kChunk; }
+};
+
+__device__ __forceinline__ float LaneXor(float x, int mask, int width) { return TeamXor(x, mask, width); }
+__device__ __forceinline__ SignRoundTerms LaneXor(const SignRoundTerms& x, int mask, int width) {
+  return {TeamXor(x.scale_product, mask, width), TeamXor(x.scale_quotient, mask, width),
+          TeamXor(x.zero_product, mask, width), TeamXor(x.zero_level, mask, width)};
+}
+
+// The filled virtual lanes' values x (the others T{}) combined by halves (lane l < half
+// takes op(lane l, lane l + half)): on thread 0 of the team, lane 0's value exactly as a
+// warp of 32 lanes gets it. op(T{}, T{}) is T{}, so an empty lane stays one.
+template <int kTeam, typename T, typename Op>
+__device__ __forceinline__ T CombineLanes(T* x, Op op) {
+  constexpr int kFilled = TeamSlot<kTeam>::kFilled;
+#pragma unroll
+  for (int half = kSignRoundLanes / 2; half >= kTeam; half /= 2) {
+    const int h = half / kTeam;
+#pragma unroll
+    for (int k = 0; k < h && k < kFilled; ++k) x[k] = op(x[k], k + h < kFilled ? x[k + h] : T{});
+  }
+  T y = x[0];
+#pragma unroll
+  for (int half = kTeam / 2; half > 0; half /= 2) y = op(y, LaneXor(y, half, kTeam));
+  return y;
+}
+
+template <int kTeam>
+__device__ __forceinline__ SignRoundGroup TeamGroupOf(const SignRoundConfig& c, const float (&w)[kHeld][kChunk],
+                                                      float min_scale, float max_scale) {
+  constexpr int kVirtual = TeamSlot<kTeam>::kVirtual;
+  float lo[TeamSlot<kTeam>::kFilled], hi[TeamSlot<kTeam>::kFilled];
+#pragma unroll
+  for (int k = 0; k < TeamSlot<kTeam>::kFilled; ++k) lo[k] = 0.0f, hi[k] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kHeld; ++i) {
+#pragma unroll
+    for (int e = 0; e < kChunk; ++e) {
+      lo[i % kVirtual] = fminf(lo[i % kVirtual], w[i][e]);
+      hi[i % kVirtual] = fmaxf(hi[i % kVirtual], w[i][e]);
+    }
+  }
+  const float wmin = CombineLanes<kTeam>(lo, [](float a, float b) { return fminf(a, b); });
+  const float wmax = CombineLanes<kTeam>(hi, [](float a, float b) { return fmaxf(a, b); });
+  return SignRoundParams(c, wmin, wmax, Clamp(min_scale, 0.0f, 1.0f), Clamp(max_scale, 0.0f, 1.0f));
+}
+
+// Blocks an SM keeps resident (CUDA's meaning; HIP reads it as waves per execution unit, a
+// looser bound): at most 80 registers in the backward, 64 in the forward, so with a bf16
+// weight an SM has 96 KB of loads in flight either way.
+template <bool kBackward>
+constexpr int kTeamBlocksPerSm = kBackward ? 3 : 4;
+
+template <Fmt W, int kTeam, bool kBackward, bool kSym>
+__global__ void __launch_bounds__(kThreads, kTeamBlocksPerSm<kBackward>)
+    TeamKernel(SignRoundConfig config, SignRoundLayer l) {
+  // Known here: the roundings to the weight's format inline without a branch, and a
+  // symmetric range holds no registers for the zero point's sums.
+  SignRoundConfig c = config;
+  c.weight = W;
+  c.sym = kSym;
+  const TeamSlot<kTeam> s(l.groups());
+  float w[kHeld][kChunk], v[kHeld][kChunk], grad[kHeld][kChunk];
+#pragma unroll
+  for (int i = 0; i < kHeld; ++i) {
+    Element<W>::Get4(l.weight, s.At(i), w[i]);
+    Element<Fmt::kF32>::Get4(l.v, s.At(i), v[i]);
+    if (kBackward) Element<W>::Get4(l.grad_qdq, s.At(i), grad[i]);
+  }
+  const float min_scale = l.min_scale[s.g], max_scale = l.max_scale[s.g];
+  const SignRoundGroup p = TeamGroupOf<kTeam>(c, w, min_scale, max_scale);
+  float out[kHeld][kChunk];
+  if (kBackward) {
+    SignRoundTerms lanes[TeamSlot<kTeam>::kFilled];
+#pragma unroll
+    for (int i = 0; i < kHeld; ++i) {
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) {
+        out[i][e] = SignRoundElementGrad(c, p, w[i][e], v[i][e], grad[i][e], &lanes[i % TeamSlot<kTeam>::kVirtual]);
+      }
+    }
+    const SignRoundTerms total = CombineLanes<kTeam>(lanes, [](const SignRoundTerms& a, const SignRoundTerms& b) {
+      return SignRoundTerms{a.scale_product + b.scale_product, a.scale_quotient + b.scale_quotient,
+                            a.zero_product + b.zero_product, a.zero_level + b.zero_level};
+    });
+    if (!s.live) return;
+#pragma unroll
+    for (int i = 0; i < kHeld; ++i) Element<Fmt::kF32>::Put4(l.grad_v, s.At(i), out[i]);
+    if (s.t != 0) return;
+    float grad_min, grad_max;
+    SignRoundGroupGrad(c, p, RoundSums(c, total), &grad_min, &grad_max);
+    if (l.grad_min_scale != nullptr) l.grad_min_scale[s.g] = grad_min;
+    if (l.grad_max_scale != nullptr) l.grad_max_scale[s.g] = grad_max;
+  } else {
+    if (!s.live) return;
+#pragma unroll
+    for (int i = 0; i < kHeld; ++i) {
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) {
+        out[i][e] = SignRoundDequant(c, p, SignRoundLevel(c, p, SignRoundQuotient(c, p, w[i][e]), v[i][e]));
+      }
+      Element<W>::Put4(l.qdq, s.At(i), out[i]);  // rounds to the weight's format
+    }
+    if (s.t != 0) return;
+    l.min_scale[s.g] = p.min_scale;
+    l.max_scale[s.g] = p.max_scale;
+  }
+}
+
 __global__ void SignSgdKernel(float* param, const float* grad, float* best, int64_t count, const float* lr,
                               const float* loss, const float* best_loss) {
   const bool keep = best != nullptr && loss != nullptr && *loss < *best_loss;
@@ -182,40 +318,54 @@ bool Vectorizable(const SignRoundLayer& l, Fmt w) {
          Aligned(l.grad_qdq, wbytes) && Aligned(l.v, 16) && Aligned(l.grad_v, 16);
 }
 
-unsigned Blocks(int64_t groups) { return static_cast<unsigned>((groups + kGroupsPerBlock - 1) / kGroupsPerBlock); }
+unsigned Blocks(int64_t groups, int per_block) { return static_cast<unsigned>((groups + per_block - 1) / per_block); }
 
-}  // namespace
+template <Fmt W, int kTeam, bool kBackward>
+void LaunchTeam(const SignRoundConfig& c, const SignRoundLayer& l, gpuStream_t stream) {
+  const unsigned blocks = Blocks(l.groups(), kThreads / kTeam);
+  if (c.sym) {
+    TeamKernel<W, kTeam, kBackward, true><<<blocks, kThreads, 0, stream>>>(c, l);
+  } else {
+    TeamKernel<W, kTeam, kBackward, false><<<blocks, kThreads, 0, stream>>>(c, l);
+  }
+}
 
-gpuError_t LaunchSignRoundForward(const SignRoundConfig& c, const SignRoundLayer& l, gpuStream_t stream) {
-  const bool vec = Vectorizable(l, c.weight);
-  switch (c.weight) {
-    case Fmt::kF32:
-      ForwardKernel<Fmt::kF32><<<Blocks(l.groups()), kThreads, 0, stream>>>(c, l, vec);
-      break;
-    case Fmt::kBf16:
-      ForwardKernel<Fmt::kBf16><<<Blocks(l.groups()), kThreads, 0, stream>>>(c, l, vec);
-      break;
-    case Fmt::kF16:
-      ForwardKernel<Fmt::kF16><<<Blocks(l.groups()), kThreads, 0, stream>>>(c, l, vec);
-      break;
+template <Fmt W, bool kBackward>
+gpuError_t LaunchPass(const SignRoundConfig& c, const SignRoundLayer& l, gpuStream_t stream) {
+  const bool vec = Vectorizable(l, W);
+  if (vec && l.group_len == TeamSlot<2>::kLen) {
+    LaunchTeam<W, 2, kBackward>(c, l, stream);
+  } else if (vec && l.group_len == TeamSlot<4>::kLen) {
+    LaunchTeam<W, 4, kBackward>(c, l, stream);
+  } else if (vec && l.group_len == TeamSlot<8>::kLen) {
+    LaunchTeam<W, 8, kBackward>(c, l, stream);
+  } else if (vec && l.group_len == TeamSlot<16>::kLen) {
+    LaunchTeam<W, 16, kBackward>(c, l, stream);
+  } else if (vec && l.group_len == TeamSlot<32>::kLen) {
+    LaunchTeam<W, 32, kBackward>(c, l, stream);
+  } else if (kBackward) {
+    BackwardKernel<W><<<Blocks(l.groups(), kGroupsPerBlock), kThreads, 0, stream>>>(c, l, vec);
+  } else {
+    ForwardKernel<W><<<Blocks(l.groups(), kGroupsPerBlock), kThreads, 0, stream>>>(c, l, vec);
   }
   return gpuGetLastError();
 }
 
+template <bool kBackward>
+gpuError_t LaunchPass(const SignRoundConfig& c, const SignRoundLayer& l, gpuStream_t stream) {
+  if (c.weight == Fmt::kF32) return LaunchPass<Fmt::kF32, kBackward>(c, l, stream);
+  if (c.weight == Fmt::kBf16) return LaunchPass<Fmt::kBf16, kBackward>(c, l, stream);
+  return LaunchPass<Fmt::kF16, kBackward>(c, l, stream);
+}
+
+}  // namespace
+
+gpuError_t LaunchSignRoundForward(const SignRoundConfig& c, const SignRoundLayer& l, gpuStream_t stream) {
+  return LaunchPass<false>(c, l, stream);
+}
+
 gpuError_t LaunchSignRoundBackward(const SignRoundConfig& c, const SignRoundLayer& l, gpuStream_t stream) {
-  const bool vec = Vectorizable(l, c.weight);
-  switch (c.weight) {
-    case Fmt::kF32:
-      BackwardKernel<Fmt::kF32><<<Blocks(l.groups()), kThreads, 0, stream>>>(c, l, vec);
-      break;
-    case Fmt::kBf16:
-      BackwardKernel<Fmt::kBf16><<<Blocks(l.groups()), kThreads, 0, stream>>>(c, l, vec);
-      break;
-    case Fmt::kF16:
-      BackwardKernel<Fmt::kF16><<<Blocks(l.groups()), kThreads, 0, stream>>>(c, l, vec);
-      break;
-  }
-  return gpuGetLastError();
+  return LaunchPass<true>(c, l, stream);
 }
 
 gpuError_t LaunchSignSgdTensor(const SignSgdStep& s, const SignSgdTensor& t, gpuStream_t stream) {

@@ -116,15 +116,28 @@ QLINK_HD SignRoundGroup SignRoundParams(const SignRoundConfig& c, float wmin, fl
   return g;
 }
 
-// One element's quant-dequant: the level before the clamp (*level, for the backward's
-// mask) and the result in the weight's format.
-QLINK_HD float SignRoundQdq(const SignRoundConfig& c, const SignRoundGroup& g, float w, float v, float* level) {
-  const float x = Add(RoundTo(c.quotient(), Div(w, g.scale)), v);
-  float q = RoundSte(x);
-  if (!c.sym) q = Add(q, g.zero);
-  *level = q;
-  q = Clamp(q, c.lowest(), c.highest());
-  return RoundTo(c.weight, Mul(g.scale, c.sym ? q : Sub(q, g.zero)));
+// One element's w / scale in the quotient's format: the first step of its quant-dequant,
+// which the backward's gradient through the division takes again.
+QLINK_HD float SignRoundQuotient(const SignRoundConfig& c, const SignRoundGroup& g, float w) {
+  return RoundTo(c.quotient(), Div(w, g.scale));
+}
+
+// One element's level before the clamp (the backward's mask) from its quotient and v.
+QLINK_HD float SignRoundLevel(const SignRoundConfig& c, const SignRoundGroup& g, float quotient, float v) {
+  const float q = RoundSte(Add(quotient, v));
+  return c.sym ? q : Add(q, g.zero);
+}
+
+// A level's quant-dequant in fp32, before its rounding to the weight's format: a kernel
+// that converts it to the weight's format as it stores it rounds it once, to the same bits.
+QLINK_HD float SignRoundDequant(const SignRoundConfig& c, const SignRoundGroup& g, float level) {
+  const float q = Clamp(level, c.lowest(), c.highest());
+  return Mul(g.scale, c.sym ? q : Sub(q, g.zero));
+}
+
+// One element's quant-dequant, in the weight's format.
+QLINK_HD float SignRoundQdq(const SignRoundConfig& c, const SignRoundGroup& g, float w, float v) {
+  return RoundTo(c.weight, SignRoundDequant(c, g, SignRoundLevel(c, g, SignRoundQuotient(c, g, w), v)));
 }
 
 // One element's share of the backward, given the upstream gradient `grad` of its output:
@@ -138,8 +151,8 @@ struct SignRoundTerms {
 
 QLINK_HD float SignRoundElementGrad(const SignRoundConfig& c, const SignRoundGroup& g, float w, float v, float grad,
                                     SignRoundTerms* sums) {
-  float q_unclamped;
-  SignRoundQdq(c, g, w, v, &q_unclamped);
+  const float quotient = SignRoundQuotient(c, g, w);
+  const float q_unclamped = SignRoundLevel(c, g, quotient, v);
   const float q = Clamp(q_unclamped, c.lowest(), c.highest());
   const bool inside = q_unclamped >= c.lowest() && q_unclamped <= c.highest();
   const float e = c.sym ? q : Sub(q, g.zero);  // what multiplies the scale
@@ -154,7 +167,7 @@ QLINK_HD float SignRoundElementGrad(const SignRoundConfig& c, const SignRoundGro
   // quotient's format.
   const Fmt t = c.quotient();
   const float grad_d = RoundTo(t, grad_x);
-  const float twice = RoundTo(t, Div(RoundTo(t, Div(w, g.scale)), g.scale));
+  const float twice = RoundTo(t, Div(quotient, g.scale));
   sums->scale_quotient += RoundTo(t, Mul(-grad_d, twice));
   return grad_x;
 }
@@ -230,7 +243,9 @@ QLINK_HD float LinearLrNext(float lr, int64_t epoch, int64_t total_iters) {
 // The per-group sums' order: a group's elements in chunks of kSignRoundChunk, chunk c on
 // lane c % kSignRoundLanes, each lane adding its elements in order, then lanes combined by
 // halves (lane l < half adds lane l + half; 16, 8, 4, 2, 1). On the GPU a lane is a thread
-// of the warp that owns the group, and a chunk is one vector load.
+// of the warp that owns the group (the generic kernels) or one of the lanes a thread of a
+// smaller team stands for (the team kernels, signround_kernels.cu), and a chunk is one
+// vector load.
 constexpr int kSignRoundLanes = 32;
 constexpr int kSignRoundChunk = 4;
 
