@@ -72,10 +72,12 @@ for part in $parts; do
       done ;;
     loop_host8)
       run loop_host8 420 python3 gptqmodel_run.py --model /tmp/llama7b-8layers --layers 8 --out "$out/loop_host8.json" ;;
-    ar)  # issue 22: each a warm-up run, a timed run and a profiled run in one process (about 6 minutes)
+    ar)  # issue 22: each a warm-up run, a timed run and (qlink's; AutoRound's with AR_HOST_PROFILE=1)
+      # a profiled run in one process (about 5 minutes)
       run ar_qlink 240 python3 autoround_run.py --model $model --iters 200 --qlink auto --profile "$out/ar_qlink_ops.txt" \
         --out "$out/ar_qlink.json"
-      run ar_host 330 python3 autoround_run.py --model $model --iters 200 --profile "$out/ar_host_ops.txt" --out "$out/ar_host.json" ;;
+      run ar_host 330 python3 autoround_run.py --model $model --iters 200 ${AR_HOST_PROFILE:+--profile "$out/ar_host_ops.txt"} \
+        --out "$out/ar_host.json" ;;
     ar0)  # a warm-up run and a timed one each (about 2 minutes)
       run ar0_host 150 python3 autoround_run.py --model $model --iters 0 --out "$out/ar0_host.json"
       run ar0_qlink 150 python3 autoround_run.py --model $model --iters 0 --qlink auto --out "$out/ar0_qlink.json" ;;
