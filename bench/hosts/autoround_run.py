@@ -9,15 +9,15 @@ quantized model's output error on held-out sequences (MSE of the last hidden sta
 against the bf16 model's, fp32). Prints and writes JSON; qlink's plans and counters.
 
     python3 autoround_run.py --model DIR --iters 200|0 [--qlink auto|N|off] [--strict]
-        [--runs 2] [--profile FILE] [--cprofile FILE] [--heldout 16] [--out FILE]
+        [--runs 2] [--profile FILE [--profile-stacks]] [--cprofile FILE] [--heldout 16] [--out FILE]
 """
 import argparse
 import gc
 import logging
 import re
 
-from common import (install_guards, kernel_table, make_llama, python_profile, setup_paths, timed, token_batches,
-                    write)
+from common import (install_guards, kernel_table, make_llama, profiler_activities, python_profile, setup_paths, timed,
+                    token_batches, write)
 
 setup_paths()
 
@@ -73,8 +73,7 @@ def quantize_once(args, tokenizer, heldout, reference, profile=False, cprofile=N
     run = {"profiled": profile}
     if profile:
         from gptqmodel_run import busy_shares
-        from torch.profiler import ProfilerActivity
-        with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with torch.profiler.profile(**profiler_activities(args.profile_stacks)) as prof:
             with timed(run, "quantize_s"):
                 ar.quantize()
     else:
@@ -85,7 +84,7 @@ def quantize_once(args, tokenizer, heldout, reference, profile=False, cprofile=N
     run["final_losses"] = final_losses(lines.lines)
     if profile:  # the share of the quantize call's wall time with a kernel (or a copy) running
         run["gpu_busy_kernels"], run["gpu_busy_kernels_or_copies"] = busy_shares(prof, run["quantize_s"])
-        kernel_table(prof, args.profile)
+        kernel_table(prof, args.profile, stacks=args.profile_stacks)
     model.to("cuda")  # quantized in place (fake-quantized weights), left on the CPU by AutoRound
     run["output_mse"] = float(((last_hidden(model, heldout) - reference) ** 2).mean())
     del ar, model
@@ -103,6 +102,7 @@ def main():
     a.add_argument("--runs", type=int, default=2, help="unprofiled runs; the first warms up, the last is timed")
     a.add_argument("--profile", help="one more run under torch.profiler; its operator table to this file")
     a.add_argument("--cprofile", help="the last unprofiled run under cProfile; its table to this file")
+    a.add_argument("--profile-stacks", action="store_true", help="--profile with the Python stack behind each operator")
     a.add_argument("--samples", type=int, default=128)
     a.add_argument("--seqlen", type=int, default=2048)
     a.add_argument("--heldout", type=int, default=16)

@@ -116,13 +116,25 @@ def python_profile(path, rows=70):
             f.write(text.getvalue())
 
 
-def kernel_table(prof, path, rows=40):
+def profiler_activities(stacks=False):
+    """torch.profiler's arguments: CPU and CUDA activity, with Python stacks when asked
+    (they name the code behind each operator; the run is slower)."""
+    from torch.profiler import ProfilerActivity
+    return {"activities": [ProfilerActivity.CPU, ProfilerActivity.CUDA], "with_stack": stacks}
+
+
+def kernel_table(prof, path, rows=40, stacks=False):
     """The torch.profiler's operators and kernels by their own device time, then by their
-    own host time, written to path as text."""
+    own host time, written to path as text; with stacks, the operators again by the device
+    time of the kernels they launched, each under its 8 innermost Python frames (a kernel
+    replayed inside a CUDA graph is the graph's: its eager runs before the capture show)."""
     averages = prof.key_averages()
     with open(path, "w") as f:
         for key in ("self_device_time_total", "self_cpu_time_total"):
             f.write(averages.table(sort_by=key, row_limit=rows, max_name_column_width=90) + "\n")
+        if stacks:
+            by_stack = prof.key_averages(group_by_stack_n=8)
+            f.write(by_stack.table(sort_by="device_time_total", row_limit=rows, max_name_column_width=90) + "\n")
 
 
 @contextlib.contextmanager

@@ -9,20 +9,23 @@ Nothing the script records waits on the device or copies to the host inside the 
 call (device checksums, turned into digests after it).
 
     python3 gptqmodel_run.py --model DIR [--layers N] [--qlink [--strict] | --guards]
-        [--precision ieee_fp32|tensor] [--codes FILE.pt] [--profile] [--out FILE]
+        [--precision ieee_fp32|tensor] [--codes FILE.pt] [--profile OPS.txt [--profile-stacks]]
+        [--cprofile FILE | --samples-out FILE] [--out FILE]
 
 --layers: decoder layers of the model made at DIR (if DIR has none yet). --precision: the
 qlink config's hessian_precision. --codes: every layer's 4-bit levels saved (torch.save of
 {layer: uint8 codes}) for compare_codes.py. --profile: torch.profiler over the quantize
 call; the share of its wall time with a kernel running (GPU busy), and with a kernel or
-a copy.
+a copy; its operator table to OPS.txt (--profile-stacks: with the Python code behind each
+operator). --cprofile, --samples-out: the host's time by function (cProfile; the main
+thread's stack sampled every 2 ms).
 """
 import argparse
 import hashlib
 import sys
 
-from common import (install_guards, kernel_table, make_llama, python_profile, setup_paths, stack_samples, timed,
-                    token_batches, write)
+from common import (install_guards, kernel_table, make_llama, profiler_activities, python_profile, setup_paths,
+                    stack_samples, timed, token_batches, write)
 
 setup_paths()
 
@@ -120,6 +123,7 @@ def main():
     a.add_argument("--codes")
     a.add_argument("--profile", help="torch.profiler over the quantize call; its operator table to this file")
     a.add_argument("--cprofile", help="cProfile over the quantize call; its table to this file")
+    a.add_argument("--profile-stacks", action="store_true", help="--profile with the Python stack behind each operator")
     a.add_argument("--samples-out", help="the main thread's stack sampled every 2 ms; its table to this file")
     a.add_argument("--out")
     args = a.parse_args()
@@ -148,12 +152,12 @@ def main():
     calibration = [{"input_ids": row, "attention_mask": torch.ones_like(row)} for row in ids]
     torch.cuda.reset_peak_memory_stats()
     if args.profile:
-        from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        from torch.profiler import profile
+        with profile(**profiler_activities(args.profile_stacks)) as prof:
             with timed(result, "quantize_s"):
                 model.quantize(calibration, batch_size=1)
         result["gpu_busy_kernels"], result["gpu_busy_kernels_or_copies"] = busy_shares(prof, result["quantize_s"])
-        kernel_table(prof, args.profile)
+        kernel_table(prof, args.profile, stacks=args.profile_stacks)
     else:
         with python_profile(args.cprofile), stack_samples(args.samples_out), timed(result, "quantize_s"):
             model.quantize(calibration, batch_size=1)
