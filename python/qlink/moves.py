@@ -63,6 +63,45 @@ def _to_pinned_host(tensors):
     return out
 
 
+def nested_tensors(value):
+    """The distinct tensors of `value` (dicts, lists, tuples, namedtuples), first-seen order."""
+    leaves = {}
+
+    def collect(v):
+        if isinstance(v, torch.Tensor):
+            leaves.setdefault(id(v), v)
+        elif isinstance(v, dict):
+            for x in v.values():
+                collect(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                collect(x)
+
+    collect(value)
+    return list(leaves.values())
+
+
+def map_nested(value, replace):
+    """A copy of `value` with its distinct tensors (nested_tensors) swapped for
+    replace(those tensors), in order; container types kept, anything else passed through,
+    a tensor appearing twice replaced by the same one."""
+    leaves = nested_tensors(value)
+    new = dict(zip(map(id, leaves), replace(leaves)))
+
+    def rebuild(v):
+        if isinstance(v, torch.Tensor):
+            return new[id(v)]
+        if isinstance(v, dict):
+            return type(v)((k, rebuild(x)) for k, x in v.items())
+        if isinstance(v, tuple) and hasattr(v, "_fields"):
+            return type(v)(*(rebuild(x) for x in v))
+        if isinstance(v, (list, tuple)):
+            return type(v)(rebuild(x) for x in v)
+        return v
+
+    return rebuild(value)
+
+
 def module_tensors(module):
     """The distinct parameters and the distinct buffers of `module` and its submodules,
     each list in first-seen order."""
@@ -155,30 +194,4 @@ class MoveCalls:
         """A copy of `value` (dicts, lists, tuples, namedtuples of tensors; anything else
         passed through) with every tensor on `device`; container types are kept, a tensor
         appearing twice is moved once. keep_host_copies: as for move_tensors."""
-        leaves = {}
-
-        def collect(v):
-            if isinstance(v, torch.Tensor):
-                leaves.setdefault(id(v), v)
-            elif isinstance(v, dict):
-                for x in v.values():
-                    collect(x)
-            elif isinstance(v, (list, tuple)):
-                for x in v:
-                    collect(x)
-
-        collect(value)
-        moved = dict(zip(leaves.keys(), self.move_tensors(list(leaves.values()), device, keep_host_copies)))
-
-        def rebuild(v):
-            if isinstance(v, torch.Tensor):
-                return moved[id(v)]
-            if isinstance(v, dict):
-                return type(v)((k, rebuild(x)) for k, x in v.items())
-            if isinstance(v, tuple) and hasattr(v, "_fields"):
-                return type(v)(*(rebuild(x) for x in v))
-            if isinstance(v, (list, tuple)):
-                return type(v)(rebuild(x) for x in v)
-            return v
-
-        return rebuild(value)
+        return map_nested(value, lambda leaves: self.move_tensors(leaves, device, keep_host_copies))

@@ -18,17 +18,9 @@ import dataclasses
 
 import torch
 
+from ..moves import map_nested, nested_tensors
+
 FREE_SHARE = 0.5  # of the GPU's free memory the cache may take
-
-
-def _host_bytes(value):
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size() if value.device.type == "cpu" else 0
-    if isinstance(value, dict):
-        return sum(_host_bytes(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(_host_bytes(v) for v in value)
-    return 0
 
 
 def _fields(cache):
@@ -50,7 +42,7 @@ def placement(ctx, quantize_device, cache):
     if device.type != "cuda":
         return None, "the layers run on %s" % device
     device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
-    nbytes = _host_bytes(list(_fields(cache).values()))
+    nbytes = sum(t.numel() * t.element_size() for t in nested_tensors(_fields(cache)) if t.device.type == "cpu")
     if nbytes == 0:
         return None, "nothing of the cache is in host memory"
     free = torch.cuda.mem_get_info(device)[0]
@@ -60,21 +52,14 @@ def placement(ctx, quantize_device, cache):
     return device, None
 
 
-def _to(value, device):
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, dict):
-        return type(value)((k, _to(v, device)) for k, v in value.items())
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return type(value)(*(_to(v, device) for v in value))
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to(v, device) for v in value)
-    return value
+def _to(tensors, device):
+    return [t.to(device) for t in tensors]
 
 
 def on_device(cache, device):
-    """A new cache of the same type with every tensor on `device`. Moved once, before the
+    """A new cache of the same type with every tensor on `device` (one the cache holds
+    twice, moved once, as move_nested_to_device moves it). Moved once, before the
     first layer, with the GPU idle: PyTorch's pageable copies (the driver streams them
     through its own pinned buffers) beat pinned twins here, which would page-lock the whole
     cache anew (measured: 2.7 GB in 2.1 s through twins)."""
-    return dataclasses.replace(cache, **{name: _to(value, device) for name, value in _fields(cache).items()})
+    return dataclasses.replace(cache, **map_nested(_fields(cache), lambda tensors: _to(tensors, device)))
