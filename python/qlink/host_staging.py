@@ -28,7 +28,7 @@ import torch
 
 from . import _abi
 from ._dlpack import byte_vectors
-from .streams import current_streams
+from .streams import current_streams, resolved_device
 
 
 def stageable(t):
@@ -93,11 +93,11 @@ class HostStaging:
                     index, ctx.backend, ctx.device_count))
             targets = [torch.empty_like(t) for t in sources]
         else:
-            target = torch.device(device)
+            target = resolved_device(device)
             if target.type != "cuda":
                 raise ValueError("device %s is not a GPU" % target)
-            index = torch.cuda.current_device() if target.index is None else target.index
-            targets = [torch.empty(t.shape, dtype=t.dtype, device=torch.device("cuda", index)) for t in sources]
+            index = target.index
+            targets = [torch.empty(t.shape, dtype=t.dtype, device=target) for t in sources]
         self._sweep()
         twins = [self._twin(t, keep) for t in sources]
         nbytes = np.array([t.numel() * t.element_size() for t in sources], dtype=np.int64)

@@ -7,6 +7,7 @@ import torch
 
 from .copy_calls import gpu_bridge
 from .host_staging import HostStaging, stageable
+from .streams import resolved_device
 
 _staging_lock = threading.Lock()
 
@@ -142,9 +143,7 @@ class MoveCalls:
         out = list(tensors)
         if not out:
             return out
-        target = torch.device(device)
-        if target.type == "cuda" and target.index is None:
-            target = torch.device("cuda", torch.cuda.current_device())
+        target = resolved_device(device)
         if all(t.device == target for t in out):
             return out  # the forwards' moves of a calibration cache already there (gptqmodel_cache)
         if target.type == "cpu" and not self.host_memory:

@@ -6,13 +6,7 @@ import sysconfig
 import torch
 
 from .moves import module_tensors
-
-
-def _canonical(device):
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
+from .streams import resolved_device
 
 
 def _gil_enabled():
@@ -49,7 +43,7 @@ class ReplicaCalls:
         with the source or with each other, other attributes shared. GPU leaves
         that are contiguous are copied by qlink, to the source's device locally and to the
         others along a broadcast tree; the rest (host or non-contiguous leaves) by PyTorch."""
-        devices = [_canonical(d) for d in devices]
+        devices = [resolved_device(d) for d in devices]
         if len(set(devices)) != len(devices):
             raise ValueError("devices %s: each replica needs its own device" % ([str(d) for d in devices],))
         params, buffers = module_tensors(module)
@@ -83,7 +77,7 @@ class ReplicaCalls:
         a replica on the source's own device too. With p2p.use_torch_replicate (and the GIL:
         replicate funnels into broadcast_coalesced, which tears copies without it) the
         replicas come from torch.nn.parallel.replicate, otherwise from mirror_module."""
-        devices = [_canonical(d) for d in devices]
+        devices = [resolved_device(d) for d in devices]
         if (self.use_torch_replicate and _gil_enabled() and devices and all(d.type == "cuda" for d in devices)):
             replicas = torch.nn.parallel.replicate(module, devices, detach=True)
         else:

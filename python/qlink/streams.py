@@ -1,4 +1,5 @@
-"""PyTorch's current streams as the qlink_stream arrays the plugin orders its work on."""
+"""PyTorch's current streams as the qlink_stream arrays the plugin orders its work on, and
+its current GPU where a device names none."""
 import ctypes
 import threading
 
@@ -34,6 +35,15 @@ class StreamArray:
 
 
 _local = threading.local()
+
+
+def resolved_device(device):
+    """`device` as a torch.device, a GPU without an index taken as the current one (the
+    device a tensor made there reports)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def streams_key(device_type, devices):

@@ -31,6 +31,7 @@ import collections
 import torch
 
 from ..quant.signround import signround_qdq_layers, signsgd_step
+from ..streams import resolved_device
 
 try:
     from torch.func import functional_call
@@ -62,7 +63,7 @@ def unsupported(q, host, block, active_inputs, device):
          % (q.momentum,)),
         (q.dynamic_max_gap > 0 and not q.not_use_best_mse, "dynamic_max_gap (an early stop the host decides)"),
         (bool(q.enable_norm_bias_tuning), "enable_norm_bias_tuning"),
-        (tuning_device(getattr(q, "_loss_device", device)) != tuning_device(device),
+        (resolved_device(getattr(q, "_loss_device", device)) != resolved_device(device),
          "a loss device other than the tuning device"),
         (len({tuple(x.shape) for x in active_inputs}) != 1, "calibration inputs of different shapes"),
         (any(x.shape[getattr(q.block_forward, "batch_dim", 0)] != 1 for x in active_inputs[:1]),
@@ -92,18 +93,10 @@ def _scale_dtype(name, m):
     return dtype
 
 
-def tuning_device(device):
-    """AutoRound's device as the one a tensor on it reports ("cuda" is the current GPU)."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
 def check(host, block, device):
     """Each quantized layer's engine options, or InvalidLayer naming the layer and field;
     nothing allocated or written before."""
-    device, layers = tuning_device(device), []
+    device, layers = resolved_device(device), []
     for name, m in quantized_layers(host, block):
         w = m.weight
         if w.dim() != 2:
@@ -133,7 +126,7 @@ class NativeTuning:
     def __init__(self, q, host, ctx, block, layers, active_inputs, fp_outputs, input_others, valid_token_mask, device,
                  qlink_device):
         self.q, self.host, self.ctx, self.block = q, host, ctx, block
-        self.device, self.qlink_device = tuning_device(device), qlink_device
+        self.device, self.qlink_device = resolved_device(device), qlink_device
         self.runner = q.block_forward
         dim = getattr(self.runner, "batch_dim", 0)
         self.others = _on_device(self.runner, input_others, self.device, dim)

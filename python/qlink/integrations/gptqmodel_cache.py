@@ -19,6 +19,7 @@ import dataclasses
 import torch
 
 from ..moves import map_nested, nested_tensors
+from ..streams import resolved_device
 
 FREE_SHARE = 0.5  # of the GPU's free memory the cache may take
 
@@ -41,7 +42,7 @@ def placement(ctx, quantize_device, cache):
         return None, "quantize_config.device %r is not a torch device" % (quantize_device,)
     if device.type != "cuda":
         return None, "the layers run on %s" % device
-    device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+    device = resolved_device(device)
     nbytes = sum(t.numel() * t.element_size() for t in nested_tensors(_fields(cache)) if t.device.type == "cpu")
     if nbytes == 0:
         return None, "nothing of the cache is in host memory"
