@@ -5,7 +5,6 @@ data-parallel block tuning against AutoRound's own serial loop at worlds 2 and 4
 identical after every step, the plan's refusals and demotions, a failing replica named,
 iters=0 layers spread over the devices."""
 import random
-import sys
 import types
 
 import pytest
@@ -17,23 +16,19 @@ from qlink.integrations.autoround_tuning import ReplicaFailed
 from qlink.integrations.patches import FallbackRefused
 from qlink.plan import PlanRefused
 
-from test_integration_gptqmodel import HOSTS
+from stand_in_hosts import stand_in
 
 HIDDEN, SEQ = 64, 6
 
 
 @pytest.fixture
 def host():
-    sys.path.insert(0, HOSTS)
-    import auto_round
-    from auto_round.algorithms import block_runner
-    from auto_round.algorithms.quantization.rtn import quantizer as rtn
-    from auto_round.algorithms.quantization.sign_round import quantizer as sign_round
-    yield types.SimpleNamespace(auto_round=auto_round, block_runner=block_runner, rtn=rtn, sign_round=sign_round)
-    adapter.uninstall()
-    sys.path.remove(HOSTS)
-    for name in [n for n in sys.modules if n == "auto_round" or n.startswith("auto_round.")]:
-        del sys.modules[name]
+    with stand_in("auto_round", adapter):
+        import auto_round
+        from auto_round.algorithms import block_runner
+        from auto_round.algorithms.quantization.rtn import quantizer as rtn
+        from auto_round.algorithms.quantization.sign_round import quantizer as sign_round
+        yield types.SimpleNamespace(auto_round=auto_round, block_runner=block_runner, rtn=rtn, sign_round=sign_round)
 
 
 def cpu(library, devices):

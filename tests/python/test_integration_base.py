@@ -5,14 +5,13 @@ uninstall restoring only what is still qlink's, AutoRound's fallback and strict.
 import importlib
 import logging
 import shutil
-import sys
 
 import pytest
 import qlink
 from qlink.integrations import autoround, base, gptqmodel
 from qlink.integrations.host_sources import SourceTree
 
-from test_integration_gptqmodel import HOSTS
+from stand_in_hosts import HOSTS, stand_in
 
 INTEGRATIONS = {"gptqmodel": gptqmodel, "auto_round": autoround}
 
@@ -20,15 +19,11 @@ INTEGRATIONS = {"gptqmodel": gptqmodel, "auto_round": autoround}
 @pytest.fixture(params=sorted(INTEGRATIONS))
 def integration(request, library):
     """(the integration's module, its host package freshly imported, a CPU context)."""
-    sys.path.insert(0, HOSTS)
     adapter = INTEGRATIONS[request.param]
-    package = importlib.import_module(request.param)
-    ctx = qlink.load({"backend": "cpu", "cpu_devices": 2, "log_level": "off"}, library=library)
-    yield adapter, package, ctx
-    adapter.uninstall()
-    sys.path.remove(HOSTS)
-    for name in [n for n in sys.modules if n == request.param or n.startswith(request.param + ".")]:
-        del sys.modules[name]
+    with stand_in(request.param, adapter):
+        package = importlib.import_module(request.param)
+        ctx = qlink.load({"backend": "cpu", "cpu_devices": 2, "log_level": "off"}, library=library)
+        yield adapter, package, ctx
 
 
 def _install(adapter, ctx, strict=False):

@@ -2,9 +2,6 @@
 on the CPU backend: every binding patched and restored, what runs through qlink and what
 does not (counted, with reasons), strict mode, the Hessian merge in device order, and the
 layer solve through qlink's native engine (a recorder around it keeps its calls)."""
-import os
-import sys
-
 import pytest
 import torch
 
@@ -13,24 +10,20 @@ from qlink.integrations import gptqmodel as adapter
 from qlink.integrations import gptqmodel_solve
 from qlink.integrations.patches import FallbackRefused
 
-HOSTS = os.path.join(os.path.dirname(__file__), "hosts")
+from stand_in_hosts import stand_in
 
 
 @pytest.fixture
 def host(library):
     """The stand-in GPTQModel, freshly imported, and qlink installed into it (strict off)."""
-    sys.path.insert(0, HOSTS)
-    import gptqmodel
-    from gptqmodel.looper import forward_executor, module_looper
-    from gptqmodel.quantization import config, gptq
-    from gptqmodel.utils import looper_helpers, model
-    ctx = qlink.load({"backend": "cpu", "cpu_devices": 4, "log_level": "off"}, library=library)
-    yield dict(gptqmodel=gptqmodel, forward_executor=forward_executor, module_looper=module_looper, config=config,
-               gptq=gptq, looper_helpers=looper_helpers, model=model, ctx=ctx)
-    adapter.uninstall()
-    sys.path.remove(HOSTS)
-    for name in [n for n in sys.modules if n == "gptqmodel" or n.startswith("gptqmodel.")]:
-        del sys.modules[name]
+    with stand_in("gptqmodel", adapter):
+        import gptqmodel
+        from gptqmodel.looper import forward_executor, module_looper
+        from gptqmodel.quantization import config, gptq
+        from gptqmodel.utils import looper_helpers, model
+        ctx = qlink.load({"backend": "cpu", "cpu_devices": 4, "log_level": "off"}, library=library)
+        yield dict(gptqmodel=gptqmodel, forward_executor=forward_executor, module_looper=module_looper, config=config,
+                   gptq=gptq, looper_helpers=looper_helpers, model=model, ctx=ctx)
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ says why)."""
 import gc
 import os
 import re
-import sys
 import time
 
 import pytest
@@ -20,7 +19,7 @@ from qlink.host_staging import HostStaging
 from qlink.integrations import gptqmodel as adapter
 from qlink.integrations.patches import FallbackRefused
 
-HOSTS = os.path.join(os.path.dirname(__file__), "hosts")
+from stand_in_hosts import stand_in
 
 
 @pytest.fixture
@@ -126,15 +125,11 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
 @pytest.fixture
 def gpu_host(library):
-    sys.path.insert(0, HOSTS)
-    from gptqmodel.looper import forward_executor
-    from gptqmodel.utils import model
-    ctx = qlink.load({"backend": "cuda", "log_level": "off"}, library=library)
-    yield dict(forward_executor=forward_executor, model=model, ctx=ctx)
-    adapter.uninstall()
-    sys.path.remove(HOSTS)
-    for name in [n for n in sys.modules if n == "gptqmodel" or n.startswith("gptqmodel.")]:
-        del sys.modules[name]
+    with stand_in("gptqmodel", adapter):
+        from gptqmodel.looper import forward_executor
+        from gptqmodel.utils import model
+        ctx = qlink.load({"backend": "cuda", "log_level": "off"}, library=library)
+        yield dict(forward_executor=forward_executor, model=model, ctx=ctx)
 
 
 class Scaled(torch.nn.Linear):
@@ -227,12 +222,8 @@ def _leaves(cache):
 
 @pytest.fixture
 def host(library):
-    sys.path.insert(0, HOSTS)
-    yield
-    adapter.uninstall()
-    sys.path.remove(HOSTS)
-    for name in [n for n in sys.modules if n == "gptqmodel" or n.startswith("gptqmodel.")]:
-        del sys.modules[name]
+    with stand_in("gptqmodel", adapter):
+        yield
 
 
 def test_on_the_cpu_backend_the_capture_stays_in_host_memory(host, library):

@@ -4,7 +4,6 @@ GPTQModel's loop does, the Hessians through qlink (q/k/v and gate/up sharing one
 accumulation) equal to GPTQModel's own, what falls back and why, strict mode, and a failing
 accumulation leaving the task as it was."""
 import os
-import sys
 
 import pytest
 import torch
@@ -13,21 +12,18 @@ import qlink
 from qlink.integrations import gptqmodel as adapter
 from qlink.integrations.patches import FallbackRefused
 
-HOSTS = os.path.join(os.path.dirname(__file__), "hosts")
+from stand_in_hosts import stand_in
+
 HIDDEN, INTER = 32, 48
 NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @pytest.fixture
 def host(library):
-    sys.path.insert(0, HOSTS)
-    from gptqmodel.quantization import config, gptq
-    ctx = qlink.load({"backend": "cpu", "cpu_devices": 2, "log_level": "off"}, library=library)
-    yield dict(gptq=gptq, config=config, ctx=ctx, library=library)
-    adapter.uninstall()
-    sys.path.remove(HOSTS)
-    for name in [n for n in sys.modules if n == "gptqmodel" or n.startswith("gptqmodel.")]:
-        del sys.modules[name]
+    with stand_in("gptqmodel", adapter):
+        from gptqmodel.quantization import config, gptq
+        ctx = qlink.load({"backend": "cpu", "cpu_devices": 2, "log_level": "off"}, library=library)
+        yield dict(gptq=gptq, config=config, ctx=ctx, library=library)
 
 
 class Layer(torch.nn.Module):
