@@ -35,6 +35,22 @@ QLINK_HD float Sub(float a, float b) {
 #endif
 }
 
+QLINK_HD float Add(float a, float b) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+QLINK_HD float Div(float a, float b) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
 // Quantizer.find_params for one row of one group, from the group's min and max.
 QLINK_HD void RangeToParams(float xmin, float xmax, int maxq, bool sym, float* scale, float* zero) {
   xmin = fminf(xmin, 0.0f);

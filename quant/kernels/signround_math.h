@@ -34,22 +34,6 @@ QLINK_HD float RoundTo(Fmt f, float x) {
 // PyTorch's result dtype of a binary op on two tensors of these formats.
 QLINK_HD Fmt Promote(Fmt a, Fmt b) { return a == b ? a : Fmt::kF32; }
 
-QLINK_HD float Add(float a, float b) {
-#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
-QLINK_HD float Div(float a, float b) {
-#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-
 // round_ste's value: (round(x) - x) + x, which is round(x) except where x is infinite.
 QLINK_HD float RoundSte(float x) { return Add(Sub(rintf(x), x), x); }
 
