@@ -137,6 +137,12 @@ def kernel_table(prof, path, rows=40, stacks=False):
             f.write(by_stack.table(sort_by="device_time_total", row_limit=rows, max_name_column_width=90) + "\n")
 
 
+def _stack(frame):
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
+
+
 @contextlib.contextmanager
 def stack_samples(path, interval_s=0.002, rows=60):
     """A sampling profile of the calling thread's wall time when path is given: its stack
@@ -144,7 +150,8 @@ def stack_samples(path, interval_s=0.002, rows=60):
     (copies, waits, locks) counts as well as Python; each sample weighs the time since the
     one before (a thread running Python holds the GIL the sampler waits for). Written to
     path: the share of the time each function is on the stack (inclusive) and on top
-    (innermost Python frame)."""
+    (innermost Python frame); then the same inclusive table over every other thread (the
+    host's background workers: packing, finalizers), each thread's time counted."""
     if not path:
         yield
         return
@@ -152,6 +159,7 @@ def stack_samples(path, interval_s=0.002, rows=60):
     import threading
     target, stop = threading.get_ident(), threading.Event()
     inclusive, innermost, count = collections.Counter(), collections.Counter(), [0]
+    others = collections.Counter()
 
     def where(frame):
         code = frame.f_code
@@ -160,10 +168,16 @@ def stack_samples(path, interval_s=0.002, rows=60):
 
     def sample():
         last = time.perf_counter()
+        me = threading.get_ident()
         while not stop.wait(interval_s):
-            frame = sys._current_frames().get(target)
+            frames = sys._current_frames()
+            frame = frames.get(target)
             now = time.perf_counter()
             weight, last = now - last, now
+            for ident, other in frames.items():
+                if ident not in (target, me):
+                    for name in {where(f) for f in _stack(other)}:
+                        others[name] += weight
             if frame is None:
                 continue
             count[0] += 1
@@ -183,7 +197,8 @@ def stack_samples(path, interval_s=0.002, rows=60):
         thread.join()
         total = max(sum(innermost.values()), 1e-9)
         with open(path, "w") as f:
-            for title, table in (("inclusive", inclusive), ("innermost", innermost)):
+            for title, table in (("inclusive", inclusive), ("innermost", innermost),
+                                 ("other threads, inclusive (thread-seconds)", others)):
                 f.write("%s (%d samples every %.1f ms, %.2f s)\n" % (title, count[0], 1e3 * interval_s, total))
                 for name, t in table.most_common(rows):
                     f.write("%6.1f %% %8.3f s  %s\n" % (100.0 * t / total, t, name))
