@@ -242,6 +242,11 @@ QLINK_SLOT(signround_qdq, 32);
 QLINK_SLOT(signround_qdq_backward, 33);
 QLINK_SLOT(signsgd_step, 34);
 static_assert(QLINK_API_STRUCT_SIZE_1_7 == 16 + 35 * 8, "qlink_api 1.7 size");
+
+// ---- 1.8: a partial named per input --------------------------------------------------------
+QLINK_PIN(qlink_hessian_args, input_partials, 64);
+static_assert(QLINK_HESSIAN_ARGS_STRUCT_SIZE_1_8 == 72, "qlink_hessian_args 1.8 size");
+static_assert(QLINK_API_STRUCT_SIZE_1_8 == QLINK_API_STRUCT_SIZE_1_7, "qlink_api 1.8 size");
 #endif
 
 // Every current *_STRUCT_SIZE covers its struct's last field, on every platform.
@@ -251,6 +256,6 @@ static_assert(QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE == offsetof(qlink_all_reduce_arg
               "all-reduce args");
 static_assert(QLINK_GPTQ_OPTIONS_STRUCT_SIZE == offsetof(qlink_gptq_options, act_group_aware) + sizeof(int32_t),
               "gptq options");
-static_assert(QLINK_HESSIAN_ARGS_STRUCT_SIZE == offsetof(qlink_hessian_args, precision) + sizeof(int32_t),
+static_assert(QLINK_HESSIAN_ARGS_STRUCT_SIZE == offsetof(qlink_hessian_args, input_partials) + sizeof(void*),
               "hessian args");
 static_assert(QLINK_API_STRUCT_SIZE == sizeof(qlink_api), "the table's size macro covers every slot");

@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 #define QLINK_ABI_MAJOR 1
-#define QLINK_ABI_MINOR 7
+#define QLINK_ABI_MINOR 8
 
 /* Size of a struct up to and including `last_field`: what a host built against the
  * minor that introduced `last_field` passes as struct_size.
@@ -265,7 +265,9 @@ typedef enum qlink_hessian_precision {
  * copy (the call does not block). X^T X is a symmetric rank-k update; the partial is written whole (both
  * triangles). A host merges one partial per device with `reduce` (device-index order,
  * scale = 2 / total rows): GPTQ's H = (2/N) sum_d H_d, bit-identical for every arrival
- * order. */
+ * order. 1.8: with input_partials, each input names its partial instead, so one call
+ * updates many partials of one device (the experts of an MoE layer, each from its own
+ * routed rows); the inputs of one partial are added in the order given. */
 typedef struct qlink_hessian_args {
   size_t struct_size;
   const DLTensor* inputs; /* borrowed array of num_inputs: activations (..., columns),
@@ -281,10 +283,17 @@ typedef struct qlink_hessian_args {
   /* 1.6 */
   int32_t precision; /* qlink_hessian_precision; DEFAULT (0) where struct_size
                         ends before it */
+  /* 1.8 */
+  const int32_t* input_partials; /* borrowed array of num_inputs, or NULL: the index in
+                                    partials of each input's partial, on the input's
+                                    device with its columns; any number of partials per
+                                    device. NULL (or struct_size ending before it): the
+                                    partial on the input's device, one per device */
 } qlink_hessian_args;
-#define QLINK_HESSIAN_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_hessian_args, precision)
+#define QLINK_HESSIAN_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_hessian_args, input_partials)
 #define QLINK_HESSIAN_ARGS_STRUCT_SIZE_1_4 QLINK_STRUCT_SIZE(qlink_hessian_args, num_streams)
-#define QLINK_HESSIAN_ARGS_STRUCT_SIZE_1_6 QLINK_HESSIAN_ARGS_STRUCT_SIZE
+#define QLINK_HESSIAN_ARGS_STRUCT_SIZE_1_6 QLINK_STRUCT_SIZE(qlink_hessian_args, precision)
+#define QLINK_HESSIAN_ARGS_STRUCT_SIZE_1_8 QLINK_HESSIAN_ARGS_STRUCT_SIZE
 
 /* GPTQ as GPTQModel's GPTQ.quantize runs it: the damped Hessian inverted through
  * Cholesky factors (the damp raised by damp_auto_increment after each failed Cholesky
@@ -567,7 +576,8 @@ typedef struct qlink_api {
 #define QLINK_API_STRUCT_SIZE_1_5 QLINK_API_STRUCT_SIZE_1_4 /* 1.5 added an option, no entry */
 #define QLINK_API_STRUCT_SIZE_1_6 QLINK_API_STRUCT_SIZE_1_5 /* 1.6 added a field, no entry */
 #define QLINK_API_STRUCT_SIZE_1_7 QLINK_STRUCT_SIZE(qlink_api, signsgd_step)
-#define QLINK_API_STRUCT_SIZE QLINK_API_STRUCT_SIZE_1_7
+#define QLINK_API_STRUCT_SIZE_1_8 QLINK_API_STRUCT_SIZE_1_7 /* 1.8 added a field, no entry */
+#define QLINK_API_STRUCT_SIZE QLINK_API_STRUCT_SIZE_1_8
 
 /* The one exported symbol. Returns the table of ABI `major` if this library provides
  * at least `min_minor`, else NULL with *error (when error is non-NULL) pointing at a

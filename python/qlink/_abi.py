@@ -1,10 +1,10 @@
-"""ctypes mirror of plugin_api/qlink.h (ABI 1.7). Keep in step with the header."""
+"""ctypes mirror of plugin_api/qlink.h (ABI 1.8). Keep in step with the header."""
 import ctypes
 from ctypes import (POINTER, c_char, c_char_p, c_double, c_int32, c_size_t, c_uint8, c_uint16, c_uint32, c_uint64,
                     c_void_p)
 
 ABI_MAJOR = 1
-ABI_MINOR = 7
+ABI_MINOR = 8
 
 OK, INVALID_ARGUMENT, UNAVAILABLE, VERSION_MISMATCH, OUT_OF_MEMORY, RUNTIME_ERROR, INTERNAL = range(7)
 
@@ -81,10 +81,10 @@ class AllReduceArgs(ctypes.Structure):
                 ("algorithm", c_int32)]
 
 
-class HessianArgs(ctypes.Structure):  # 1.4; precision 1.6
+class HessianArgs(ctypes.Structure):  # 1.4; precision 1.6; input_partials 1.8
     _fields_ = [("struct_size", c_size_t), ("inputs", c_void_p), ("num_inputs", c_size_t), ("partials", c_void_p),
                 ("num_partials", c_size_t), ("streams", POINTER(Stream)), ("num_streams", c_size_t),
-                ("precision", c_int32)]
+                ("precision", c_int32), ("input_partials", POINTER(c_int32))]
 
 
 HESSIAN_PRECISIONS = {"default": 0, "ieee_fp32": 1, "tensor": 2}  # qlink_hessian_precision

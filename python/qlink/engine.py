@@ -54,19 +54,27 @@ class EngineCalls:
     """The native engine; part of Context."""
 
     def hessian_accumulate(self, inputs, partials, input_devices=None, partial_devices=None, streams=None,
-                           precision=None):
+                           precision=None, input_partials=None):
         """partials[d] += X^T X (fp32, both triangles) for every input X (..., columns) on
         partial d's device (qlink_hessian_args); stream-ordered, like a copy. *_devices:
         qlink device ids where the tensors do not say (the CPU backend's virtual devices).
         precision: "ieee_fp32", "tensor" (bf16/fp16 inputs on tensor cores; fp32 inputs stay
-        IEEE) or None, the config's hessian_precision (ABI 1.6)."""
+        IEEE) or None, the config's hessian_precision (ABI 1.6). input_partials: per input,
+        the index in partials of its partial (any number per device; ABI 1.8), or None."""
         code = _abi.HESSIAN_PRECISIONS.get("default" if precision is None else precision)
         if code is None or precision == "default":
             raise InvalidArgumentError(_abi.INVALID_ARGUMENT, "precision = %r is not one of None, 'ieee_fp32', "
                                        "'tensor'" % (precision,))
+        named = None
+        if input_partials is not None:
+            if len(input_partials) != len(inputs):
+                raise InvalidArgumentError(_abi.INVALID_ARGUMENT, "input_partials has %d entries for %d inputs" % (
+                    len(input_partials), len(inputs)))
+            named = (ctypes.c_int32 * max(len(inputs), 1))(*[int(k) for k in input_partials])
         src, dst = TensorArray(inputs, input_devices), TensorArray(partials, partial_devices)
         args = _abi.HessianArgs(ctypes.sizeof(_abi.HessianArgs), ctypes.addressof(src.array), len(inputs),
-                                ctypes.addressof(dst.array), len(partials), *self.stream_list(streams), code)
+                                ctypes.addressof(dst.array), len(partials), *self.stream_list(streams), code,
+                                named)
         self.invoke("hessian_accumulate", ctypes.byref(args))
 
     def gptq_quantize(self, layers, options, devices=None, streams=None):

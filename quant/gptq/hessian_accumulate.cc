@@ -122,7 +122,8 @@ Status HessianAccumulate(Context& ctx, const qlink_hessian_args* args) {
   HessianPrecision precision = HessianPrecision::kIeeeFp32;
   QLINK_RETURN_IF_ERROR(PrecisionOf(ctx, *args, &precision));
   DeviceBackend& backend = ctx.backend();
-  std::map<int, size_t> partial_of;  // device -> partials index
+  const int32_t* named = args->struct_size >= QLINK_HESSIAN_ARGS_STRUCT_SIZE_1_8 ? args->input_partials : nullptr;
+  std::map<int, size_t> partial_of;  // device -> partials index, where inputs do not name theirs
   for (size_t i = 0; i < args->num_partials; ++i) {
     const DLTensor& p = args->partials[i];
     const std::string what = "args->partials[" + std::to_string(i) + "]";
@@ -134,24 +135,41 @@ Status HessianAccumulate(Context& ctx, const qlink_hessian_args* args) {
     if (p.dtype.code != kDLFloat || p.dtype.bits != 32 || p.dtype.lanes != 1) {
       return InvalidArgument(what + " is not float32");
     }
-    if (!partial_of.emplace(p.device.device_id, i).second) {
-      return InvalidArgument(what + " is a second partial on device " + std::to_string(p.device.device_id));
+    if (named == nullptr && !partial_of.emplace(p.device.device_id, i).second) {
+      return InvalidArgument(what + " is a second partial on device " + std::to_string(p.device.device_id) +
+                             " (input_partials, 1.8, names each input's)");
     }
   }
   std::vector<int64_t> rows(args->num_inputs);
+  std::vector<size_t> partial_index(args->num_inputs);
   for (size_t i = 0; i < args->num_inputs; ++i) {
     const DLTensor& x = args->inputs[i];
     const std::string what = "args->inputs[" + std::to_string(i) + "]";
     uint64_t bytes = 0;
     QLINK_RETURN_IF_ERROR(CheckTensor(x, what, backend.device_type(), backend.device_count(), &bytes));
     if (!IsFloatDtype(x.dtype)) return InvalidArgument(what + " is not float32, bfloat16 or float16");
-    auto p = partial_of.find(x.device.device_id);
-    if (p == partial_of.end()) {
-      return InvalidArgument(what + " is on device " + std::to_string(x.device.device_id) + ", which has no partial");
+    if (named != nullptr) {
+      const int32_t k = named[i];
+      const std::string which = "args->input_partials[" + std::to_string(i) + "] = " + std::to_string(k);
+      if (k < 0 || static_cast<size_t>(k) >= args->num_partials) {
+        return InvalidArgument(which + " is not an index of args->partials (" + std::to_string(args->num_partials) +
+                               ")");
+      }
+      if (args->partials[k].device.device_id != x.device.device_id) {
+        return InvalidArgument(which + ": " + what + " is on device " + std::to_string(x.device.device_id) +
+                               ", its partial on device " + std::to_string(args->partials[k].device.device_id));
+      }
+      partial_index[i] = static_cast<size_t>(k);
+    } else {
+      auto p = partial_of.find(x.device.device_id);
+      if (p == partial_of.end()) {
+        return InvalidArgument(what + " is on device " + std::to_string(x.device.device_id) + ", which has no partial");
+      }
+      partial_index[i] = p->second;
     }
-    const int64_t n = args->partials[p->second].shape[0];
+    const int64_t n = args->partials[partial_index[i]].shape[0];
     if (x.ndim < 1 || x.shape[x.ndim - 1] != n) {
-      return InvalidArgument(what + " does not end in the partial's " + std::to_string(n) + " columns");
+      return InvalidArgument(what + " does not end in its partial's " + std::to_string(n) + " columns");
     }
     rows[i] = n == 0 ? 0 : static_cast<int64_t>(bytes / (x.dtype.bits / 8) / n);
   }
@@ -160,12 +178,12 @@ Status HessianAccumulate(Context& ctx, const qlink_hessian_args* args) {
   QLINK_RETURN_IF_ERROR(GetEngineMath(ctx, &math));
   // Without tensor cores the IEEE path gives what they would: 16-bit products are exact in fp32.
   const bool tensor = precision == HessianPrecision::kTensor && math->HasTensorSyrk();
-  std::set<int> touched;  // devices whose partial received an input
+  std::set<size_t> touched;  // partials that received an input
   for (size_t i = 0; i < args->num_inputs; ++i) {
     const DLTensor& x = args->inputs[i];
     const int device = x.device.device_id;
-    touched.insert(device);
-    const DLTensor& partial = args->partials[partial_of[device]];
+    touched.insert(partial_index[i]);
+    const DLTensor& partial = args->partials[partial_index[i]];
     const int64_t n = partial.shape[0];
     float* h = reinterpret_cast<float*>(MutableDataOf(partial));
     const Stream stream = StreamFor(device, args->streams, args->num_streams);
@@ -182,8 +200,9 @@ Status HessianAccumulate(Context& ctx, const qlink_hessian_args* args) {
     QLINK_RETURN_IF_ERROR(AccumulateNarrow(ctx, *math, device, stream, x, rows[i], n, h, &workspace));
   }
   // Both triangles, once per partial touched.
-  for (int device : touched) {
-    const DLTensor& partial = args->partials[partial_of[device]];
+  for (size_t k : touched) {
+    const DLTensor& partial = args->partials[k];
+    const int device = partial.device.device_id;
     QLINK_RETURN_IF_ERROR(math->MirrorTriangle(device, StreamFor(device, args->streams, args->num_streams),
                                                reinterpret_cast<float*>(MutableDataOf(partial)), partial.shape[0],
                                                /*lower_to_upper=*/true));

@@ -154,6 +154,7 @@ int main() {
   FIELD(qlink_hessian_args, streams);
   FIELD(qlink_hessian_args, num_streams);
   FIELD(qlink_hessian_args, precision);
+  FIELD(qlink_hessian_args, input_partials);
   STRUCT(qlink_gptq_options, QLINK_GPTQ_OPTIONS_STRUCT_SIZE);
   FIELD(qlink_gptq_options, struct_size);
   FIELD(qlink_gptq_options, bits);

@@ -61,4 +61,4 @@ def test_the_accumulator_shares_on_the_gpu_and_matches_one_call(ctx):
         ctx.hessian_accumulate([x], [whole], precision="tensor")
     torch.cuda.synchronize()
     assert torch.equal(q, whole)
-    assert acc.counters() == {"accumulations": 4, "shared": 4, "rows": 4 * 2048}
+    assert acc.counters() == {"accumulations": 4, "shared": 4, "rows": 4 * 2048, "calls": 4}

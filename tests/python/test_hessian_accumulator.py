@@ -56,8 +56,8 @@ def test_shared_accumulation_equals_each_module_accumulating_its_own(cpu):
         assert torch.equal(held[name], own[name]), name
     assert torch.allclose(held["q"].double(), reference(attn), rtol=1e-5, atol=1e-3)
     assert torch.allclose(held["o"].double(), reference(out), rtol=1e-5, atol=1e-3)
-    assert acc.counters() == {"accumulations": 6, "shared": 6, "rows": 6 * 40}
-    assert alone.counters() == {"accumulations": 12, "shared": 0, "rows": 12 * 40}
+    assert acc.counters() == {"accumulations": 6, "shared": 6, "rows": 6 * 40, "calls": 6}
+    assert alone.counters() == {"accumulations": 12, "shared": 0, "rows": 12 * 40, "calls": 12}
 
 
 def test_a_module_whose_input_differs_gets_its_own_partial(cpu):
@@ -104,11 +104,54 @@ def test_leading_dims_rows_and_dtypes(cpu):
     assert acc.add(torch.empty(0, 8), partial) is partial  # no rows: nothing to add
 
 
+def _routed(tokens, experts, top_k, gen):
+    """Each expert's rows of `tokens` under a random top-k routing (an MoE router's
+    assignment), in token order; an expert no token chose gets no rows."""
+    chosen = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens.shape[0])])
+    chosen[chosen == experts - 1] = 0  # the last expert receives nothing
+    return [tokens[(chosen == e).any(dim=1)] for e in range(experts)]
+
+
+def test_an_moe_layers_experts_in_one_call_each_equal_their_rows_alone(cpu):
+    """Two forwards of an MoE layer: every expert's gate and up read its routed rows, all
+    experts' partials made by one native call per forward (gate and up sharing one), each
+    bit-identical to the expert's rows accumulated alone; the expert without rows keeps
+    its partial (None)."""
+    experts, gen = 6, torch.Generator().manual_seed(11)
+    acc, alone = HessianAccumulator(cpu), HessianAccumulator(cpu)
+    held = {(e, name): None for e in range(experts) for name in ("gate", "up")}
+    own = [None] * experts
+    for batch in activations(2, 50, 16, seed=12):
+        rows = _routed(batch.reshape(-1, 16), experts, 2, gen)
+        items = [(rows[e], held[e, name]) for e in range(experts) for name in ("gate", "up")]
+        for (e, name), after in zip(held, acc.add_many(items)):
+            held[e, name] = after
+        own = [alone.add(rows[e].clone(), own[e]) for e in range(experts)]
+    for e in range(experts - 1):
+        assert held[e, "gate"] is held[e, "up"]
+        assert torch.equal(held[e, "gate"], own[e]), e
+    assert held[experts - 1, "gate"] is None and own[experts - 1] is None
+    counts = acc.counters()
+    assert counts["calls"] == 2 and counts["accumulations"] == counts["shared"] == 2 * (experts - 1)
+    assert counts["rows"] == alone.counters()["rows"]
+
+
+def test_a_refused_item_leaves_every_partial_of_the_call_as_it_was(cpu):
+    acc = HessianAccumulator(cpu)
+    partials = [acc.add(x, None) for x in activations(3, 10, 6, seed=13)]
+    before, counts = [p.clone() for p in partials], acc.counters()
+    items = [(x, p) for x, p in zip(activations(3, 10, 6, seed=14), partials)]
+    items[2] = (torch.randn(10, 5), partials[2])
+    with pytest.raises(errors.InvalidArgumentError, match=r"args->inputs\[2\] does not end in its partial's 6"):
+        acc.add_many(items)
+    assert all(torch.equal(p, b) for p, b in zip(partials, before)) and acc.counters() == counts
+
+
 def test_refusals_leave_the_partial_as_it_was(cpu):
     acc = HessianAccumulator(cpu)
     partial = acc.add(activations(1, 10, 6, seed=9)[0], None)
     before, counts = partial.clone(), acc.counters()
-    for bad, why in ((torch.randn(10, 5), "args->inputs[0] does not end in the partial's 6 columns"),
+    for bad, why in ((torch.randn(10, 5), "args->inputs[0] does not end in its partial's 6 columns"),
                      (torch.randn(6, 10).T, "args->inputs[0]"),  # not contiguous
                      (torch.ones(10, 6, dtype=torch.int32), "args->inputs[0] is not float32, bfloat16 or float16")):
         with pytest.raises(errors.InvalidArgumentError, match=why.replace("[", r"\[").replace("]", r"\]")):
@@ -133,7 +176,7 @@ def test_a_failing_accumulation_leaves_the_partial_as_it_was(library):
         with pytest.raises(errors.QlinkError, match="no GPTQ engine"):
             acc.add(torch.randn(5, 6), partial, device=0)
         assert torch.equal(partial, torch.full((6, 6), 3.0))
-        assert acc.counters() == {"accumulations": 0, "shared": 0, "rows": 0}
+        assert acc.counters() == {"accumulations": 0, "shared": 0, "rows": 0, "calls": 0}
         assert not acc.made(partial)
 
 

@@ -84,7 +84,7 @@ def test_the_layers_hessians_equal_gptqmodels_own_with_shared_accumulations(host
         assert torch.allclose(mine[name].H, own[name].H, rtol=1e-5, atol=1e-6), name
         assert not mine[name]._hessian_dirty and not mine[name]._device_hessian_partials
     assert torch.equal(mine["q_proj"].H, mine["v_proj"].H) and torch.equal(mine["gate_proj"].H, mine["up_proj"].H)
-    assert adapter.hessian_counters() == {"accumulations": 3 * 4, "shared": 3 * 3, "rows": 3 * 4 * 20}
+    assert adapter.hessian_counters() == {"accumulations": 3 * 4, "shared": 3 * 3, "rows": 3 * 4 * 20, "calls": 3 * 4}
     assert adapter.counters()["add_batch"] == {"qlink": 21, "host": 0, "fallback": 0, "reasons": {}}
     assert adapter.counters()["materialize_global_hessian"]["qlink"] == 7
 

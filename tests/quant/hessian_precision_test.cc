@@ -1,7 +1,8 @@
 // hessian_accumulate's precision (ABI 1.6) on the CPU backend: the config field and the
 // per-call field, their refusals, a 1.4-sized struct reading as DEFAULT, and "tensor"
 // giving the IEEE fp32 result where there are no tensor cores (16-bit products are exact
-// in fp32, so the CPU sums the same products the same way).
+// in fp32, so the CPU sums the same products the same way). Then input_partials (1.8):
+// many partials of one device in one call, each equal to its inputs accumulated alone.
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -75,6 +76,17 @@ class HessianPrecision : public ::testing::Test {
     qlink_hessian_args args{size, &x.dl, 1, &partial->dl, 1, nullptr, 0, precision};
     return api_.hessian_accumulate(ctx, &args);
   }
+  // partials[input_partials[i]] += X_i^T X_i for every input, in one call of `size` bytes.
+  qlink_status AccumulateNamed(qlink_context* ctx, const std::deque<Matrix>& inputs, std::deque<Matrix>* partials,
+                               const int32_t* input_partials, size_t size = QLINK_HESSIAN_ARGS_STRUCT_SIZE) {
+    std::vector<DLTensor> in, out;
+    for (const Matrix& x : inputs) in.push_back(x.dl);
+    for (Matrix& p : *partials) out.push_back(p.dl);
+    qlink_hessian_args args{size,          in.data(), in.size(), out.data(),
+                            out.size(),    nullptr,   0,         QLINK_HESSIAN_PRECISION_DEFAULT,
+                            input_partials};
+    return api_.hessian_accumulate(ctx, &args);
+  }
   const qlink_api& api_;
   std::deque<qlink_test::Context> contexts_;
 };
@@ -144,6 +156,71 @@ TEST_F(HessianPrecision, AOneFourStructReadsAsTheDefault) {
   EXPECT_EQ(old_size.bytes, current.bytes);
   EXPECT_EQ(Accumulate(ctx, x, &current, 77, QLINK_HESSIAN_ARGS_STRUCT_SIZE_1_4 - 1), QLINK_INVALID_ARGUMENT);
   EXPECT_THAT(api_.last_error(), HasSubstr("args->struct_size"));
+}
+
+// An MoE layer's experts: five inputs (routed rows of different counts) into three partials
+// of one device, expert 1 receiving none; each partial bit-identical to its own inputs
+// accumulated alone, in the order given; the one that received none left as it was.
+TEST_F(HessianPrecision, NamedPartialsOfOneDeviceEachEqualTheirInputsAlone) {
+  qlink_context* ctx = Make();
+  std::deque<Matrix> inputs, partials, alone;
+  const std::vector<int32_t> to = {0, 2, 0, 2, 2};
+  const int64_t rows[] = {37, 5, 64, 1, 20};
+  for (size_t i = 0; i < to.size(); ++i) {
+    inputs.emplace_back(rows[i], 24, kBF16);
+    FillActivations(&inputs.back(), 10 + static_cast<uint32_t>(i));
+  }
+  for (int e = 0; e < 3; ++e) {
+    partials.emplace_back(24, 24, kF32);
+    alone.emplace_back(24, 24, kF32);
+  }
+  ASSERT_EQ(AccumulateNamed(ctx, inputs, &partials, to.data()), QLINK_OK) << api_.last_error();
+  for (size_t i = 0; i < to.size(); ++i) {
+    ASSERT_EQ(Accumulate(ctx, inputs[i], &alone[to[i]], QLINK_HESSIAN_PRECISION_DEFAULT), QLINK_OK);
+  }
+  for (int e = 0; e < 3; ++e) EXPECT_EQ(partials[e].bytes, alone[e].bytes) << "expert " << e;
+  EXPECT_EQ(partials[1].bytes, std::vector<uint8_t>(partials[1].bytes.size(), 0)) << "no rows, no change";
+}
+
+// Without input_partials (NULL, or a 1.6-sized struct that ends before it) two partials of
+// one device are refused as before, naming the field that would allow them.
+TEST_F(HessianPrecision, WithoutNamesTwoPartialsOfOneDeviceAreRefused) {
+  qlink_context* ctx = Make();
+  std::deque<Matrix> inputs, partials;
+  inputs.emplace_back(8, 16, kBF16);
+  partials.emplace_back(16, 16, kF32);
+  partials.emplace_back(16, 16, kF32);
+  const int32_t to[] = {1};
+  EXPECT_EQ(AccumulateNamed(ctx, inputs, &partials, nullptr), QLINK_INVALID_ARGUMENT);
+  EXPECT_THAT(api_.last_error(), HasSubstr("args->partials[1] is a second partial on device 0 (input_partials"));
+  EXPECT_EQ(AccumulateNamed(ctx, inputs, &partials, to, QLINK_HESSIAN_ARGS_STRUCT_SIZE_1_6), QLINK_INVALID_ARGUMENT);
+  EXPECT_THAT(api_.last_error(), HasSubstr("args->partials[1] is a second partial on device 0 (input_partials"));
+}
+
+// A name out of range, or a partial on another device than its input, is refused naming the
+// entry, before anything is written.
+TEST_F(HessianPrecision, ABadNameIsRefusedByEntryAndWritesNothing) {
+  contexts_.emplace_back(Loaded(), R"({"backend": "cpu", "log_level": "off", "cpu_devices": 2})");
+  qlink_context* ctx = contexts_.back().get();
+  std::deque<Matrix> inputs, partials;
+  inputs.emplace_back(8, 16, kBF16);
+  inputs.emplace_back(8, 16, kBF16);
+  FillActivations(&inputs[0], 1);
+  FillActivations(&inputs[1], 2);
+  partials.emplace_back(16, 16, kF32);
+  partials.emplace_back(16, 16, kF32);
+  partials[1].dl.device.device_id = 1;
+  const std::vector<uint8_t> before = partials[0].bytes;
+  const std::pair<std::vector<int32_t>, std::string> cases[] = {
+      {{0, 2}, "args->input_partials[1] = 2 is not an index of args->partials (2)"},
+      {{0, -1}, "args->input_partials[1] = -1 is not an index of args->partials (2)"},
+      {{0, 1}, "args->input_partials[1] = 1: args->inputs[1] is on device 0, its partial on device 1"},
+  };
+  for (const auto& [to, why] : cases) {
+    EXPECT_EQ(AccumulateNamed(ctx, inputs, &partials, to.data()), QLINK_INVALID_ARGUMENT) << why;
+    EXPECT_THAT(api_.last_error(), HasSubstr(why));
+    EXPECT_EQ(partials[0].bytes, before) << why;
+  }
 }
 
 }  // namespace

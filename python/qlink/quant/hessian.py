@@ -64,7 +64,7 @@ class HessianAccumulator:
         self._lock = threading.Lock()
         self._done = {}
         self._made = {}  # id -> weakref of every partial add() made that is still alive
-        self._counts = {"accumulations": 0, "shared": 0, "rows": 0}
+        self._counts = {"accumulations": 0, "shared": 0, "rows": 0, "calls": 0}
 
     def add(self, x, partial=None, device=None):
         """The partial after x: `partial` (fp32 (columns, columns), or None for zeros) plus
@@ -72,32 +72,57 @@ class HessianAccumulator:
         id where the tensors do not say (the CPU backend's virtual devices). A new tensor,
         enqueued on the device's current stream; `partial` is not written. An input with no
         rows returns `partial` as it is."""
-        columns = x.shape[-1] if x.dim() else 0
-        if columns == 0 or x.numel() == 0:
-            return partial
-        key = (None if partial is None else id(partial), _input_key(x))
+        return self.add_many([(x, partial)], device)[0]
+
+    def add_many(self, items, device=None):
+        """add() for every (x, partial) of `items`, all on one device, in one native call:
+        the partials of an MoE layer's experts, each from its own routed rows. Returns the
+        partials after, in order; an item matching an accumulation already made, or an
+        earlier item of the call (gate and up of one expert), shares its result."""
+        results, pending = [], {}  # key -> index in `results` of the first item computing it
+        inputs, targets, outputs = [], [], []
         with self._lock:
-            done = self._done.get(key)
-            after = None if done is None else done.result_for(partial)
-            if after is not None:
-                self._counts["shared"] += 1
-                return after
-        if partial is None:
-            after = torch.zeros((columns, columns), dtype=torch.float32, device=x.device)
-        else:
-            after = partial.clone(memory_format=torch.contiguous_format)
+            for x, partial in items:
+                columns = x.shape[-1] if x.dim() else 0
+                if columns == 0 or x.numel() == 0:
+                    results.append(partial)
+                    continue
+                key = (None if partial is None else id(partial), _input_key(x))
+                done = self._done.get(key)
+                after = None if done is None else done.result_for(partial)
+                if after is None and key in pending:
+                    after = pending[key][2]
+                if after is not None:
+                    self._counts["shared"] += 1
+                    results.append(after)
+                    continue
+                if partial is None:
+                    after = torch.zeros((columns, columns), dtype=torch.float32, device=x.device)
+                else:
+                    after = partial.clone(memory_format=torch.contiguous_format)
+                pending[key] = (partial, x, after)
+                inputs.append(x)
+                targets.append(len(outputs))
+                outputs.append(after)
+                results.append(after)
+        if not inputs:
+            return results
         ids = None if device is None else [int(device)]
-        self.ctx.hessian_accumulate([x], [after], ids, ids, _streams(self.ctx, [after]), precision=self.precision)
+        self.ctx.hessian_accumulate(inputs, outputs, None if ids is None else ids * len(inputs),
+                                    None if ids is None else ids * len(outputs), _streams(self.ctx, outputs),
+                                    precision=self.precision, input_partials=targets if len(outputs) > 1 else None)
         with self._lock:
             for stale in [k for k, d in self._done.items() if not d.alive()]:
                 del self._done[stale]
             for stale in [k for k, r in self._made.items() if r() is None]:
                 del self._made[stale]
-            self._done[key] = _Done(partial, x, after)
-            self._made[id(after)] = weakref.ref(after)
-            self._counts["accumulations"] += 1
-            self._counts["rows"] += x.numel() // columns
-        return after
+            for key, (partial, x, after) in pending.items():
+                self._done[key] = _Done(partial, x, after)
+                self._made[id(after)] = weakref.ref(after)
+                self._counts["rows"] += x.numel() // x.shape[-1]
+            self._counts["accumulations"] += len(pending)
+            self._counts["calls"] += 1
+        return results
 
     def made(self, partial):
         """Whether `partial` is a tensor add() returned and may share with other holders
@@ -113,7 +138,7 @@ class HessianAccumulator:
             self._made.clear()
 
     def counters(self):
-        """{"accumulations": native calls run, "shared": adds answered by one already run,
-        "rows": rows accumulated}"""
+        """{"accumulations": partials computed, "shared": adds answered by one already made,
+        "rows": rows accumulated, "calls": native calls (add_many makes many partials in one)}"""
         with self._lock:
             return dict(self._counts)
