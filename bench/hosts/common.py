@@ -1,6 +1,6 @@
 """What the host runs share: the import paths of a prepared folder (prepare.sh), the torch
-guards, the model and the calibration of the issue (LLaMA-7B dimensions, random weights,
-random tokens), and a JSON result."""
+guards, the models and the calibration of the issues (LLaMA-7B dimensions, or
+Qwen3-30B-A3B's for the MoE one; random weights, random tokens), and a JSON result."""
 import contextlib
 import json
 import os
@@ -49,7 +49,6 @@ def make_llama(path, layers=2, hidden=4096, intermediate=11008, heads=32, vocab=
     a word-level tokenizer of `vocab` tokens."""
     import torch
     import transformers
-    from tokenizers import Tokenizer, models
     if os.path.exists(os.path.join(path, "config.json")):
         return path
     torch.manual_seed(seed)
@@ -59,13 +58,46 @@ def make_llama(path, layers=2, hidden=4096, intermediate=11008, heads=32, vocab=
     with torch.device("cuda"):
         model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(path, safe_serialization=True)
+    save_tokenizer(path, vocab)
+    return path
+
+
+def make_qwen3_moe(path, layers=2, vocab=32000, seed=0):
+    """A Qwen3-MoE with `layers` decoder layers at Qwen3-30B-A3B's dimensions (hidden 2048,
+    32 heads and 4 KV heads of 128, 128 experts of 768, top-8, top-k weights renormalised)
+    and random weights in bfloat16, saved with make_llama's tokenizer. The routers are drawn
+    like the other weights, so tokens spread over the experts whatever the router's default
+    initialisation is."""
+    import torch
+    import transformers
+    if os.path.exists(os.path.join(path, "config.json")):
+        return path
+    torch.manual_seed(seed)
+    config = transformers.Qwen3MoeConfig(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                                         num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=4,
+                                         head_dim=128, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                                         decoder_sparse_step=1, mlp_only_layers=[], vocab_size=vocab,
+                                         max_position_embeddings=4096, torch_dtype="bfloat16")
+    with torch.device("cuda"):
+        model = transformers.Qwen3MoeForCausalLM(config).to(torch.bfloat16)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.gate.weight.normal_(0, config.initializer_range)
+    model.save_pretrained(path, safe_serialization=True)
+    save_tokenizer(path, vocab)
+    return path
+
+
+def save_tokenizer(path, vocab):
+    """A word-level tokenizer of `vocab` tokens (<unk>, <s>, </s>, then t3, t4, ...) at path."""
+    import transformers
+    from tokenizers import Tokenizer, models
     words = {"<unk>": 0, "<s>": 1, "</s>": 2}
     words.update({"t%d" % i: i for i in range(3, vocab)})
     tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(words, "<unk>")),
                                                      unk_token="<unk>", bos_token="<s>", eos_token="</s>",
                                                      pad_token="</s>")
     tokenizer.save_pretrained(path)
-    return path
 
 
 def token_batches(samples=128, seqlen=2048, vocab=32000, seed=1):

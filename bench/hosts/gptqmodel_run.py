@@ -8,11 +8,14 @@ peak GPU memory (PyTorch's allocator; qlink's scratch is outside it) and qlink's
 Nothing the script records waits on the device or copies to the host inside the timed
 call (device checksums, turned into digests after it).
 
-    python3 gptqmodel_run.py --model DIR [--layers N] [--qlink [--strict] | --guards]
+    python3 gptqmodel_run.py --model DIR [--layers N] [--model-kind llama|qwen3_moe]
+        [--qlink [--strict] | --guards]
         [--precision ieee_fp32|tensor] [--codes FILE.pt] [--profile OPS.txt [--profile-stacks]]
         [--cprofile FILE | --samples-out FILE] [--out FILE]
 
---layers: decoder layers of the model made at DIR (if DIR has none yet). --precision: the
+--layers: decoder layers of the model made at DIR (if DIR has none yet); --model-kind: a
+LLaMA-7B-shaped one (default) or a Qwen3-30B-A3B-shaped MoE (its experts split by the
+defuser stand-in as GPTQModel loads it). --precision: the
 qlink config's hessian_precision. --codes: every layer's 4-bit levels saved (torch.save of
 {layer: uint8 codes}) for compare_codes.py. --profile: torch.profiler over the quantize
 call; the share of its wall time with a kernel running (GPU busy), and with a kernel or
@@ -24,8 +27,8 @@ import argparse
 import hashlib
 import sys
 
-from common import (install_guards, kernel_table, make_llama, profiler_activities, python_profile, setup_paths,
-                    stack_samples, timed, token_batches, write)
+from common import (install_guards, kernel_table, make_llama, make_qwen3_moe, profiler_activities, python_profile,
+                    setup_paths, stack_samples, timed, token_batches, write)
 
 setup_paths()
 
@@ -119,6 +122,7 @@ def main():
     a.add_argument("--samples", type=int, default=128)
     a.add_argument("--seqlen", type=int, default=2048)
     a.add_argument("--layers", type=int, default=2)
+    a.add_argument("--model-kind", choices=("llama", "qwen3_moe"), default="llama")
     a.add_argument("--precision", choices=("ieee_fp32", "tensor"))
     a.add_argument("--codes")
     a.add_argument("--profile", help="torch.profiler over the quantize call; its operator table to this file")
@@ -128,8 +132,9 @@ def main():
     a.add_argument("--out")
     args = a.parse_args()
     import torch
-    make_llama(args.model, layers=args.layers)
-    result = {"host": "GPTQModel", "qlink": args.qlink, "strict": args.strict, "guards": args.qlink or args.guards,
+    (make_qwen3_moe if args.model_kind == "qwen3_moe" else make_llama)(args.model, layers=args.layers)
+    result = {"host": "GPTQModel", "model_kind": args.model_kind, "qlink": args.qlink,
+              "strict": args.strict, "guards": args.qlink or args.guards,
               "gpus": torch.cuda.device_count(), "layers": args.layers, "precision": args.precision,
               "profiled": bool(args.profile or args.cprofile or args.samples_out)}
     if args.qlink or args.guards:
