@@ -64,6 +64,7 @@ def calibrate(host, dtype=torch.bfloat16, batches=3):
             layer(torch.randn(1, 20, HIDDEN, generator=gen).to(dtype))
     for h in handles:
         h.remove()
+    adapter.flush_hessians()  # the last forward's calls, queued (GPTQModel reads through its merge)
     partials = {name: dict(g._device_hessian_partials) for name, g in tasks.items()}
     for g in tasks.values():
         g.finalize_hessian()
@@ -84,9 +85,82 @@ def test_the_layers_hessians_equal_gptqmodels_own_with_shared_accumulations(host
         assert torch.allclose(mine[name].H, own[name].H, rtol=1e-5, atol=1e-6), name
         assert not mine[name]._hessian_dirty and not mine[name]._device_hessian_partials
     assert torch.equal(mine["q_proj"].H, mine["v_proj"].H) and torch.equal(mine["gate_proj"].H, mine["up_proj"].H)
-    assert adapter.hessian_counters() == {"accumulations": 3 * 4, "shared": 3 * 3, "rows": 3 * 4 * 20, "calls": 3 * 4}
+    # One native call per forward: every module's batch queued, made when the next batch comes.
+    assert adapter.hessian_counters() == {"accumulations": 3 * 4, "shared": 3 * 3, "rows": 3 * 4 * 20, "calls": 3}
     assert adapter.counters()["add_batch"] == {"qlink": 21, "host": 0, "fallback": 0, "reasons": {}}
     assert adapter.counters()["materialize_global_hessian"]["qlink"] == 7
+
+
+class MoE(torch.nn.Module):
+    """An MoE block as GPTQModel calibrates it once split (transformers' eager experts loop):
+    a router's top-2 per token, each routed expert's gate/up on its rows, down on theirs;
+    the last expert never chosen."""
+
+    def __init__(self, experts=6, dtype=torch.bfloat16):
+        super().__init__()
+        torch.manual_seed(3)
+        self.router = torch.nn.Linear(HIDDEN, experts, bias=False, dtype=dtype)
+        self.experts = torch.nn.ModuleList()
+        for _ in range(experts):
+            e = torch.nn.Module()
+            e.gate_proj, e.up_proj = (torch.nn.Linear(HIDDEN, INTER, bias=False, dtype=dtype) for _ in range(2))
+            e.down_proj = torch.nn.Linear(INTER, HIDDEN, bias=False, dtype=dtype)
+            self.experts.append(e)
+
+    def forward(self, x):
+        tokens = x.reshape(-1, HIDDEN)
+        logits = self.router(tokens).float()
+        logits[:, -1] = -float("inf")
+        weights, chosen = torch.topk(logits.softmax(-1), 2, dim=-1)
+        out = torch.zeros_like(tokens)
+        for i, e in enumerate(self.experts):
+            rows, slot = torch.where(chosen == i)
+            if rows.numel() == 0:
+                continue
+            h = tokens[rows]
+            y = e.down_proj(torch.nn.functional.silu(e.gate_proj(h)) * e.up_proj(h))
+            out.index_add_(0, rows, y * weights[rows, slot, None].to(y.dtype))
+        return out.view_as(x)
+
+
+def calibrate_moe(host, batches=3):
+    moe, tasks = MoE(), {}
+    for i, e in enumerate(moe.experts):
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            g = host["gptq"].GPTQ(getattr(e, name), host["config"].QuantizeConfig())
+            g.name = "experts.%d.%s" % (i, name)
+            tasks[g.name] = g
+            getattr(e, name).register_forward_hook(lambda m, inp, out, g=g: g.add_batch(inp[0].data, out.data))
+    gen = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for _ in range(batches):
+            moe(torch.randn(1, 40, HIDDEN, generator=gen).to(torch.bfloat16))
+    adapter.flush_hessians()
+    partials = {name: dict(g._device_hessian_partials) for name, g in tasks.items()}
+    for g in tasks.values():
+        g.finalize_hessian()
+    return tasks, partials
+
+
+def test_an_moe_blocks_experts_land_in_one_native_call_per_forward(host):
+    """Every routed expert's gate, up and down of one forward in one hessian_accumulate (gate
+    and up sharing), each expert's Hessian equal to GPTQModel's own; the expert no token
+    chose has no samples and no partial, as with GPTQModel."""
+    own, _ = calibrate_moe(host)
+    adapter.install(ctx=host["ctx"], strict=True)
+    mine, partials = calibrate_moe(host)
+    cpu = torch.device("cpu")
+    routed = [i for i in range(6) if own["experts.%d.gate_proj" % i].nsamples]
+    assert routed == [0, 1, 2, 3, 4]
+    for i in routed:
+        assert partials["experts.%d.gate_proj" % i][cpu] is partials["experts.%d.up_proj" % i][cpu]
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            key = "experts.%d.%s" % (i, name)
+            assert mine[key].nsamples == own[key].nsamples > 0, key
+            assert torch.allclose(mine[key].H, own[key].H, rtol=1e-5, atol=1e-6), key
+    assert mine["experts.5.gate_proj"].nsamples == 0 and not partials["experts.5.down_proj"]
+    counts = adapter.hessian_counters()
+    assert counts["calls"] == 3 and counts["accumulations"] == 3 * 2 * len(routed) == counts["shared"] * 2
 
 
 class Affine(torch.nn.Module):
@@ -125,6 +199,7 @@ def test_a_host_batch_after_shared_ones_does_not_touch_the_other_layers(host):
     x = torch.randn(10, 16)
     for g in tasks:
         g.add_batch(x, None)
+    adapter.flush_hessians()
     shared = tasks[0]._device_hessian_partials[torch.device("cpu")]
     before = shared.clone()
     tasks[0].add_batch(torch.randn(10, 16, dtype=torch.float64), None)  # the host's own add_batch
@@ -152,13 +227,15 @@ def test_a_failing_accumulation_leaves_the_task_as_it_was(host):
     partial = g._device_hessian_partials[torch.device("cpu")]
     state = (partial.clone(), dict(g._device_sample_counts), g.nsamples, g._hessian_dirty)
     adapter.install(ctx=_fault_context(host["library"]), strict=True)
+    g.add_batch(second, None)  # queued: made with the forward's other calls
     with pytest.raises(FallbackRefused, match="layer 'q_proj': UnavailableError: the fault backend has no GPTQ"):
-        g.add_batch(second, None)
+        adapter.flush_hessians()
     assert g._device_hessian_partials[torch.device("cpu")] is partial
     assert (torch.equal(partial, state[0]) and g._device_sample_counts == state[1] and g.nsamples == state[2]
             and g._hessian_dirty == state[3])
     adapter.install(ctx=_fault_context(host["library"]))
     g.add_batch(second, None)
+    adapter.flush_hessians()
     assert g.nsamples == 10
     assert torch.allclose(g._device_hessian_partials[torch.device("cpu")], first.T @ first + second.T @ second,
                           rtol=1e-5, atol=1e-5)

@@ -129,6 +129,10 @@ class Installation:
     def apply(self):
         raise NotImplementedError
 
+    def close(self):
+        """Work the patches still hold (queued, not yet handed to the host) completed before
+        uninstall restores the host's bindings."""
+
 
 class Integration:
     """The process's one installation of an integration."""
@@ -152,6 +156,7 @@ class Integration:
         installation, self.current = self.current, None
         if installation is None:
             return {"kept": [], "peer_pairs": []}
+        installation.close()
         kept = installation.rebindings.undo()
         title = installation.HOST.title
         if kept:

@@ -22,8 +22,10 @@ What install() routes through qlink (each a patch with its own counters):
                             staging_counters() says how many copies and twins
   add_batch                 the per-batch Hessian through qlink.quant.HessianAccumulator
                             (gptqmodel_hessian): stream-ordered, no synchronization, one
-                            accumulation for the layers reading one input (q/k/v, gate/up);
-                            hessian_counters() says how many ran and how many were shared
+                            accumulation for the layers reading one input (q/k/v, gate/up),
+                            a forward's calls queued and made as one native call (an MoE
+                            layer's experts together); hessian_counters() says how many ran,
+                            how many were shared, in how many calls
   materialize_global_hessian  the Hessian partials summed in device order by qlink.reduce, so
                             the result no longer depends on the order they arrived in
   quantize                  GPTQ.quantize through qlink's native GPTQ engine where it covers
@@ -41,7 +43,7 @@ from ..defaults import configure
 from ..quant.hessian import HessianAccumulator
 from . import gptqmodel_cache
 from .base import HostSpec, Installation, Integration
-from .gptqmodel_hessian import make_add_batch
+from .gptqmodel_hessian import Queue, make_add_batch
 from .gptqmodel_solve import done_with_hessian, solve, unsupported
 
 PATCHES = ("clone_module_for_devices", "torch_replicate", "cache_inputs", "move_to", "nested_move_to", "add_batch",
@@ -108,6 +110,10 @@ class _Installation(Installation):
         super().__init__(ctx, strict)
         self.host = _Host(self.names)
         self.accumulator = HessianAccumulator(ctx)
+        self.queue = Queue(self)  # add_batch's calls of a forward, made as one native call
+
+    def close(self):
+        self.queue.flush()
 
     def apply(self):
         h, bind = self.host, self.rebindings
@@ -246,6 +252,7 @@ class _Installation(Installation):
 
         @_like(original)
         def materialize_global_hessian(gptq, target_device=None):
+            self.queue.flush()  # the forward's last calls land before the partials are read
             with gptq.lock:
                 # Device order for whichever sums them, so the merge no longer depends on the
                 # order the partials arrived in.
@@ -285,6 +292,7 @@ class _Installation(Installation):
 
         @_like(original)
         def quantize(gptq, blocksize=128):
+            self.queue.flush()  # the counts unsupported() reads include the forward's last calls
             reason = unsupported(gptq, self.host)
             if reason:
                 counters.host("quantize", reason)
@@ -316,6 +324,15 @@ def uninstall():
     """Restores every binding install() changed that is still qlink's; returns what it left
     (Integration.uninstall)."""
     return _integration.uninstall()
+
+
+def flush_hessians():
+    """Makes the add_batch calls still queued (one native call) and lands them in their
+    tasks. GPTQModel never needs it (it reads the partials through materialize_global_hessian,
+    which flushes first); a caller reading _device_hessian_partials itself does."""
+    current = _integration.current
+    if current is not None:
+        current.queue.flush()
 
 
 def hessian_counters():

@@ -7,8 +7,18 @@ partial tensor. The result lands where GPTQModel keeps it: _device_hessian_parti
 _device_sample_counts, nsamples, fwd_counter, _hessian_dirty, so its merge (or qlink's, in
 device order) and its solve find it as they would their own.
 
+The calls of one forward are queued and made as one native call (many partials, each
+named by its input: an MoE layer's 256 expert linears per batch in one call rather than
+256), when a module's next batch arrives, or before anything reads a partial
+(materialize_global_hessian, the host path, uninstall: flush()). Until then the task
+holds what it held before the batch; a queued call is never half-applied: the whole queue
+lands, or each of its calls goes to GPTQModel's own add_batch in order.
+
 What add_batch does not take, it hands to GPTQModel's own add_batch, counted with the
 reason; with strict=True it raises FallbackRefused naming the layer and the reason."""
+import contextlib
+import threading
+
 import torch
 
 from .patches import FallbackRefused
@@ -50,49 +60,84 @@ def unsupported(gptq, inp, host, ctx):
     return None
 
 
+class Queue:
+    """add_batch calls waiting for one native call (see the module's docstring). Thread-safe:
+    the lock is held across a flush, so a task's next call waits for its last to land."""
+
+    def __init__(self, installation):
+        self.installation = installation
+        self.lock = threading.RLock()
+        self.items = []     # (gptq, inp, out, x, device, batch_index) in arrival order
+        self.tasks = set()  # id() of the tasks with a queued call
+        self.stream = None  # where the queued inputs were made (a GPU's current stream)
+
+    def put(self, gptq, inp, out, x, device, batch_index):
+        stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        with self.lock:
+            if id(gptq) in self.tasks or (self.items and stream != self.stream):
+                self.flush()  # a task's partials chain batch to batch; one stream per call
+            self.items.append((gptq, inp, out, x, device, batch_index))
+            self.tasks.add(id(gptq))
+            self.stream = stream
+
+    def flush(self):
+        """Every queued call made, as one native call; its results committed to their tasks."""
+        with self.lock:
+            items, self.items, self.tasks = self.items, [], set()
+            if not items:
+                return
+            inst = self.installation
+            try:
+                with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+                    afters = inst.accumulator.add_many(
+                        [(x, gptq._device_hessian_partials.get(device)) for gptq, _, _, x, device, _ in items])
+            except Exception as error:  # noqa: BLE001 (nothing landed: each call goes to the host's path)
+                for gptq, inp, out, _, _, batch_index in items:
+                    host_path(inst, gptq, inp, out, batch_index, "%s: %s" % (type(error).__name__, error), error)
+                return
+            for (gptq, _, _, x, device, _), after in zip(items, afters):
+                rows = x.numel() // x.shape[-1]
+                with gptq.lock:
+                    gptq._device_hessian_partials[device] = after
+                    gptq._device_sample_counts[device] = gptq._device_sample_counts.get(device, 0) + rows
+                    gptq.nsamples += rows
+                    gptq._hessian_dirty = True
+                    gptq.fwd_counter += 1
+                inst.counters.qlink(PATCH)
+
+
+def host_path(installation, gptq, inp, out, batch_index, reason, error=None):
+    """GPTQModel's own add_batch for this call (FallbackRefused instead under strict),
+    counted with the reason."""
+    if installation.strict:
+        raise FallbackRefused("add_batch of layer '%s': %s, and strict=True forbids GPTQModel's own" % (
+            gptq.name, reason)) from error
+    (installation.counters.fallback if error is not None else installation.counters.host)(PATCH, reason)
+    with gptq.lock:
+        # GPTQModel adds in place: a partial qlink made may be shared with other layers.
+        for device, partial in list(gptq._device_hessian_partials.items()):
+            if installation.accumulator.made(partial):
+                gptq._device_hessian_partials[device] = partial.clone()
+    return installation.host.add_batch(gptq, inp, out, batch_index=batch_index)
+
+
 def make_add_batch(installation):
     """GPTQ.add_batch for `installation` (qlink.integrations.gptqmodel's): its host,
-    counters, strictness and HessianAccumulator."""
-    original, ctx = installation.host.add_batch, installation.ctx
-    counters, accumulator, strict = installation.counters, installation.accumulator, installation.strict
-
-    def host_path(gptq, inp, out, batch_index, reason, error=None):
-        if strict:
-            raise FallbackRefused("add_batch of layer '%s': %s, and strict=True forbids GPTQModel's own" % (
-                gptq.name, reason)) from error
-        (counters.fallback if error is not None else counters.host)(PATCH, reason)
-        with gptq.lock:
-            # GPTQModel adds in place: a partial qlink made may be shared with other layers.
-            for device, partial in list(gptq._device_hessian_partials.items()):
-                if accumulator.made(partial):
-                    gptq._device_hessian_partials[device] = partial.clone()
-        return original(gptq, inp, out, batch_index=batch_index)
+    counters, strictness, HessianAccumulator and Queue."""
+    original, ctx, queue = installation.host.add_batch, installation.ctx, installation.queue
 
     def add_batch(gptq, inp, out, batch_index=None):
         reason = unsupported(gptq, inp, installation.host, ctx)
         if reason:
-            return host_path(gptq, inp, out, batch_index, reason)
+            queue.flush()  # the host's add reads the partial: the calls before it land first
+            return host_path(installation, gptq, inp, out, batch_index, reason)
         x = inp.reshape(-1, inp.shape[-1])
-        rows = x.shape[0]
-        if rows == 0:
+        if x.shape[0] == 0:
             return None  # as GPTQModel: an empty batch changes nothing
         if not x.is_contiguous():
             x = x.contiguous()
-        device = torch.device(inp.device)
-        with gptq.lock:
-            try:
-                partial = accumulator.add(x, gptq._device_hessian_partials.get(device))
-            except Exception as error:  # noqa: BLE001
-                caught = error
-            else:
-                gptq._device_hessian_partials[device] = partial
-                gptq._device_sample_counts[device] = gptq._device_sample_counts.get(device, 0) + rows
-                gptq.nsamples += rows
-                gptq._hessian_dirty = True
-                gptq.fwd_counter += 1
-                counters.qlink(PATCH)
-                return None
-        return host_path(gptq, inp, out, batch_index, "%s: %s" % (type(caught).__name__, caught), caught)
+        queue.put(gptq, inp, out, x, torch.device(inp.device), batch_index)
+        return None
 
     add_batch.__name__ = add_batch.__qualname__ = original.__name__
     add_batch.__doc__ = original.__doc__
