@@ -159,8 +159,29 @@ def test_an_moe_blocks_experts_land_in_one_native_call_per_forward(host):
             assert mine[key].nsamples == own[key].nsamples > 0, key
             assert torch.allclose(mine[key].H, own[key].H, rtol=1e-5, atol=1e-6), key
     assert mine["experts.5.gate_proj"].nsamples == 0 and not partials["experts.5.down_proj"]
+    assert all(mine[key].fwd_counter == own[key].fwd_counter for key in own)
     counts = adapter.hessian_counters()
     assert counts["calls"] == 3 and counts["accumulations"] == 3 * 2 * len(routed) == counts["shared"] * 2
+
+
+def test_the_counts_gptqmodel_reads_between_forwards_move_before_the_flush(host):
+    """GPTQModel asks each task's fwd_counter after a subset's forwards (which experts were
+    reached) without merging: a queued call counts at once; its partial lands with the flush."""
+    adapter.install(ctx=host["ctx"], strict=True)
+    moe = MoE()
+    tasks = {}
+    for i, e in enumerate(moe.experts):
+        g = host["gptq"].GPTQ(e.down_proj, host["config"].QuantizeConfig())
+        tasks[i] = g
+        e.down_proj.register_forward_hook(lambda m, inp, out, g=g: g.add_batch(inp[0].data, out.data))
+    with torch.no_grad():
+        moe(torch.randn(1, 40, HIDDEN).to(torch.bfloat16))
+    reached = [i for i, g in tasks.items() if g.fwd_counter]
+    assert reached and 5 not in reached and all(tasks[i].nsamples > 0 for i in reached)
+    assert not any(tasks[i]._device_hessian_partials for i in reached)  # queued
+    adapter.flush_hessians()
+    assert all(torch.device("cpu") in tasks[i]._device_hessian_partials for i in reached)
+    assert adapter.hessian_counters()["calls"] == 1
 
 
 class Affine(torch.nn.Module):
@@ -225,14 +246,15 @@ def test_a_failing_accumulation_leaves_the_task_as_it_was(host):
     first, second = torch.randn(6, 16), torch.randn(4, 16)
     g.add_batch(first, None)  # GPTQModel's own, before install
     partial = g._device_hessian_partials[torch.device("cpu")]
-    state = (partial.clone(), dict(g._device_sample_counts), g.nsamples, g._hessian_dirty)
+    state = (partial.clone(), dict(g._device_sample_counts), g.nsamples, g._hessian_dirty, g.fwd_counter)
     adapter.install(ctx=_fault_context(host["library"]), strict=True)
-    g.add_batch(second, None)  # queued: made with the forward's other calls
+    g.add_batch(second, None)  # queued: made with the forward's other calls, counted at once
+    assert g.nsamples == 10 and g.fwd_counter == 2
     with pytest.raises(FallbackRefused, match="layer 'q_proj': UnavailableError: the fault backend has no GPTQ"):
         adapter.flush_hessians()
     assert g._device_hessian_partials[torch.device("cpu")] is partial
     assert (torch.equal(partial, state[0]) and g._device_sample_counts == state[1] and g.nsamples == state[2]
-            and g._hessian_dirty == state[3])
+            and g._hessian_dirty == state[3] and g.fwd_counter == state[4])
     adapter.install(ctx=_fault_context(host["library"]))
     g.add_batch(second, None)
     adapter.flush_hessians()

@@ -10,9 +10,11 @@ device order) and its solve find it as they would their own.
 The calls of one forward are queued and made as one native call (many partials, each
 named by its input: an MoE layer's 256 expert linears per batch in one call rather than
 256), when a module's next batch arrives, or before anything reads a partial
-(materialize_global_hessian, the host path, uninstall: flush()). Until then the task
-holds what it held before the batch; a queued call is never half-applied: the whole queue
-lands, or each of its calls goes to GPTQModel's own add_batch in order.
+(materialize_global_hessian, the host path, uninstall: flush()). The counts GPTQModel
+reads between forwards (fwd_counter: which experts were reached) move at once; the
+partial lands with the flush. A queued call is never half-applied: the whole queue lands,
+or each of its calls has its counts taken back and goes to GPTQModel's own add_batch, in
+order.
 
 What add_batch does not take, it hands to GPTQModel's own add_batch, counted with the
 reason; with strict=True it raises FallbackRefused naming the layer and the reason."""
@@ -67,21 +69,25 @@ class Queue:
     def __init__(self, installation):
         self.installation = installation
         self.lock = threading.RLock()
-        self.items = []     # (gptq, inp, out, x, device, batch_index) in arrival order
+        self.items = []     # (gptq, inp, out, x, device, batch_index, counts before) in arrival order
         self.tasks = set()  # id() of the tasks with a queued call
         self.stream = None  # where the queued inputs were made (a GPU's current stream)
 
     def put(self, gptq, inp, out, x, device, batch_index):
         stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        rows = x.numel() // x.shape[-1]
         with self.lock:
             if id(gptq) in self.tasks or (self.items and stream != self.stream):
                 self.flush()  # a task's partials chain batch to batch; one stream per call
-            self.items.append((gptq, inp, out, x, device, batch_index))
+            with gptq.lock:
+                before = (gptq._device_sample_counts.get(device), gptq._hessian_dirty)
+                _count(gptq, device, rows)
+            self.items.append((gptq, inp, out, x, device, batch_index, before))
             self.tasks.add(id(gptq))
             self.stream = stream
 
     def flush(self):
-        """Every queued call made, as one native call; its results committed to their tasks."""
+        """Every queued call made, as one native call; its partials landed in their tasks."""
         with self.lock:
             items, self.items, self.tasks = self.items, [], set()
             if not items:
@@ -90,20 +96,31 @@ class Queue:
             try:
                 with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
                     afters = inst.accumulator.add_many(
-                        [(x, gptq._device_hessian_partials.get(device)) for gptq, _, _, x, device, _ in items])
+                        [(item[3], item[0]._device_hessian_partials.get(item[4])) for item in items])
             except Exception as error:  # noqa: BLE001 (nothing landed: each call goes to the host's path)
-                for gptq, inp, out, _, _, batch_index in items:
-                    host_path(inst, gptq, inp, out, batch_index, "%s: %s" % (type(error).__name__, error), error)
+                for gptq, _, _, x, device, _, (count, dirty) in items:
+                    with gptq.lock:  # the counts as they were before the call
+                        _count(gptq, device, -(x.numel() // x.shape[-1]), fwd=-1)
+                        if count is None:
+                            del gptq._device_sample_counts[device]
+                        gptq._hessian_dirty = dirty
+                reason = "%s: %s" % (type(error).__name__, error)
+                for gptq, inp, out, _, _, batch_index, _ in items:
+                    host_path(inst, gptq, inp, out, batch_index, reason, error)
                 return
-            for (gptq, _, _, x, device, _), after in zip(items, afters):
-                rows = x.numel() // x.shape[-1]
+            for item, after in zip(items, afters):
+                gptq = item[0]
                 with gptq.lock:
-                    gptq._device_hessian_partials[device] = after
-                    gptq._device_sample_counts[device] = gptq._device_sample_counts.get(device, 0) + rows
-                    gptq.nsamples += rows
-                    gptq._hessian_dirty = True
-                    gptq.fwd_counter += 1
+                    gptq._device_hessian_partials[item[4]] = after
                 inst.counters.qlink(PATCH)
+
+
+def _count(gptq, device, rows, fwd=1):
+    """GPTQModel's counts of one add_batch (its own order of fields), or taken back."""
+    gptq._device_sample_counts[device] = gptq._device_sample_counts.get(device, 0) + rows
+    gptq.nsamples += rows
+    gptq._hessian_dirty = True
+    gptq.fwd_counter += fwd
 
 
 def host_path(installation, gptq, inp, out, batch_index, reason, error=None):
