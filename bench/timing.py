@@ -42,13 +42,14 @@ def mean_us(fn, reps=20):
 
 def median_s(fn, reps=3):
     """Median wall time in s of fn() over reps runs after one warm-up, synchronizing around
-    each; with the last run's result: (result, seconds)."""
+    each (on a GPU); with the last run's result: (result, seconds)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     out = fn()
     times = []
     for _ in range(reps):
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         out = fn()
-        torch.cuda.synchronize()
+        sync()
         times.append(time.perf_counter() - t0)
     return out, statistics.median(times)

@@ -2,10 +2,11 @@
 # On the accelerator machine, from a folder laid out by prepare.sh: every host run of
 # bench/RESULTS.md, each in its own process, logs and JSON under OUTDIR.
 #   bash bench/hosts/run_all.sh OUTDIR [PARTS]   PARTS: any of "pytest plan stress gptq ar ar0 gptq3
-#   hprec loop loop_slope loop_host8" (default the first seven, in that order, the most wanted
-#   figures first where a lease is short). Issue 23's figures: "hprec loop loop_slope", about
-#   10 minutes (loop_host8, GPTQModel alone at 8 layers, about 3 more). Issue 22's: "ar ar0",
-#   about 8.
+#   hprec loop loop_slope loop_host8 moe_check moe_solve moe" (default the first seven, in that
+#   order, the most wanted figures first where a lease is short). Issue 23's figures: "hprec
+#   loop loop_slope", about 10 minutes (loop_host8, GPTQModel alone at 8 layers, about 3 more).
+#   Issue 22's: "ar ar0", about 8. Issue 20's: "moe_check moe_solve moe" (not yet run: first
+#   moe_check, whose output says whether the stand-in and the checkpoint suit GPTQModel).
 set -uo pipefail
 cd "$(dirname "$0")"
 out=$1
@@ -78,6 +79,18 @@ for part in $parts; do
         --out "$out/ar_qlink.json"
       run ar_host 330 python3 autoround_run.py --model $model --iters 200 ${AR_HOST_PROFILE:+--profile "$out/ar_host_ops.txt"} \
         --out "$out/ar_host.json" ;;
+    moe_check)  # issue 20: the defuser stand-in against transformers' Qwen3-MoE, the checkpoint's keys
+      run moe_check 300 python3 check_defuser.py --model /tmp/qwen3moe-2layers ;;
+    moe_solve)  # issue 20: one layer's routed Hessians and 384 expert solves, qlink vs GPTQModel's own
+      run moe_solve 400 python3 ../moe_solve_bench.py --library ../../python/qlink/lib/libqlink.so \
+        --gptqmodel ../../hosts:standins --markdown "$out/moe_solve.md" ;;
+    moe)  # issue 20: GPTQModel's loop on the Qwen3-MoE model at 2 and 4 layers, alone and with qlink
+      for n in 2 4; do
+        run moe_host$n 600 python3 gptqmodel_run.py --model /tmp/qwen3moe-${n}layers --layers $n \
+          --model-kind qwen3_moe --out "$out/moe_host$n.json"
+        run moe_qlink$n 600 python3 gptqmodel_run.py --model /tmp/qwen3moe-${n}layers --layers $n \
+          --model-kind qwen3_moe --qlink --strict --out "$out/moe_qlink$n.json"
+      done ;;
     ar0)  # a warm-up run and a timed one each (about 2 minutes)
       run ar0_host 150 python3 autoround_run.py --model $model --iters 0 --out "$out/ar0_host.json"
       run ar0_qlink 150 python3 autoround_run.py --model $model --iters 0 --qlink auto --out "$out/ar0_qlink.json" ;;
