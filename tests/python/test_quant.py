@@ -169,6 +169,25 @@ def test_parallel_gptq_is_bit_identical_at_every_world(cpu8_reference_blas, worl
         assert a.loss == b.loss and a.damp == b.damp
 
 
+def test_an_moe_layers_experts_in_one_call_equal_each_solved_alone(cpu8):
+    """Issue 20's batched solve on the CPU backend: 6 experts' gate/up (sharing their
+    expert's Hessian) and down, 18 linears of two shapes in one call, every output
+    bit-identical to its linear solved in a call of its own."""
+    layers = []
+    for e in range(6):
+        h_up, h_down = _layer(1, 128, 40 + e)[1], _layer(1, 64, 60 + e)[1]
+        layers += [GPTQLayer(_layer(64, 128, 80 + 3 * e)[0], h_up, "experts.%d.gate_proj" % e),
+                   GPTQLayer(_layer(64, 128, 81 + 3 * e)[0], h_up, "experts.%d.up_proj" % e),
+                   GPTQLayer(_layer(128, 64, 82 + 3 * e)[0], h_down, "experts.%d.down_proj" % e)]
+    options = dict(bits=4, group_size=32, act_group_aware=True)
+    together = parallel_gptq(layers, None, ctx=cpu8, **options)
+    for layer, got in zip(layers, together):
+        alone = gptq_quantize(layer.weight, layer.hessian.clone(), ctx=cpu8, **options)
+        for field in ("codes", "scales", "zeros", "g_idx", "weight"):
+            assert torch.equal(getattr(got, field), getattr(alone, field)), (layer.name, field)
+        assert got.loss == alone.loss and got.damp == alone.damp, layer.name
+
+
 def test_refusals_name_the_layer_and_argument(cpu8):
     w, h, _ = _layer(8, 96, 3)
     with pytest.raises(qlink.InvalidArgumentError, match=r"'v_proj': options->group_size 64 does not divide"):
