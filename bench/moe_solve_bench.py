@@ -149,7 +149,8 @@ def main():
         say("speedup: **%.1fx**" % (t_gm / t_q))
     else:
         print("GPTQModel unavailable: %s" % why, flush=True)
-    say("| linears | qlink, one call (ms) | GPTQModel, one at a time (ms) | codes = GPTQModel | loss qlink / GPTQModel |")
+    say("| linears | qlink, one call (ms) | GPTQModel, one at a time (ms) | codes = GPTQModel | "
+        "loss qlink / GPTQModel |")
     say("|---|---|---|---|---|")
     say("| %d | **%.1f** | %s | %s | %s |" % (len(layers), t_q * 1e3, gm, same, ratio))
     say()

@@ -45,7 +45,8 @@ def main():
             continue
         fused = fused[0] if isinstance(fused, tuple) else fused
         unfused = unfused[0] if isinstance(unfused, tuple) else unfused
-        print(impl, "equal:", torch.equal(fused, unfused), "max |diff|:", (fused.float() - unfused.float()).abs().max().item())
+        gap = (fused.float() - unfused.float()).abs().max().item()
+        print(impl, "equal:", torch.equal(fused, unfused), "max |diff|:", gap)
     e, inter = 5, 768
     gate_up = block.experts.gate_up_proj[e]
     print("weights equal:", torch.equal(split.experts[e].gate_proj.weight, gate_up[:inter]),
