@@ -18,6 +18,7 @@ order.
 
 What add_batch does not take, it hands to GPTQModel's own add_batch, counted with the
 reason; with strict=True it raises FallbackRefused naming the layer and the reason."""
+import collections
 import contextlib
 import threading
 
@@ -27,6 +28,8 @@ from .patches import FallbackRefused
 
 PATCH = "add_batch"
 _INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# A queued add_batch: its arguments, the input as rows, and the task's counts before it.
+_Call = collections.namedtuple("_Call", "gptq inp out x device batch_index count_before dirty_before")
 
 
 def unsupported(gptq, inp, host, ctx):
@@ -69,7 +72,7 @@ class Queue:
     def __init__(self, installation):
         self.installation = installation
         self.lock = threading.RLock()
-        self.items = []     # (gptq, inp, out, x, device, batch_index, counts before) in arrival order
+        self.items = []     # _Call, in arrival order
         self.tasks = set()  # id() of the tasks with a queued call
         self.stream = None  # where the queued inputs were made (a GPU's current stream)
 
@@ -80,9 +83,10 @@ class Queue:
             if id(gptq) in self.tasks or (self.items and stream != self.stream):
                 self.flush()  # a task's partials chain batch to batch; one stream per call
             with gptq.lock:
-                before = (gptq._device_sample_counts.get(device), gptq._hessian_dirty)
+                call = _Call(gptq, inp, out, x, device, batch_index, gptq._device_sample_counts.get(device),
+                             gptq._hessian_dirty)
                 _count(gptq, device, rows)
-            self.items.append((gptq, inp, out, x, device, batch_index, before))
+            self.items.append(call)
             self.tasks.add(id(gptq))
             self.stream = stream
 
@@ -96,22 +100,21 @@ class Queue:
             try:
                 with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
                     afters = inst.accumulator.add_many(
-                        [(item[3], item[0]._device_hessian_partials.get(item[4])) for item in items])
+                        [(c.x, c.gptq._device_hessian_partials.get(c.device)) for c in items])
             except Exception as error:  # noqa: BLE001 (nothing landed: each call goes to the host's path)
-                for gptq, _, _, x, device, _, (count, dirty) in items:
-                    with gptq.lock:  # the counts as they were before the call
-                        _count(gptq, device, -(x.numel() // x.shape[-1]), fwd=-1)
-                        if count is None:
-                            del gptq._device_sample_counts[device]
-                        gptq._hessian_dirty = dirty
+                for c in items:
+                    with c.gptq.lock:  # the counts as they were before the call
+                        _count(c.gptq, c.device, -(c.x.numel() // c.x.shape[-1]), fwd=-1)
+                        if c.count_before is None:
+                            del c.gptq._device_sample_counts[c.device]
+                        c.gptq._hessian_dirty = c.dirty_before
                 reason = "%s: %s" % (type(error).__name__, error)
-                for gptq, inp, out, _, _, batch_index, _ in items:
-                    host_path(inst, gptq, inp, out, batch_index, reason, error)
+                for c in items:
+                    host_path(inst, c.gptq, c.inp, c.out, c.batch_index, reason, error)
                 return
-            for item, after in zip(items, afters):
-                gptq = item[0]
-                with gptq.lock:
-                    gptq._device_hessian_partials[item[4]] = after
+            for c, after in zip(items, afters):
+                with c.gptq.lock:
+                    c.gptq._device_hessian_partials[c.device] = after
                 inst.counters.qlink(PATCH)
 
 
