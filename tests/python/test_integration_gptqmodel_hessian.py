@@ -264,3 +264,21 @@ def test_a_failing_accumulation_leaves_the_task_as_it_was(host):
     counts = adapter.counters()["add_batch"]
     assert counts["fallback"] == 1 and counts["qlink"] == 0
     assert list(counts["reasons"]) == ["UnavailableError: the fault backend has no GPTQ engine"]
+
+
+def test_uninstall_lands_the_queue_and_restores_the_host_even_when_it_fails(host):
+    """uninstall() makes the queued calls (nothing is lost with the patches); a flush that
+    fails under strict raises, and GPTQModel's add_batch is its own again all the same."""
+    original = host["gptq"].GPTQ.add_batch
+    adapter.install(ctx=host["ctx"], strict=True)
+    g = host["gptq"].GPTQ(torch.nn.Linear(16, 8), host["config"].QuantizeConfig())
+    g.add_batch(torch.randn(5, 16), None)
+    adapter.uninstall()
+    assert torch.device("cpu") in g._device_hessian_partials and host["gptq"].GPTQ.add_batch is original
+    adapter.install(ctx=_fault_context(host["library"]), strict=True)
+    g = host["gptq"].GPTQ(torch.nn.Linear(16, 8), host["config"].QuantizeConfig())
+    g.name = "o_proj"
+    g.add_batch(torch.randn(5, 16), None)
+    with pytest.raises(FallbackRefused, match="layer 'o_proj'"):
+        adapter.uninstall()
+    assert host["gptq"].GPTQ.add_batch is original and g.nsamples == 0

@@ -156,8 +156,10 @@ class Integration:
         installation, self.current = self.current, None
         if installation is None:
             return {"kept": [], "peer_pairs": []}
-        installation.close()
-        kept = installation.rebindings.undo()
+        try:
+            installation.close()
+        finally:  # the host's bindings come back even if the work the patches held fails
+            kept = installation.rebindings.undo()
         title = installation.HOST.title
         if kept:
             log.warning("qlink: uninstall left %s's %s as they are: rebound since qlink patched them", title,
