@@ -147,6 +147,20 @@ def test_a_refused_item_leaves_every_partial_of_the_call_as_it_was(cpu):
     assert all(torch.equal(p, b) for p, b in zip(partials, before)) and acc.counters() == counts
 
 
+def test_named_partials_through_the_context(cpu):
+    """Context.hessian_accumulate's input_partials (ABI 1.8): two partials of one device in
+    one call, each equal to its inputs alone; a list of the wrong length refused by name."""
+    xs = activations(3, 12, 8, seed=15)
+    parts = [torch.zeros(8, 8), torch.zeros(8, 8)]
+    cpu.hessian_accumulate(xs, parts, input_partials=[1, 0, 1])
+    alone = [torch.zeros(8, 8), torch.zeros(8, 8)]
+    for x, k in zip(xs, [1, 0, 1]):
+        cpu.hessian_accumulate([x], [alone[k]])
+    assert all(torch.equal(p, a) for p, a in zip(parts, alone)) and parts[0].abs().sum() > 0
+    with pytest.raises(errors.InvalidArgumentError, match="input_partials has 2 entries for 3 inputs"):
+        cpu.hessian_accumulate(xs, parts, input_partials=[0, 1])
+
+
 def test_refusals_leave_the_partial_as_it_was(cpu):
     acc = HessianAccumulator(cpu)
     partial = acc.add(activations(1, 10, 6, seed=9)[0], None)
