@@ -2,10 +2,10 @@
 # On the accelerator machine, from a folder laid out by prepare.sh: every host run of
 # bench/RESULTS.md, each in its own process, logs and JSON under OUTDIR.
 #   bash bench/hosts/run_all.sh OUTDIR [PARTS]   PARTS: any of "pytest plan stress gptq ar ar0 gptq3
-#   hprec loop loop_slope loop_host8 moe_check moe_solve moe" (default the first seven, in that
+#   hprec loop loop_slope loop_host8 moe_check moe_solve moe ar_stacks" (default the first seven, in that
 #   order, the most wanted figures first where a lease is short). Issue 23's figures: "hprec
 #   loop loop_slope", about 10 minutes (loop_host8, GPTQModel alone at 8 layers, about 3 more).
-#   Issue 22's: "ar ar0", about 8. Issue 20's: "moe_check moe_solve moe" (not yet run: first
+#   Issue 22's: "ar ar0", about 8 (ar_stacks: where its fills come from). Issue 20's: "moe_check moe_solve moe" (not yet run: first
 #   moe_check, whose output says whether the stand-in and the checkpoint suit GPTQModel).
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -91,6 +91,10 @@ for part in $parts; do
         run moe_qlink$n 600 python3 gptqmodel_run.py --model /tmp/qwen3moe-${n}layers --layers $n \
           --model-kind qwen3_moe --qlink --strict --out "$out/moe_qlink$n.json"
       done ;;
+    ar_stacks)  # issue 22: qlink's run profiled with the Python stack behind each operator (the
+      # iteration's fills of unknown origin; the stacks slow the profiled run, not the timed one)
+      run ar_stacks 300 python3 autoround_run.py --model $model --iters 200 --qlink auto \
+        --profile "$out/ar_qlink_stacks.txt" --profile-stacks --out "$out/ar_stacks.json" ;;
     ar0)  # a warm-up run and a timed one each (about 2 minutes)
       run ar0_host 150 python3 autoround_run.py --model $model --iters 0 --out "$out/ar0_host.json"
       run ar0_qlink 150 python3 autoround_run.py --model $model --iters 0 --qlink auto --out "$out/ar0_qlink.json" ;;
