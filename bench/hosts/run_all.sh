@@ -1,12 +1,13 @@
 #!/bin/bash
 # On the accelerator machine, from a folder laid out by prepare.sh: every host run of
 # bench/RESULTS.md, each in its own process, logs and JSON under OUTDIR.
-#   bash bench/hosts/run_all.sh OUTDIR [PARTS]   PARTS: any of "pytest plan stress gptq ar ar0 gptq3
-#   hprec loop loop_slope loop_host8 moe_check moe_solve moe ar_stacks" (default the first seven, in that
-#   order, the most wanted figures first where a lease is short). Issue 23's figures: "hprec
-#   loop loop_slope", about 10 minutes (loop_host8, GPTQModel alone at 8 layers, about 3 more).
-#   Issue 22's: "ar ar0", about 8 (ar_stacks: where its fills come from). Issue 20's: "moe_check moe_solve moe" (not yet run: first
-#   moe_check, whose output says whether the stand-in and the checkpoint suit GPTQModel).
+#   bash bench/hosts/run_all.sh OUTDIR [PARTS]   PARTS: any of "pytest plan stress gptq ar ar0
+#   gptq3 hprec loop loop_slope loop_host8 moe_check moe_solve moe ar_stacks" (default the first
+#   seven, in that order, the most wanted figures first where a lease is short). Issue 23's
+#   figures: "hprec loop loop_slope", about 10 minutes (loop_host8, GPTQModel alone at 8
+#   layers, about 3 more). Issue 22's: "ar ar0", about 8 (ar_stacks: where its fills come
+#   from). Issue 20's: "moe_check moe_solve moe" (not yet run: first moe_check, whose output
+#   says whether the stand-in and the checkpoint suit GPTQModel).
 set -uo pipefail
 cd "$(dirname "$0")"
 out=$1
