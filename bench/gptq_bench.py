@@ -49,10 +49,10 @@ class PeakMemory:
         self.peak = self.base - self.low
 
 
-def hessian_of(d, gen, tokens=8192):
+def hessian_of(d, gen, tokens=8192, device="cuda"):
     """A realistic-looking (correlated, positive definite) Hessian of dimension d."""
-    x = torch.randn(tokens, d // 8, device="cuda", generator=gen) @ torch.randn(d // 8, d, device="cuda", generator=gen)
-    x += 0.3 * torch.randn(tokens, d, device="cuda", generator=gen)
+    x = torch.randn(tokens, d // 8, device=device, generator=gen) @ torch.randn(d // 8, d, device=device, generator=gen)
+    x += 0.3 * torch.randn(tokens, d, device=device, generator=gen)
     return (x.t() @ x) * (2.0 / tokens)
 
 

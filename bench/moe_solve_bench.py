@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import qlink  # noqa: E402
-from gptq_bench import codes_of, gptqmodel_solver  # noqa: E402
+from gptq_bench import codes_of, gptqmodel_solver, hessian_of  # noqa: E402
 from qlink.quant import GPTQLayer, parallel_gptq  # noqa: E402
 from timing import median_s  # noqa: E402
 
@@ -30,29 +30,16 @@ HIDDEN, MOE_INTER, TOP_K, TOKENS = 2048, 768, 8, 128 * 2048
 def expert_hessians(experts, device, gen):
     """Per expert: its routed rows' Hessian at the gate/up input (HIDDEN) and the down input
     (MOE_INTER), 2 X^T X / rows, from correlated activations, and its row count."""
-    out = []
     rows = max(TOKENS * TOP_K // 128, 64)  # a 128-expert layer's share, whatever `experts` is
-    for _ in range(experts):
-        hs = []
-        for d in (HIDDEN, MOE_INTER):
-            x = torch.randn(rows, d // 8, device=device, generator=gen) @ torch.randn(d // 8, d, device=device,
-                                                                                      generator=gen)
-            x += 0.3 * torch.randn(rows, d, device=device, generator=gen)
-            hs.append((x.t() @ x) * (2.0 / rows))
-        out.append((hs[0], hs[1], rows))
-    return out
+    return [(hessian_of(HIDDEN, gen, rows, device), hessian_of(MOE_INTER, gen, rows, device), rows)
+            for _ in range(experts)]
 
 
-def gptqmodel_task_factory(paths):
-    """GPTQModel's GPTQ for a fresh bf16 linear (in, out) on the GPU, or None."""
-    if not paths:
-        return None
-    gptqmodel_solver(paths)  # puts its package on the path
-    try:
-        from gptqmodel.quantization.config import QuantizeConfig
-        from gptqmodel.quantization.gptq import GPTQ
-    except Exception:  # noqa: BLE001 (reported by the solve table)
-        return None
+def gptqmodel_task_factory():
+    """GPTQModel's GPTQ for a fresh bf16 linear (in, out) on the GPU (its package imports:
+    gptqmodel_solver put it on the path)."""
+    from gptqmodel.quantization.config import QuantizeConfig
+    from gptqmodel.quantization.gptq import GPTQ
     return lambda i, o: GPTQ(torch.nn.Linear(i, o, bias=False, device="cuda", dtype=torch.bfloat16), QuantizeConfig(
         bits=4, group_size=128))
 
@@ -160,7 +147,7 @@ def main():
         "max rel. difference |")
     say("|---|---|---|---|---|")
     routed_hessian_table(say, ctx, a.experts, a.batches, a.device,
-                         gptqmodel_task_factory(a.gptqmodel) if a.device == "cuda" else None, gen)
+                         gptqmodel_task_factory() if solve_gm is not None else None, gen)
     if a.markdown:
         with open(a.markdown, "w") as f:
             f.write("\n".join(lines) + "\n")

@@ -18,6 +18,7 @@ import qlink
 from qlink.host_staging import HostStaging
 from qlink.integrations import gptqmodel as adapter
 from qlink.integrations.patches import FallbackRefused
+from qlink.moves import nested_tensors
 
 from stand_in_hosts import stand_in
 
@@ -205,19 +206,7 @@ def _looper(device="cuda:0"):
 
 
 def _leaves(cache):
-    out = []
-
-    def walk(v):
-        if isinstance(v, torch.Tensor):
-            out.append(v)
-        elif isinstance(v, dict):
-            for x in v.values():
-                walk(x)
-        elif isinstance(v, (list, tuple)):
-            for x in v:
-                walk(x)
-    walk([cache.layer_inputs, cache.layer_input_kwargs, cache.position_ids, cache.attention_masks])
-    return out
+    return nested_tensors([cache.layer_inputs, cache.layer_input_kwargs, cache.position_ids, cache.attention_masks])
 
 
 @pytest.fixture

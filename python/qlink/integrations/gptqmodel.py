@@ -337,7 +337,7 @@ def flush_hessians():
 
 def hessian_counters():
     """The add_batch patch's accumulations: {"accumulations": run, "shared": answered by one
-    already run, "rows": accumulated} ({} when not installed)."""
+    already run, "rows": accumulated, "calls": native calls made} ({} when not installed)."""
     current = _integration.current
     return current.accumulator.counters() if current is not None else {}
 

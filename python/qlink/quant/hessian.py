@@ -79,8 +79,7 @@ class HessianAccumulator:
         the partials of an MoE layer's experts, each from its own routed rows. Returns the
         partials after, in order; an item matching an accumulation already made, or an
         earlier item of the call (gate and up of one expert), shares its result."""
-        results, pending = [], {}  # key -> index in `results` of the first item computing it
-        inputs, targets, outputs = [], [], []
+        results, pending = [], {}  # key -> (partial, x, after) of the first item computing it
         with self._lock:
             for x, partial in items:
                 columns = x.shape[-1] if x.dim() else 0
@@ -101,16 +100,14 @@ class HessianAccumulator:
                 else:
                     after = partial.clone(memory_format=torch.contiguous_format)
                 pending[key] = (partial, x, after)
-                inputs.append(x)
-                targets.append(len(outputs))
-                outputs.append(after)
                 results.append(after)
-        if not inputs:
+        if not pending:
             return results
-        ids = None if device is None else [int(device)]
-        self.ctx.hessian_accumulate(inputs, outputs, None if ids is None else ids * len(inputs),
-                                    None if ids is None else ids * len(outputs), _streams(self.ctx, outputs),
-                                    precision=self.precision, input_partials=targets if len(outputs) > 1 else None)
+        inputs = [x for _, x, _ in pending.values()]
+        outputs = [after for _, _, after in pending.values()]
+        ids = None if device is None else [int(device)] * len(outputs)
+        self.ctx.hessian_accumulate(inputs, outputs, ids, ids, _streams(self.ctx, outputs), precision=self.precision,
+                                    input_partials=list(range(len(outputs))) if len(outputs) > 1 else None)
         with self._lock:
             for stale in [k for k, d in self._done.items() if not d.alive()]:
                 del self._done[stale]
