@@ -11,6 +11,12 @@ _KERNELS = {
     "signround_kernels": "//quant/kernels:signround_kernels.cu",
 }
 
+# Kernels written for one vendor's hardware alone (their callers are guarded the same way).
+_CUDA_KERNELS = {
+    # nvcuda::wmma: HIP keeps hipBLAS's GemmEx for the tensor precision.
+    "hessian_kernels": "//quant/kernels:hessian_kernels.cu",
+}
+
 _HDRS = [
     "//backends/gpu:collective_kernels.h",
     "//backends/gpu:gpu_device.h",
@@ -23,6 +29,7 @@ _HDRS = [
     "//quant:quant_math.h",
     "//quant/kernels:gptq_kernels.h",
     "//quant/kernels:gptq_math.h",
+    "//quant/kernels:hessian_kernels.h",
     "//quant/kernels:gpu_team.h",
     "//quant/kernels:signround_kernels.h",
     "//quant/kernels:signround_math.h",
@@ -69,9 +76,10 @@ _HIPCC_FLAGS = [
 
 _VENDORS = {
     "cuda": struct(found = CUDA_FOUND, compiler = NVCC, flags = _NVCC_FLAGS, define = "QLINK_GPU_CUDA",
+                   kernels = dict(_KERNELS, **_CUDA_KERNELS),
                    deps = ["@local_cuda//:cuda_headers", "@local_cuda//:cudart_static"]),
     "hip": struct(found = HIP_FOUND, compiler = HIPCC, flags = _HIPCC_FLAGS, define = "QLINK_GPU_HIP",
-                  deps = ["@local_hip//:hip_runtime"]),
+                  kernels = _KERNELS, deps = ["@local_hip//:hip_runtime"]),
 }
 
 def gpu_backend(vendor):
@@ -79,7 +87,7 @@ def gpu_backend(vendor):
     v = _VENDORS[vendor]
     if not v.found:
         return
-    for kernel, src in _KERNELS.items():
+    for kernel, src in v.kernels.items():
         native.genrule(
             name = "%s_%s" % (vendor, kernel),
             srcs = [src] + _HDRS,
@@ -90,7 +98,7 @@ def gpu_backend(vendor):
         )
     native.cc_library(
         name = vendor + "_backend",
-        srcs = ["//backends/gpu:gpu_backend.cc"] + _QUANT_SRCS + [":%s_%s" % (vendor, k) for k in _KERNELS],
+        srcs = ["//backends/gpu:gpu_backend.cc"] + _QUANT_SRCS + [":%s_%s" % (vendor, k) for k in v.kernels],
         hdrs = _HDRS + _QUANT_HDRS,
         local_defines = [v.define],
         deps = ["//backends:device_backend", "//backends:vendor_library", "//quant:quant_math"] + v.deps,

@@ -72,9 +72,11 @@ Status AccumulateNarrow(Context& ctx, QuantMath& math, int device, Stream stream
   return Status::Ok();  // every conversion is ordered before an update on `stream`
 }
 
-// Rows per tensor-core product: each block's sum leaves the tensor cores' accumulators for
-// the fp32 partial (GemmEx's beta = 1), which bounds how many products are summed below
-// IEEE fp32 precision. 2048 is one calibration sample of GPTQModel's, what its hooks pass.
+// Rows per tensor-core product where it is a GemmEx (HIP; CUDA for n % 8 != 0 or misaligned
+// x): each block's sum leaves the tensor cores' accumulators for the fp32 partial (beta =
+// 1), which bounds how many products are summed below IEEE fp32 precision. 2048 is one
+// calibration sample of GPTQModel's, what its hooks pass. CUDA's own kernel already adds
+// every 32 rows' sum in IEEE fp32, so for it the blocks change nothing but the launches.
 constexpr int64_t kTensorRows = 2048;
 
 Status AccumulateTensor(QuantMath& math, int device, Stream stream, const DLTensor& x, int64_t rows, int64_t n,
