@@ -253,10 +253,13 @@ typedef enum qlink_hessian_precision {
   QLINK_HESSIAN_PRECISION_IEEE_FP32 = 1, /* bf16/fp16 activations converted to fp32, IEEE
                                             fp32 products and sums */
   QLINK_HESSIAN_PRECISION_TENSOR = 2     /* bf16/fp16 activations read as they are by the
-                                            vendor's tensor cores (exact products, fp32
-                                            sums, a few rows at a time, each block's sum
-                                            added to the partial in fp32). Faster, errors
-                                            near 2^-14 relative; on a backend without
+                                            tensor cores (exact products). CUDA: qlink's
+                                            kernel, every 32 rows' sum promoted out of the
+                                            tensor cores into fp32 registers by IEEE adds.
+                                            HIP (and CUDA for columns not a multiple of 8
+                                            or an input not 16-byte aligned): GemmEx, 2048
+                                            rows at a time, each block's sum added to the
+                                            partial in fp32. Faster; on a backend without
                                             tensor cores (CPU) the IEEE fp32 result */
 } qlink_hessian_precision;
 

@@ -58,9 +58,10 @@ class EngineCalls:
         """partials[d] += X^T X (fp32, both triangles) for every input X (..., columns) on
         partial d's device (qlink_hessian_args); stream-ordered, like a copy. *_devices:
         qlink device ids where the tensors do not say (the CPU backend's virtual devices).
-        precision: "ieee_fp32", "tensor" (bf16/fp16 inputs on tensor cores; fp32 inputs stay
-        IEEE) or None, the config's hessian_precision (ABI 1.6). input_partials: per input,
-        the index in partials of its partial (any number per device; ABI 1.8), or None."""
+        precision: "ieee_fp32", "tensor" (bf16/fp16 products on tensor cores, on CUDA their
+        sums promoted into fp32 with IEEE adds every 32 rows; fp32 inputs stay IEEE) or None,
+        the config's hessian_precision (ABI 1.6). input_partials: per input, the index in
+        partials of its partial (any number per device; ABI 1.8), or None."""
         code = _abi.HESSIAN_PRECISIONS.get("default" if precision is None else precision)
         if code is None or precision == "default":
             raise InvalidArgumentError(_abi.INVALID_ARGUMENT, "precision = %r is not one of None, 'ieee_fp32', "
