@@ -1,11 +1,15 @@
 """The Hessian precision table of issue 23: X^T X of 128 x 2048 bf16 tokens with a few
 outlier channels at d = 4096 and d = 11008 on one GPU, each way qlink and PyTorch can sum
 it, timed (median of 3 after a warm-up, synchronized) and against a float64 X^T X (relative
-Frobenius error, largest relative error on the diagonal):
+Frobenius error, largest relative error on the diagonal), and the diagonal's order within
+each group of 128 columns, which GPTQModel's act_group_aware sorts by (the share of groups
+whose descending order equals float64's, and equals qlink ieee_fp32's over 128 calls: a
+near tie flipped by rounding moves GPTQ's columns, and with them its codes):
 
-  qlink ieee_fp32 / tensor, one call          hessian_accumulate over all 262144 rows (tensor:
-                                              GemmEx products of 2048 rows, each added to the
-                                              fp32 partial: the compensated variant)
+  qlink ieee_fp32 / tensor, one call          hessian_accumulate over all 262144 rows (tensor
+                                              on CUDA: qlink's kernel, each 32 rows' sum
+                                              promoted out of the tensor cores into fp32;
+                                              2048 rows per launch)
   qlink ieee_fp32 / tensor, 128 calls         one call per 2048-row sample into one partial
   qlink HessianAccumulator, 128 adds          what the GPTQModel hooks run (a clone per add)
   torch fp32 (GPTQModel)                      x.float().T @ x.float()
@@ -27,6 +31,7 @@ from timing import median_s  # noqa: E402
 from qlink.quant import HessianAccumulator  # noqa: E402
 
 SAMPLES, SEQLEN = 128, 2048
+GROUP = 128  # GPTQModel's group size, the span act_group_aware sorts within
 
 
 def activations(d, gen):
@@ -47,17 +52,32 @@ def reference(x, rows=8192):
     return h
 
 
+def group_orders(h):
+    """Each group's columns in descending order of the diagonal, as act_group_aware sorts
+    them (ties by column)."""
+    return torch.argsort(h.diagonal().reshape(-1, GROUP), dim=1, descending=True, stable=True)
+
+
+def share_equal(orders, ref):
+    return (orders == ref).all(dim=1).double().mean().item()
+
+
+def qlink_calls(ctx, x, precision, rows):
+    def run():
+        d = x.shape[1]
+        stream = {torch.cuda.current_device(): torch.cuda.current_stream().cuda_stream}
+        h = torch.zeros(d, d, device="cuda")
+        for r in range(0, x.shape[0], rows):
+            ctx.hessian_accumulate([x[r:r + rows]], [h], streams=stream, precision=precision)
+        return h
+    return run
+
+
 def variants(ctx, x):
     d = x.shape[1]
-    stream = {torch.cuda.current_device(): torch.cuda.current_stream().cuda_stream}
 
     def qlink_call(precision, rows):
-        def run():
-            h = torch.zeros(d, d, device="cuda")
-            for r in range(0, x.shape[0], rows):
-                ctx.hessian_accumulate([x[r:r + rows]], [h], streams=stream, precision=precision)
-            return h
-        return run
+        return qlink_calls(ctx, x, precision, rows)
 
     def accumulator(precision):
         def run():
@@ -102,24 +122,29 @@ def main():
     args = a.parse_args()
     ctx = qlink.load({"backend": "cuda", "log_level": "warn"}, library=args.library)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    rows, lines = [], ["| variant | d | time (ms) | rel. Frobenius error vs float64 | max rel. error, diagonal |",
-                       "|---|---|---|---|---|"]
+    rows, lines = [], ["| variant | d | time (ms) | rel. Frobenius error vs float64 | max rel. error, diagonal "
+                       "| group orders = float64 | group orders = ieee_fp32 |", "|---|---|---|---|---|---|---|"]
     for d in (int(v) for v in args.dims.split(",")):
         x = activations(d, gen)
         exact = reference(x)
         norm, diag = torch.linalg.matrix_norm(exact).item(), exact.diagonal()
+        exact_orders, ieee_orders = group_orders(exact), group_orders(qlink_calls(ctx, x, "ieee_fp32", SEQLEN)())
         for name, fn in variants(ctx, x):
             try:
                 h, seconds = median_s(fn)
             except Exception as error:  # noqa: BLE001  (a variant this PyTorch lacks is reported)
                 rows.append({"variant": name, "d": d, "error": "%s: %s" % (type(error).__name__, error)})
-                lines.append("| %s | %d | %s | | |" % (name, d, rows[-1]["error"][:80]))
+                lines.append("| %s | %d | %s | | | | |" % (name, d, rows[-1]["error"][:80]))
                 continue
             diff = h.double() - exact
             fro = torch.linalg.matrix_norm(diff).item() / norm
             worst = (diff.diagonal().abs() / diag.abs().clamp_min(1e-30)).max().item()
-            rows.append({"variant": name, "d": d, "ms": round(seconds * 1e3, 2), "rel_fro": fro, "max_rel_diag": worst})
-            lines.append("| %s | %d | %.2f | %.2e | %.2e |" % (name, d, seconds * 1e3, fro, worst))
+            orders = group_orders(h)
+            as_exact, as_ieee = share_equal(orders, exact_orders), share_equal(orders, ieee_orders)
+            rows.append({"variant": name, "d": d, "ms": round(seconds * 1e3, 2), "rel_fro": fro, "max_rel_diag": worst,
+                         "orders_as_float64": as_exact, "orders_as_ieee_fp32": as_ieee})
+            lines.append("| %s | %d | %.2f | %.2e | %.2e | %.1f %% | %.1f %% |"
+                         % (name, d, seconds * 1e3, fro, worst, 100 * as_exact, 100 * as_ieee))
             del h, diff
             print(lines[-1], flush=True)
         del x, exact
