@@ -37,6 +37,21 @@ def reference(xs):
     return h
 
 
+def test_a_grouped_input_added_in_blocks_sums_as_its_samples_added_one_by_one(cpu):
+    """Eight samples in one input, blocks=8: bit-identical to eight adds (a host adding one
+    sample at a time); blocks=1 sums the same rows in another blocking (equal to rounding)."""
+    samples = activations(8, 64, 40, seed=3)
+    one_by_one = None
+    alone = HessianAccumulator(cpu)
+    for x in samples:
+        one_by_one = alone.add(x, one_by_one)
+    grouped = torch.cat(samples)
+    acc = HessianAccumulator(cpu)
+    assert torch.equal(acc.add(grouped, None, blocks=8), one_by_one)
+    assert acc.counters() == {"accumulations": 1, "shared": 0, "rows": 8 * 64, "calls": 1}
+    torch.testing.assert_close(acc.add(grouped.clone(), None), one_by_one, rtol=1e-5, atol=1e-2)
+
+
 def test_shared_accumulation_equals_each_module_accumulating_its_own(cpu):
     """q/k/v read one input and o another, per batch, as GPTQModel's hooks see them: q/k/v end
     holding one tensor, computed once per batch, bit-identical to a module given its own copy."""

@@ -46,8 +46,8 @@ from .base import HostSpec, Installation, Integration
 from .gptqmodel_hessian import Queue, make_add_batch
 from .gptqmodel_solve import done_with_hessian, solve, unsupported
 
-PATCHES = ("clone_module_for_devices", "torch_replicate", "cache_inputs", "move_to", "nested_move_to", "add_batch",
-           "materialize_global_hessian", "quantize")
+PATCHES = ("clone_module_for_devices", "torch_replicate", "cache_inputs", "group_batches", "move_to", "nested_move_to",
+           "add_batch", "materialize_global_hessian", "quantize")
 
 _HELPERS, _MODEL = "gptqmodel.utils.looper_helpers:", "gptqmodel.utils.model:"
 _GPTQ = "gptqmodel.quantization.gptq:GPTQ."
@@ -58,7 +58,11 @@ HOST = HostSpec("GPTQModel", "gptqmodel", "gptqmodel.version", "7.3", "f4c327a",
     _MODEL + "move_to", _MODEL + "nested_move_to",
     "gptqmodel.looper.forward_executor:ForwardExecutor.run_parallel",  # binds the clone as a default
     "gptqmodel.looper.module_looper:clone_module_for_devices",         # imports the helpers by name
-    _LOOPER, _LOOPER + ".cache_inputs", _LOOPER + ".gptq_model",
+    _LOOPER, _LOOPER + ".cache_inputs", _LOOPER + ".gptq_model", _LOOPER + ".processors",
+    _LOOPER + ".support_batch_quantize", _LOOPER + ".moe_routing_override", _LOOPER + ".moe_routing_bypass",
+    "gptqmodel.looper.gptq_processor:GPTQProcessor", "gptqmodel.models.base:BaseQModel",
+    "gptqmodel.models.base:BaseQModel.prepare_layer_replay_kwargs",
+    "gptqmodel.models.base:BaseQModel.update_layer_replay_kwargs_from_output",
     "gptqmodel.looper.input_cache:InputCache",
     "gptqmodel.quantization.gptq:GPTQ", "gptqmodel.quantization.quantizer:Quantizer",
     "gptqmodel.quantization.quantizer:Quantizer.requires_groupwise_processing",
@@ -81,6 +85,8 @@ class _Host:
         self.Quantizer = names["gptqmodel.quantization.quantizer:Quantizer"]
         self.should_use_fallback = names["gptqmodel.utils.fallback:should_use_fallback"]
         self.ModuleLooper, self.cache_inputs = names[_LOOPER], names[_LOOPER + ".cache_inputs"]
+        self.GPTQProcessor = names["gptqmodel.looper.gptq_processor:GPTQProcessor"]
+        self.BaseQModel = names["gptqmodel.models.base:BaseQModel"]
         for name in ("clone_module_for_devices", "torch_replicate"):
             setattr(self, name, names[_HELPERS + name])
         for name in ("move_to", "nested_move_to"):
@@ -111,6 +117,7 @@ class _Installation(Installation):
         self.host = _Host(self.names)
         self.accumulator = HessianAccumulator(ctx)
         self.queue = Queue(self)  # add_batch's calls of a forward, made as one native call
+        self.grouped = False  # whether the loop's cache holds grouped one-sample batches (group_batches)
 
     def close(self):
         self.queue.flush()
@@ -179,18 +186,32 @@ class _Installation(Installation):
     # -- moves ---------------------------------------------------------------------------
 
     def _make_cache_inputs(self):
-        original, ctx, counters, guard = self.host.cache_inputs, self.ctx, self.counters, self.guard
+        h, ctx, counters, guard = self.host, self.ctx, self.counters, self.guard
+        original = h.cache_inputs
 
         @_like(original)
         def cache_inputs(looper, *args, **kwargs):
             cache = original(looper, *args, **kwargs)
+            layers = kwargs["layers"] if "layers" in kwargs else (args[0] if args else None)
+            # The host's cache is kept if a step fails: its capture ran once.
             device, reason = gptqmodel_cache.placement(ctx, looper.gptq_model.quantize_config.device, cache)
             if reason:
                 counters.host("cache_inputs", reason)
+            else:
+                moved = cache
+                cache = guard.attempt("cache_inputs", lambda: gptqmodel_cache.on_device(moved, device), lambda: moved)
+            self.grouped, plan = False, None
+            reason = gptqmodel_cache.grouping_refusal(looper, layers, h)
+            if reason is None:
+                plan, reason = gptqmodel_cache.grouping_plan(cache)
+            if reason:
+                counters.host("group_batches", reason)
                 return cache
-            # The host's cache is returned untouched if the move fails: its capture ran once.
-            return guard.attempt("cache_inputs", lambda: gptqmodel_cache.on_device(cache, device),
-                                 lambda: cache)
+
+            def commit(grouped):
+                self.grouped = True  # add_batch: each hook input is one sample per row of dim 0
+                return grouped
+            return guard.attempt("group_batches", lambda: gptqmodel_cache.grouped(cache, plan), lambda: cache, commit)
         return cache_inputs
 
     def _make_move_to(self):

@@ -99,8 +99,11 @@ class Queue:
             inst = self.installation
             try:
                 with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+                    # A grouped batch's samples (gptqmodel_cache), each once a batch of its
+                    # own, are added one by one, as GPTQModel added them.
                     afters = inst.accumulator.add_many(
-                        [(c.x, c.gptq._device_hessian_partials.get(c.device)) for c in items])
+                        [(c.x, c.gptq._device_hessian_partials.get(c.device),
+                          c.inp.shape[0] if inst.grouped and c.inp.dim() >= 3 else 1) for c in items])
             except Exception as error:  # noqa: BLE001 (nothing landed: each call goes to the host's path)
                 for c in items:
                     with c.gptq.lock:  # the counts as they were before the call

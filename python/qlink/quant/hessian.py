@@ -55,9 +55,7 @@ class HessianAccumulator:
     """H_d += X^T X for calibration hooks (see the module's docstring).
 
     ctx: the qlink context (default: the process default). precision: "ieee_fp32",
-    "tensor" (16-bit products on tensor cores; on CUDA their sums promoted into fp32 with
-    IEEE adds every 32 rows) or None (the context's config hessian_precision); fp32 inputs
-    are always IEEE.
+    "tensor" or None (the context's config hessian_precision); fp32 inputs are always IEEE.
     Thread-safe; concurrent adds on different devices run side by side."""
 
     def __init__(self, ctx=None, precision=None):
@@ -68,22 +66,26 @@ class HessianAccumulator:
         self._made = {}  # id -> weakref of every partial add() made that is still alive
         self._counts = {"accumulations": 0, "shared": 0, "rows": 0, "calls": 0}
 
-    def add(self, x, partial=None, device=None):
+    def add(self, x, partial=None, device=None, blocks=1):
         """The partial after x: `partial` (fp32 (columns, columns), or None for zeros) plus
         x^T x, x (..., columns) contiguous on the partial's device. device: the qlink device
         id where the tensors do not say (the CPU backend's virtual devices). A new tensor,
         enqueued on the device's current stream; `partial` is not written. An input with no
-        rows returns `partial` as it is."""
-        return self.add_many([(x, partial)], device)[0]
+        rows returns `partial` as it is. blocks: as add_many's."""
+        return self.add_many([(x, partial, blocks)], device)[0]
 
     def add_many(self, items, device=None):
-        """add() for every (x, partial) of `items`, all on one device, in one native call:
-        the partials of an MoE layer's experts, each from its own routed rows. Returns the
-        partials after, in order; an item matching an accumulation already made, or an
-        earlier item of the call (gate and up of one expert), shares its result."""
-        results, pending = [], {}  # key -> (partial, x, after) of the first item computing it
+        """add() for every (x, partial) or (x, partial, blocks) of `items`, all on one device,
+        in one native call: the partials of an MoE layer's experts, each from its own routed
+        rows. blocks: x's rows in that many equal consecutive blocks, each its own rank-k
+        update added to the partial in turn, as a host adding one sample at a time sums them
+        (the rounding of a sum depends on its blocking). Returns the partials after, in
+        order; an item matching an accumulation already made, or an earlier item of the call
+        (gate and up of one expert), shares its result."""
+        results, pending = [], {}  # key -> (partial, x, after, blocks) of the first item computing it
         with self._lock:
-            for x, partial in items:
+            for x, partial, *rest in items:
+                blocks = rest[0] if rest else 1
                 columns = x.shape[-1] if x.dim() else 0
                 if columns == 0 or x.numel() == 0:
                     results.append(partial)
@@ -101,21 +103,26 @@ class HessianAccumulator:
                     after = torch.zeros((columns, columns), dtype=torch.float32, device=x.device)
                 else:
                     after = partial.clone(memory_format=torch.contiguous_format)
-                pending[key] = (partial, x, after)
+                pending[key] = (partial, x, after, blocks)
                 results.append(after)
         if not pending:
             return results
-        inputs = [x for _, x, _ in pending.values()]
-        outputs = [after for _, _, after in pending.values()]
-        ids = None if device is None else [int(device)] * len(outputs)
-        self.ctx.hessian_accumulate(inputs, outputs, ids, ids, _streams(self.ctx, outputs), precision=self.precision,
-                                    input_partials=list(range(len(outputs))) if len(outputs) > 1 else None)
+        inputs, targets, outputs = [], [], []
+        for _, x, after, blocks in pending.values():
+            split = list(x.reshape(blocks, -1, x.shape[-1]).unbind(0)) if blocks > 1 else [x]
+            inputs += split
+            targets += [len(outputs)] * len(split)
+            outputs.append(after)
+        ids = None if device is None else [int(device)]
+        self.ctx.hessian_accumulate(inputs, outputs, None if ids is None else ids * len(inputs),
+                                    None if ids is None else ids * len(outputs), _streams(self.ctx, outputs),
+                                    precision=self.precision, input_partials=targets if len(outputs) > 1 else None)
         with self._lock:
             for stale in [k for k, d in self._done.items() if not d.alive()]:
                 del self._done[stale]
             for stale in [k for k, r in self._made.items() if r() is None]:
                 del self._made[stale]
-            for key, (partial, x, after) in pending.items():
+            for key, (partial, x, after, _) in pending.items():
                 self._done[key] = _Done(partial, x, after)
                 self._made[id(after)] = weakref.ref(after)
                 self._counts["rows"] += x.numel() // x.shape[-1]

@@ -1,3 +1,3 @@
-"""Stand-in for GPTQModel: imports its looper and quantization modules eagerly, as the real
-package does."""
-from . import looper, quantization, utils  # noqa: F401
+"""Stand-in for GPTQModel: imports its looper, model and quantization modules eagerly, as the
+real package does."""
+from . import looper, models, quantization, utils  # noqa: F401

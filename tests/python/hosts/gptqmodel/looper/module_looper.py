@@ -1,6 +1,7 @@
 """Stand-in for gptqmodel.looper.module_looper: imports the helpers by name; cache_inputs
 returns what `capture` (a test's function of the looper) makes, under inference_mode as
-GPTQModel's loop runs it."""
+GPTQModel's loop runs it, called by keyword as the host calls it; the looper's processors,
+MoE routing options and the model's batching flag as GPTQModel's __init__ sets them."""
 import torch
 
 from ..utils.looper_helpers import clone_module_for_devices
@@ -8,8 +9,10 @@ from ..utils.model import move_to
 
 
 class ModuleLooper:
-    def __init__(self, gptq_model=None, capture=None):
-        self.gptq_model, self.capture = gptq_model, capture
+    def __init__(self, gptq_model=None, capture=None, processors=(), layers=()):
+        self.gptq_model, self.capture, self.processors, self.layers = gptq_model, capture, list(processors), layers
+        self.support_batch_quantize = getattr(gptq_model, "support_batch_quantize", False)
+        self.moe_routing_override, self.moe_routing_bypass = None, False
 
     def replicate_layer(self, layer, devices):
         return clone_module_for_devices(layer, devices)
@@ -22,4 +25,4 @@ class ModuleLooper:
 
     def loop(self, calibration_data):
         with torch.inference_mode():
-            return self.cache_inputs(None, calibration_data, use_cache=False)
+            return self.cache_inputs(layers=self.layers, calibration_data=calibration_data, use_cache=False)

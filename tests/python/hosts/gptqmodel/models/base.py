@@ -1,0 +1,13 @@
+"""Stand-in for gptqmodel.models.base: BaseQModel's per-batch replay hooks (a model
+definition overrides them to carry state from batch to batch) and its batching flags."""
+
+
+class BaseQModel:
+    support_batch_quantize = True
+    write_shared_kv_cache = False
+
+    def prepare_layer_replay_kwargs(self, layer, layer_input, additional_inputs, target_device):
+        return additional_inputs
+
+    def update_layer_replay_kwargs_from_output(self, layer, layer_output, layer_input_kwargs, target_device):
+        return layer_input_kwargs
