@@ -95,7 +95,8 @@ def grouping_refusal(looper, layers, host):
     for name in ("prepare_layer_replay_kwargs", "update_layer_replay_kwargs_from_output"):
         if getattr(type(model), name, None) is not getattr(host.BaseQModel, name):
             return "%s has its own %s (per-batch replay state)" % (type(model).__name__, name)
-    if getattr(model, "write_shared_kv_cache", False) or any(getattr(layer, "reuse_kv", False) for layer in layers or ()):
+    shares_kv = any(getattr(layer, "reuse_kv", False) for layer in layers or ())
+    if shares_kv or getattr(model, "write_shared_kv_cache", False):
         return "layers share a KV cache between batches"
     if getattr(looper, "moe_routing_override", None) or getattr(looper, "moe_routing_bypass", False):
         return "MoE routing options"
