@@ -93,7 +93,8 @@ def test_each_sample_gives_in_its_group_what_it_gave_alone(host, monkeypatch):
     for i, out in enumerate(alone):
         torch.testing.assert_close(samples[i:i + 1], out, rtol=1e-12, atol=1e-12)
     # The hooks see every sample's rows, in the same order, once.
-    assert torch.equal(torch.cat([t[0] for t in cache.layer_inputs]), torch.cat([t[0] for t in host_cache.layer_inputs]))
+    rows = [torch.cat([t[0] for t in c.layer_inputs]) for c in (cache, host_cache)]
+    assert torch.equal(*rows)
 
 
 def test_what_every_batch_holds_alike_stays_one_tensor(host, monkeypatch):
