@@ -34,7 +34,9 @@ def main():
     print(type(block.experts).__name__, {n: tuple(p.shape) for n, p in block.experts.named_parameters()})
     split = copy.deepcopy(block)
     print("converted:", defuser.convert_model(split))
-    x = torch.randn(4, 512, 2048, device="cuda", dtype=torch.bfloat16)
+    # batched_mm gathers each (token, expert) pair's weights: 256 tokens x 8 experts fit
+    x = torch.randn(2, 128, 2048, device="cuda", dtype=torch.bfloat16)
+    torch.use_deterministic_algorithms(True, warn_only=True)  # the eager loop's index_add_
     for impl in ("eager", "batched_mm", "grouped_mm"):
         cfg._experts_implementation = impl
         try:

@@ -55,8 +55,20 @@ class TopKRouter(nn.Module):
         return router_logits, top_value.to(router_logits.dtype), indices
 
 
+def _default_apply_gate(self, gate_up_out):
+    """transformers.integrations.moe's default gate, which its use_experts_implementation
+    decorator gives every experts class that has none."""
+    gate, up = gate_up_out.chunk(2, dim=-1)
+    return self.act_fn(gate) * up
+
+
 class Experts(nn.Module):
-    """transformers' fused experts (MixtralExperts, which Qwen3MoeExperts inherits), eager."""
+    """transformers' fused experts (MixtralExperts, which Qwen3MoeExperts inherits), eager,
+    with the attributes use_experts_implementation adds."""
+
+    _apply_gate = _default_apply_gate
+    is_transposed = False
+    has_bias = False
 
     def __init__(self, config):
         super().__init__()
@@ -253,4 +265,24 @@ def test_fused_experts_with_biases_stay_fused(defuser):
     model = Model(config, layers=1)
     experts = model.model.layers[0].mlp.experts
     experts.down_proj_bias = nn.Parameter(torch.zeros(config.num_experts, config.hidden_size))
+    assert defuser.convert_model(model) is False and model.model.layers[0].mlp.experts is experts
+
+
+@pytest.mark.parametrize("layout", ["transposed", "interleaved", "own_gate"])
+def test_fused_experts_in_other_layouts_stay_fused(defuser, layout):
+    config = Config()
+    model = Model(config, layers=1)
+    experts = model.model.layers[0].mlp.experts
+    if layout == "transposed":
+        experts.is_transposed = True
+    elif layout == "interleaved":
+        experts.is_concatenated = False
+    else:  # a class with a gate of its own (GPT-OSS clamps and offsets it)
+        class OwnGate(Experts):
+            def _apply_gate(self, gate_up_out):
+                gate, up = gate_up_out.chunk(2, dim=-1)
+                return self.act_fn(gate) * (up + 1)
+
+        experts = OwnGate(config)
+        model.model.layers[0].mlp.experts = experts
     assert defuser.convert_model(model) is False and model.model.layers[0].mlp.experts is experts

@@ -7,8 +7,9 @@ the fused tensor (same dtype and device, meta stays meta). The MoE block around 
 is kept, so routing (router, softmax, top-k, norm_topk_prob) is its own code; the new
 experts' forward is transformers' eager experts loop (experts in ascending order, each
 one's routed tokens, weighted, index_add_ into zeros), calling the linears as modules so
-forward hooks see each expert's routed rows. Anything else (biases, transposed experts, a
-custom gate) is left fused. Nothing is patched before load: replace_fused_blocks does
+forward hooks see each expert's routed rows. Anything else (biases, transposed or interleaved
+experts, a gate other than transformers' `_default_apply_gate`, which its
+`use_experts_implementation` gives every experts class) is left fused. Nothing is patched before load: replace_fused_blocks does
 nothing, convert_model does the work on the loaded (or meta) model."""
 import torch
 from torch import nn
@@ -65,10 +66,16 @@ def fused_experts(module):
         return False
     if gate_up.dim() != 3 or down.dim() != 3 or not callable(getattr(module, "act_fn", None)):
         return False
-    if getattr(module, "experts_are_transposed", False) or hasattr(module, "_apply_gate"):
+    if getattr(module, "is_transposed", False) or getattr(module, "experts_are_transposed", False):
         return False
-    if getattr(module, "gate_up_proj_bias", None) is not None or getattr(module, "down_proj_bias", None) is not None:
+    if not getattr(module, "is_concatenated", True) or not getattr(module, "has_gate", True):
+        return False  # gate and up interleaved, or no gate at all
+    if getattr(module, "has_bias", False) or getattr(module, "gate_up_proj_bias", None) is not None \
+            or getattr(module, "down_proj_bias", None) is not None:
         return False
+    gate = getattr(module, "_apply_gate", None)
+    if gate is not None and getattr(gate, "__name__", "") != "_default_apply_gate":
+        return False  # transformers' use_experts_implementation gives every class the default
     experts, two_inter, hidden = gate_up.shape
     return two_inter % 2 == 0 and tuple(down.shape) == (experts, hidden, two_inter // 2)
 
