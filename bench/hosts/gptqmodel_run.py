@@ -109,6 +109,26 @@ def busy_shares(prof, wall_s):
     return tuple(round(union_us(spans[k]) / 1e6 / wall_s, 4) for k in ("kernel", "any"))
 
 
+def record_packs(into):
+    """A digest of each packed layer's buffers (qweight, qzeros, scales, g_idx) as GPTQModel's
+    finalizer leaves them, by name: GPTQModel's packer and qlink's compared where the solves
+    are equal. The finished layers go to meta afterwards, so they are read here."""
+    import gptqmodel.looper.gptq_processor as processor
+    import torch
+    original = processor.pack_module
+
+    def recording(*args, **kwargs):
+        label = original(*args, **kwargs)
+        name = kwargs["name"]
+        module = kwargs["qModules"][name]
+        digest = hashlib.sha256()
+        for buffer in ("qweight", "qzeros", "scales", "g_idx"):
+            digest.update(getattr(module, buffer).cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        into[name] = digest.hexdigest()
+        return label
+    processor.pack_module = recording
+
+
 def combined_digest(layers):
     return hashlib.sha256("".join(layers[k]["digest"] for k in sorted(layers)).encode()).hexdigest()
 
@@ -149,6 +169,8 @@ def main():
     from gptqmodel.quantization.gptq import GPTQ
     layers, codes = {}, {} if args.codes else None
     record_solves(GPTQ, layers, codes)
+    packs = {}
+    record_packs(packs)
     # GPTQModel's defaults otherwise: its group-aware reordering (act_group_aware) is on.
     config = QuantizeConfig(bits=4, group_size=128, desc_act=False)
     result["act_group_aware"] = bool(config.act_group_aware)
@@ -170,6 +192,7 @@ def main():
     finish_records(layers, codes)
     result["losses"] = {k: v["loss"] for k, v in layers.items()}
     result["digest"], result["packed_tensors"] = combined_digest(layers), len(layers)
+    result["pack_digests"] = packs
     if args.qlink:
         result["counters"] = qlink_gptqmodel.counters()
         result["hessian_counters"] = qlink_gptqmodel.hessian_counters()

@@ -31,27 +31,39 @@ What install() routes through qlink (each a patch with its own counters):
   quantize                  GPTQ.quantize through qlink's native GPTQ engine where it covers
                             the layer's options (gptqmodel_solve.unsupported), GPTQModel's own
                             solve otherwise
+  pack                      the finalizers' packing of a quantized layer into its int32
+                            words (pack_block's slot for a native packer, pack_block_cpu) on the
+                            GPU by qlink.quant.gptq_pack: what GPTQModel's CPU packer makes, bit
+                            for bit, without its per-32-column Python loop under the layer's
+                            lock (on the CPU without a GPU); GPTQModel's own packer for words
+                            of another width; under strict a refusal raises from pack_block
+                            (which swallows its packer's errors) once it returns
 
 GPTQModel swallows clone errors and falls back to deepcopy; with strict=True every patch
 whose qlink path fails raises FallbackRefused instead of running the host's code."""
 import functools
 import importlib
+import threading
 
 import torch
 
 from ..defaults import configure
 from ..quant.hessian import HessianAccumulator
+from ..quant.pack import gptq_pack
 from . import gptqmodel_cache
 from .base import HostSpec, Installation, Integration
 from .gptqmodel_hessian import Queue, make_add_batch
 from .gptqmodel_solve import done_with_hessian, solve, unsupported
+from .patches import FallbackRefused
 
 PATCHES = ("clone_module_for_devices", "torch_replicate", "cache_inputs", "group_batches", "move_to", "nested_move_to",
-           "add_batch", "materialize_global_hessian", "quantize")
+           "add_batch", "materialize_global_hessian", "quantize", "pack")
 
 _HELPERS, _MODEL = "gptqmodel.utils.looper_helpers:", "gptqmodel.utils.model:"
 _GPTQ = "gptqmodel.quantization.gptq:GPTQ."
 _LOOPER = "gptqmodel.looper.module_looper:ModuleLooper"
+_PACK = "gptqmodel.nn_modules.qlinear.pack_block_ext:pack_block_cpu"
+_PACK_BLOCK = "gptqmodel.nn_modules.qlinear:PackableQuantLinear.pack_block"
 # Every GPTQModel name the patches replace, call or read, GPTQ's task state included.
 HOST = HostSpec("GPTQModel", "gptqmodel", "gptqmodel.version", "7.3", "f4c327a", [
     _HELPERS + "clone_module_for_devices", _HELPERS + "torch_replicate", _HELPERS + "clear_non_picklable_state",
@@ -67,6 +79,7 @@ HOST = HostSpec("GPTQModel", "gptqmodel", "gptqmodel.version", "7.3", "f4c327a",
     "gptqmodel.quantization.gptq:GPTQ", "gptqmodel.quantization.quantizer:Quantizer",
     "gptqmodel.quantization.quantizer:Quantizer.requires_groupwise_processing",
     "gptqmodel.quantization.quantizer:Quantizer.perchannel", "gptqmodel.utils.fallback:should_use_fallback",
+    _PACK, "gptqmodel.nn_modules.qlinear:PackableQuantLinear", _PACK_BLOCK,
 ] + [_GPTQ + name for name in (
     "quantize", "add_batch", "materialize_global_hessian", "finalize_hessian", "_select_hessian_target_device", "lock",
     "H", "nsamples", "columns", "name", "qcfg", "module", "quantizer", "module_copy", "fallback", "expected_nsamples",
@@ -93,6 +106,9 @@ class _Host:
             setattr(self, name, names[_MODEL + name])
         for name in ("add_batch", "materialize_global_hessian", "quantize"):
             setattr(self, name, names[_GPTQ + name])
+        self.pack_block_ext, self.pack_block_cpu = importlib.import_module(_PACK.split(":")[0]), names[_PACK]
+        self.PackableQuantLinear = names["gptqmodel.nn_modules.qlinear:PackableQuantLinear"]
+        self.pack_block = names[_PACK_BLOCK]
 
 
 def _like(original):
@@ -130,6 +146,9 @@ class _Installation(Installation):
         bind.set(h.GPTQ, "add_batch", make_add_batch(self))
         bind.set(h.GPTQ, "materialize_global_hessian", self._make_materialize_global_hessian())
         bind.set(h.GPTQ, "quantize", self._make_quantize())
+        pack_block_cpu, pack_block = self._make_pack()
+        bind.set(h.pack_block_ext, "pack_block_cpu", pack_block_cpu)
+        bind.set(h.PackableQuantLinear, "pack_block", pack_block)
 
     # -- replicas ------------------------------------------------------------------------
 
@@ -325,6 +344,42 @@ class _Installation(Installation):
             return guard.attempt("quantize", lambda: solve(gptq, ctx), lambda: original(gptq, blocksize),
                                  commit=lambda result: done_with_hessian(gptq, result))
         return quantize
+
+    # -- packing ---------------------------------------------------------------------------
+
+    def _make_pack(self):
+        """pack_block's native-packer slot, and pack_block itself carrying a strict refusal
+        past the slot: pack_block swallows what its packer raises and packs in Python, so
+        under strict the refusal is raised when pack_block returns."""
+        original, original_block, counters, guard = self.host.pack_block_cpu, self.host.pack_block, \
+            self.counters, self.guard
+        refused = threading.local()
+
+        # pack_block imports its native packer at each call and takes GPTQModel's Python
+        # packer when it raises: the host's path here is that extension (absent, it raises).
+        @_like(original)
+        def pack_block_cpu(weight, scales, zeros, g_idx, bits, word_bits, block_in, threads):
+            if word_bits != 32:
+                counters.host("pack", "%d-bit words" % word_bits)
+                return original(weight, scales, zeros, g_idx, bits, word_bits, block_in, threads)
+            # The finalizer thread's GPU where there is one (its words come back to the host).
+            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+            try:
+                return guard.attempt("pack", lambda: gptq_pack(weight, scales, zeros, g_idx, bits, device=device),
+                                     lambda: original(weight, scales, zeros, g_idx, bits, word_bits, block_in, threads))
+            except FallbackRefused as error:
+                refused.error = error
+                raise
+
+        @_like(original_block)
+        def pack_block(module, *args, **kwargs):
+            refused.error = None
+            result = original_block(module, *args, **kwargs)
+            error, refused.error = refused.error, None
+            if error is not None:
+                raise error
+            return result
+        return pack_block_cpu, pack_block
 
 
 def install(config=None, strict=False, *, ctx=None, library=None):

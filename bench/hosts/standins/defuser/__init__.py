@@ -7,10 +7,11 @@ the fused tensor (same dtype and device, meta stays meta). The MoE block around 
 is kept, so routing (router, softmax, top-k, norm_topk_prob) is its own code; the new
 experts' forward is transformers' eager experts loop (experts in ascending order, each
 one's routed tokens, weighted, index_add_ into zeros), calling the linears as modules so
-forward hooks see each expert's routed rows. Anything else (biases, transposed or interleaved
-experts, a gate other than transformers' `_default_apply_gate`, which its
-`use_experts_implementation` gives every experts class) is left fused. Nothing is patched before load: replace_fused_blocks does
-nothing, convert_model does the work on the loaded (or meta) model."""
+forward hooks see each expert's routed rows. Anything else (biases, transposed or
+interleaved experts, a gate other than transformers' `_default_apply_gate`, which its
+`use_experts_implementation` gives every experts class) is left fused. Nothing is patched
+before load: replace_fused_blocks does nothing, convert_model does the work on the loaded
+(or meta) model."""
 import torch
 from torch import nn
 

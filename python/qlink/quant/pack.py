@@ -1,0 +1,93 @@
+"""GPTQ's packed storage: a layer's 2/4/8-bit codes in int32 words, in the layout GPTQModel's
+quantized linears keep (`qweight` packs 32 / bits input columns to a word, `qzeros` 32 / bits
+output columns), made as GPTQModel's own packer makes it: each code recomputed from the
+quantized weight, round((w + zero * scale) / scale) clamped to [0, 2^bits - 1], in the
+dtypes torch promotes those tensors to. The same operations on either device round alike
+(IEEE adds and divides, round half to even), so a GPU packs what GPTQModel's CPU packer
+packs, bit for bit, in one pass over the layer instead of a Python loop over its 32-column
+blocks."""
+import threading
+
+import torch
+
+_MASK32 = (1 << 32) - 1
+_streams = threading.local()  # per thread, per device: the stream a pack runs on
+
+
+def gptq_pack(weight, scales, zeros, g_idx, bits, device=None):
+    """(qweight (in * bits / 32, out), qzeros (groups, out * bits / 32)), int32, computed on
+    `device` (default the weight's) and returned where the weight is; a CUDA device packs on a
+    stream of the calling thread's own and waits for it, so a finalizer thread never queues
+    behind the layer loop's kernels.
+
+    weight (out, in), the quantized layer's weight as its linear holds it; scales and zeros
+    (groups, out); g_idx (in,), each input column's group (negative counts from the end).
+    ValueError naming the argument for a shape, a bit width or a value the layout cannot hold
+    (zeros not integers in [0, 2^bits - 1], a zero or non-finite scale or weight, a group out
+    of range): nothing is packed then."""
+    _check_shapes(weight, scales, zeros, g_idx, bits)
+    device = torch.device(device) if device is not None else weight.device
+    if device.type != "cuda":
+        return tuple(t.to(weight.device) for t in _pack(weight, scales, zeros, g_idx, bits, device))
+    stream = _stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))  # the inputs may be the caller's
+    with torch.cuda.stream(stream):
+        words = tuple(t.to(weight.device) for t in _pack(weight, scales, zeros, g_idx, bits, device))
+    stream.synchronize()
+    return words
+
+
+def _check_shapes(weight, scales, zeros, g_idx, bits):
+    if bits not in (2, 4, 8):
+        raise ValueError("bits: %r, where 32-bit words hold 2-, 4- or 8-bit codes" % (bits,))
+    if weight.dim() != 2:
+        raise ValueError("weight: %d dimensions, where a linear's (out, in) has 2" % weight.dim())
+    out_features, in_features = weight.shape
+    if in_features % 32 or out_features % 32:
+        raise ValueError("weight: shape %s, where both sides must be multiples of 32" % (tuple(weight.shape),))
+    if scales.dim() != 2 or scales.shape[1] != out_features:
+        raise ValueError("scales: shape %s, where (groups, %d) was expected" % (tuple(scales.shape), out_features))
+    if tuple(zeros.shape) != tuple(scales.shape):
+        raise ValueError("zeros: shape %s, where scales' %s was expected" % (tuple(zeros.shape), tuple(scales.shape)))
+    if g_idx.dim() != 1 or g_idx.numel() != in_features:
+        raise ValueError("g_idx: shape %s, where (%d,) was expected" % (tuple(g_idx.shape), in_features))
+    if g_idx.dtype.is_floating_point or g_idx.dtype.is_complex or g_idx.dtype == torch.bool:
+        raise ValueError("g_idx: dtype %s, where group indices are integers" % g_idx.dtype)
+
+
+def _stream(device):
+    streams = getattr(_streams, "by_device", None)
+    if streams is None:
+        streams = _streams.by_device = {}
+    if device not in streams:
+        streams[device] = torch.cuda.Stream(device)
+    return streams[device]
+
+
+def _pack(weight, scales, zeros, g_idx, bits, device):
+    groups, out_features = scales.shape
+    maxq = (1 << bits) - 1
+    per_word = 32 // bits
+    w, s, z = weight.to(device), scales.to(device), zeros.to(device)
+    g = g_idx.to(device=device, dtype=torch.int64)
+    g = torch.where(g < 0, g + groups, g)
+    s_cols, sz_cols = s.index_select(0, g.clamp(0, groups - 1)).T, (z * s).index_select(0, g.clamp(0, groups - 1)).T
+    codes = torch.round((w + sz_cols) / s_cols).clamp_(0, maxq)
+    bad = torch.stack([
+        ((g < 0) | (g >= groups)).any(),
+        ~torch.isfinite(w).all(),
+        ((s == 0) | ~torch.isfinite(s)).any(),
+        ((z != torch.round(z)) | (z < 0) | (z > maxq) | ~torch.isfinite(z)).any(),
+    ]).tolist()
+    for flagged, what in zip(bad, (
+            "g_idx: a group outside [-%d, %d)" % (groups, groups),
+            "weight: a non-finite value",
+            "scales: a zero or non-finite scale",
+            "zeros: a value that is not an integer in [0, %d]" % maxq)):
+        if flagged:
+            raise ValueError(what)
+    shifts = torch.arange(per_word, device=device, dtype=torch.int64) * bits
+    codes = codes.to(torch.int32).T.to(torch.int64)  # (in, out): a word's codes are adjacent rows
+    qweight = (codes.reshape(-1, per_word, out_features) << shifts.view(1, -1, 1)).sum(1) & _MASK32
+    qzeros = (z.to(torch.int64).reshape(groups, -1, per_word) << shifts).sum(-1) & _MASK32
+    return qweight.to(torch.int32), qzeros.to(torch.int32)

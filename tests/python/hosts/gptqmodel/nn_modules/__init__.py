@@ -1,0 +1,2 @@
+"""Stand-in for gptqmodel.nn_modules."""
+from . import qlinear  # noqa: F401
