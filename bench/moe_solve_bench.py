@@ -120,6 +120,8 @@ def main():
     say("## One MoE layer's %d expert linears, 4-bit g128 sym, act_group_aware (%s)" % (
         len(layers), torch.cuda.get_device_name() if a.device == "cuda" else a.device))
     say()
+    print("qlink, %d linears in one call: %.1f ms (GPTQModel's own solves next)" % (len(layers), t_q * 1e3),
+          flush=True)  # before GPTQModel's half, which may outlast a lease's timeout
     solve_gm, why = gptqmodel_solver(a.gptqmodel) if a.gptqmodel else (None, "not given")
     gm = "-"
     same = ratio = "-"

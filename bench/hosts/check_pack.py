@@ -14,7 +14,7 @@ setup_paths()
 
 def main():
     import torch
-    from gptqmodel.nn_modules.qlinear.torch import TorchQuantLinear
+    from gptqmodel.nn_modules.qlinear.torch import TorchLinear
     from qlink.quant import gptq_pack
     torch.manual_seed(0)
     for bits in (2, 4, 8):
@@ -26,9 +26,8 @@ def main():
             codes = torch.randint(0, maxq + 1, (out_features, in_features)).float()
             linear = torch.nn.Linear(in_features, out_features, bias=False, dtype=torch.bfloat16)
             linear.weight.data = (scales[:, g_idx.long()] * (codes - zeros[:, g_idx.long()])).to(torch.bfloat16)
-            module = TorchQuantLinear(bits=bits, group_size=128, sym=True, desc_act=True, in_features=in_features,
-                                      out_features=out_features, bias=False, pack_dtype=torch.int32,
-                                      register_buffers=False)
+            module = TorchLinear(bits=bits, group_size=128, sym=True, desc_act=True, in_features=in_features,
+                                 out_features=out_features, bias=False, pack_dtype=torch.int32, register_buffers=False)
             start = time.perf_counter()
             module.pack_block(linear, scales, zeros, g_idx)
             host_s = time.perf_counter() - start
