@@ -86,17 +86,46 @@ def finish_records(into, codes=None):
             codes[name] = codes[name].cpu()
 
 
-def busy_shares(prof, wall_s):
+LOOP_MARK = "qlink_bench::layer_loop"
+
+
+def mark_layer_loop():
+    """A profiler range opened when GPTQModel's input capture returns (ModuleLooper.
+    cache_inputs, qlink's or the host's): where its layer loop starts on the trace."""
+    import torch
+    from gptqmodel.looper.module_looper import ModuleLooper
+    original = ModuleLooper.cache_inputs
+
+    def cache_inputs(self, *args, **kwargs):
+        cache = original(self, *args, **kwargs)
+        with torch.profiler.record_function(LOOP_MARK):
+            pass
+        return cache
+    ModuleLooper.cache_inputs = cache_inputs
+
+
+def busy_shares(prof, wall_s, since_loop=False):
     """(kernels, kernels or copies): the share of wall_s during which at least one ran,
-    from the profiler's device events (their intervals' union)."""
+    from the profiler's device events (their intervals' union); since_loop: of the time
+    from the layer loop's mark (mark_layer_loop) to the last device event instead."""
     spans = {"kernel": [], "any": []}
-    for e in prof.events():
+    events = prof.events()
+    start = min((e.time_range.start for e in events if e.name == LOOP_MARK), default=None) if since_loop else None
+    for e in events:
         if getattr(e, "device_type", None) is None or str(e.device_type) != "DeviceType.CUDA":
             continue
         span = (e.time_range.start, e.time_range.end)
+        if start is not None:
+            if span[1] <= start:
+                continue
+            span = (max(span[0], start), span[1])
         spans["any"].append(span)
         if not e.name.startswith(("Memcpy", "Memset")):
             spans["kernel"].append(span)
+    if since_loop:
+        if start is None or not spans["any"]:
+            return None, None
+        wall_s = (max(b for _, b in spans["any"]) - start) / 1e6
 
     def union_us(intervals):
         total, end = 0.0, float("-inf")
@@ -171,6 +200,8 @@ def main():
     record_solves(GPTQ, layers, codes)
     packs = {}
     record_packs(packs)
+    if args.profile:
+        mark_layer_loop()
     # GPTQModel's defaults otherwise: its group-aware reordering (act_group_aware) is on.
     config = QuantizeConfig(bits=4, group_size=128, desc_act=False)
     result["act_group_aware"] = bool(config.act_group_aware)
@@ -184,6 +215,8 @@ def main():
             with timed(result, "quantize_s"):
                 model.quantize(calibration, batch_size=1)
         result["gpu_busy_kernels"], result["gpu_busy_kernels_or_copies"] = busy_shares(prof, result["quantize_s"])
+        result["gpu_busy_loop_kernels"], result["gpu_busy_loop_kernels_or_copies"] = busy_shares(
+            prof, result["quantize_s"], since_loop=True)
         kernel_table(prof, args.profile, stacks=args.profile_stacks)
     else:
         with python_profile(args.cprofile), stack_samples(args.samples_out), timed(result, "quantize_s"):
