@@ -23,7 +23,8 @@ def host(library):
 
 
 def packed(host, linear, scales, zeros, g_idx, bits=4):
-    module = host["qlinear"].PackableQuantLinear(bits, linear.in_features, linear.out_features)
+    module = host["qlinear"].PackableQuantLinear(bits, linear.in_features, linear.out_features,
+                                                 name="model.layers.0.mlp.down_proj")
     module.pack_block(linear, scales, zeros, g_idx)
     return {name: buffer.clone() for name, buffer in module.named_buffers()}
 
@@ -57,7 +58,7 @@ def test_a_layer_qlink_refuses_is_packed_by_the_host_or_raises_when_strict(host)
     assert counts["fallback"] == 1 and counts["qlink"] == 0
     assert list(counts["reasons"]) == ["ValueError: scales: a zero or non-finite scale"]
     adapter.install(ctx=host["ctx"], strict=True)
-    with pytest.raises(FallbackRefused, match="pack"):
+    with pytest.raises(FallbackRefused, match="^model.layers.0.mlp.down_proj: qlink's pack failed.*scales"):
         packed(host, linear, scales, zeros, g_idx)
 
 

@@ -376,8 +376,9 @@ class _Installation(Installation):
             refused.error = None
             result = original_block(module, *args, **kwargs)
             error, refused.error = refused.error, None
-            if error is not None:
-                raise error
+            if error is not None:  # named here: the packer's slot is not told the layer
+                raise FallbackRefused("%s: %s" % (getattr(module, "name", None) or type(module).__name__, error)) \
+                    from error
             return result
         return pack_block_cpu, pack_block
 

@@ -11,8 +11,9 @@ from torch import nn
 
 
 class PackableQuantLinear(nn.Module):
-    def __init__(self, bits, in_features, out_features, bias=False):
+    def __init__(self, bits, in_features, out_features, bias=False, name=None):
         super().__init__()
+        self.name = name  # the module's path in the model, as GPTQModel's quantized linears keep it
         self.bits, self.in_features, self.out_features = bits, in_features, out_features
         self.pack_dtype, self.pack_dtype_bits, self.maxq = torch.int32, 32, 2 ** bits - 1
         self.register_buffer("bias", None)
