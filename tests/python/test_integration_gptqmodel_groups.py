@@ -138,6 +138,13 @@ def _reuse_kv_layer():
     return layer
 
 
+def _moe_layer():
+    layer = torch.nn.Module()
+    layer.mlp = torch.nn.Module()
+    layer.mlp.experts = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(2)])
+    return layer
+
+
 @pytest.mark.parametrize("case, reason", [
     ("processor", r"processors other than GPTQ's see the batches \(_OtherProcessor\)"),
     ("replay", r"GemmaQModel has its own update_layer_replay_kwargs_from_output"),
@@ -146,6 +153,8 @@ def _reuse_kv_layer():
     ("cache_position", r"layer_input_kwargs\['cache_position'\] differs between batches along no batch dimension"),
     ("large", r"no two consecutive batches fit in 16 tokens"),
     ("two_samples", r"batches of more than one sample \(batch_size 2\)"),
+    ("moe_definition", r"MoE experts \(each sees its routed rows of all the grouped samples at once\)"),
+    ("moe_layer", r"MoE experts"),
 ])
 def test_a_reason_to_keep_the_batches_is_named_and_the_cache_kept(host, monkeypatch, case, reason):
     from gptqmodel.looper.gptq_processor import GPTQProcessor
@@ -154,9 +163,12 @@ def test_a_reason_to_keep_the_batches_is_named_and_the_cache_kept(host, monkeypa
     host_cache = _capture(cache_position_offset=SEQ if case == "cache_position" else 0)
     if case == "two_samples":
         host_cache.layer_inputs[:] = [[torch.cat([x, x])] for (x,) in host_cache.layer_inputs]
+    model_class = _own_replay(BaseQModel) if case == "replay" else None
+    if case == "moe_definition":
+        model_class = type("Qwen3MoeQModel", (BaseQModel,), {"dynamic_expert_index": "num_experts"})
+    layers = {"kv": [_reuse_kv_layer()], "moe_layer": [_moe_layer()]}.get(case, ())
     looper = _looper(host_cache, processors=[GPTQProcessor(), _OtherProcessor()] if case == "processor" else None,
-                     model_class=_own_replay(BaseQModel) if case == "replay" else None,
-                     layers=[_reuse_kv_layer()] if case == "kv" else ())
+                     model_class=model_class, layers=layers)
     if case == "unbatched":
         looper.support_batch_quantize = False
     if case == "large":

@@ -100,6 +100,12 @@ def grouping_refusal(looper, layers, host):
         return "layers share a KV cache between batches"
     if getattr(looper, "moe_routing_override", None) or getattr(looper, "moe_routing_bypass", False):
         return "MoE routing options"
+    # An expert's hook sees its routed rows of every grouped sample as one 2-D input, where
+    # GPTQModel adds each sample's rows as a rank-k update of its own: the sums would round
+    # apart from GPTQModel's.
+    if getattr(type(model), "dynamic_expert_index", None) is not None or any(
+            hasattr(m, "experts") for layer in layers or () for m in layer.modules()):
+        return "MoE experts (each sees its routed rows of all the grouped samples at once)"
     return None
 
 
