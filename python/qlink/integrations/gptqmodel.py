@@ -32,29 +32,25 @@ What install() routes through qlink (each a patch with its own counters):
                             the layer's options (gptqmodel_solve.unsupported), GPTQModel's own
                             solve otherwise
   pack                      the finalizers' packing of a quantized layer into its int32
-                            words (pack_block's slot for a native packer, pack_block_cpu) on the
-                            GPU by qlink.quant.gptq_pack: what GPTQModel's CPU packer makes, bit
-                            for bit, without its per-32-column Python loop under the layer's
-                            lock (on the CPU without a GPU); GPTQModel's own packer for words
-                            of another width; under strict a refusal raises from pack_block
-                            (which swallows its packer's errors) once it returns
+                            words (pack_block's slot for a native packer) on the GPU by
+                            qlink.quant.gptq_pack (gptqmodel_pack): what GPTQModel's CPU packer
+                            makes, bit for bit, without its per-32-column Python loop under the
+                            layer's lock; GPTQModel's own packer for words of another width
 
 GPTQModel swallows clone errors and falls back to deepcopy; with strict=True every patch
 whose qlink path fails raises FallbackRefused instead of running the host's code."""
 import functools
 import importlib
-import threading
 
 import torch
 
 from ..defaults import configure
 from ..quant.hessian import HessianAccumulator
-from ..quant.pack import gptq_pack
 from . import gptqmodel_cache
 from .base import HostSpec, Installation, Integration
 from .gptqmodel_hessian import Queue, make_add_batch
+from .gptqmodel_pack import make_pack
 from .gptqmodel_solve import done_with_hessian, solve, unsupported
-from .patches import FallbackRefused
 
 PATCHES = ("clone_module_for_devices", "torch_replicate", "cache_inputs", "group_batches", "move_to", "nested_move_to",
            "add_batch", "materialize_global_hessian", "quantize", "pack")
@@ -147,7 +143,7 @@ class _Installation(Installation):
         bind.set(h.GPTQ, "add_batch", make_add_batch(self))
         bind.set(h.GPTQ, "materialize_global_hessian", self._make_materialize_global_hessian())
         bind.set(h.GPTQ, "quantize", self._make_quantize())
-        pack_block_cpu, pack_block = self._make_pack()
+        pack_block_cpu, pack_block = make_pack(self)
         bind.set(h.pack_block_ext, "pack_block_cpu", pack_block_cpu)
         bind.set(h.PackableQuantLinear, "pack_block", pack_block)
 
@@ -345,43 +341,6 @@ class _Installation(Installation):
             return guard.attempt("quantize", lambda: solve(gptq, ctx), lambda: original(gptq, blocksize),
                                  commit=lambda result: done_with_hessian(gptq, result))
         return quantize
-
-    # -- packing ---------------------------------------------------------------------------
-
-    def _make_pack(self):
-        """pack_block's native-packer slot, and pack_block itself carrying a strict refusal
-        past the slot: pack_block swallows what its packer raises and packs in Python, so
-        under strict the refusal is raised when pack_block returns."""
-        original, original_block, counters, guard = self.host.pack_block_cpu, self.host.pack_block, \
-            self.counters, self.guard
-        refused = threading.local()
-
-        # pack_block imports its native packer at each call and takes GPTQModel's Python
-        # packer when it raises: the host's path here is that extension (absent, it raises).
-        @_like(original)
-        def pack_block_cpu(weight, scales, zeros, g_idx, bits, word_bits, block_in, threads):
-            if word_bits != 32:
-                counters.host("pack", "%d-bit words" % word_bits)
-                return original(weight, scales, zeros, g_idx, bits, word_bits, block_in, threads)
-            # The finalizer thread's GPU where there is one (its words come back to the host).
-            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
-            try:
-                return guard.attempt("pack", lambda: gptq_pack(weight, scales, zeros, g_idx, bits, device=device),
-                                     lambda: original(weight, scales, zeros, g_idx, bits, word_bits, block_in, threads))
-            except FallbackRefused as error:
-                refused.error = error
-                raise
-
-        @_like(original_block)
-        def pack_block(module, *args, **kwargs):
-            refused.error = None
-            result = original_block(module, *args, **kwargs)
-            error, refused.error = refused.error, None
-            if error is not None:  # named here: the packer's slot is not told the layer
-                raise FallbackRefused("%s: %s" % (getattr(module, "name", None) or type(module).__name__, error)) \
-                    from error
-            return result
-        return pack_block_cpu, pack_block
 
 
 def install(config=None, strict=False, *, ctx=None, library=None):

@@ -1,0 +1,51 @@
+"""GPTQModel's packing of a finished layer into int32 words through qlink.quant.gptq_pack.
+
+GPTQModel's finalizers call pack_block, which imports its native packer at each call
+(pack_block_ext.pack_block_cpu, a torch extension built where a compiler is) and packs in
+Python, 32 input columns at a time under the layer's lock, when that raises. qlink takes
+the packer's slot: the same words, bit for bit, on the GPU (on the CPU without one). The
+host's path is the slot's original (absent, it raises, and pack_block packs in Python).
+pack_block swallows what its packer raises, so under strict the refusal is carried past
+it and raised, naming the layer, once pack_block returns."""
+import threading
+
+import torch
+
+from ..quant.pack import gptq_pack
+from .patches import FallbackRefused
+
+PATCH = "pack"
+
+
+def make_pack(installation):
+    """(pack_block_cpu, pack_block) for `installation` (qlink.integrations.gptqmodel's)."""
+    original, original_block = installation.host.pack_block_cpu, installation.host.pack_block
+    counters, guard = installation.counters, installation.guard
+    refused = threading.local()
+
+    def pack_block_cpu(weight, scales, zeros, g_idx, bits, word_bits, block_in, threads):
+        if word_bits != 32:
+            counters.host(PATCH, "%d-bit words" % word_bits)
+            return original(weight, scales, zeros, g_idx, bits, word_bits, block_in, threads)
+        # The finalizer thread's GPU where there is one (its words come back to the host).
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+        try:
+            return guard.attempt(PATCH, lambda: gptq_pack(weight, scales, zeros, g_idx, bits, device=device),
+                                 lambda: original(weight, scales, zeros, g_idx, bits, word_bits, block_in, threads))
+        except FallbackRefused as error:
+            refused.error = error
+            raise
+
+    def pack_block(module, *args, **kwargs):
+        refused.error = None
+        result = original_block(module, *args, **kwargs)
+        error, refused.error = refused.error, None
+        if error is not None:  # named here: the packer's slot is not told the layer
+            raise FallbackRefused("%s: %s" % (getattr(module, "name", None) or type(module).__name__, error)) \
+                from error
+        return result
+
+    for replacement, host in ((pack_block_cpu, original), (pack_block, original_block)):
+        replacement.__name__, replacement.__qualname__ = host.__name__, host.__qualname__
+        replacement.__doc__ = host.__doc__
+    return pack_block_cpu, pack_block
