@@ -34,13 +34,17 @@ class CpuQuantMath final : public QuantMath {
     const int mm = Int(n), nn = Int(m), kk = Int(k), la = Int(ldb), lb = Int(lda);
     if (beta == 0.0f) {
       const int lc = Int(ldc);
+      const SerialBlas serial(api_);
       api_.sgemm("N", "N", &mm, &nn, &kk, &alpha, b, &la, a, &lb, &beta, c, &lc, 1, 1);
       return Status::Ok();
     }
     thread_local std::vector<float> product;  // one per virtual device's thread, kept
     product.resize(static_cast<size_t>(m * n));
     const float one = 1.0f, zero = 0.0f;
-    api_.sgemm("N", "N", &mm, &nn, &kk, &one, b, &la, a, &lb, &zero, product.data(), &mm, 1, 1);
+    {
+      const SerialBlas serial(api_);
+      api_.sgemm("N", "N", &mm, &nn, &kk, &one, b, &la, a, &lb, &zero, product.data(), &mm, 1, 1);
+    }
     for (int64_t r = 0; r < m; ++r) {
       float* row = c + r * ldc;
       const float* p = product.data() + r * n;
@@ -54,6 +58,7 @@ class CpuQuantMath final : public QuantMath {
     if (rows == 0) return Status::Ok();
     const int nn = Int(n), kk = Int(rows), ld = Int(n);
     const float one = 1.0f;
+    const SerialBlas serial(api_);
     api_.ssyrk("L", "N", &nn, &kk, &one, x, &ld, &one, h, &ld, 1, 1);
     return Status::Ok();
   }
@@ -61,6 +66,7 @@ class CpuQuantMath final : public QuantMath {
   Status Potrf(int, Stream, float* a, int64_t n, bool lower, bool* positive_definite) override {
     const int nn = Int(n);
     int info = 0;
+    const SerialBlas serial(api_);
     api_.spotrf(lower ? "L" : "U", &nn, a, &nn, &info, 1);
     if (info < 0) return Internal("quant: spotrf refused argument " + std::to_string(-info));
     *positive_definite = info == 0;
@@ -71,6 +77,7 @@ class CpuQuantMath final : public QuantMath {
     std::memcpy(inverse, factor, sizeof(float) * n * n);
     const int nn = Int(n);
     int info = 0;
+    const SerialBlas serial(api_);
     api_.spotri("L", &nn, inverse, &nn, &info, 1);
     if (info != 0) return RuntimeError("quant: spotri failed with info " + std::to_string(info));
     return MirrorTriangle(device, stream, inverse, n, /*lower_to_upper=*/true);

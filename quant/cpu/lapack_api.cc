@@ -1,5 +1,7 @@
 #include "quant/cpu/lapack_api.h"
 
+#include <mutex>
+
 #include "backends/vendor_library.h"
 
 namespace qlink {
@@ -26,11 +28,9 @@ Status Load(const std::string& blas, const std::string& solver, const LapackApi*
         take(1, a->ssyrk, "ssyrk_");
         take(0, a->spotrf, "spotrf_");
         take(0, a->spotri, "spotri_");
-        // The CPU backend's parallelism is its virtual devices, one host thread each: BLAS
-        // threads of its own under every one of them oversubscribe the cores (OpenBLAS then
-        // spins: a 4-device solve ran 17x slower than a serial one).
-        using SetThreads = void(int);
-        if (void* set = take.Find(1, "openblas_set_num_threads")) reinterpret_cast<SetThreads*>(set)(1);
+        a->get_threads = reinterpret_cast<LapackApi::GetThreads*>(take.Find(1, "openblas_get_num_threads"));
+        a->set_threads = reinterpret_cast<LapackApi::SetThreads*>(take.Find(1, "openblas_set_num_threads"));
+        if (a->get_threads == nullptr) a->set_threads = nullptr;  // nothing to restore
         a->implementation = Implementation(take);
         a->blas_file = DefiningFile(reinterpret_cast<void*>(a->sgemm));
         a->lapack_file = DefiningFile(reinterpret_cast<void*>(a->spotrf));
@@ -38,7 +38,26 @@ Status Load(const std::string& blas, const std::string& solver, const LapackApi*
       out);
 }
 
+std::mutex serial_mu;
+int serial_calls = 0;     // engine calls inside the BLAS now
+int process_threads = 0;  // the setting they found, restored by the last to leave
+
 }  // namespace
+
+SerialBlas::SerialBlas(const LapackApi& api) : api_(api) {
+  if (api_.set_threads == nullptr) return;
+  std::lock_guard<std::mutex> lock(serial_mu);
+  if (serial_calls++ == 0) {
+    process_threads = api_.get_threads();
+    if (process_threads != 1) api_.set_threads(1);
+  }
+}
+
+SerialBlas::~SerialBlas() {
+  if (api_.set_threads == nullptr) return;
+  std::lock_guard<std::mutex> lock(serial_mu);
+  if (--serial_calls == 0 && process_threads != 1) api_.set_threads(process_threads);
+}
 
 Status LoadLapack(const Libraries& libraries, const LapackApi** out, LibraryReport* report) {
   std::string fallback;  // why the default was not loaded, when it was not

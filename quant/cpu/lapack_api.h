@@ -26,12 +26,35 @@ struct LapackApi {
   using Spotrf = void(const char* uplo, const int* n, float* a, const int* lda, int* info, size_t);
   using Spotri = void(const char* uplo, const int* n, float* a, const int* lda, int* info, size_t);
 
+  using GetThreads = int();
+  using SetThreads = void(int);
+
   Sgemm* sgemm = nullptr;  // from the BLAS library
   Ssyrk* ssyrk = nullptr;
   Spotrf* spotrf = nullptr;  // from the LAPACK library
   Spotri* spotri = nullptr;
+  GetThreads* get_threads = nullptr;  // OpenBLAS's thread count, where the BLAS is OpenBLAS
+  SetThreads* set_threads = nullptr;
   std::string implementation;          // "OpenBLAS (config)", "MKL", "BLIS", or "" (not recognized)
   std::string blas_file, lapack_file;  // where sgemm_ and spotrf_ came from, symlinks resolved
+};
+
+// The BLAS on one thread while any engine call is inside it, the process's own setting
+// restored when the last one leaves. The CPU backend's parallelism is its virtual devices,
+// one host thread each: BLAS threads of its own under every one of them oversubscribe the
+// cores (OpenBLAS then spins: a 4-device solve ran 17x slower than a serial one). The
+// setting is the process's (on Debian PyTorch calls the same OpenBLAS), so it is not left
+// changed: the host's own BLAS work keeps its threads outside qlink's calls. A no-op where
+// the library has no thread setting.
+class SerialBlas {
+ public:
+  explicit SerialBlas(const LapackApi& api);
+  ~SerialBlas();
+  SerialBlas(const SerialBlas&) = delete;
+  SerialBlas& operator=(const SerialBlas&) = delete;
+
+ private:
+  const LapackApi& api_;
 };
 
 // The optimized library loaded when neither config field names one.

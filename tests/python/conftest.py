@@ -1,3 +1,4 @@
+import contextlib
 import os
 import sys
 
@@ -10,6 +11,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python")
 def pytest_addoption(parser):
     parser.addoption("--qlink-library", required=True, help="path of the built libqlink.so")
     parser.addoption("--layout-dump", help="tests/abi_compat/layout_json: the header's layout as JSON")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def serial_torch_blas():
+    """PyTorch's BLAS on one thread for the whole run where it is OpenBLAS: the CPU engine
+    runs it so inside its calls, tests compare PyTorch's products with the engine's bit for
+    bit, and a product's rounding depends on how many threads split it."""
+    from gptq_reference import serial_blas, torch_linalg_files
+    files = torch_linalg_files()
+    with serial_blas(files[0]) if files else contextlib.nullcontext():
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,8 @@
 """GPTQ as GPTQModel's GPTQ.quantize and Quantizer run it, column by column in PyTorch: the
 reference the native engine is compared with (in CI on the CPU, on the GPU machine on
 CUDA). The damp's mean is summed in double, as the engine does."""
+import contextlib
+import ctypes
 import os
 
 import torch
@@ -119,3 +121,21 @@ def torch_linalg_files():
     named = lambda prefix: sorted(f for f in mapped if os.path.basename(f).startswith(prefix))  # noqa: E731
     blas, lapack = named("libblas.so"), named("liblapack.so")
     return (blas[0], lapack[0]) if len(blas) == 1 and len(lapack) == 1 else None
+
+
+@contextlib.contextmanager
+def serial_blas(blas_file):
+    """The BLAS library at blas_file on one thread inside, where it has a thread setting
+    (OpenBLAS): the CPU engine runs it so, and a product blocks by its thread count."""
+    try:
+        lib = ctypes.CDLL(blas_file)
+        get, set_threads = lib.openblas_get_num_threads, lib.openblas_set_num_threads
+    except (OSError, AttributeError):  # not loadable here, or not OpenBLAS: one blocking
+        yield
+        return
+    before = get()
+    set_threads(1)
+    try:
+        yield
+    finally:
+        set_threads(before)

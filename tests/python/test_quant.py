@@ -270,3 +270,25 @@ def test_sign_round_refuses_what_cannot_engage(cpu8):
         sign_round(torch.nn.Linear(100, 8), torch.randn(8, 100), Placement([0], ctx=cpu8), iters=1)
     with pytest.raises(ValueError, match="each replica needs its own device"):
         Placement([0, 0], ctx=cpu8)
+
+
+def test_the_engine_leaves_the_process_openblas_threads_as_it_found_them(cpu8):
+    """The CPU engine runs OpenBLAS on one thread under each virtual device, only while its
+    calls are inside it: PyTorch shares that OpenBLAS on Debian, and its own matmuls keep
+    the process's setting."""
+    import ctypes
+    try:
+        openblas = ctypes.CDLL("libopenblas.so.0")
+    except OSError:
+        pytest.skip("no libopenblas.so.0: the engine runs on another BLAS")
+    before = openblas.openblas_get_num_threads()
+    openblas.openblas_set_num_threads(2)
+    try:
+        if openblas.openblas_get_num_threads() != 2:
+            pytest.skip("OpenBLAS runs one thread on this machine")
+        w, h, x = _layer(64, 256, seed=11)
+        parallel_gptq([GPTQLayer(w, h, device=d) for d in range(4)], None, ctx=cpu8, bits=4, group_size=128)
+        parallel_hessian(list(torch.split(x, shard_sizes(x.shape[0], 4))), Placement(range(4), ctx=cpu8))
+        assert openblas.openblas_get_num_threads() == 2
+    finally:
+        openblas.openblas_set_num_threads(before)

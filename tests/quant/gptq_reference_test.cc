@@ -40,9 +40,13 @@ std::string FileDefining(const char* symbol) {
   return realpath(info.dli_fname, resolved) != nullptr ? resolved : info.dli_fname;
 }
 
-// The CPU backend on ATen's own BLAS and LAPACK.
+// The CPU backend on ATen's own BLAS and LAPACK, the process's OpenBLAS (where it is) on one
+// thread: the engine runs it so inside its calls (quant/cpu/lapack_api.h, SerialBlas), and
+// the reference's products block alike only on one thread too.
 std::string Config() {
   static const std::string config = [] {
+    using SetThreads = void(int);
+    if (void* set = dlsym(RTLD_DEFAULT, "openblas_set_num_threads")) reinterpret_cast<SetThreads*>(set)(1);
     const std::string blas = FileDefining("sgemm_"), lapack = FileDefining("spotrf_");
     std::printf("engine and reference on BLAS %s, LAPACK %s\n", blas.c_str(), lapack.c_str());
     return R"({"backend": "cpu", "cpu_devices": 1, "log_level": "warn", "blas_library": ")" + blas +
