@@ -105,3 +105,18 @@ def test_a_failed_library_setup_leaves_no_half_made_state_and_names_the_status(l
             gptq_quantize(w, h, ctx=ctx)
         got = gptq_quantize(w, h, ctx=ctx)
     assert torch.equal(got.codes, want.codes) and torch.equal(got.weight, want.weight)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gptq_pack_on_the_gpu_gives_the_cpus_words(bits, dtype):
+    """The GPU packs what the CPU packs (the stand-in GPTQModel's Python packer is the CPU's
+    reference in test_gptq_pack.py), bit for bit, on a 7B down_proj's shape with act-order
+    groups, the CPU weight going up and the words coming back."""
+    from qlink.quant import gptq_pack
+    from test_gptq_pack import layer
+    linear, scales, zeros, g_idx = layer(out_features=4096, in_features=11008, group_size=128, bits=bits,
+                                         dtype=dtype, act_order=True, seed=bits)
+    args = (linear.weight.detach(), scales.T.contiguous(), zeros.T.contiguous(), g_idx, bits)
+    on_cpu, on_gpu = gptq_pack(*args), gptq_pack(*args, device="cuda")
+    assert all(g.device.type == "cpu" and torch.equal(g, c) for g, c in zip(on_gpu, on_cpu))
