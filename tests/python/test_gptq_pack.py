@@ -6,19 +6,17 @@ argument."""
 import pytest
 import torch
 
+from qlink.integrations import gptqmodel as adapter
 from qlink.quant import gptq_pack
 
-from stand_in_hosts import HOSTS  # noqa: F401 (the hosts folder's path, for the import below)
+from stand_in_hosts import stand_in
 
 
 @pytest.fixture
-def packer(monkeypatch):
-    monkeypatch.syspath_prepend(HOSTS)
-    from gptqmodel.nn_modules.qlinear import PackableQuantLinear
-    yield PackableQuantLinear
-    import sys
-    for name in [n for n in sys.modules if n == "gptqmodel" or n.startswith("gptqmodel.")]:
-        del sys.modules[name]
+def packer():
+    with stand_in("gptqmodel", adapter):
+        from gptqmodel.nn_modules.qlinear import PackableQuantLinear
+        yield PackableQuantLinear
 
 
 def layer(out_features=64, in_features=256, group_size=32, bits=4, dtype=torch.bfloat16, act_order=False, seed=0):

@@ -39,7 +39,6 @@ What install() routes through qlink (each a patch with its own counters):
 
 GPTQModel swallows clone errors and falls back to deepcopy; with strict=True every patch
 whose qlink path fails raises FallbackRefused instead of running the host's code."""
-import functools
 import importlib
 
 import torch
@@ -51,6 +50,7 @@ from .base import HostSpec, Installation, Integration
 from .gptqmodel_hessian import Queue, make_add_batch
 from .gptqmodel_pack import make_pack
 from .gptqmodel_solve import done_with_hessian, solve, unsupported
+from .patches import like
 
 PATCHES = ("clone_module_for_devices", "torch_replicate", "cache_inputs", "group_batches", "move_to", "nested_move_to",
            "add_batch", "materialize_global_hessian", "quantize", "pack")
@@ -108,11 +108,6 @@ class _Host:
         self.pack_block = names[_PACK_BLOCK]
 
 
-def _like(original):
-    """functools.wraps without __module__: the replacement is qlink's, not the host's."""
-    return functools.wraps(original, assigned=("__name__", "__qualname__", "__doc__"))
-
-
 def _device_order(device):
     device = torch.device(device)
     return device.type, -1 if device.index is None else device.index
@@ -152,7 +147,7 @@ class _Installation(Installation):
     def _make_torch_replicate(self):
         original, ctx, guard = self.host.torch_replicate, self.ctx, self.guard
 
-        @_like(original)
+        @like(original)
         def torch_replicate(module, devices, detach=True):
             return guard.attempt("torch_replicate",
                                  lambda: list(ctx.clone_module_for_devices(module, devices).values()),
@@ -163,7 +158,7 @@ class _Installation(Installation):
         h, counters = self.host, self.counters
         original = h.clone_module_for_devices
 
-        @_like(original)
+        @like(original)
         def clone_module_for_devices(module, devices, *, clear_state_fn=None, progress_callback=None):
             clear = clear_state_fn or h.helpers.clear_non_picklable_state
 
@@ -205,7 +200,7 @@ class _Installation(Installation):
         h, ctx, counters, guard = self.host, self.ctx, self.counters, self.guard
         original = h.cache_inputs
 
-        @_like(original)
+        @like(original)
         def cache_inputs(looper, *args, **kwargs):
             cache = original(looper, *args, **kwargs)
             layers = kwargs["layers"] if "layers" in kwargs else (args[0] if args else None)
@@ -233,7 +228,7 @@ class _Installation(Installation):
     def _make_move_to(self):
         original, ctx, counters, guard = self.host.move_to, self.ctx, self.counters, self.guard
 
-        @_like(original)
+        @like(original)
         def move_to(obj, device, dtype=None):
             if dtype is not None:
                 reason = "a dtype conversion"
@@ -258,7 +253,7 @@ class _Installation(Installation):
     def _make_nested_move_to(self):
         original, ctx, counters, guard = self.host.nested_move_to, self.ctx, self.counters, self.guard
 
-        @_like(original)
+        @like(original)
         def nested_move_to(v, device, dtype=None):
             if dtype is not None or device is None:
                 counters.host("nested_move_to", "a dtype conversion" if dtype is not None else "no device")
@@ -287,7 +282,7 @@ class _Installation(Installation):
         original, ctx, counters, guard = self.host.materialize_global_hessian, self.ctx, self.counters, self.guard
         patch = "materialize_global_hessian"
 
-        @_like(original)
+        @like(original)
         def materialize_global_hessian(gptq, target_device=None):
             self.queue.flush()  # the forward's last calls land before the partials are read
             with gptq.lock:
@@ -327,7 +322,7 @@ class _Installation(Installation):
     def _make_quantize(self):
         original, ctx, counters, guard = self.host.quantize, self.ctx, self.counters, self.guard
 
-        @_like(original)
+        @like(original)
         def quantize(gptq, blocksize=128):
             self.queue.flush()  # the counts unsupported() reads include the forward's last calls
             reason = unsupported(gptq, self.host)

@@ -12,7 +12,7 @@ import threading
 import torch
 
 from ..quant.pack import gptq_pack
-from .patches import FallbackRefused
+from .patches import FallbackRefused, like
 
 PATCH = "pack"
 
@@ -23,6 +23,7 @@ def make_pack(installation):
     counters, guard = installation.counters, installation.guard
     refused = threading.local()
 
+    @like(original)
     def pack_block_cpu(weight, scales, zeros, g_idx, bits, word_bits, block_in, threads):
         if word_bits != 32:
             counters.host(PATCH, "%d-bit words" % word_bits)
@@ -36,6 +37,7 @@ def make_pack(installation):
             refused.error = error
             raise
 
+    @like(original_block)
     def pack_block(module, *args, **kwargs):
         refused.error = None
         result = original_block(module, *args, **kwargs)
@@ -44,8 +46,4 @@ def make_pack(installation):
             raise FallbackRefused("%s: %s" % (getattr(module, "name", None) or type(module).__name__, error)) \
                 from error
         return result
-
-    for replacement, host in ((pack_block_cpu, original), (pack_block, original_block)):
-        replacement.__name__, replacement.__qualname__ = host.__name__, host.__qualname__
-        replacement.__doc__ = host.__doc__
     return pack_block_cpu, pack_block

@@ -10,9 +10,15 @@ ran by design: host memory, options qlink does not cover; the reason is counted)
 host's ran instead; with strict=True that raises FallbackRefused instead). The host's own
 errors, raised by its callbacks on qlink's path, propagate as they are (Guard.attempt)."""
 import collections
+import functools
 import inspect
 import sys
 import threading
+
+
+def like(original):
+    """functools.wraps without __module__: the replacement is qlink's, not the host's."""
+    return functools.wraps(original, assigned=("__name__", "__qualname__", "__doc__"))
 
 
 class FallbackRefused(RuntimeError):

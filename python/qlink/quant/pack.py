@@ -71,7 +71,8 @@ def _pack(weight, scales, zeros, g_idx, bits, device):
     w, s, z = weight.to(device), scales.to(device), zeros.to(device)
     g = g_idx.to(device=device, dtype=torch.int64)
     g = torch.where(g < 0, g + groups, g)
-    s_cols, sz_cols = s.index_select(0, g.clamp(0, groups - 1)).T, (z * s).index_select(0, g.clamp(0, groups - 1)).T
+    cols = g.clamp(0, groups - 1)  # in range to index; a group outside is refused below
+    s_cols, sz_cols = s.index_select(0, cols).T, (z * s).index_select(0, cols).T
     codes = torch.round((w + sz_cols) / s_cols).clamp_(0, maxq)
     bad = torch.stack([
         ((g < 0) | (g >= groups)).any(),
