@@ -25,7 +25,9 @@ thread's stack sampled every 2 ms).
 """
 import argparse
 import hashlib
+import re
 import sys
+import time
 
 from common import (install_guards, kernel_table, make_llama, make_qwen3_moe, profiler_activities, python_profile,
                     setup_paths, stack_samples, timed, token_batches, write)
@@ -62,10 +64,15 @@ def record_solves(GPTQ, into, codes=None):
     inside the timed run; finish_records() turns the records into digests (and codes on
     the host) after it."""
     solve = GPTQ.quantize
+    start, layers_seen = time.perf_counter(), set()
 
     def recording(self, *args, **kwargs):
         out = solve(self, *args, **kwargs)
         name = getattr(getattr(self, "_named_module", None), "full_name", self.name)  # layer index included
+        layer = re.search(r"layers\.(\d+)\.", name)
+        if layer and layer.group(1) not in layers_seen:  # in the log as it runs: a slope even from a cut run
+            layers_seen.add(layer.group(1))
+            print(f"first solve of layer {layer.group(1)} at {time.perf_counter() - start:.1f} s", flush=True)
         into[name] = {"sums": [device_checksum(t) for t in out[:4]], "loss": out[5], "damp": out[6]}
         if codes is not None:
             codes[name] = levels(*out[:4])
@@ -230,6 +237,8 @@ def main():
         result["counters"] = qlink_gptqmodel.counters()
         result["hessian_counters"] = qlink_gptqmodel.hessian_counters()
         result["staging_counters"] = qlink_gptqmodel.staging_counters()
+        if hasattr(qlink_gptqmodel, "solve_counters"):  # where the subset's solve in one call is installed
+            result["solve_counters"] = qlink_gptqmodel.solve_counters()
     # Which qlink ran (the wheel's or a source tree's), however it was loaded; not an import.
     result["qlink_package"] = getattr(sys.modules.get("qlink"), "__file__", None)
     if codes is not None:
