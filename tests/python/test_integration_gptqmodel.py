@@ -348,3 +348,48 @@ def test_a_failing_engine_falls_back_or_raises_when_strict(host, monkeypatch):
     adapter.install(ctx=host["ctx"], strict=True)
     with pytest.raises(FallbackRefused, match="quantize failed.*injected"):
         _task(host).quantize()
+
+
+class _Quantizer(torch.nn.Module):
+    """GPTQModel's Quantizer's buffers: host scalars until its first solve."""
+
+    def __init__(self, device=None):
+        super().__init__()
+        self.register_buffer("maxq", torch.tensor(0, device=device))
+        self.register_buffer("scale", torch.zeros(1, device=device))
+
+
+class _Named:
+    name = "model.layers.0.mlp.down_proj"
+
+
+def _processor(quantizer):
+    task = type("Task", (), {"quantizer": quantizer})()
+    return type("Processor", (), {"tasks": {_Named.name: task}})()
+
+
+def test_rehoming_a_task_moves_its_quantizer_through_qlink_first(host, monkeypatch):
+    adapter.install(ctx=host["ctx"], strict=True)
+    moved = []
+    monkeypatch.setattr(host["ctx"], "move_module_to_device", lambda m, d: moved.append((m, d)))
+    quantizer = _Quantizer()
+    looper = host["module_looper"].ModuleLooper()
+    looper._rehome_processor_task(_processor(quantizer), _Named(), torch.device("cpu"))
+    assert moved == [(quantizer, torch.device("cpu"))]
+    looper._rehome_processor_task(type("Processor", (), {"tasks": {}})(), _Named(), torch.device("cpu"))
+    looper._rehome_processor_task(_processor(quantizer), _Named(), None)
+    assert adapter.counters()["rehome_processor_task"] == {
+        "qlink": 1, "host": 2, "fallback": 0, "reasons": {"no quantizer module": 1, "no device": 1}}
+
+
+def test_a_failing_rehome_leaves_the_move_to_gptqmodel_or_raises_when_strict(host, monkeypatch):
+    def failing(module, device):
+        raise RuntimeError("injected")
+    monkeypatch.setattr(host["ctx"], "move_module_to_device", failing)
+    quantizer, looper = _Quantizer(), host["module_looper"].ModuleLooper()
+    adapter.install(ctx=host["ctx"])
+    looper._rehome_processor_task(_processor(quantizer), _Named(), torch.device("cpu"))
+    assert adapter.counters()["rehome_processor_task"]["fallback"] == 1
+    adapter.install(ctx=host["ctx"], strict=True)
+    with pytest.raises(FallbackRefused, match="rehome_processor_task"):
+        looper._rehome_processor_task(_processor(quantizer), _Named(), torch.device("cpu"))

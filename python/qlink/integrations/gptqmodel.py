@@ -28,6 +28,11 @@ What install() routes through qlink (each a patch with its own counters):
                             how many were shared, in how many calls
   materialize_global_hessian  the Hessian partials summed in device order by qlink.reduce, so
                             the result no longer depends on the order they arrived in
+  rehome_processor_task     a module's task state moved to its device before each subset's
+                            forwards: the quantizer's buffers (host scalars at first) through
+                            qlink's moves, before GPTQModel's Module.to finds them there, so the
+                            main thread no longer waits behind the queued Hessians for three
+                            pageable copies
   quantize                  GPTQ.quantize through qlink's native GPTQ engine where it covers
                             the layer's options (gptqmodel_solve.unsupported), GPTQModel's own
                             solve otherwise
@@ -53,7 +58,7 @@ from .gptqmodel_solve import done_with_hessian, solve, unsupported
 from .patches import like
 
 PATCHES = ("clone_module_for_devices", "torch_replicate", "cache_inputs", "group_batches", "move_to", "nested_move_to",
-           "add_batch", "materialize_global_hessian", "quantize", "pack")
+           "add_batch", "materialize_global_hessian", "rehome_processor_task", "quantize", "pack")
 
 _HELPERS, _MODEL = "gptqmodel.utils.looper_helpers:", "gptqmodel.utils.model:"
 _GPTQ = "gptqmodel.quantization.gptq:GPTQ."
@@ -66,7 +71,7 @@ HOST = HostSpec("GPTQModel", "gptqmodel", "gptqmodel.version", "7.3", "f4c327a",
     _MODEL + "move_to", _MODEL + "nested_move_to",
     "gptqmodel.looper.forward_executor:ForwardExecutor.run_parallel",  # binds the clone as a default
     "gptqmodel.looper.module_looper:clone_module_for_devices",         # imports the helpers by name
-    _LOOPER, _LOOPER + ".cache_inputs", _LOOPER + ".gptq_model", _LOOPER + ".processors",
+    _LOOPER, _LOOPER + ".cache_inputs", _LOOPER + "._rehome_processor_task", _LOOPER + ".gptq_model", _LOOPER + ".processors",
     _LOOPER + ".support_batch_quantize", _LOOPER + ".moe_routing_override", _LOOPER + ".moe_routing_bypass",
     "gptqmodel.looper.gptq_processor:GPTQProcessor", "gptqmodel.models.base:BaseQModel",
     "gptqmodel.models.base:BaseQModel.dynamic_expert_index",
@@ -95,6 +100,7 @@ class _Host:
         self.Quantizer = names["gptqmodel.quantization.quantizer:Quantizer"]
         self.should_use_fallback = names["gptqmodel.utils.fallback:should_use_fallback"]
         self.ModuleLooper, self.cache_inputs = names[_LOOPER], names[_LOOPER + ".cache_inputs"]
+        self.rehome_processor_task = names[_LOOPER + "._rehome_processor_task"]
         self.GPTQProcessor = names["gptqmodel.looper.gptq_processor:GPTQProcessor"]
         self.BaseQModel = names["gptqmodel.models.base:BaseQModel"]
         for name in ("clone_module_for_devices", "torch_replicate"):
@@ -135,6 +141,7 @@ class _Installation(Installation):
         for name in ("clone_module_for_devices", "torch_replicate", "move_to", "nested_move_to"):
             bind.everywhere(getattr(h, name), getattr(self, "_make_" + name)(), "gptqmodel")
         bind.set(h.ModuleLooper, "cache_inputs", self._make_cache_inputs())
+        bind.set(h.ModuleLooper, "_rehome_processor_task", self._make_rehome_processor_task())
         bind.set(h.GPTQ, "add_batch", make_add_batch(self))
         bind.set(h.GPTQ, "materialize_global_hessian", self._make_materialize_global_hessian())
         bind.set(h.GPTQ, "quantize", self._make_quantize())
@@ -249,6 +256,24 @@ class _Installation(Installation):
             return guard.attempt("move_to", lambda: ctx.move_tensors([obj], device, keep_host_copies=True)[0],
                                  lambda: original(obj, device, dtype))
         return move_to
+
+    def _make_rehome_processor_task(self):
+        original, ctx, counters, guard = self.host.rehome_processor_task, self.ctx, self.counters, self.guard
+
+        @_like(original)
+        def _rehome_processor_task(looper, processor, named_module, target_device):
+            task = (getattr(processor, "tasks", None) or {}).get(getattr(named_module, "name", None))
+            quantizer = getattr(task, "quantizer", None)
+            if not isinstance(quantizer, torch.nn.Module) or target_device is None:
+                counters.host("rehome_processor_task", "no quantizer module" if target_device is not None
+                              else "no device")
+            elif _has_meta(quantizer):
+                counters.host("rehome_processor_task", "meta (offloaded) tensors")
+            else:  # GPTQModel's own moves below find the quantizer's tensors in place
+                guard.attempt("rehome_processor_task", lambda: ctx.move_module_to_device(quantizer, target_device),
+                              lambda: None)
+            return original(looper, processor, named_module, target_device)
+        return _rehome_processor_task
 
     def _make_nested_move_to(self):
         original, ctx, counters, guard = self.host.nested_move_to, self.ctx, self.counters, self.guard
