@@ -71,7 +71,8 @@ HOST = HostSpec("GPTQModel", "gptqmodel", "gptqmodel.version", "7.3", "f4c327a",
     _MODEL + "move_to", _MODEL + "nested_move_to",
     "gptqmodel.looper.forward_executor:ForwardExecutor.run_parallel",  # binds the clone as a default
     "gptqmodel.looper.module_looper:clone_module_for_devices",         # imports the helpers by name
-    _LOOPER, _LOOPER + ".cache_inputs", _LOOPER + "._rehome_processor_task", _LOOPER + ".gptq_model", _LOOPER + ".processors",
+    _LOOPER, _LOOPER + ".cache_inputs", _LOOPER + "._rehome_processor_task", _LOOPER + ".gptq_model",
+    _LOOPER + ".processors",
     _LOOPER + ".support_batch_quantize", _LOOPER + ".moe_routing_override", _LOOPER + ".moe_routing_bypass",
     "gptqmodel.looper.gptq_processor:GPTQProcessor", "gptqmodel.models.base:BaseQModel",
     "gptqmodel.models.base:BaseQModel.dynamic_expert_index",
