@@ -261,7 +261,7 @@ class _Installation(Installation):
     def _make_rehome_processor_task(self):
         original, ctx, counters, guard = self.host.rehome_processor_task, self.ctx, self.counters, self.guard
 
-        @_like(original)
+        @like(original)
         def _rehome_processor_task(looper, processor, named_module, target_device):
             task = (getattr(processor, "tasks", None) or {}).get(getattr(named_module, "name", None))
             quantizer = getattr(task, "quantizer", None)
