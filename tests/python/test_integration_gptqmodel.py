@@ -30,13 +30,13 @@ def host(library):
 def engine_calls(monkeypatch):
     """The options of every call the adapter makes to qlink's native engine, which it
     still runs."""
-    calls, engine = [], gptqmodel_solve.gptq_quantize
+    calls, engine = [], gptqmodel_solve.parallel_gptq
 
-    def recorder(weight, hessian, **options):
-        calls.append(dict(options, shape=tuple(weight.shape), dtype=weight.dtype))
-        return engine(weight, hessian, **options)
+    def recorder(layers, placement, **options):
+        calls.append([dict(options, shape=tuple(layer.weight.shape), dtype=layer.weight.dtype) for layer in layers])
+        return engine(layers, placement, **options)
 
-    monkeypatch.setattr(gptqmodel_solve, "gptq_quantize", recorder)
+    monkeypatch.setattr(gptqmodel_solve, "parallel_gptq", recorder)
     return calls
 
 
@@ -248,9 +248,10 @@ def test_the_layer_solve_runs_through_qlinks_native_engine(host, engine_calls, s
     g = _task(host, qcfg)
     q, scales, zeros, g_idx, _, loss, damp, nsamples = g.quantize()
     assert adapter.counters()["quantize"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
-    assert engine_calls == [dict(shape=(48, 256), dtype=torch.float32, bits=4, group_size=group_size, sym=sym,
-                                 desc_act=False, static_groups=False, damp=0.05, damp_auto_increment=0.01,
-                                 nsamples=300, act_group_aware=False, ctx=host["ctx"])]
+    # One layer in one call; the engine's loss sum divided by the task's samples afterwards.
+    assert engine_calls == [[dict(shape=(48, 256), dtype=torch.float32, bits=4, group_size=group_size, sym=sym,
+                                  desc_act=False, static_groups=False, damp=0.05, damp_auto_increment=0.01,
+                                  nsamples=0, act_group_aware=False, ctx=host["ctx"])]]
     assert not hasattr(g, "H")  # done with, as the host's solve leaves it
     assert q.shape == own[0].shape and q.dtype == own[0].dtype and scales.shape == own[1].shape
     assert torch.equal(g_idx, own[3])
@@ -342,7 +343,8 @@ def test_a_failing_engine_falls_back_or_raises_when_strict(host, monkeypatch):
     got = _task(host).quantize()
     assert adapter.counters()["quantize"] == {"qlink": 0, "host": 0, "fallback": 1,
                                               "reasons": {"RuntimeError: injected": 1}}
-    assert adapter.counters()["materialize_global_hessian"]["qlink"] == 1
+    # The twin's Hessian too: fed before the first solve, it was merged for the same call.
+    assert adapter.counters()["materialize_global_hessian"]["qlink"] == 2
     adapter.uninstall()
     assert torch.equal(got[0], twin.quantize()[0])  # the host's solve, on the Hessian merged once
     adapter.install(ctx=host["ctx"], strict=True)

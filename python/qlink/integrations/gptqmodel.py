@@ -35,7 +35,10 @@ What install() routes through qlink (each a patch with its own counters):
                             pageable copies
   quantize                  GPTQ.quantize through qlink's native GPTQ engine where it covers
                             the layer's options (gptqmodel_solve.unsupported), GPTQModel's own
-                            solve otherwise
+                            solve otherwise; a subset's first solve takes every task of the
+                            subset the engine covers with the same options in one engine call
+                            (gptqmodel_solve_ahead: an MoE layer's experts together), the
+                            others' calls answered from it; solve_counters() says how many
   pack                      the finalizers' packing of a quantized layer into its int32
                             words (pack_block's slot for a native packer) on the GPU by
                             qlink.quant.gptq_pack (gptqmodel_pack): what GPTQModel's CPU packer
@@ -54,7 +57,8 @@ from . import gptqmodel_cache
 from .base import HostSpec, Installation, Integration
 from .gptqmodel_hessian import Queue, make_add_batch
 from .gptqmodel_pack import make_pack
-from .gptqmodel_solve import done_with_hessian, solve, unsupported
+from .gptqmodel_solve import done_with_hessian, unsupported
+from .gptqmodel_solve_ahead import SolveAhead
 from .patches import like
 
 PATCHES = ("clone_module_for_devices", "torch_replicate", "cache_inputs", "group_batches", "move_to", "nested_move_to",
@@ -132,6 +136,7 @@ class _Installation(Installation):
         self.host = _Host(self.names)
         self.accumulator = HessianAccumulator(ctx)
         self.queue = Queue(self)  # add_batch's calls of a forward, made as one native call
+        self.ahead = SolveAhead(self)  # a subset's tasks solved in one engine call
         self.grouped = False  # whether the loop's cache holds grouped one-sample batches (group_batches)
 
     def close(self):
@@ -346,7 +351,7 @@ class _Installation(Installation):
         return materialize_global_hessian
 
     def _make_quantize(self):
-        original, ctx, counters, guard = self.host.quantize, self.ctx, self.counters, self.guard
+        original, counters, guard = self.host.quantize, self.counters, self.guard
 
         @like(original)
         def quantize(gptq, blocksize=128):
@@ -359,7 +364,7 @@ class _Installation(Installation):
             # guard (what the host's merge raises is its own), the host's solve finds it
             # merged if qlink's fails (GPTQModel's merge returns at once when nothing is new).
             gptq.finalize_hessian(target_device=getattr(gptq.module, "target_device", None))
-            return guard.attempt("quantize", lambda: solve(gptq, ctx), lambda: original(gptq, blocksize),
+            return guard.attempt("quantize", lambda: self.ahead.result_for(gptq), lambda: original(gptq, blocksize),
                                  commit=lambda result: done_with_hessian(gptq, result))
         return quantize
 
@@ -398,6 +403,14 @@ def hessian_counters():
     already run, "rows": accumulated, "calls": native calls made} ({} when not installed)."""
     current = _integration.current
     return current.accumulator.counters() if current is not None else {}
+
+
+def solve_counters():
+    """The quantize patch's engine calls: {"calls": made, "layers": solved in them, "ahead":
+    answered from a sibling's call, "refused": batches the engine refused, each task then
+    solved alone} ({} when not installed)."""
+    current = _integration.current
+    return current.ahead.counters() if current is not None else {}
 
 
 def staging_counters():
