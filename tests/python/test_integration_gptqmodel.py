@@ -30,13 +30,13 @@ def host(library):
 def engine_calls(monkeypatch):
     """The options of every call the adapter makes to qlink's native engine, which it
     still runs."""
-    calls, engine = [], gptqmodel_solve.gptq_quantize
+    calls, engine = [], gptqmodel_solve.parallel_gptq
 
-    def recorder(weight, hessian, **options):
-        calls.append(dict(options, shape=tuple(weight.shape), dtype=weight.dtype))
-        return engine(weight, hessian, **options)
+    def recorder(layers, placement, **options):
+        calls.append([dict(options, shape=tuple(layer.weight.shape), dtype=layer.weight.dtype) for layer in layers])
+        return engine(layers, placement, **options)
 
-    monkeypatch.setattr(gptqmodel_solve, "gptq_quantize", recorder)
+    monkeypatch.setattr(gptqmodel_solve, "parallel_gptq", recorder)
     return calls
 
 
@@ -248,9 +248,10 @@ def test_the_layer_solve_runs_through_qlinks_native_engine(host, engine_calls, s
     g = _task(host, qcfg)
     q, scales, zeros, g_idx, _, loss, damp, nsamples = g.quantize()
     assert adapter.counters()["quantize"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
-    assert engine_calls == [dict(shape=(48, 256), dtype=torch.float32, bits=4, group_size=group_size, sym=sym,
-                                 desc_act=False, static_groups=False, damp=0.05, damp_auto_increment=0.01,
-                                 nsamples=300, act_group_aware=False, ctx=host["ctx"])]
+    # One layer in one call; the engine's loss sum divided by the task's samples afterwards.
+    assert engine_calls == [[dict(shape=(48, 256), dtype=torch.float32, bits=4, group_size=group_size, sym=sym,
+                                  desc_act=False, static_groups=False, damp=0.05, damp_auto_increment=0.01,
+                                  nsamples=0, act_group_aware=False, ctx=host["ctx"])]]
     assert not hasattr(g, "H")  # done with, as the host's solve leaves it
     assert q.shape == own[0].shape and q.dtype == own[0].dtype and scales.shape == own[1].shape
     assert torch.equal(g_idx, own[3])
@@ -342,9 +343,55 @@ def test_a_failing_engine_falls_back_or_raises_when_strict(host, monkeypatch):
     got = _task(host).quantize()
     assert adapter.counters()["quantize"] == {"qlink": 0, "host": 0, "fallback": 1,
                                               "reasons": {"RuntimeError: injected": 1}}
-    assert adapter.counters()["materialize_global_hessian"]["qlink"] == 1
+    # The twin's Hessian too: fed before the first solve, it was merged for the same call.
+    assert adapter.counters()["materialize_global_hessian"]["qlink"] == 2
     adapter.uninstall()
     assert torch.equal(got[0], twin.quantize()[0])  # the host's solve, on the Hessian merged once
     adapter.install(ctx=host["ctx"], strict=True)
     with pytest.raises(FallbackRefused, match="quantize failed.*injected"):
         _task(host).quantize()
+
+
+class _Quantizer(torch.nn.Module):
+    """GPTQModel's Quantizer's buffers: host scalars until its first solve."""
+
+    def __init__(self, device=None):
+        super().__init__()
+        self.register_buffer("maxq", torch.tensor(0, device=device))
+        self.register_buffer("scale", torch.zeros(1, device=device))
+
+
+class _Named:
+    name = "model.layers.0.mlp.down_proj"
+
+
+def _processor(quantizer):
+    task = type("Task", (), {"quantizer": quantizer})()
+    return type("Processor", (), {"tasks": {_Named.name: task}})()
+
+
+def test_rehoming_a_task_moves_its_quantizer_through_qlink_first(host, monkeypatch):
+    adapter.install(ctx=host["ctx"], strict=True)
+    moved = []
+    monkeypatch.setattr(host["ctx"], "move_module_to_device", lambda m, d: moved.append((m, d)))
+    quantizer = _Quantizer()
+    looper = host["module_looper"].ModuleLooper()
+    looper._rehome_processor_task(_processor(quantizer), _Named(), torch.device("cpu"))
+    assert moved == [(quantizer, torch.device("cpu"))]
+    looper._rehome_processor_task(type("Processor", (), {"tasks": {}})(), _Named(), torch.device("cpu"))
+    looper._rehome_processor_task(_processor(quantizer), _Named(), None)
+    assert adapter.counters()["rehome_processor_task"] == {
+        "qlink": 1, "host": 2, "fallback": 0, "reasons": {"no quantizer module": 1, "no device": 1}}
+
+
+def test_a_failing_rehome_leaves_the_move_to_gptqmodel_or_raises_when_strict(host, monkeypatch):
+    def failing(module, device):
+        raise RuntimeError("injected")
+    monkeypatch.setattr(host["ctx"], "move_module_to_device", failing)
+    quantizer, looper = _Quantizer(), host["module_looper"].ModuleLooper()
+    adapter.install(ctx=host["ctx"])
+    looper._rehome_processor_task(_processor(quantizer), _Named(), torch.device("cpu"))
+    assert adapter.counters()["rehome_processor_task"]["fallback"] == 1
+    adapter.install(ctx=host["ctx"], strict=True)
+    with pytest.raises(FallbackRefused, match="rehome_processor_task"):
+        looper._rehome_processor_task(_processor(quantizer), _Named(), torch.device("cpu"))

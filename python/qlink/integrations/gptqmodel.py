@@ -28,9 +28,17 @@ What install() routes through qlink (each a patch with its own counters):
                             how many were shared, in how many calls
   materialize_global_hessian  the Hessian partials summed in device order by qlink.reduce, so
                             the result no longer depends on the order they arrived in
+  rehome_processor_task     a module's task state moved to its device before each subset's
+                            forwards: the quantizer's buffers (host scalars at first) through
+                            qlink's moves, before GPTQModel's Module.to finds them there, so the
+                            main thread no longer waits behind the queued Hessians for three
+                            pageable copies
   quantize                  GPTQ.quantize through qlink's native GPTQ engine where it covers
                             the layer's options (gptqmodel_solve.unsupported), GPTQModel's own
-                            solve otherwise
+                            solve otherwise; a subset's first solve takes every task of the
+                            subset the engine covers with the same options in one engine call
+                            (gptqmodel_solve_ahead: an MoE layer's experts together), the
+                            others' calls answered from it; solve_counters() says how many
   pack                      the finalizers' packing of a quantized layer into its int32
                             words (pack_block's slot for a native packer) on the GPU by
                             qlink.quant.gptq_pack (gptqmodel_pack): what GPTQModel's CPU packer
@@ -49,11 +57,12 @@ from . import gptqmodel_cache
 from .base import HostSpec, Installation, Integration
 from .gptqmodel_hessian import Queue, make_add_batch
 from .gptqmodel_pack import make_pack
-from .gptqmodel_solve import done_with_hessian, solve, unsupported
+from .gptqmodel_solve import done_with_hessian, unsupported
+from .gptqmodel_solve_ahead import SolveAhead
 from .patches import like
 
 PATCHES = ("clone_module_for_devices", "torch_replicate", "cache_inputs", "group_batches", "move_to", "nested_move_to",
-           "add_batch", "materialize_global_hessian", "quantize", "pack")
+           "add_batch", "materialize_global_hessian", "rehome_processor_task", "quantize", "pack")
 
 _HELPERS, _MODEL = "gptqmodel.utils.looper_helpers:", "gptqmodel.utils.model:"
 _GPTQ = "gptqmodel.quantization.gptq:GPTQ."
@@ -66,7 +75,8 @@ HOST = HostSpec("GPTQModel", "gptqmodel", "gptqmodel.version", "7.3", "f4c327a",
     _MODEL + "move_to", _MODEL + "nested_move_to",
     "gptqmodel.looper.forward_executor:ForwardExecutor.run_parallel",  # binds the clone as a default
     "gptqmodel.looper.module_looper:clone_module_for_devices",         # imports the helpers by name
-    _LOOPER, _LOOPER + ".cache_inputs", _LOOPER + ".gptq_model", _LOOPER + ".processors",
+    _LOOPER, _LOOPER + ".cache_inputs", _LOOPER + "._rehome_processor_task", _LOOPER + ".gptq_model",
+    _LOOPER + ".processors",
     _LOOPER + ".support_batch_quantize", _LOOPER + ".moe_routing_override", _LOOPER + ".moe_routing_bypass",
     "gptqmodel.looper.gptq_processor:GPTQProcessor", "gptqmodel.models.base:BaseQModel",
     "gptqmodel.models.base:BaseQModel.dynamic_expert_index",
@@ -95,6 +105,7 @@ class _Host:
         self.Quantizer = names["gptqmodel.quantization.quantizer:Quantizer"]
         self.should_use_fallback = names["gptqmodel.utils.fallback:should_use_fallback"]
         self.ModuleLooper, self.cache_inputs = names[_LOOPER], names[_LOOPER + ".cache_inputs"]
+        self.rehome_processor_task = names[_LOOPER + "._rehome_processor_task"]
         self.GPTQProcessor = names["gptqmodel.looper.gptq_processor:GPTQProcessor"]
         self.BaseQModel = names["gptqmodel.models.base:BaseQModel"]
         for name in ("clone_module_for_devices", "torch_replicate"):
@@ -125,6 +136,7 @@ class _Installation(Installation):
         self.host = _Host(self.names)
         self.accumulator = HessianAccumulator(ctx)
         self.queue = Queue(self)  # add_batch's calls of a forward, made as one native call
+        self.ahead = SolveAhead(self)  # a subset's tasks solved in one engine call
         self.grouped = False  # whether the loop's cache holds grouped one-sample batches (group_batches)
 
     def close(self):
@@ -135,6 +147,7 @@ class _Installation(Installation):
         for name in ("clone_module_for_devices", "torch_replicate", "move_to", "nested_move_to"):
             bind.everywhere(getattr(h, name), getattr(self, "_make_" + name)(), "gptqmodel")
         bind.set(h.ModuleLooper, "cache_inputs", self._make_cache_inputs())
+        bind.set(h.ModuleLooper, "_rehome_processor_task", self._make_rehome_processor_task())
         bind.set(h.GPTQ, "add_batch", make_add_batch(self))
         bind.set(h.GPTQ, "materialize_global_hessian", self._make_materialize_global_hessian())
         bind.set(h.GPTQ, "quantize", self._make_quantize())
@@ -250,6 +263,24 @@ class _Installation(Installation):
                                  lambda: original(obj, device, dtype))
         return move_to
 
+    def _make_rehome_processor_task(self):
+        original, ctx, counters, guard = self.host.rehome_processor_task, self.ctx, self.counters, self.guard
+
+        @like(original)
+        def _rehome_processor_task(looper, processor, named_module, target_device):
+            task = (getattr(processor, "tasks", None) or {}).get(getattr(named_module, "name", None))
+            quantizer = getattr(task, "quantizer", None)
+            if not isinstance(quantizer, torch.nn.Module) or target_device is None:
+                counters.host("rehome_processor_task", "no quantizer module" if target_device is not None
+                              else "no device")
+            elif _has_meta(quantizer):
+                counters.host("rehome_processor_task", "meta (offloaded) tensors")
+            else:  # GPTQModel's own moves below find the quantizer's tensors in place
+                guard.attempt("rehome_processor_task", lambda: ctx.move_module_to_device(quantizer, target_device),
+                              lambda: None)
+            return original(looper, processor, named_module, target_device)
+        return _rehome_processor_task
+
     def _make_nested_move_to(self):
         original, ctx, counters, guard = self.host.nested_move_to, self.ctx, self.counters, self.guard
 
@@ -320,7 +351,7 @@ class _Installation(Installation):
         return materialize_global_hessian
 
     def _make_quantize(self):
-        original, ctx, counters, guard = self.host.quantize, self.ctx, self.counters, self.guard
+        original, counters, guard = self.host.quantize, self.counters, self.guard
 
         @like(original)
         def quantize(gptq, blocksize=128):
@@ -333,7 +364,7 @@ class _Installation(Installation):
             # guard (what the host's merge raises is its own), the host's solve finds it
             # merged if qlink's fails (GPTQModel's merge returns at once when nothing is new).
             gptq.finalize_hessian(target_device=getattr(gptq.module, "target_device", None))
-            return guard.attempt("quantize", lambda: solve(gptq, ctx), lambda: original(gptq, blocksize),
+            return guard.attempt("quantize", lambda: self.ahead.result_for(gptq), lambda: original(gptq, blocksize),
                                  commit=lambda result: done_with_hessian(gptq, result))
         return quantize
 
@@ -372,6 +403,14 @@ def hessian_counters():
     already run, "rows": accumulated, "calls": native calls made} ({} when not installed)."""
     current = _integration.current
     return current.accumulator.counters() if current is not None else {}
+
+
+def solve_counters():
+    """The quantize patch's engine calls: {"calls": made, "layers": solved in them, "ahead":
+    answered from a sibling's call, "refused": batches the engine refused, each task then
+    solved alone} ({} when not installed)."""
+    current = _integration.current
+    return current.ahead.counters() if current is not None else {}
 
 
 def staging_counters():

@@ -159,6 +159,7 @@ def make_add_batch(installation):
             return None  # as GPTQModel: an empty batch changes nothing
         if not x.is_contiguous():
             x = x.contiguous()
+        installation.ahead.seen(gptq)
         queue.put(gptq, inp, out, x, torch.device(inp.device), batch_index)
         return None
 

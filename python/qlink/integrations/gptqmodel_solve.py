@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from ..quant.gptq import gptq_quantize
+from ..quant.gptq import GPTQLayer, parallel_gptq
 
 SUPPORTED_BITS = (2, 3, 4, 8)
 
@@ -44,30 +44,41 @@ def unsupported(gptq, host):
     return None
 
 
-def solve(gptq, ctx):
-    """GPTQ.quantize's result, (Q, scale, zero, g_idx, duration, avg_loss, damp, nsamples),
-    from the native engine on the merged Hessian (finalize_hessian done), the layer's
-    weight on its device, Q back in the weight's shape, dtype and device; nothing of the
-    task's changed. Raises the engine's error, or ValueError for a NaN loss (GPTQModel's
-    own solve knows what to do then)."""
-    start = time.time()
-    qcfg, module = gptq.qcfg, gptq.module
-    result_device = module.weight.data.device
-    hessian = gptq.H
-    weight = module.weight.data.to(hessian.device)
+def options_of(gptq):
+    """The engine options GPTQModel's qcfg gives this task's solve, as a hashable key: tasks
+    with equal keys (on one device) can be solved in one engine call."""
+    qcfg = gptq.qcfg
     # -1 goes through as -1: the engine then takes each row's range before zeroing the dead
     # columns, as GPTQModel does, where a group as wide as the row takes it after. GPTQModel's
     # static groups exist only for a group_size: with -1 it ignores the flag, so does this.
-    static_groups = bool(qcfg.static_groups) and qcfg.group_size != -1
-    out = gptq_quantize(weight, hessian, bits=qcfg.bits, group_size=qcfg.group_size, sym=bool(qcfg.sym),
-                        desc_act=bool(qcfg.desc_act), static_groups=static_groups, damp=qcfg.damp_percent,
-                        damp_auto_increment=qcfg.damp_auto_increment, nsamples=gptq.nsamples,
-                        act_group_aware=bool(getattr(qcfg, "act_group_aware", False)), ctx=ctx)
-    loss = float(out.loss)
-    if math.isnan(loss):
-        raise ValueError("the engine's loss for %s is NaN" % gptq.name)
-    q = out.weight.reshape(module.weight.shape).to(dtype=module.weight.dtype, device=result_device)
-    return q, out.scales, out.zeros, out.g_idx, time.time() - start, loss, float(out.damp), gptq.nsamples
+    return (("bits", qcfg.bits), ("group_size", qcfg.group_size), ("sym", bool(qcfg.sym)),
+            ("desc_act", bool(qcfg.desc_act)), ("static_groups", bool(qcfg.static_groups) and qcfg.group_size != -1),
+            ("damp", qcfg.damp_percent), ("damp_auto_increment", qcfg.damp_auto_increment),
+            ("act_group_aware", bool(getattr(qcfg, "act_group_aware", False))))
+
+
+def solve(tasks, ctx):
+    """GPTQ.quantize's result, (Q, scale, zero, g_idx, duration, avg_loss, damp, nsamples),
+    for each task (finalize_hessian done; equal options_of, Hessians on one device) from one
+    call of the native engine: each Hessian inverted once, tasks sharing one tensor (gate and
+    up of an expert) sharing its inverse. Each layer's weight is read on its Hessian's device,
+    Q comes back in the weight's shape, dtype and device; nothing of the tasks' changed. The
+    engine's loss sum is divided by each task's own sample count here (the same double
+    division the engine makes for one layer). Raises the engine's error, or ValueError for a
+    NaN loss (GPTQModel's own solve knows what to do then)."""
+    start = time.time()
+    layers = [GPTQLayer(t.module.weight.data.to(t.H.device), t.H, name=t.name) for t in tasks]
+    outs = parallel_gptq(layers, None, ctx=ctx, nsamples=0, **dict(options_of(tasks[0])))
+    duration = (time.time() - start) / len(tasks)
+    results = []
+    for task, out in zip(tasks, outs):
+        loss = float(out.loss) / task.nsamples
+        if math.isnan(loss):
+            raise ValueError("the engine's loss for %s is NaN" % task.name)
+        module = task.module
+        q = out.weight.reshape(module.weight.shape).to(dtype=module.weight.dtype, device=module.weight.data.device)
+        results.append((q, out.scales, out.zeros, out.g_idx, duration, loss, float(out.damp), task.nsamples))
+    return results
 
 
 def done_with_hessian(gptq, result):

@@ -1,7 +1,9 @@
 """Stand-in for gptqmodel.looper.module_looper: imports the helpers by name; cache_inputs
 returns what `capture` (a test's function of the looper) makes, under inference_mode as
 GPTQModel's loop runs it, called by keyword as the host calls it; the looper's processors,
-MoE routing options and the model's batching flag as GPTQModel's __init__ sets them."""
+MoE routing options and the model's batching flag as GPTQModel's __init__ sets them;
+_rehome_processor_task moves a module's task state (its quantizer) to the module's device
+with Module.to, as GPTQModel's does before each subset's forwards."""
 import torch
 
 from ..utils.looper_helpers import clone_module_for_devices
@@ -22,6 +24,12 @@ class ModuleLooper:
 
     def cache_inputs(self, layers, calibration_data, use_cache, layer_names=None):
         return self.capture(calibration_data)
+
+    def _rehome_processor_task(self, processor, named_module, target_device):
+        task = (getattr(processor, "tasks", None) or {}).get(named_module.name)
+        quantizer = getattr(task, "quantizer", None)
+        if quantizer is not None and hasattr(quantizer, "to"):
+            quantizer.to(target_device)
 
     def loop(self, calibration_data):
         with torch.inference_mode():

@@ -1,0 +1,98 @@
+"""A subset's GPTQ solves in one engine call. GPTQModel quantizes a subset's modules after
+the subset's forwards, each on a worker thread, one GPTQ.quantize at a time: an MoE layer's
+384 expert linears are 384 calls (and gate and up of one expert invert one Hessian twice).
+The first quantize of a subset takes every task that add_batch has fed, that the engine
+covers and that shares its options and device, merges their Hessians as GPTQModel's own
+quantize would, and solves them in one call (each Hessian inverted once, all of them in
+flight together); the others' quantize calls then take their results. A result is only
+given to a task whose Hessian is still the one it was solved with (the same merged tensor,
+sample count and no pending partial); otherwise, and when the engine refuses the batch,
+the task is solved alone."""
+import collections
+import logging
+import threading
+import weakref
+
+import torch
+
+from .gptqmodel_solve import options_of, solve, unsupported
+
+log = logging.getLogger("qlink")
+
+_Solved = collections.namedtuple("_Solved", "hessian nsamples result")
+
+
+class SolveAhead:
+    def __init__(self, installation):
+        self.installation = installation
+        self._lock = threading.Lock()
+        self._seen = {}  # id -> weakref of each task add_batch fed, until solved, in feeding order
+        self._solved = weakref.WeakKeyDictionary()  # task -> _Solved
+        self._counts = {"calls": 0, "layers": 0, "ahead": 0, "refused": 0}
+
+    def seen(self, gptq):
+        with self._lock:
+            ref = self._seen.get(id(gptq))
+            if ref is None or ref() is not gptq:  # new, or an id a collected task held
+                self._seen.pop(id(gptq), None)
+                self._seen[id(gptq)] = weakref.ref(gptq)
+
+    def counters(self):
+        with self._lock:
+            return dict(self._counts)
+
+    def result_for(self, gptq):
+        """gptq's solve (finalize_hessian done): from an earlier call of its subset, or from
+        one call over it and its siblings. Raises what solving it alone raises."""
+        ctx = self.installation.ctx
+        with self._lock:
+            self._seen.pop(id(gptq), None)
+            done = self._solved.pop(gptq, None)
+            if done is not None and _unchanged(gptq, done):
+                self._counts["ahead"] += 1
+                return done.result
+            fed = [ref() for ref in self._seen.values()]
+            self._seen = {id(t): weakref.ref(t) for t in fed if t is not None}
+            siblings = [t for t in fed if t is not None and self._sibling(t, gptq)]
+            batch = [gptq] + siblings
+            if siblings:
+                try:
+                    for t in siblings:
+                        t.finalize_hessian(target_device=getattr(t.module, "target_device", None))
+                    results = solve(batch, ctx)
+                except Exception as error:  # noqa: BLE001 (each task then solves alone, as before)
+                    self._counts["refused"] += 1
+                    log.warning("qlink: %d GPTQ tasks in one call refused (%s: %s); solving each alone",
+                                len(batch), type(error).__name__, error)
+                else:
+                    self._count(batch)
+                    for t, result in zip(siblings, results[1:]):
+                        self._seen.pop(id(t), None)
+                        self._solved[t] = _Solved(t.H, t.nsamples, result)
+                    return results[0]
+            result = solve([gptq], ctx)[0]
+            self._count([gptq])
+            return result
+
+    def _count(self, batch):
+        self._counts["calls"] += 1
+        self._counts["layers"] += len(batch)
+
+    def _sibling(self, task, gptq):
+        """Whether `task` can be solved in gptq's call: fed, its solve not yet asked for,
+        covered by the engine with gptq's options, its weight on gptq's device."""
+        if task is gptq or task.nsamples == 0 or not task._device_hessian_partials and getattr(task, "H", None) is None:
+            return False
+        if unsupported(task, self.installation.host) is not None or options_of(task) != options_of(gptq):
+            return False
+        return _device(task) == _device(gptq)
+
+
+def _device(task):
+    target = getattr(task.module, "target_device", None)
+    return torch.device(target) if target is not None else task.module.weight.device
+
+
+def _unchanged(task, done):
+    return (getattr(task, "H", None) is done.hessian and task.nsamples == done.nsamples
+            and not task._device_hessian_partials)

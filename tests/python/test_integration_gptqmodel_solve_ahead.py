@@ -1,0 +1,93 @@
+"""The quantize patch's solve-ahead against the stand-in GPTQModel (tests/python/hosts) on the
+CPU backend: a subset's tasks (three reading one input, as q/k/v; two of another shape)
+solved in one engine call by the first quantize, in whatever order GPTQModel's workers ask,
+each result bit-identical to its layer solved alone on the same weight and Hessian; a task
+whose Hessian changed after the call, and every task of a batch the engine refuses, solved
+alone."""
+import random
+
+import torch
+
+from qlink.integrations import gptqmodel as adapter
+from qlink.integrations import gptqmodel_solve
+from qlink.quant import GPTQLayer
+
+from test_integration_gptqmodel import host  # noqa: F401 (the fixture)
+
+
+def subset(host, seed=0):  # noqa: F811 (the fixture's value)
+    """Five tasks fed as one subset's forwards feed them: q/k/v read one input (48 x 256
+    weights), two read another (32 x 128)."""
+    torch.manual_seed(seed)
+    qcfg = host["config"].QuantizeConfig(damp_percent=0.05)
+    tasks = []
+    for count, (out_features, in_features) in ((3, (48, 256)), (2, (32, 128))):
+        x = torch.randn(300, 16) @ torch.randn(16, in_features) + 0.1 * torch.randn(300, in_features)
+        for _ in range(count):
+            g = host["gptq"].GPTQ(torch.nn.Linear(in_features, out_features), qcfg)
+            g.quantizer.configure(perchannel=True)
+            tasks.append((g, x))
+    for g, x in tasks:
+        g.add_batch(x, None)
+    return [g for g, _ in tasks]
+
+
+def same(a, b):
+    return all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y
+               for i, (x, y) in enumerate(zip(a, b)) if i != 4)  # 4: the duration
+
+
+def test_a_subsets_tasks_are_solved_in_one_call_each_as_alone(host, monkeypatch):  # noqa: F811
+    calls, real = [], gptqmodel_solve.parallel_gptq
+
+    def recorder(layers, placement, **options):
+        calls.append(([(layer.weight.clone(), layer.hessian.clone()) for layer in layers], options))
+        return real(layers, placement, **options)
+    monkeypatch.setattr(gptqmodel_solve, "parallel_gptq", recorder)
+    adapter.install(ctx=host["ctx"], strict=True)
+    tasks = subset(host)
+    order = list(range(5))
+    random.Random(1).shuffle(order)
+    got = {i: tasks[i].quantize() for i in order}
+    assert len(calls) == 1 and len(calls[0][0]) == 5
+    assert adapter.solve_counters() == {"calls": 1, "layers": 5, "ahead": 4, "refused": 0}
+    assert adapter.counters()["quantize"]["qlink"] == 5
+    assert not any(hasattr(t, "H") for t in tasks)  # each done with its Hessian at its own call
+    # The call's layers: the first asker's, then the rest in the order they were fed. Each
+    # solved alone on the same weight and Hessian gives the same result, bit for bit.
+    solved = [order[0]] + [i for i in range(5) if i != order[0]]
+    layers, options = calls[0]
+    assert all(torch.equal(w, tasks[i].module.weight) for i, (w, _) in zip(solved, layers))
+    for index, (weight, hessian) in zip(solved, layers):
+        alone = real([GPTQLayer(weight, hessian)], None, **options)[0]
+        q, scales, zeros, g_idx, _, loss, damp, nsamples = got[index]
+        assert torch.equal(q, alone.weight.to(q.dtype)) and torch.equal(scales, alone.scales)
+        assert torch.equal(zeros, alone.zeros) and torch.equal(g_idx, alone.g_idx)
+        assert loss == alone.loss / nsamples and damp == alone.damp and nsamples == 300
+
+
+def test_a_task_fed_after_the_call_is_solved_again_alone(host):  # noqa: F811
+    adapter.install(ctx=host["ctx"], strict=True)
+    tasks = subset(host)
+    tasks[0].quantize()
+    tasks[1].add_batch(torch.randn(10, 256), None)  # its Hessian moves on after the call
+    tasks[1].quantize()
+    assert adapter.solve_counters() == {"calls": 2, "layers": 6, "ahead": 0, "refused": 0}
+
+
+def test_a_batch_the_engine_refuses_leaves_each_task_to_its_own_solve(host, monkeypatch):  # noqa: F811
+    adapter.install(ctx=host["ctx"], strict=True)
+    tasks = subset(host)
+    real, sizes = gptqmodel_solve.parallel_gptq, []
+
+    def refusing(layers, placement, **options):
+        sizes.append(len(layers))
+        if len(layers) > 1:
+            raise ValueError("injected")
+        return real(layers, placement, **options)
+    monkeypatch.setattr(gptqmodel_solve, "parallel_gptq", refusing)
+    for t in tasks:
+        t.quantize()
+    counts = adapter.solve_counters()
+    assert counts["refused"] == sizes.count(5) + sizes.count(4) + sizes.count(3) + sizes.count(2) >= 1
+    assert counts["ahead"] == 0 and counts["layers"] == 5 and adapter.counters()["quantize"]["qlink"] == 5
