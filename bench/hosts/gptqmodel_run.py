@@ -237,8 +237,7 @@ def main():
         result["counters"] = qlink_gptqmodel.counters()
         result["hessian_counters"] = qlink_gptqmodel.hessian_counters()
         result["staging_counters"] = qlink_gptqmodel.staging_counters()
-        if hasattr(qlink_gptqmodel, "solve_counters"):  # where the subset's solve in one call is installed
-            result["solve_counters"] = qlink_gptqmodel.solve_counters()
+        result["solve_counters"] = qlink_gptqmodel.solve_counters()
     # Which qlink ran (the wheel's or a source tree's), however it was loaded; not an import.
     result["qlink_package"] = getattr(sys.modules.get("qlink"), "__file__", None)
     if codes is not None:
