@@ -120,3 +120,27 @@ def test_gptq_pack_on_the_gpu_gives_the_cpus_words(bits, dtype):
     args = (linear.weight.detach(), scales.T.contiguous(), zeros.T.contiguous(), g_idx, bits)
     on_cpu, on_gpu = gptq_pack(*args), gptq_pack(*args, device="cuda")
     assert all(g.device.type == "cpu" and torch.equal(g, c) for g, c in zip(on_gpu, on_cpu))
+
+
+def test_gptq_pack_of_host_tensors_does_not_wait_for_the_callers_stream():
+    """A finalizer packs host tensors while the layer loop's kernels are queued: the pack
+    returns (with the CPU's words) before the current stream's work is done; given the same
+    tensors on the GPU, written on that stream, it packs what the stream wrote."""
+    from qlink.quant import gptq_pack
+    from test_gptq_pack import layer
+    linear, scales, zeros, g_idx = layer(out_features=768, in_features=2048, group_size=128, bits=4,
+                                         dtype=torch.bfloat16, act_order=True, seed=7)
+    args = (linear.weight.detach(), scales.T.contiguous(), zeros.T.contiguous(), g_idx, 4)
+    on_cpu = gptq_pack(*args)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # about a second of the caller's stream busy
+    on_gpu = gptq_pack(*args, device="cuda")
+    assert not torch.cuda.current_stream().query()  # the pack did not wait for it
+    assert all(torch.equal(g, c) for g, c in zip(on_gpu, on_cpu))
+    source, rest = args[0].cuda(), [t.cuda() for t in args[1:4]]
+    weight = torch.zeros_like(source)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)
+    weight.copy_(source)  # on the current stream, behind the sleep: read before it, the pack sees zeros
+    from_device = gptq_pack(weight, *rest, 4)
+    assert all(d.device.type == "cuda" and torch.equal(d.cpu(), c) for d, c in zip(from_device, on_cpu))

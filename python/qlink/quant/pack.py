@@ -17,8 +17,9 @@ _streams = threading.local()  # per thread, per device: the stream a pack runs o
 def gptq_pack(weight, scales, zeros, g_idx, bits, device=None):
     """(qweight (in * bits / 32, out), qzeros (groups, out * bits / 32)), int32, computed on
     `device` (default the weight's) and returned where the weight is; a CUDA device packs on a
-    stream of the calling thread's own and waits for it, so a finalizer thread never queues
-    behind the layer loop's kernels.
+    stream of the calling thread's own and waits for it, so a finalizer thread packing host
+    tensors never queues behind the layer loop's kernels (GPU tensors are read after the
+    work their devices' current streams had queued).
 
     weight (out, in), the quantized layer's weight as its linear holds it; scales and zeros
     (groups, out); g_idx (in,), each input column's group (negative counts from the end).
@@ -30,7 +31,11 @@ def gptq_pack(weight, scales, zeros, g_idx, bits, device=None):
     if device.type != "cuda":
         return tuple(t.to(weight.device) for t in _pack(weight, scales, zeros, g_idx, bits, device))
     stream = _stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))  # the inputs may be the caller's
+    # GPU inputs may still be written by the caller's stream: the pack follows it. Host
+    # inputs (a finalizer's) are read by the pack's own copies, behind nothing the layer
+    # loop has queued.
+    for caller in {t.device for t in (weight, scales, zeros, g_idx) if t.is_cuda}:
+        stream.wait_stream(torch.cuda.current_stream(caller))
     with torch.cuda.stream(stream):
         words = tuple(t.to(weight.device) for t in _pack(weight, scales, zeros, g_idx, bits, device))
     stream.synchronize()
