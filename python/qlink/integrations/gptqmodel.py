@@ -39,6 +39,11 @@ What install() routes through qlink (each a patch with its own counters):
                             subset the engine covers with the same options in one engine call
                             (gptqmodel_solve_ahead: an MoE layer's experts together), the
                             others' calls answered from it; solve_counters() says how many
+  routed_experts            defuser's loop over a split MoE block's routed experts (where
+                            defuser is installed): one host read per forward instead of one
+                            per expert, the same output; in grouped forwards each expert's
+                            rows sample by sample, their counts told to add_batch
+                            (gptqmodel_routed), so MoE models group their batches too
   pack                      the finalizers' packing of a quantized layer into its int32
                             words (pack_block's slot for a native packer) on the GPU by
                             qlink.quant.gptq_pack (gptqmodel_pack): what GPTQModel's CPU packer
@@ -57,18 +62,21 @@ from . import gptqmodel_cache
 from .base import HostSpec, Installation, Integration
 from .gptqmodel_hessian import Queue, make_add_batch
 from .gptqmodel_pack import make_pack
+from .gptqmodel_routed import make_run_routed_experts
 from .gptqmodel_solve import done_with_hessian, unsupported
 from .gptqmodel_solve_ahead import SolveAhead
 from .patches import like
 
 PATCHES = ("clone_module_for_devices", "torch_replicate", "cache_inputs", "group_batches", "move_to", "nested_move_to",
-           "add_batch", "materialize_global_hessian", "rehome_processor_task", "quantize", "pack")
+           "add_batch", "materialize_global_hessian", "rehome_processor_task", "quantize", "pack",
+           "routed_experts")
 
 _HELPERS, _MODEL = "gptqmodel.utils.looper_helpers:", "gptqmodel.utils.model:"
 _GPTQ = "gptqmodel.quantization.gptq:GPTQ."
 _LOOPER = "gptqmodel.looper.module_looper:ModuleLooper"
 _PACK = "gptqmodel.nn_modules.qlinear.pack_block_ext:pack_block_cpu"
 _PACK_BLOCK = "gptqmodel.nn_modules.qlinear:PackableQuantLinear.pack_block"
+_ROUTED = "defuser.modeling.unfused_moe.common"  # GPTQModel's MoE splitter, where installed
 # Every GPTQModel name the patches replace, call or read, GPTQ's task state included.
 HOST = HostSpec("GPTQModel", "gptqmodel", "gptqmodel.version", "7.3", "f4c327a", [
     _HELPERS + "clone_module_for_devices", _HELPERS + "torch_replicate", _HELPERS + "clear_non_picklable_state",
@@ -117,6 +125,10 @@ class _Host:
         self.pack_block_ext, self.pack_block_cpu = importlib.import_module(_PACK.split(":")[0]), names[_PACK]
         self.PackableQuantLinear = names["gptqmodel.nn_modules.qlinear:PackableQuantLinear"]
         self.pack_block = names[_PACK_BLOCK]
+        try:
+            self.run_routed_experts = importlib.import_module(_ROUTED).run_routed_experts
+        except (ImportError, AttributeError):
+            self.run_routed_experts = None
 
 
 def _device_order(device):
@@ -138,6 +150,8 @@ class _Installation(Installation):
         self.queue = Queue(self)  # add_batch's calls of a forward, made as one native call
         self.ahead = SolveAhead(self)  # a subset's tasks solved in one engine call
         self.grouped = False  # whether the loop's cache holds grouped one-sample batches (group_batches)
+        self.sample_tokens = None  # then each sample's tokens
+        self.routed = False  # whether defuser's routed experts' loop is qlink's (routed_experts)
 
     def close(self):
         self.queue.flush()
@@ -154,6 +168,16 @@ class _Installation(Installation):
         pack_block_cpu, pack_block = make_pack(self)
         bind.set(h.pack_block_ext, "pack_block_cpu", pack_block_cpu)
         bind.set(h.PackableQuantLinear, "pack_block", pack_block)
+        if h.run_routed_experts is not None:
+            bind.everywhere(h.run_routed_experts, make_run_routed_experts(self), "defuser")
+            self.routed = True
+
+    def samples_in(self, tokens):
+        """How many of the loop's samples a forward of `tokens` rows holds: more than one
+        only in grouped forwards."""
+        if self.grouped and self.sample_tokens and tokens % self.sample_tokens == 0:
+            return tokens // self.sample_tokens
+        return 1
 
     # -- replicas ------------------------------------------------------------------------
 
@@ -225,7 +249,7 @@ class _Installation(Installation):
                 moved = cache
                 cache = guard.attempt("cache_inputs", lambda: gptqmodel_cache.on_device(moved, device), lambda: moved)
             self.grouped, plan = False, None
-            reason = gptqmodel_cache.grouping_refusal(looper, layers, h)
+            reason = gptqmodel_cache.grouping_refusal(looper, layers, h, self.routed)
             if reason is None:
                 plan, reason = gptqmodel_cache.grouping_plan(cache)
             if reason:
@@ -234,6 +258,8 @@ class _Installation(Installation):
 
             def commit(grouped):
                 self.grouped = True  # add_batch: each hook input is one sample per row of dim 0
+                first = cache.layer_inputs[0][0]
+                self.sample_tokens = first.numel() // first.shape[-1]  # alike in every batch (grouping_plan)
                 return grouped
             return guard.attempt("group_batches", lambda: gptqmodel_cache.grouped(cache, plan), lambda: cache, commit)
         return cache_inputs

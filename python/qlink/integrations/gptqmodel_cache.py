@@ -84,8 +84,9 @@ GROUP_ROWS = 16384  # tokens per grouped forward: eight of GPTQModel's 2048-toke
 SAME, CAT = "same", "cat"
 
 
-def grouping_refusal(looper, layers, host):
-    """Why the looper's batches must stay as GPTQModel made them, or None."""
+def grouping_refusal(looper, layers, host, routed=False):
+    """Why the looper's batches must stay as GPTQModel made them, or None. routed: whether
+    defuser's routed experts' loop is qlink's (it tells add_batch each sample's rows)."""
     model = looper.gptq_model
     if not getattr(looper, "support_batch_quantize", False):
         return "%s does not support batched calibration" % type(model).__name__
@@ -101,12 +102,23 @@ def grouping_refusal(looper, layers, host):
     if getattr(looper, "moe_routing_override", None) or getattr(looper, "moe_routing_bypass", False):
         return "MoE routing options"
     # An expert's hook sees its routed rows of every grouped sample as one 2-D input, where
-    # GPTQModel adds each sample's rows as a rank-k update of its own: the sums would round
-    # apart from GPTQModel's.
-    if getattr(type(model), "dynamic_expert_index", None) is not None or any(
-            hasattr(m, "experts") for layer in layers or () for m in layer.modules()):
-        return "MoE experts (each sees its routed rows of all the grouped samples at once)"
+    # GPTQModel adds each sample's rows as a rank-k update of its own: only qlink's loop over
+    # defuser's split experts tells add_batch where each sample's rows are.
+    blocks = [m for layer in layers or () for m in layer.modules() if hasattr(m, "experts")]
+    if getattr(type(model), "dynamic_expert_index", None) is not None or blocks:
+        if not routed:
+            return "MoE experts (each sees its routed rows of all the grouped samples at once)"
+        unsplit = sorted({type(m).__name__ for m in blocks if not _split_by_defuser(m)})
+        if unsplit or not blocks:
+            return "MoE experts not split by defuser (%s): their loop does not tell each sample's rows" % (
+                ", ".join(unsplit) or "none found")
     return None
+
+
+def _split_by_defuser(block):
+    """Whether the MoE block's experts run defuser's routed experts' loop: the block is
+    defuser's, or its experts module is."""
+    return any(type(m).__module__.split(".")[0] == "defuser" for m in (block, block.experts))
 
 
 def _same_tensor(a, b):

@@ -16,6 +16,12 @@ partial lands with the flush. A queued call is never half-applied: the whole que
 or each of its calls has its counts taken back and goes to GPTQModel's own add_batch, in
 order.
 
+In grouped forwards (gptqmodel_cache.grouped: several one-sample batches in one forward) each
+sample's rows stay a rank-k update of their own, as GPTQModel added them one sample per
+forward: a (samples, ...) input in equal blocks, a routed expert's 2-D rows by the counts
+qlink's routed experts' loop gives for each sample (gptqmodel_routed); a 2-D input whose
+samples are not known there takes GPTQModel's path.
+
 What add_batch does not take, it hands to GPTQModel's own add_batch, counted with the
 reason; with strict=True it raises FallbackRefused naming the layer and the reason."""
 import collections
@@ -24,12 +30,13 @@ import threading
 
 import torch
 
+from . import gptqmodel_routed
 from .patches import FallbackRefused
 
 PATCH = "add_batch"
 _INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # A queued add_batch: its arguments, the input as rows, and the task's counts before it.
-_Call = collections.namedtuple("_Call", "gptq inp out x device batch_index count_before dirty_before")
+_Call = collections.namedtuple("_Call", "gptq inp out x blocks device batch_index count_before dirty_before")
 
 
 def unsupported(gptq, inp, host, ctx):
@@ -76,15 +83,15 @@ class Queue:
         self.tasks = set()  # id() of the tasks with a queued call
         self.stream = None  # where the queued inputs were made (a GPU's current stream)
 
-    def put(self, gptq, inp, out, x, device, batch_index):
+    def put(self, gptq, inp, out, x, blocks, device, batch_index):
         stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
         rows = x.numel() // x.shape[-1]
         with self.lock:
             if id(gptq) in self.tasks or (self.items and stream != self.stream):
                 self.flush()  # a task's partials chain batch to batch; one stream per call
             with gptq.lock:
-                call = _Call(gptq, inp, out, x, device, batch_index, gptq._device_sample_counts.get(device),
-                             gptq._hessian_dirty)
+                call = _Call(gptq, inp, out, x, blocks, device, batch_index,
+                             gptq._device_sample_counts.get(device), gptq._hessian_dirty)
                 _count(gptq, device, rows)
             self.items.append(call)
             self.tasks.add(id(gptq))
@@ -99,11 +106,8 @@ class Queue:
             inst = self.installation
             try:
                 with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
-                    # A grouped batch's samples (gptqmodel_cache), each once a batch of its
-                    # own, are added one by one, as GPTQModel added them.
                     afters = inst.accumulator.add_many(
-                        [(c.x, c.gptq._device_hessian_partials.get(c.device),
-                          c.inp.shape[0] if inst.grouped and c.inp.dim() >= 3 else 1) for c in items])
+                        [(c.x, c.gptq._device_hessian_partials.get(c.device), c.blocks) for c in items])
             except Exception as error:  # noqa: BLE001 (nothing landed: each call goes to the host's path)
                 for c in items:
                     with c.gptq.lock:  # the counts as they were before the call
@@ -144,6 +148,18 @@ def host_path(installation, gptq, inp, out, batch_index, reason, error=None):
     return installation.host.add_batch(gptq, inp, out, batch_index=batch_index)
 
 
+def sample_blocks(installation, inp, rows):
+    """How add_many splits this input's rows: each sample of a grouped forward
+    (gptqmodel_cache) once a batch of its own, added one by one as GPTQModel added them: a
+    (samples, ...) input's equal blocks, a routed expert's rows by the counts its loop
+    gives (gptqmodel_routed); 1 outside grouped forwards; None where they are not known."""
+    if not installation.grouped:
+        return 1
+    if inp.dim() >= 3:
+        return inp.shape[0]
+    return gptqmodel_routed.sample_blocks(rows)
+
+
 def make_add_batch(installation):
     """GPTQ.add_batch for `installation` (qlink.integrations.gptqmodel's): its host,
     counters, strictness, HessianAccumulator and Queue."""
@@ -157,10 +173,15 @@ def make_add_batch(installation):
         x = inp.reshape(-1, inp.shape[-1])
         if x.shape[0] == 0:
             return None  # as GPTQModel: an empty batch changes nothing
+        blocks = sample_blocks(installation, inp, x.shape[0])
+        if blocks is None:
+            queue.flush()
+            return host_path(installation, gptq, inp, out, batch_index,
+                             "a grouped forward's %d-row input whose samples' rows are not known" % x.shape[0])
         if not x.is_contiguous():
             x = x.contiguous()
         installation.ahead.seen(gptq)
-        queue.put(gptq, inp, out, x, torch.device(inp.device), batch_index)
+        queue.put(gptq, inp, out, x, blocks, torch.device(inp.device), batch_index)
         return None
 
     add_batch.__name__ = add_batch.__qualname__ = original.__name__

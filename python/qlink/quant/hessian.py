@@ -79,7 +79,8 @@ class HessianAccumulator:
         in one native call: the partials of an MoE layer's experts, each from its own routed
         rows. blocks: x's rows in that many equal consecutive blocks, each its own rank-k
         update added to the partial in turn, as a host adding one sample at a time sums them
-        (the rounding of a sum depends on its blocking). Returns the partials after, in
+        (the rounding of a sum depends on its blocking), or a list of the blocks' row counts
+        where they differ (an expert's routed rows, sample by sample). Returns the partials after, in
         order; an item matching an accumulation already made, or an earlier item of the call
         (gate and up of one expert), shares its result."""
         results, pending = [], {}  # key -> (partial, x, after, blocks) of the first item computing it
@@ -109,7 +110,11 @@ class HessianAccumulator:
             return results
         inputs, targets, outputs = [], [], []
         for _, x, after, blocks in pending.values():
-            split = list(x.reshape(blocks, -1, x.shape[-1]).unbind(0)) if blocks > 1 else [x]
+            rows = x.reshape(-1, x.shape[-1])
+            if isinstance(blocks, int):
+                split = list(rows.reshape(blocks, -1, x.shape[-1]).unbind(0)) if blocks > 1 else [x]
+            else:
+                split = list(torch.split(rows, list(blocks)))
             inputs += split
             targets += [len(outputs)] * len(split)
             outputs.append(after)

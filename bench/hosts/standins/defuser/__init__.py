@@ -5,9 +5,9 @@ ModuleList of per-expert `gate_proj`, `up_proj`, `down_proj` nn.Linear, the tree
 MoE definitions name (`mlp.experts.{i}.gate_proj`). Each weight is a copy of its slice of
 the fused tensor (same dtype and device, meta stays meta). The MoE block around the experts
 is kept, so routing (router, softmax, top-k, norm_topk_prob) is its own code; the new
-experts' forward is transformers' eager experts loop (experts in ascending order, each
-one's routed tokens, weighted, index_add_ into zeros), calling the linears as modules so
-forward hooks see each expert's routed rows. Anything else (biases, transposed or
+experts' forward is defuser's run_routed_experts (modeling/unfused_moe/common.py:
+transformers' eager experts loop), calling the linears as modules so forward hooks see
+each expert's routed rows. Anything else (biases, transposed or
 interleaved experts, a gate other than transformers' `_default_apply_gate`, which its
 `use_experts_implementation` gives every experts class) is left fused. Nothing is patched
 before load: replace_fused_blocks does nothing, convert_model does the work on the loaded
@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from . import modeling  # noqa: F401
+from .modeling.unfused_moe.common import run_routed_experts
 
 
 class DefusedExpert(nn.Module):
@@ -41,16 +42,7 @@ class DefusedExperts(nn.ModuleList):
         self.num_experts = len(experts)
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
-        final = torch.zeros_like(hidden_states)
-        with torch.no_grad():
-            mask = nn.functional.one_hot(top_k_index, num_classes=self.num_experts).permute(2, 1, 0)
-            hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
-        for index in hit:
-            index = int(index[0])
-            top_k_pos, token_idx = torch.where(mask[index])
-            out = self[index](hidden_states[token_idx]) * top_k_weights[token_idx, top_k_pos, None]
-            final.index_add_(0, token_idx, out.to(final.dtype))
-        return final
+        return run_routed_experts(self, hidden_states, top_k_weights, top_k_index, self.num_experts)
 
 
 def _linear(weight):
