@@ -5,10 +5,6 @@ in a grouped forward, each expert's Hessian sums its rows sample by sample, bit-
 the samples' own forwards; MoE batches grouped only where the experts run qlink's loop; a
 grouped 2-D input whose samples are not known takes GPTQModel's path; a failing sort runs
 defuser's loop."""
-import importlib
-import os
-import sys
-
 import pytest
 import torch
 
@@ -16,25 +12,13 @@ from qlink.integrations import gptqmodel as adapter
 from qlink.integrations import gptqmodel_cache, gptqmodel_routed
 from qlink.integrations.patches import FallbackRefused
 
+from test_defuser_standin import defuser  # noqa: F401 (the fixture: the stand-in importable before qlink installs)
 from test_integration_gptqmodel_groups import SEQ, _capture, _looper, _moe_layer, host  # noqa: F401
 
-STANDINS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "hosts", "standins")
 HIDDEN, INTER, EXPERTS, TOP_K = 32, 24, 6, 2
 
 
-@pytest.fixture
-def defuser():
-    """The defuser stand-in importable (before qlink is installed), forgotten after."""
-    sys.path.insert(0, STANDINS)
-    try:
-        yield importlib.import_module("defuser")
-    finally:
-        sys.path.remove(STANDINS)
-        for name in [n for n in sys.modules if n == "defuser" or n.startswith("defuser.")]:
-            del sys.modules[name]
-
-
-def experts(defuser, seed=0):
+def experts(defuser, seed=0):  # noqa: F811 (the fixture's value)
     gen = torch.Generator().manual_seed(seed)
     made = []
     for _ in range(EXPERTS):
@@ -78,7 +62,7 @@ def test_qlinks_loop_gives_defusers_output_and_hook_inputs_bit_for_bit(defuser, 
     assert adapter.counters()["routed_experts"]["qlink"] == 1
 
 
-def calibrate(defuser, forwards):
+def calibrate(defuser, forwards):  # noqa: F811
     """GPTQ tasks fed by every expert linear's hook, as GPTQModel's loop feeds them; the
     forwards run. Returns each task's (partial after the last forward, rows, reached) and
     each down_proj's inputs as its hook saw them."""
