@@ -25,6 +25,7 @@ thread's stack sampled every 2 ms).
 """
 import argparse
 import hashlib
+import os
 import re
 import sys
 import time
@@ -57,12 +58,13 @@ def device_checksum(t, chunk=1 << 23):
     return sums
 
 
-def record_solves(GPTQ, into, codes=None):
+def record_solves(GPTQ, into, codes=None, stop_at_layer=None):
     """Wraps GPTQ.quantize (as installed: GPTQModel's own or qlink's) to record each layer's
     result: device checksums of what the solve returns (Q, scales, zeros, g_idx) and its
     loss; its levels (on the device) where `codes` is a dict. Nothing waits on the device
     inside the timed run; finish_records() turns the records into digests (and codes on
-    the host) after it."""
+    the host) after it. stop_at_layer: the process ends at that layer's first solve, once
+    its time is printed (the time a layer takes, without the rest of the run)."""
     solve = GPTQ.quantize
     start, layers_seen = time.perf_counter(), set()
 
@@ -73,6 +75,8 @@ def record_solves(GPTQ, into, codes=None):
         if layer and layer.group(1) not in layers_seen:  # in the log as it runs: a slope even from a cut run
             layers_seen.add(layer.group(1))
             print(f"first solve of layer {layer.group(1)} at {time.perf_counter() - start:.1f} s", flush=True)
+            if stop_at_layer is not None and int(layer.group(1)) >= stop_at_layer:
+                os._exit(0)
         into[name] = {"sums": [device_checksum(t) for t in out[:4]], "loss": out[5], "damp": out[6]}
         if codes is not None:
             codes[name] = levels(*out[:4])
@@ -180,6 +184,8 @@ def main():
     a.add_argument("--layers", type=int, default=2)
     a.add_argument("--model-kind", choices=("llama", "qwen3_moe"), default="llama")
     a.add_argument("--precision", choices=("ieee_fp32", "tensor"))
+    a.add_argument("--stop-at-layer", type=int, help="end the run at this layer's first solve (its time printed)")
+    a.add_argument("--group-rows", type=int, help="qlink: tokens per grouped forward (0: GPTQModel's batches kept)")
     a.add_argument("--codes")
     a.add_argument("--profile", help="torch.profiler over the quantize call; its operator table to this file")
     a.add_argument("--cprofile", help="cProfile over the quantize call; its table to this file")
@@ -189,7 +195,7 @@ def main():
     args = a.parse_args()
     import torch
     (make_qwen3_moe if args.model_kind == "qwen3_moe" else make_llama)(args.model, layers=args.layers)
-    result = {"host": "GPTQModel", "model_kind": args.model_kind, "qlink": args.qlink,
+    result = {"host": "GPTQModel", "model_kind": args.model_kind, "qlink": args.qlink, "group_rows": args.group_rows,
               "strict": args.strict, "guards": args.qlink or args.guards,
               "gpus": torch.cuda.device_count(), "layers": args.layers, "precision": args.precision,
               "profiled": bool(args.profile or args.cprofile or args.samples_out)}
@@ -201,10 +207,13 @@ def main():
         if args.precision:
             config["hessian_precision"] = args.precision
         qlink_gptqmodel.install(config, strict=args.strict)
+        if args.group_rows is not None:
+            import qlink.integrations.gptqmodel_cache as qlink_cache
+            qlink_cache.GROUP_ROWS = args.group_rows
     from gptqmodel import GPTQModel, QuantizeConfig
     from gptqmodel.quantization.gptq import GPTQ
     layers, codes = {}, {} if args.codes else None
-    record_solves(GPTQ, layers, codes)
+    record_solves(GPTQ, layers, codes, args.stop_at_layer)
     packs = {}
     record_packs(packs)
     if args.profile:

@@ -85,15 +85,18 @@ for part in $parts; do
     moe_solve)  # issue 20: one layer's routed Hessians and 384 expert solves, qlink vs GPTQModel's own
       run moe_solve 400 python3 ../moe_solve_bench.py --library ../../python/qlink/lib/libqlink.so \
         --gptqmodel ../../hosts:standins --markdown "$out/moe_solve.md" ;;
-    moe)  # issue 20: GPTQModel's loop on the Qwen3-MoE model with qlink at 2 and 4 layers, then
-      # GPTQModel alone at 2 (about 300 s a layer: its log's first solve of layer 1 gives the
-      # slope if the limit cuts it; 4 layers alone take about 1,170 s, more than one call)
+    moe)  # issue 20: GPTQModel's loop on the Qwen3-MoE model with qlink at 2 and 4 layers (and 2
+      # with GPTQModel's batches kept: what grouping gives), then GPTQModel alone until the first
+      # solve of its layer 1 (about 300 s a layer: the first solves' times give one layer's; 4
+      # layers alone take about 1,170 s, more than one call)
       for n in 2 4; do
         run moe_qlink$n 240 python3 gptqmodel_run.py --model /tmp/qwen3moe-${n}layers --layers $n \
           --model-kind qwen3_moe --qlink --strict --out "$out/moe_qlink$n.json"
       done
-      run moe_host2 600 python3 gptqmodel_run.py --model /tmp/qwen3moe-2layers --layers 2 \
-        --model-kind qwen3_moe --out "$out/moe_host2.json"
+      run moe_qlink2_ungrouped 240 python3 gptqmodel_run.py --model /tmp/qwen3moe-2layers --layers 2 \
+        --model-kind qwen3_moe --qlink --strict --group-rows 0 --out "$out/moe_qlink2_ungrouped.json"
+      run moe_host2 420 python3 gptqmodel_run.py --model /tmp/qwen3moe-2layers --layers 2 \
+        --model-kind qwen3_moe --stop-at-layer 1 --out "$out/moe_host2.json"
       grep -H "first solve" "$out"/moe_*.log ;;
     ar_stacks)  # issue 22: qlink's run profiled with the Python stack behind each operator (the
       # iteration's fills of unknown origin; the stacks slow the profiled run, not the timed one)
