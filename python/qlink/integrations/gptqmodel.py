@@ -149,9 +149,9 @@ class _Installation(Installation):
         self.accumulator = HessianAccumulator(ctx)
         self.queue = Queue(self)  # add_batch's calls of a forward, made as one native call
         self.ahead = SolveAhead(self)  # a subset's tasks solved in one engine call
-        self.grouped = False  # whether the loop's cache holds grouped one-sample batches (group_batches)
-        self.sample_tokens = None  # then each sample's tokens
-        self.routed = False  # whether defuser's routed experts' loop is qlink's (routed_experts)
+        # Each sample's tokens where the loop's cache holds grouped one-sample batches
+        # (group_batches), None where its batches are GPTQModel's.
+        self.sample_tokens = None
 
     def close(self):
         self.queue.flush()
@@ -170,12 +170,16 @@ class _Installation(Installation):
         bind.set(h.PackableQuantLinear, "pack_block", pack_block)
         if h.run_routed_experts is not None:
             bind.everywhere(h.run_routed_experts, make_run_routed_experts(self), "defuser")
-            self.routed = True
+
+    @property
+    def grouped(self):
+        """Whether the loop's forwards hold several one-sample batches (group_batches)."""
+        return self.sample_tokens is not None
 
     def samples_in(self, tokens):
         """How many of the loop's samples a forward of `tokens` rows holds: more than one
         only in grouped forwards."""
-        if self.grouped and self.sample_tokens and tokens % self.sample_tokens == 0:
+        if self.grouped and tokens % self.sample_tokens == 0:
             return tokens // self.sample_tokens
         return 1
 
@@ -248,8 +252,8 @@ class _Installation(Installation):
             else:
                 moved = cache
                 cache = guard.attempt("cache_inputs", lambda: gptqmodel_cache.on_device(moved, device), lambda: moved)
-            self.grouped, plan = False, None
-            reason = gptqmodel_cache.grouping_refusal(looper, layers, h, self.routed)
+            self.sample_tokens, plan = None, None
+            reason = gptqmodel_cache.grouping_refusal(looper, layers, h, h.run_routed_experts is not None)
             if reason is None:
                 plan, reason = gptqmodel_cache.grouping_plan(cache)
             if reason:
@@ -257,9 +261,10 @@ class _Installation(Installation):
                 return cache
 
             def commit(grouped):
-                self.grouped = True  # add_batch: each hook input is one sample per row of dim 0
+                # add_batch: each hook input is one sample per row of dim 0, each sample as
+                # many tokens as every other (grouping_plan)
                 first = cache.layer_inputs[0][0]
-                self.sample_tokens = first.numel() // first.shape[-1]  # alike in every batch (grouping_plan)
+                self.sample_tokens = first.numel() // first.shape[-1]
                 return grouped
             return guard.attempt("group_batches", lambda: gptqmodel_cache.grouped(cache, plan), lambda: cache, commit)
         return cache_inputs

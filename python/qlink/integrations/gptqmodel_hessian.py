@@ -31,7 +31,7 @@ import threading
 import torch
 
 from . import gptqmodel_routed
-from .patches import FallbackRefused
+from .patches import FallbackRefused, like
 
 PATCH = "add_batch"
 _INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -165,6 +165,7 @@ def make_add_batch(installation):
     counters, strictness, HessianAccumulator and Queue."""
     original, ctx, queue = installation.host.add_batch, installation.ctx, installation.queue
 
+    @like(original)
     def add_batch(gptq, inp, out, batch_index=None):
         reason = unsupported(gptq, inp, installation.host, ctx)
         if reason:
@@ -183,7 +184,4 @@ def make_add_batch(installation):
         installation.ahead.seen(gptq)
         queue.put(gptq, inp, out, x, blocks, torch.device(inp.device), batch_index)
         return None
-
-    add_batch.__name__ = add_batch.__qualname__ = original.__name__
-    add_batch.__doc__ = original.__doc__
     return add_batch
