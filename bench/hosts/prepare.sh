@@ -20,7 +20,8 @@ cp -r tests/python "$dest/tests/"
 git -C "$gptqmodel" archive HEAD gptqmodel | tar -x -C "$dest/hosts"
 git -C "$autoround" archive HEAD auto_round auto_round_extension | tar -x -C "$dest/hosts"
 cp -r bench/hosts "$dest/bench/"
-cp bench/hessian_precision.py bench/timing.py bench/gptq_bench.py bench/moe_solve_bench.py "$dest/bench/"
+cp bench/hessian_precision.py bench/timing.py bench/gptq_bench.py bench/moe_solve_bench.py bench/attention_mask_cost.py \
+  "$dest/bench/"
 find "$dest" -name __pycache__ -prune -exec rm -rf {} +
 chmod -R u+w "$dest"
 du -sh "$dest"
