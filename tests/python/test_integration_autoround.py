@@ -56,8 +56,8 @@ class Model(torch.nn.Module):
         self.block = Block()
 
 
-def _setup(host, seed=0, nsamples=16, batch_size=4, layers=None, lr_for_bits=None, device="cpu", **config):
-    model, inputs, others, outputs = _data(seed, nsamples)
+def _setup(host, seed=0, nsamples=16, batch_size=4, layers=None, lr_for_bits=None, device="cpu", data=None, **config):
+    model, inputs, others, outputs = (data or _data)(seed, nsamples)
     for name, options in (layers or {}).items():  # per-layer quantization options, as AutoRound sets them
         for key, value in options.items():
             setattr(getattr(model.block, name), key, value)
@@ -86,6 +86,55 @@ def _data(seed, nsamples=16):
     return model, inputs, others, outputs
 
 
+class Attention(torch.nn.Module):
+    """transformers' sdpa attention's rule: the mask given, or causal where none is."""
+    is_causal = True
+
+    def __init__(self):
+        super().__init__()
+        self.config = types.SimpleNamespace(_attn_implementation="sdpa")
+        self.qkv = torch.nn.Linear(HIDDEN, 3 * HIDDEN)
+        self.masks_seen = []  # per forward: whether a mask came
+
+    def forward(self, x, attention_mask=None):
+        self.masks_seen.append(attention_mask is not None)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        attends = torch.ones(SEQ, SEQ, dtype=torch.bool).tril() if attention_mask is None else attention_mask[:, 0]
+        scores = (q @ k.transpose(-1, -2) / HIDDEN ** 0.5).masked_fill(~attends, float("-inf"))
+        return torch.softmax(scores, dim=-1) @ v
+
+
+class CausalBlock(Block):
+    """A decoder block's shape: attention, then the MLP."""
+
+    def __init__(self):
+        super().__init__()
+        self.self_attn = Attention()
+
+    def forward(self, hidden_states, attention_mask=None):
+        h = hidden_states + self.self_attn(hidden_states, attention_mask)
+        return h + self.down(torch.nn.functional.silu(self.up(h)))
+
+
+def _causal_data(seed, nsamples=16):
+    """_data for a CausalBlock, with transformers' mask for AutoRound's calibration: causal,
+    each sample's last key hidden (a padded tail of three on every third, as _token_ids)."""
+    torch.manual_seed(seed)
+    model = Model()
+    model.block = CausalBlock()
+    inputs = [torch.randn(1, SEQ, HIDDEN) for _ in range(nsamples)]
+    masks = []
+    for i in range(nsamples):
+        keys = torch.ones(SEQ, dtype=torch.bool)
+        keys[-(3 if i % 3 == 0 else 1):] = False
+        masks.append((torch.ones(SEQ, SEQ, dtype=torch.bool).tril() & keys)[None, None])
+    others = {"attention_mask": masks}
+    with torch.no_grad():
+        outputs = [model.block(x, attention_mask=m) for x, m in zip(inputs, masks)]
+    model.block.self_attn.masks_seen.clear()
+    return model, inputs, others, outputs
+
+
 def _token_ids(nsamples=16):
     """Calibration token ids as AutoRound caches them: -100 where the loss ignores a position
     (every sample's last; a padded tail on every third)."""
@@ -100,7 +149,8 @@ def _token_ids(nsamples=16):
 
 def _tune(host, seed=0, token_ids=False, **config):
     """One block tuned from the same start and the same sampler draws: (model, best_params,
-    the stand-in loop's losses or None). token_ids: AutoRound's, masking the loss."""
+    the stand-in loop's losses or None). token_ids: AutoRound's, masking the loss; data:
+    the block and its data (_data)."""
     model, q, inputs, others, outputs = _setup(host, seed, **config)
     random.seed(seed)  # AutoRound's sampler shuffles with `random`
     block_ctx = types.SimpleNamespace(block_name="block", block_index=0, block_cnt=2)
@@ -158,6 +208,36 @@ def test_the_native_loop_at_world_1_equals_autorounds_own(host, library, case):
     for (n, a), b in zip(own.block.named_parameters(), tuned.block.parameters()):
         assert torch.equal(a, b), n
     assert not any(hasattr(m, "orig_layer") for m in tuned.modules())  # unwrapped by AutoRound's unwrapper
+
+
+@pytest.mark.parametrize("token_ids", [True, False])
+def test_autorounds_attention_mask_gives_way_to_causal_attention_where_the_loss_reads_it(host, library, token_ids):
+    """With AutoRound's valid-token mask the loss reads only rows whose mask is the causal
+    one: the native loop runs the block unmasked (causal), with the same losses and best
+    parameters as AutoRound's masked loop, bit for bit on the CPU. Without it the loss reads
+    each sample's last token, whose row hides its own key: the mask is kept, and said why."""
+    own, own_best, own_losses = _tune(host, token_ids=token_ids, data=_causal_data, iters=20)
+    assert all(own.block.self_attn.masks_seen)
+    host.auto_round.compressors.utils.IndexSampler.drawn.clear()
+    adapter.install("auto", ctx=cpu(library, 1), strict=True)
+    tuned, best, _ = _tune(host, token_ids=token_ids, data=_causal_data, iters=20)
+    counters = adapter.counters()
+    assert counters["quantize_block"]["qlink"] == 1
+    (_, losses), = adapter.losses()
+    assert losses == own_losses and min(losses) < losses[0]
+    assert set(best) == set(own_best) == {"up", "down"}
+    for layer in best:
+        for key, t in best[layer].items():
+            assert torch.equal(t, own_best[layer][key]), (layer, key)
+    seen = tuned.block.self_attn.masks_seen
+    if token_ids:
+        assert counters["causal_attention"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
+        assert len(seen) == 20 and not any(seen)
+    else:
+        assert counters["causal_attention"]["reasons"] == {
+            "the mask hides keys from a token the loss reads (padding inside the sequence)": 1}
+        assert len(seen) == 20 and all(seen)
+    assert counters["compiled_loss"]["reasons"] == {"not a CUDA device (cpu)": 1}
 
 
 def test_the_native_loop_selects_batches_on_the_device(host, library, monkeypatch):
@@ -431,9 +511,9 @@ def test_iters_0_spreads_the_blocks_layers_over_the_devices(host, library, name)
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() != 1, reason="needs exactly one GPU")
 def test_the_native_loop_on_a_gpu_replays_a_graph_without_host_synchronization(host, ctx, monkeypatch):
-    """On one GPU: the iteration captured and replayed as a CUDA graph, no synchronizing
-    call in any iteration (PyTorch's sync debug mode raises on one), and the tuning
-    AutoRound's own (the same draws, the first losses, the final error within 1 %)."""
+    """On one GPU: the iteration captured and replayed as a CUDA graph, the loss compiled,
+    no synchronizing call in any iteration (PyTorch's sync debug mode raises on one), and the
+    tuning AutoRound's own (the same draws, the first losses, the final error within 1 %)."""
     from qlink.integrations import autoround_native
     gpu = torch.device("cuda", 0)
     monkeypatch.setattr(host.auto_round.utils.device_manager.device_manager, "device", gpu)
@@ -453,7 +533,8 @@ def test_the_native_loop_on_a_gpu_replays_a_graph_without_host_synchronization(h
     monkeypatch.setattr(autoround_native.NativeTuning, "iteration", unsynchronized)
     adapter.install("auto", ctx=ctx, strict=True)
     tuned, _, _ = _tune(host, iters=30, token_ids=True, device=gpu)
-    assert adapter.counters()["step_graph"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
+    for patch in ("step_graph", "compiled_loss"):
+        assert adapter.counters()[patch] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}, patch
     assert drawn == own_draws
     (_, losses), = adapter.losses()
     assert losses[:3] == pytest.approx(own_losses[:3], rel=1e-5)

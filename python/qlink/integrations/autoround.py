@@ -15,6 +15,10 @@ counters and strict as the GPTQModel integration's, integrations/base.py):
                   quant-dequant and SignSGD step, no host synchronization inside the loop)
   step_graph      per block of the native loop: its iteration replayed as a CUDA graph
                   ("qlink"), or eager and why ("host")
+  causal_attention  per block of the native loop: AutoRound's attention mask replaced by
+                  causal attention where the loss reads the same (autoround_causal.py), or why not
+  compiled_loss   per block of the native loop: AutoRound's loss compiled into one kernel, or
+                  why it runs eager
   frozen_gc       CompressionOrchestrator.quantize, the whole run: the objects older than the
                   call frozen out of the garbage collector for its length (host_gc.py), so
                   AutoRound's gc.collect() between blocks walks only what the run made
@@ -40,7 +44,7 @@ from .autoround_tuning import finish_block, make_mirrors, move_tensor_attributes
 from .base import HostSpec, Installation, Integration
 from .host_gc import frozen_gc
 
-PATCHES = ("quantize_block", "rtn_layers", "step_graph", "frozen_gc")
+PATCHES = ("quantize_block", "rtn_layers", "step_graph", "causal_attention", "compiled_loss", "frozen_gc")
 TRANSPORTS = ("fp32", "bf16")
 
 _SIGN_ROUND = "auto_round.algorithms.quantization.sign_round.quantizer:SignRoundQuantizer"
@@ -235,8 +239,9 @@ class _Installation(Installation):
             try:
                 tuning = NativeTuning(q, h, self.ctx, block, layers, active, fp_outputs, input_others, mask,
                                       device, qlink_device)
-                return tuning.run(lambda why: self.counters.host("step_graph", why) if why
-                                  else self.counters.qlink("step_graph"))
+                self._count("causal_attention", tuning.causal_refusal)
+                self._count("compiled_loss", tuning.loss_refusal)
+                return tuning.run(lambda why: self._count("step_graph", why))
             except Exception:
                 random.setstate(sampler_state)  # AutoRound's loop, if it runs instead, draws as it would have
                 raise
@@ -253,6 +258,12 @@ class _Installation(Installation):
 
         return self.guard.attempt("quantize_block", tune, lambda: original(q, *args, input_ids=input_ids, **kwargs),
                                   commit)
+
+    def _count(self, patch, reason):
+        if reason:
+            self.counters.host(patch, reason)
+        else:
+            self.counters.qlink(patch)
 
     # -- iters=0 ------------------------------------------------------------------------------
 

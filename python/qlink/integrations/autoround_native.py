@@ -10,7 +10,9 @@ per-iteration host work.
 - The block runs unwrapped through AutoRound's own forward runner, its quantized linears'
   weights replaced for the call (functional_call) by the engine's quant-dequant of all of
   them at once (signround_qdq_layers: one engine call per options set forward, one
-  backward); the loss is AutoRound's (_get_loss, _scale_loss_and_backward), each
+  backward), with causal attention instead of AutoRound's attention mask where that
+  changes nothing the loss reads (autoround_causal.py); the loss is AutoRound's (_get_loss's
+  arithmetic, on a GPU compiled into one kernel; _scale_loss_and_backward), each
   iteration's as AutoRound sums it (float64, over the batch's valid tokens with a mask).
 - The step is the engine's SignSGD with AutoRound's learning-rate groups and LinearLR
   schedule; it keeps the best-loss parameters on the device itself. The iterations'
@@ -27,11 +29,13 @@ logs AutoRound's summary line. check() refuses bad input before anything is allo
 naming the layer and the field; unsupported() names the options this loop does not cover
 (AutoRound's own loop runs those)."""
 import collections
+import functools
 
 import torch
 
 from ..quant.signround import signround_qdq_layers, signsgd_step
 from ..streams import resolved_device
+from .autoround_causal import causal_refusal
 
 try:
     from torch.func import functional_call
@@ -43,6 +47,29 @@ WARMUP = 3  # eager iterations before the capture: compiled code and autograd's 
 _SCALE_DTYPES = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16,
                  "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
 _WEIGHT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _masked_mse(pred, ref, mask, reduction):
+    """AutoRound's _get_loss: the outputs times its 0/1 valid-token mask (exact), cast to
+    fp32, their MSE."""
+    if mask is not None:
+        pred, ref = pred * mask, ref * mask
+    return torch.nn.functional.mse_loss(pred.to(torch.float32), ref.to(torch.float32), reduction=reduction)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_mse():
+    # Eager, the loss is six passes over the batch's outputs (1.9 ms forward and backward at
+    # 8 x 2048 x 4096 on an H200); compiled, one (0.5 ms; bench/attention_mask_cost.py).
+    return torch.compile(_masked_mse, dynamic=False)
+
+
+def _loss_refusal(device):
+    if device.type != "cuda":
+        return "not a CUDA device (%s)" % device
+    if not hasattr(torch, "compile"):
+        return "PyTorch %s has no torch.compile" % torch.__version__
+    return None
 
 
 class InvalidLayer(ValueError):
@@ -167,6 +194,11 @@ class NativeTuning:
         self.draws = torch.tensor(draws or [[0] * global_batch], dtype=torch.long).to(self.device)
         self.index = self.draws[0].clone()
         self.forward_module = _Forward(self.runner, block)
+        self.causal_refusal = "calibration inputs batched along dimension %d" % dim if dim else causal_refusal(
+            block, self.others.get("attention_mask"), self.mask.rows if self.mask else None, *self.inputs.shape[:2])
+        if self.causal_refusal is None:
+            self.others["attention_mask"] = None  # sdpa's is_causal (autoround_causal.py)
+        self.loss_refusal = _loss_refusal(self.device)
 
     def _groups(self):
         """The tuned tensors in AutoRound's order and each one's learning-rate group:
@@ -221,8 +253,12 @@ class NativeTuning:
             x, others = self.runner.select_batch(self.inputs, self.others, idx)  # AutoRound's own selection
             pred = functional_call(self.forward_module, weights, (x, others))
             ref = torch.index_select(self.targets, dim, idx)
-            rows = [idx[k:k + 1] for k in range(idx.numel())]  # the samples, as device indices
-            loss = q._get_loss(pred, ref, rows, self.mse, self.device, self.mask)
+            if self.loss_refusal is None:
+                mask = self.mask.rows.index_select(0, idx).unsqueeze(-1) if self.mask else None
+                loss = _compiled_mse()(pred, ref, mask, self.mse.reduction)
+            else:
+                rows = [idx[k:k + 1] for k in range(idx.numel())]  # the samples, as device indices
+                loss = q._get_loss(pred, ref, rows, self.mse, self.device, self.mask)
             total = total + loss.detach().double().reshape(1) / num_elm
             q._scale_loss_and_backward(None, loss)
         self.losses.index_copy_(0, self.epoch, total)
