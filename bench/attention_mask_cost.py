@@ -6,6 +6,12 @@ SDPA backend, one forward + backward with that mask and with is_causal (the rows
 reads equal), and the loss AutoRound computes per batch (_get_loss: masked bf16 outputs cast
 to fp32, MSE) eager and compiled.
 
+(What AutoRound's tuning actually runs is neither: its input cache casts each sample's
+boolean mask to the amp dtype (calibration/inputs.py, to_dtype), so SDPA receives 1.0 where a
+key is visible and 0.0 where it is hidden, added to the scores as a bias: every query reads
+every key. The masked case here costs what that bias costs; causal attention would change
+AutoRound's results, so qlink's loop keeps AutoRound's mask.)
+
     python3 bench/attention_mask_cost.py [--reps 20]
 """
 import argparse

@@ -15,8 +15,6 @@ counters and strict as the GPTQModel integration's, integrations/base.py):
                   quant-dequant and SignSGD step, no host synchronization inside the loop)
   step_graph      per block of the native loop: its iteration replayed as a CUDA graph
                   ("qlink"), or eager and why ("host")
-  causal_attention  per block of the native loop: AutoRound's attention mask replaced by
-                  causal attention where the loss reads the same (autoround_causal.py), or why not
   compiled_loss   per block of the native loop: AutoRound's loss compiled into one kernel, or
                   why it runs eager
   frozen_gc       CompressionOrchestrator.quantize, the whole run: the objects older than the
@@ -44,7 +42,7 @@ from .autoround_tuning import finish_block, make_mirrors, move_tensor_attributes
 from .base import HostSpec, Installation, Integration
 from .host_gc import frozen_gc
 
-PATCHES = ("quantize_block", "rtn_layers", "step_graph", "causal_attention", "compiled_loss", "frozen_gc")
+PATCHES = ("quantize_block", "rtn_layers", "step_graph", "compiled_loss", "frozen_gc")
 TRANSPORTS = ("fp32", "bf16")
 
 _SIGN_ROUND = "auto_round.algorithms.quantization.sign_round.quantizer:SignRoundQuantizer"
@@ -239,7 +237,6 @@ class _Installation(Installation):
             try:
                 tuning = NativeTuning(q, h, self.ctx, block, layers, active, fp_outputs, input_others, mask,
                                       device, qlink_device)
-                self._count("causal_attention", tuning.causal_refusal)
                 self._count("compiled_loss", tuning.loss_refusal)
                 return tuning.run(lambda why: self._count("step_graph", why))
             except Exception:

@@ -10,10 +10,9 @@ per-iteration host work.
 - The block runs unwrapped through AutoRound's own forward runner, its quantized linears'
   weights replaced for the call (functional_call) by the engine's quant-dequant of all of
   them at once (signround_qdq_layers: one engine call per options set forward, one
-  backward), with causal attention instead of AutoRound's attention mask where that
-  changes nothing the loss reads (autoround_causal.py); the loss is AutoRound's (_get_loss's
-  arithmetic, on a GPU compiled into one kernel; _scale_loss_and_backward), each
-  iteration's as AutoRound sums it (float64, over the batch's valid tokens with a mask).
+  backward); the loss is AutoRound's (_get_loss's arithmetic, on a GPU compiled into one
+  kernel before the loop; _scale_loss_and_backward), each iteration's as AutoRound sums it
+  (float64, over the batch's valid tokens with a mask).
 - The step is the engine's SignSGD with AutoRound's learning-rate groups and LinearLR
   schedule; it keeps the best-loss parameters on the device itself. The iterations'
   losses are written into a device tensor at the step counter's index: the host reads
@@ -35,7 +34,6 @@ import torch
 
 from ..quant.signround import signround_qdq_layers, signsgd_step
 from ..streams import resolved_device
-from .autoround_causal import causal_refusal
 
 try:
     from torch.func import functional_call
@@ -194,10 +192,6 @@ class NativeTuning:
         self.draws = torch.tensor(draws or [[0] * global_batch], dtype=torch.long).to(self.device)
         self.index = self.draws[0].clone()
         self.forward_module = _Forward(self.runner, block)
-        self.causal_refusal = "calibration inputs batched along dimension %d" % dim if dim else causal_refusal(
-            block, self.others.get("attention_mask"), self.mask.rows if self.mask else None, *self.inputs.shape[:2])
-        if self.causal_refusal is None:
-            self.others["attention_mask"] = None  # sdpa's is_causal (autoround_causal.py)
         self.loss_refusal = _loss_refusal(self.device)
 
     def _groups(self):
@@ -270,10 +264,22 @@ class NativeTuning:
         for p in self.params:
             p.grad = None
 
+    def _compile_loss(self):
+        """The compiled loss run once, forward and backward, for each sub-batch size of the
+        iterations: compiling synchronizes the host, here rather than inside the loop."""
+        dim, total = getattr(self.runner, "batch_dim", 0), self.draws.shape[1]
+        for rows in sorted({min(self.batch_size, total - start) for start in range(0, total, self.batch_size)}):
+            ref = self.targets.narrow(dim, 0, rows)
+            pred = ref.detach().clone().requires_grad_()
+            mask = self.mask.rows[:rows].unsqueeze(-1) if self.mask else None
+            _compiled_mse()(pred, ref, mask, self.mse.reduction).backward()
+
     def run(self, graphs):
         """AutoRound's iterations; graphs(reason=None): counts whether the step replayed
         as a CUDA graph. Returns (best_params, losses, best_iter, last_loss)."""
         q = self.q
+        if self.loss_refusal is None:
+            self._compile_loss()
         graph, reason = None, None
         if self.device.type != "cuda":
             reason = "not a CUDA device (%s)" % self.device
