@@ -1,9 +1,10 @@
 """The quantize patch's solve-ahead against the stand-in GPTQModel (tests/python/hosts) on the
 CPU backend: a subset's tasks (three reading one input, as q/k/v; two of another shape)
 solved in one engine call by the first quantize, in whatever order GPTQModel's workers ask,
-each result bit-identical to its layer solved alone on the same weight and Hessian; a task
-whose Hessian changed after the call, and every task of a batch the engine refuses, solved
-alone."""
+spread over the context's devices (four virtual ones; one: not spread), each result
+bit-identical to its layer solved alone on the same weight and Hessian; a task whose Hessian
+changed after the call, and every task of a batch the engine refuses, solved alone."""
+import qlink
 import random
 
 import torch
@@ -41,7 +42,7 @@ def test_a_subsets_tasks_are_solved_in_one_call_each_as_alone(host, monkeypatch)
     calls, real = [], gptqmodel_solve.parallel_gptq
 
     def recorder(layers, placement, **options):
-        calls.append(([(layer.weight.clone(), layer.hessian.clone()) for layer in layers], options))
+        calls.append(([(layer.weight.clone(), layer.hessian.clone()) for layer in layers], options, placement.ids))
         return real(layers, placement, **options)
     monkeypatch.setattr(gptqmodel_solve, "parallel_gptq", recorder)
     adapter.install(ctx=host["ctx"], strict=True)
@@ -50,16 +51,17 @@ def test_a_subsets_tasks_are_solved_in_one_call_each_as_alone(host, monkeypatch)
     random.Random(1).shuffle(order)
     got = {i: tasks[i].quantize() for i in order}
     assert len(calls) == 1 and len(calls[0][0]) == 5
-    assert adapter.solve_counters() == {"calls": 1, "layers": 5, "ahead": 4, "refused": 0}
+    assert adapter.solve_counters() == {"calls": 1, "layers": 5, "ahead": 4, "refused": 0, "spread": 1}
     assert adapter.counters()["quantize"]["qlink"] == 5
     assert not any(hasattr(t, "H") for t in tasks)  # each done with its Hessian at its own call
     # The call's layers: the first asker's, then the rest in the order they were fed. Each
     # solved alone on the same weight and Hessian gives the same result, bit for bit.
     solved = [order[0]] + [i for i in range(5) if i != order[0]]
-    layers, options = calls[0]
+    layers, options, devices = calls[0]
+    assert devices == [0, 1, 2, 3]  # every device of the context, the tasks' own first
     assert all(torch.equal(w, tasks[i].module.weight) for i, (w, _) in zip(solved, layers))
     for index, (weight, hessian) in zip(solved, layers):
-        alone = real([GPTQLayer(weight, hessian)], None, **options)[0]
+        alone = real([GPTQLayer(weight, hessian)], None, ctx=host["ctx"], **options)[0]
         q, scales, zeros, g_idx, _, loss, damp, nsamples = got[index]
         assert torch.equal(q, alone.weight.to(q.dtype)) and torch.equal(scales, alone.scales)
         assert torch.equal(zeros, alone.zeros) and torch.equal(g_idx, alone.g_idx)
@@ -72,7 +74,18 @@ def test_a_task_fed_after_the_call_is_solved_again_alone(host):  # noqa: F811
     tasks[0].quantize()
     tasks[1].add_batch(torch.randn(10, 256), None)  # its Hessian moves on after the call
     tasks[1].quantize()
-    assert adapter.solve_counters() == {"calls": 2, "layers": 6, "ahead": 0, "refused": 0}
+    assert adapter.solve_counters() == {"calls": 2, "layers": 6, "ahead": 0, "refused": 0, "spread": 1}
+
+
+def test_on_one_device_the_call_is_not_spread(host, library):  # noqa: F811
+    adapter.install(ctx=qlink.load({"backend": "cpu", "cpu_devices": 1, "log_level": "off"}, library=library),
+                    strict=True)
+    one = [t.quantize() for t in subset(host)]
+    assert adapter.solve_counters() == {"calls": 1, "layers": 5, "ahead": 4, "refused": 0, "spread": 0}
+    adapter.install(ctx=host["ctx"], strict=True)
+    spread = [t.quantize() for t in subset(host)]
+    assert adapter.solve_counters()["spread"] == 1
+    assert all(same(a, b) for a, b in zip(one, spread))
 
 
 def test_a_batch_the_engine_refuses_leaves_each_task_to_its_own_solve(host, monkeypatch):  # noqa: F811

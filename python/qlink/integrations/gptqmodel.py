@@ -439,7 +439,8 @@ def hessian_counters():
 def solve_counters():
     """The quantize patch's engine calls: {"calls": made, "layers": solved in them, "ahead":
     answered from a sibling's call, "refused": batches the engine refused, each task then
-    solved alone} ({} when not installed)."""
+    solved alone, "spread": calls run over every device of the context} ({} when not
+    installed)."""
     current = _integration.current
     return current.ahead.counters() if current is not None else {}
 

@@ -57,7 +57,7 @@ def options_of(gptq):
             ("act_group_aware", bool(getattr(qcfg, "act_group_aware", False))))
 
 
-def solve(tasks, ctx):
+def solve(tasks, ctx, placement=None):
     """GPTQ.quantize's result, (Q, scale, zero, g_idx, duration, avg_loss, damp, nsamples),
     for each task (finalize_hessian done; equal options_of, Hessians on one device) from one
     call of the native engine: each Hessian inverted once, tasks sharing one tensor (gate and
@@ -65,10 +65,13 @@ def solve(tasks, ctx):
     Q comes back in the weight's shape, dtype and device; nothing of the tasks' changed. The
     engine's loss sum is divided by each task's own sample count here (the same double
     division the engine makes for one layer). Raises the engine's error, or ValueError for a
-    NaN loss (GPTQModel's own solve knows what to do then)."""
+    NaN loss (GPTQModel's own solve knows what to do then). placement: the devices the
+    engine may spread the solves over (a qlink.quant.placement.Placement of ctx's; None:
+    each layer on its own device); the results do not depend on it."""
     start = time.time()
     layers = [GPTQLayer(t.module.weight.data.to(t.H.device), t.H, name=t.name) for t in tasks]
-    outs = parallel_gptq(layers, None, ctx=ctx, nsamples=0, **dict(options_of(tasks[0])))
+    where = {"ctx": ctx} if placement is None else {}
+    outs = parallel_gptq(layers, placement, nsamples=0, **where, **dict(options_of(tasks[0])))
     duration = (time.time() - start) / len(tasks)
     results = []
     for task, out in zip(tasks, outs):

@@ -7,7 +7,9 @@ quantize would, and solves them in one call (each Hessian inverted once, all of 
 flight together); the others' quantize calls then take their results. A result is only
 given to a task whose Hessian is still the one it was solved with (the same merged tensor,
 sample count and no pending partial); otherwise, and when the engine refuses the batch,
-the task is solved alone."""
+the task is solved alone. Where the context has several devices, a call of more than one
+task may run on all of them (the engine places the layers by cost: an MoE layer's experts
+spread over the GPUs), its first task's device first; the results are the same."""
 import collections
 import logging
 import threading
@@ -15,6 +17,7 @@ import weakref
 
 import torch
 
+from ..quant.placement import Placement
 from .gptqmodel_solve import options_of, solve, unsupported
 
 log = logging.getLogger("qlink")
@@ -28,7 +31,8 @@ class SolveAhead:
         self._lock = threading.Lock()
         self._seen = {}  # id -> weakref of each task add_batch fed, until solved, in feeding order
         self._solved = weakref.WeakKeyDictionary()  # task -> _Solved
-        self._counts = {"calls": 0, "layers": 0, "ahead": 0, "refused": 0}
+        self._counts = {"calls": 0, "layers": 0, "ahead": 0, "refused": 0, "spread": 0}
+        self._placements = {}  # device ids, home first -> Placement (its threads kept)
 
     def seen(self, gptq):
         with self._lock:
@@ -59,13 +63,15 @@ class SolveAhead:
                 try:
                     for t in siblings:
                         t.finalize_hessian(target_device=getattr(t.module, "target_device", None))
-                    results = solve(batch, ctx)
+                    placement = self._spread(gptq)
+                    results = solve(batch, ctx, placement)
                 except Exception as error:  # noqa: BLE001 (each task then solves alone, as before)
                     self._counts["refused"] += 1
                     log.warning("qlink: %d GPTQ tasks in one call refused (%s: %s); solving each alone",
                                 len(batch), type(error).__name__, error)
                 else:
                     self._count(batch)
+                    self._counts["spread"] += placement is not None
                     for t, result in zip(siblings, results[1:]):
                         self._seen.pop(id(t), None)
                         self._solved[t] = _Solved(t.H, t.nsamples, result)
@@ -73,6 +79,20 @@ class SolveAhead:
             result = solve([gptq], ctx)[0]
             self._count([gptq])
             return result
+
+    def _spread(self, gptq):
+        """Every device of the context, gptq's first, or None where there is one."""
+        ctx = self.installation.ctx
+        if ctx.host_memory:  # the CPU backend's virtual devices; the tasks' tensors are on device 0
+            count, home = ctx.device_count, 0
+        else:
+            count, home = min(ctx.device_count, torch.cuda.device_count()), _device(gptq).index
+        if count < 2 or home is None:
+            return None
+        ids = tuple([home] + [d for d in range(count) if d != home])
+        if ids not in self._placements:
+            self._placements[ids] = Placement(list(ids), ctx=ctx)
+        return self._placements[ids]
 
     def _count(self, batch):
         self._counts["calls"] += 1
