@@ -37,8 +37,9 @@ What install() routes through qlink (each a patch with its own counters):
                             the layer's options (gptqmodel_solve.unsupported), GPTQModel's own
                             solve otherwise; a subset's first solve takes every task of the
                             subset the engine covers with the same options in one engine call
-                            (gptqmodel_solve_ahead: an MoE layer's experts together), the
-                            others' calls answered from it; solve_counters() says how many
+                            (gptqmodel_solve_ahead: an MoE layer's experts together, spread
+                            over every GPU where there are several), the others' calls
+                            answered from it; solve_counters() says how many
   routed_experts            defuser's loop over a split MoE block's routed experts (where
                             defuser is installed): one host read per forward instead of one
                             per expert, the same output; in grouped forwards each expert's
