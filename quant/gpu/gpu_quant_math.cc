@@ -40,7 +40,10 @@ struct DeviceState {
   LinalgApi::Handle blas = nullptr, solver = nullptr;
   float* work = nullptr;  // solver workspace, grown on demand
   int work_floats = 0;
-  int* info = nullptr;  // the solver's device-side status
+  // The solver's device-side status: [0] potrf's, read after it; [1] potrs', never read.
+  // Apart, so a potrs enqueued by an earlier call, still to run on its own stream, cannot
+  // overwrite the status a later potrf on another stream is about to be judged by.
+  int* info = nullptr;
 };
 
 class GpuQuantMath final : public QuantMath {
@@ -172,7 +175,7 @@ class GpuQuantMath final : public QuantMath {
     // potrs' info reports only an invalid argument, and every argument here is the engine's
     // own: not read (reading it would wait for the device at every inverse; ATen skips it too).
     return CheckSolver(
-        api_.Spotrs(st->solver, api_.fill_lower, Int(n), Int(n), factor, Int(n), inverse, Int(n), st->info),
+        api_.Spotrs(st->solver, api_.fill_lower, Int(n), Int(n), factor, Int(n), inverse, Int(n), st->info + 1),
         api_.names.potrs);
   }
 
@@ -250,7 +253,7 @@ class GpuQuantMath final : public QuantMath {
       int* info = nullptr;
       Status s = CheckBlas(api_.BlasCreate(&blas), api_.names.blas_create);
       if (s.ok()) s = CheckSolver(api_.SolverCreate(&solver), api_.names.solver_create);
-      if (s.ok()) s = Check(gpuMalloc(reinterpret_cast<void**>(&info), sizeof(int)), "gpuMalloc");
+      if (s.ok()) s = Check(gpuMalloc(reinterpret_cast<void**>(&info), 2 * sizeof(int)), "gpuMalloc");
       if (!s.ok()) {
         if (solver != nullptr) (void)api_.SolverDestroy(solver);
         if (blas != nullptr) (void)api_.BlasDestroy(blas);
