@@ -152,9 +152,15 @@ def python_profile(path, rows=70):
 
 def profiler_activities(stacks=False):
     """torch.profiler's arguments: CPU and CUDA activity, with Python stacks when asked
-    (they name the code behind each operator; the run is slower)."""
+    (they name the code behind each operator; the run is slower). PyTorch 2 records the
+    stacks only with the verbose experimental config: without it the stack table of the
+    eleventh session's run came out with no source locations."""
+    import torch
     from torch.profiler import ProfilerActivity
-    return {"activities": [ProfilerActivity.CPU, ProfilerActivity.CUDA], "with_stack": stacks}
+    args = {"activities": [ProfilerActivity.CPU, ProfilerActivity.CUDA], "with_stack": stacks}
+    if stacks:
+        args["experimental_config"] = torch._C._profiler._ExperimentalConfig(verbose=True)
+    return args
 
 
 def busy_shares(prof, wall_s, loop_mark=None):
