@@ -10,8 +10,12 @@ up_proj 768 x 2048 sharing each expert's input, down_proj 2048 x 768):
   128 x 2048 tokens routed top-8 (about 16k rows).
     python3 bench/moe_solve_bench.py --library DIST/libqlink.so [--gptqmodel DIRS] [--markdown OUT.md]
         [--experts 128] [--device cpu --experts 4: a smoke run of qlink's half] [--profile OPS.txt]
+        [--check-alone K]
 --profile: torch.profiler over one more run of the one call; its kernel table and the GPU's
 busy share of that run's wall time to OPS.txt (the figures above are from unprofiled runs).
+--check-alone: K of the linears, evenly spaced, solved again each in a call of its own; their
+results must equal the one call's bit for bit (how the engine shares a device between many
+solves changes no result).
 """
 import argparse
 import os
@@ -94,6 +98,20 @@ def routed_hessian_table(say, ctx, experts, batches, device, make_task, gen):
     say(row + " %.1f | %.1fx | %.1e |" % (t_gm * 1e3, t_gm / t_q, worst))
 
 
+def check_alone(layers, together, count, ctx, options):
+    """Raises unless `count` of the layers, evenly spaced, solved each in a call of its own
+    give the one call's results bit for bit."""
+    picked = sorted({i * len(layers) // count for i in range(count)})
+    for i in picked:
+        alone = parallel_gptq([layers[i]], None, ctx=ctx, **options)[0]
+        got = together[i]
+        fields = ("codes", "weight", "scales", "zeros", "g_idx")
+        same = all(torch.equal(getattr(got, f), getattr(alone, f)) for f in fields)
+        if not (same and got.loss == alone.loss and got.damp == alone.damp):
+            raise SystemExit("%s: the one call's result differs from its solve alone" % layers[i].name)
+    print("alone: %d linears solved again each alone, bit-identical to the one call" % len(picked), flush=True)
+
+
 def profile_call(run, path):
     """One more run under torch.profiler: the kernel table, then the GPU's busy shares of the
     run's wall time."""
@@ -125,6 +143,8 @@ def main():
                     help="GPTQModel solves every K-th expert's three linears, its time scaled to all of them")
     ap.add_argument("--markdown")
     ap.add_argument("--profile", help="torch.profiler over one more run of the one call; its kernel table here")
+    ap.add_argument("--check-alone", type=int, default=0, metavar="K",
+                    help="K linears solved again each alone, checked bit for bit against the one call")
     a = ap.parse_args()
     backend = "cuda" if a.device == "cuda" else "cpu"
     ctx = qlink.configure({"backend": backend, "log_level": "warn"}, library=a.library)
@@ -142,6 +162,8 @@ def main():
     results, t_q = median_s(run, a.reps)
     if a.profile:
         profile_call(run, a.profile)
+    if a.check_alone:
+        check_alone(layers, results, a.check_alone, ctx, options)
     lines = []
     say = lambda s="": (print(s, flush=True), lines.append(s))  # noqa: E731
     say("## One MoE layer's %d expert linears, 4-bit g128 sym, act_group_aware (%s)" % (
