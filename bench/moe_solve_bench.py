@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import qlink  # noqa: E402
 from gptq_bench import codes_of, gptqmodel_solver, hessian_of  # noqa: E402
 from qlink.quant import GPTQLayer, parallel_gptq  # noqa: E402
-from timing import median_s  # noqa: E402
+from timing import median_s, sync_all  # noqa: E402
 
 HIDDEN, MOE_INTER, TOP_K, TOKENS = 2048, 768, 8, 128 * 2048
 
@@ -102,10 +102,10 @@ def check_alone(layers, together, count, ctx, options):
     """Raises unless `count` of the layers, evenly spaced, solved each in a call of its own
     give the one call's results bit for bit."""
     picked = sorted({i * len(layers) // count for i in range(count)})
+    fields = ("codes", "weight", "scales", "zeros", "g_idx")
     for i in picked:
         alone = parallel_gptq([layers[i]], None, ctx=ctx, **options)[0]
         got = together[i]
-        fields = ("codes", "weight", "scales", "zeros", "g_idx")
         same = all(torch.equal(getattr(got, f), getattr(alone, f)) for f in fields)
         if not (same and got.loss == alone.loss and got.damp == alone.damp):
             raise SystemExit("%s: the one call's result differs from its solve alone" % layers[i].name)
@@ -121,8 +121,7 @@ def profile_call(run, path):
     with profile(**profiler_activities()) as prof:
         start = time.perf_counter()
         run()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+        sync_all()
         wall = time.perf_counter() - start
     kernel_table(prof, path)
     kernels, any_ = busy_shares(prof, wall)
