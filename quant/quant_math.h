@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <dlpack/dlpack.h>
 
@@ -69,6 +70,15 @@ class QuantMath {
 
   // The libraries this math runs on (fixed once made).
   virtual const LibraryReport& libraries() const = 0;
+
+  // Up to `count` streams of `device` the engine may run one call's independent solves on
+  // at once (a small layer's kernels leave most of a GPU idle), the math's own, each with
+  // library handles of its own; kept for the math's life. None (the default) where every
+  // call runs on the caller's stream, as on the CPU.
+  virtual Status LaneStreams(int /*device*/, size_t /*count*/, std::vector<Stream>* out) {
+    out->clear();
+    return Status::Ok();
+  }
 
   // ---- from the vendor's libraries ----
   // c (m x n, ldc) = alpha * a (m x k, lda) * b (k x n, ldb) + beta * c. tf32 allows the

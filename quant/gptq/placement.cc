@@ -1,6 +1,7 @@
 #include "quant/gptq/placement.h"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 
 namespace qlink {
@@ -104,6 +105,23 @@ Assignment Place(const std::vector<LayerShape>& layers, size_t groups, const std
     }
   }
   return p;
+}
+
+LaneAssignment AssignLanes(const Assignment& placement, const std::vector<LayerShape>& layers,
+                           const std::function<size_t(int)>& lanes) {
+  LaneAssignment out;
+  std::map<int, size_t> next;  // per device: the lane the next Hessian, then the next other part, goes to
+  for (int device : placement.inverse_device) {
+    const size_t lane = next[device]++ % lanes(device);
+    out.inverse_lane.push_back(lane);
+  }
+  next.clear();
+  for (const RowsPart& part : placement.parts) {
+    const size_t g = layers[part.layer].group;
+    const bool local = placement.inverse_device[g] == part.device;
+    out.part_lane.push_back(local ? out.inverse_lane[g] : next[part.device]++ % lanes(part.device));
+  }
+  return out;
 }
 
 }  // namespace quant

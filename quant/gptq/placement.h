@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace qlink {
@@ -32,6 +33,19 @@ struct Assignment {
 
 // devices empty: every layer, and its Hessian's inverse, on the weight's device.
 Assignment Place(const std::vector<LayerShape>& layers, size_t groups, const std::vector<int>& devices);
+
+// Which lane of its device runs each inverse and each row part of an Assignment (lanes:
+// streams of one device the engine runs at once, each in a thread of its own).
+struct LaneAssignment {
+  std::vector<size_t> inverse_lane;  // per Hessian, like Assignment::inverse_device
+  std::vector<size_t> part_lane;     // per part, like Assignment::parts
+};
+
+// A device's Hessians dealt to its lanes round robin in Hessian order, each part on the
+// lane of its Hessian where that inverse is made on the part's device (it then needs no
+// other lane's), the other parts round robin. lanes(device): how many the device has (>= 1).
+LaneAssignment AssignLanes(const Assignment& placement, const std::vector<LayerShape>& layers,
+                           const std::function<size_t(int)>& lanes);
 
 }  // namespace quant
 }  // namespace qlink

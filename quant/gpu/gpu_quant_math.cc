@@ -1,5 +1,6 @@
 #include "quant/gpu/gpu_quant_math.h"
 
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -34,7 +35,8 @@ int Int(int64_t v) { return static_cast<int>(v); }
 
 gpuStream_t S(Stream s) { return static_cast<gpuStream_t>(s); }
 
-// One device's library handles and solver scratch, used by one call at a time.
+// Library handles and solver scratch, used by one call at a time: a device's shared one
+// for the callers' streams, and one per lane stream (LaneStreams), used on that stream only.
 struct DeviceState {
   std::mutex mu;
   LinalgApi::Handle blas = nullptr, solver = nullptr;
@@ -53,17 +55,35 @@ class GpuQuantMath final : public QuantMath {
         report_{"BLAS " + DefiningFile(reinterpret_cast<const void*>(api.Sgemm)) + ", solver " +
                     DefiningFile(reinterpret_cast<const void*>(api.Spotrf)),
                 ""},
-        states_(static_cast<size_t>(devices)) {}
+        states_(static_cast<size_t>(devices)),
+        lanes_(static_cast<size_t>(devices)) {}
   ~GpuQuantMath() override {
     for (size_t d = 0; d < states_.size(); ++d) {
-      DeviceState& st = states_[d];
-      if (st.blas == nullptr && st.work == nullptr && st.info == nullptr) continue;
       if (gpuSetDevice(static_cast<int>(d)) != gpuSuccess) continue;
-      if (st.work != nullptr) (void)gpuFree(st.work);
-      if (st.info != nullptr) (void)gpuFree(st.info);
+      Release(states_[d]);
+      for (auto& lane : lanes_[d].lanes) {
+        Release(lane->state);
+        (void)gpuStreamDestroy(lane->stream);
+      }
       // The handles are left to the process's end: destroying them here can run after the
       // driver has shut down (a backend lives as long as its context, maybe at exit).
     }
+  }
+
+  Status LaneStreams(int device, size_t count, std::vector<Stream>* out) override {
+    if (device < 0 || static_cast<size_t>(device) >= lanes_.size())
+      return Internal("quant: no device " + std::to_string(device));
+    DeviceLanes& dl = lanes_[device];
+    std::lock_guard<std::mutex> lock(dl.mu);
+    if (dl.lanes.size() < count) QLINK_RETURN_IF_ERROR(Activate(device));
+    while (dl.lanes.size() < count) {
+      auto lane = std::make_unique<Lane>();
+      QLINK_RETURN_IF_ERROR(Check(gpuStreamCreateWithFlags(&lane->stream, gpuStreamNonBlocking), "gpuStreamCreate"));
+      dl.lanes.push_back(std::move(lane));
+    }
+    out->clear();
+    for (size_t i = 0; i < count; ++i) out->push_back(dl.lanes[i]->stream);
+    return Status::Ok();
   }
 
   const LibraryReport& libraries() const override { return report_; }
@@ -72,7 +92,7 @@ class GpuQuantMath final : public QuantMath {
               const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool tf32) override {
     if (m == 0 || n == 0) return Status::Ok();
     DeviceState* st = nullptr;
-    QLINK_RETURN_IF_ERROR(Acquire(device, &st));
+    QLINK_RETURN_IF_ERROR(Acquire(device, stream, &st));
     std::lock_guard<std::mutex> lock(st->mu);
     QLINK_RETURN_IF_ERROR(Blas(*st, stream, tf32));
     // Row-major C = A B is column-major C^T = B^T A^T: the operands swap.
@@ -88,7 +108,7 @@ class GpuQuantMath final : public QuantMath {
   Status SyrkAccumulate(int device, Stream stream, const float* x, int64_t rows, int64_t n, float* h) override {
     if (rows == 0) return Status::Ok();
     DeviceState* st = nullptr;
-    QLINK_RETURN_IF_ERROR(Acquire(device, &st));
+    QLINK_RETURN_IF_ERROR(Acquire(device, stream, &st));
     std::lock_guard<std::mutex> lock(st->mu);
     QLINK_RETURN_IF_ERROR(Blas(*st, stream, /*tf32=*/false));
     const float one = 1.0f;
@@ -126,7 +146,7 @@ class GpuQuantMath final : public QuantMath {
 #endif
     const int type = dtype.code == kDLBfloat ? api_.r_16bf : api_.r_16f;
     DeviceState* st = nullptr;
-    QLINK_RETURN_IF_ERROR(Acquire(device, &st));
+    QLINK_RETURN_IF_ERROR(Acquire(device, stream, &st));
     std::lock_guard<std::mutex> lock(st->mu);
     QLINK_RETURN_IF_ERROR(Blas(*st, stream, /*tf32=*/false));
     const float one = 1.0f;
@@ -148,7 +168,7 @@ class GpuQuantMath final : public QuantMath {
 
   Status Potrf(int device, Stream stream, float* a, int64_t n, bool lower, bool* positive_definite) override {
     DeviceState* st = nullptr;
-    QLINK_RETURN_IF_ERROR(Acquire(device, &st));
+    QLINK_RETURN_IF_ERROR(Acquire(device, stream, &st));
     std::lock_guard<std::mutex> lock(st->mu);
     const int uplo = lower ? api_.fill_lower : api_.fill_upper;
     int lwork = 0;
@@ -168,7 +188,7 @@ class GpuQuantMath final : public QuantMath {
   // As PyTorch's cholesky_inverse on CUDA: potrs of the identity.
   Status CholeskyInverse(int device, Stream stream, const float* factor, float* inverse, int64_t n) override {
     DeviceState* st = nullptr;
-    QLINK_RETURN_IF_ERROR(Acquire(device, &st));
+    QLINK_RETURN_IF_ERROR(Acquire(device, stream, &st));
     std::lock_guard<std::mutex> lock(st->mu);
     QLINK_RETURN_IF_ERROR(Check(gpu::LaunchIdentity(inverse, n, S(stream)), "identity kernel"));
     QLINK_RETURN_IF_ERROR(Solver(*st, stream));
@@ -239,12 +259,36 @@ class GpuQuantMath final : public QuantMath {
   }
 
  private:
-  // The device's state with its handles made, `device` current.
-  Status Acquire(int device, DeviceState** out) {
+  // A lane stream of a device and its own state.
+  struct Lane {
+    gpuStream_t stream = nullptr;
+    DeviceState state;
+  };
+  struct DeviceLanes {
+    std::mutex mu;
+    std::vector<std::unique_ptr<Lane>> lanes;  // grown by LaneStreams, never shrunk
+  };
+
+  static void Release(DeviceState& st) {
+    if (st.work != nullptr) (void)gpuFree(st.work);
+    if (st.info != nullptr) (void)gpuFree(st.info);
+  }
+
+  // The state for work on `stream` of `device` (its lane's, or the device's shared one)
+  // with its handles made, `device` current.
+  Status Acquire(int device, Stream stream, DeviceState** out) {
     if (device < 0 || static_cast<size_t>(device) >= states_.size())
       return Internal("quant: no device " + std::to_string(device));
     QLINK_RETURN_IF_ERROR(Activate(device));
-    DeviceState& st = states_[device];
+    DeviceState* state = &states_[device];
+    {
+      DeviceLanes& dl = lanes_[device];
+      std::lock_guard<std::mutex> lock(dl.mu);
+      for (auto& lane : dl.lanes) {
+        if (lane->stream == S(stream)) state = &lane->state;
+      }
+    }
+    DeviceState& st = *state;
     std::lock_guard<std::mutex> lock(st.mu);
     if (st.blas == nullptr) {
       // All three or none: a device left with a handle but no info buffer would fail every
@@ -296,6 +340,7 @@ class GpuQuantMath final : public QuantMath {
   const LinalgApi& api_;
   const LibraryReport report_;
   std::vector<DeviceState> states_;
+  std::vector<DeviceLanes> lanes_;
 };
 
 }  // namespace
