@@ -178,6 +178,17 @@ def test_the_loss_the_gpu_compiles_is_autorounds(host, reduction, masked):
     assert torch.equal(loss, own) and torch.equal(grad, own_grad)
 
 
+def test_a_batch_selected_as_words_is_the_same_bytes():
+    from qlink.integrations.autoround_native import _as_words, _from_words
+    rows = torch.randn(7, 5, 12).bfloat16()  # 120 bytes a sample: 15 words
+    index = torch.tensor([6, 0, 3, 3])
+    words = _as_words(rows, 0)
+    assert words.dtype == torch.int64 and words.data_ptr() == rows.data_ptr()
+    assert torch.equal(_from_words(torch.index_select(words, 0, index), rows), torch.index_select(rows, 0, index))
+    assert _as_words(torch.randn(7, 5, 3).bfloat16(), 0) is None  # 30 bytes a sample
+    assert _as_words(rows.transpose(1, 2), 0) is None and _as_words(rows, 1) is None
+
+
 def test_the_native_loop_selects_batches_on_the_device(host, library, monkeypatch):
     """Every batch an index_select of device tensors: no per-sample list reaches AutoRound's
     select_batch (indexing one from the host synchronizes a GPU and defeats its graph)."""

@@ -41,6 +41,7 @@ from .autoround_native import NativeTuning, check, unsupported
 from .autoround_tuning import finish_block, make_mirrors, move_tensor_attributes, run_on_replicas, tune_block
 from .base import HostSpec, Installation, Integration
 from .host_gc import frozen_gc
+from .patches import like
 
 PATCHES = ("quantize_block", "rtn_layers", "step_graph", "compiled_loss", "frozen_gc")
 TRANSPORTS = ("fp32", "bf16")
@@ -118,6 +119,7 @@ class _Installation(Installation):
     def _make_quantize(self, original):
         counters = self.counters
 
+        @like(original)
         def quantize(orchestrator, *args, **kwargs):
             with frozen_gc() as reason:
                 if reason:
@@ -125,8 +127,6 @@ class _Installation(Installation):
                 else:
                     counters.qlink("frozen_gc")
                 return original(orchestrator, *args, **kwargs)
-        quantize.__qualname__ = original.__qualname__
-        quantize.__doc__ = original.__doc__
         return quantize
 
     # -- the plan --------------------------------------------------------------------------
@@ -179,6 +179,7 @@ class _Installation(Installation):
         return next((reason for failed, reason in checks if failed), None)
 
     def _make_quantize_block(self, original):
+        @like(original)
         def quantize_block(q, block, fp_inputs, input_others, fp_outputs, q_inputs, block_ctx, input_ids=None,
                            **kwargs):
             args = (block, fp_inputs, input_others, fp_outputs, q_inputs, block_ctx)
@@ -208,7 +209,6 @@ class _Installation(Installation):
                 lambda: original(q, *args, input_ids=input_ids, **kwargs),
                 lambda mirrors: tune_block(q, self.host, self.ctx, placement, mirrors, op, self.transport,
                                            self.check_replicas, *args, input_ids=input_ids, **kwargs))
-        quantize_block.__qualname__ = original.__qualname__
         return quantize_block
 
     def _tune_native(self, q, original, args, active, input_ids, kwargs):
@@ -265,6 +265,7 @@ class _Installation(Installation):
     # -- iters=0 ------------------------------------------------------------------------------
 
     def _make_rtn_quantize_block(self, original):
+        @like(original)
         def quantize_block(q, block, *args, **kwargs):
             linears = _quantized_linears(block)
             parts = {"largest layer": 4 * max((_nbytes([m.weight]) for m in linears), default=0)}
@@ -282,7 +283,6 @@ class _Installation(Installation):
             self._spread_layers(q, deferred, self.placement(plan))
             self.counters.qlink("rtn_layers")
             return result
-        quantize_block.__qualname__ = original.__qualname__
         return quantize_block
 
     def _spread_layers(self, q, deferred, placement):

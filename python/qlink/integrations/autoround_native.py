@@ -62,6 +62,23 @@ def _compiled_mse():
     return torch.compile(_masked_mse, dynamic=False)
 
 
+def _as_words(rows, dim):
+    """`rows` (samples stacked along dimension 0, contiguous) as one row of 8-byte words per
+    sample, the same memory, or None where it is not that. A batch selected from the words
+    is the same bytes as one selected from `rows`, moved 8 bytes a thread: PyTorch's
+    index_select moves one element a thread (a bf16 batch of 8 x 2048 x 4096 at about
+    1.2 TB/s on an H200)."""
+    sample_bytes = rows[0].numel() * rows.element_size() if rows.dim() and len(rows) else 0
+    if dim != 0 or not rows.is_contiguous() or sample_bytes % 8 or rows.data_ptr() % 8:
+        return None
+    return rows.view(len(rows), -1).view(torch.int64)
+
+
+def _from_words(words, like):
+    """A selection of _as_words(like) as `like`'s dtype and sample shape."""
+    return words.view(like.dtype).view((len(words),) + tuple(like.shape[1:]))
+
+
 def _loss_refusal(device):
     if device.type != "cuda":
         return "not a CUDA device (%s)" % device
@@ -157,6 +174,7 @@ class NativeTuning:
         self.others = _on_device(self.runner, input_others, self.device, dim)
         self.inputs = torch.cat([x.to(self.device) for x in active_inputs], dim=dim)
         self.targets = torch.cat([y.to(self.device) for y in fp_outputs], dim=dim)
+        self.input_words, self.target_words = _as_words(self.inputs, dim), _as_words(self.targets, dim)
         self.layers = layers
         self.state = {}  # layer name -> [v, min_scale, max_scale]
         for name, m, (_, group_size, _, _, _) in layers:
@@ -244,9 +262,16 @@ class NativeTuning:
         total = torch.zeros(1, dtype=torch.float64, device=self.device)
         for start in range(0, self.index.numel(), self.batch_size):
             idx = self.index[start:start + self.batch_size]
-            x, others = self.runner.select_batch(self.inputs, self.others, idx)  # AutoRound's own selection
+            if self.input_words is None:
+                x, others = self.runner.select_batch(self.inputs, self.others, idx)  # AutoRound's own selection
+            else:
+                words, others = self.runner.select_batch(self.input_words, self.others, idx)
+                x = _from_words(words, self.inputs)
             pred = functional_call(self.forward_module, weights, (x, others))
-            ref = torch.index_select(self.targets, dim, idx)
+            if self.target_words is None:
+                ref = torch.index_select(self.targets, dim, idx)
+            else:
+                ref = _from_words(torch.index_select(self.target_words, 0, idx), self.targets)
             if self.loss_refusal is None:
                 mask = self.mask.rows.index_select(0, idx).unsqueeze(-1) if self.mask else None
                 loss = _compiled_mse()(pred, ref, mask, self.mse.reduction)
