@@ -24,6 +24,12 @@ class CpuQuantMath final : public QuantMath {
 
   const LibraryReport& libraries() const override { return report_; }
 
+  // Each call runs at once on the calling thread: a lane is a thread of its own.
+  Status LaneStreams(int, size_t count, std::vector<Stream>* out) override {
+    out->assign(count, nullptr);
+    return Status::Ok();
+  }
+
   // Row-major C = A B is column-major C^T = B^T A^T: the operands swap. With beta != 0 the
   // product is rounded on its own before it is added, as GPTQModel's W -= E @ U: a BLAS may
   // accumulate the product into C term by term (the reference BLAS does), and with -1 and 1
