@@ -67,7 +67,8 @@ def make_qwen3_moe(path, layers=2, vocab=32000, seed=0):
     32 heads and 4 KV heads of 128, 128 experts of 768, top-8, top-k weights renormalised)
     and random weights in bfloat16, saved with make_llama's tokenizer. The routers are drawn
     like the other weights, so tokens spread over the experts whatever the router's default
-    initialisation is."""
+    initialisation is, each layer's router from a generator of its own, so a model of more
+    layers starts with the same layers as one of fewer (the runs' slope compares like with like)."""
     import torch
     import transformers
     if os.path.exists(os.path.join(path, "config.json")):
@@ -81,8 +82,9 @@ def make_qwen3_moe(path, layers=2, vocab=32000, seed=0):
     with torch.device("cuda"):
         model = transformers.Qwen3MoeForCausalLM(config).to(torch.bfloat16)
     with torch.no_grad():
-        for layer in model.model.layers:
-            layer.mlp.gate.weight.normal_(0, config.initializer_range)
+        for i, layer in enumerate(model.model.layers):
+            gen = torch.Generator(device="cuda").manual_seed(seed * 1000 + i)
+            layer.mlp.gate.weight.normal_(0, config.initializer_range, generator=gen)
     model.save_pretrained(path, safe_serialization=True)
     save_tokenizer(path, vocab)
     return path

@@ -2,7 +2,7 @@
 # On the accelerator machine, from a folder laid out by prepare.sh: every host run of
 # bench/RESULTS.md, each in its own process, logs and JSON under OUTDIR.
 #   bash bench/hosts/run_all.sh OUTDIR [PARTS]   PARTS: any of "pytest plan stress gptq ar ar0
-#   gptq3 hprec loop loop_slope loop_host8 moe_check moe_solve moe ar_stacks" (default the first
+#   gptq3 hprec loop loop_slope loop_host8 moe_check moe_solve moe moe_samples ar_stacks" (default the first
 #   seven, in that order, the most wanted figures first where a lease is short). Issue 23's
 #   figures: "hprec loop loop_slope", about 10 minutes (loop_host8, GPTQModel alone at 8
 #   layers, about 3 more). Issue 22's: "ar ar0", about 8 (ar_stacks: where its fills come
@@ -98,6 +98,10 @@ for part in $parts; do
       run moe_host2 420 python3 gptqmodel_run.py --model /tmp/qwen3moe-2layers --layers 2 \
         --model-kind qwen3_moe --stop-at-layer 1 --out "$out/moe_host2.json"
       grep -H "first solve" "$out"/moe_*.log ;;
+    moe_samples)  # issue 20: where the routed loop's time goes, 2 layers with qlink, every thread
+      # sampled (the sampling stretches the run; its times are not the loop's)
+      run moe_samples 300 python3 gptqmodel_run.py --model /tmp/qwen3moe-2layers --layers 2 \
+        --model-kind qwen3_moe --qlink --strict --samples-out "$out/moe_samples.txt" --out "$out/moe_samples.json" ;;
     ar_stacks)  # issue 22: qlink's run profiled with the Python stack behind each operator (the
       # iteration's fills of unknown origin; the stacks slow the profiled run, not the timed one)
       run ar_stacks 300 python3 autoround_run.py --model $model --iters 200 --qlink auto \

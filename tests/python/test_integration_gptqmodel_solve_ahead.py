@@ -61,7 +61,7 @@ def test_a_subsets_tasks_are_solved_in_one_call_each_as_alone(host, monkeypatch)
     assert devices == [0, 1, 2, 3]  # every device of the context, the tasks' own first
     assert all(torch.equal(w, tasks[i].module.weight) for i, (w, _) in zip(solved, layers))
     for index, (weight, hessian) in zip(solved, layers):
-        alone = real([GPTQLayer(weight, hessian)], None, ctx=host["ctx"], **options)[0]
+        alone = real([GPTQLayer(weight, hessian)], None, **options)[0]
         q, scales, zeros, g_idx, _, loss, damp, nsamples = got[index]
         assert torch.equal(q, alone.weight.to(q.dtype)) and torch.equal(scales, alone.scales)
         assert torch.equal(zeros, alone.zeros) and torch.equal(g_idx, alone.g_idx)

@@ -189,7 +189,7 @@ def test_an_moe_layers_experts_in_one_call_equal_each_solved_alone(cpu8):
         assert got.loss == alone.loss and got.damp == alone.damp, layer.name
 
 
-def test_refusals_name_the_layer_and_argument(cpu8):
+def test_refusals_name_the_layer_and_argument(cpu8, library):
     w, h, _ = _layer(8, 96, 3)
     with pytest.raises(qlink.InvalidArgumentError, match=r"'v_proj': options->group_size 64 does not divide"):
         parallel_gptq([GPTQLayer(w, h, "v_proj")], None, ctx=cpu8, group_size=64)
@@ -199,6 +199,9 @@ def test_refusals_name_the_layer_and_argument(cpu8):
         gptq_quantize(w, h, group_size=32, static_groups=True, act_group_aware=True, ctx=cpu8)
     with pytest.raises(qlink.InvalidArgumentError, match=r"'o_proj': the Hessian is not positive definite"):
         parallel_gptq([GPTQLayer(w, -h, "o_proj")], None, ctx=cpu8, group_size=32, damp_auto_increment=0.3)
+    with qlink.load({"backend": "cpu", "cpu_devices": 1, "log_level": "off"}, library=library) as other:
+        with pytest.raises(ValueError, match="ctx: another context than the placement's"):
+            parallel_gptq([GPTQLayer(w, h)], Placement([0], ctx=cpu8), ctx=other)
 
 
 class Mlp(torch.nn.Module):

@@ -70,8 +70,7 @@ def solve(tasks, ctx, placement=None):
     each layer on its own device); the results do not depend on it."""
     start = time.time()
     layers = [GPTQLayer(t.module.weight.data.to(t.H.device), t.H, name=t.name) for t in tasks]
-    where = {"ctx": ctx} if placement is None else {}
-    outs = parallel_gptq(layers, placement, nsamples=0, **where, **dict(options_of(tasks[0])))
+    outs = parallel_gptq(layers, placement, ctx=ctx, nsamples=0, **dict(options_of(tasks[0])))
     duration = (time.time() - start) / len(tasks)
     results = []
     for task, out in zip(tasks, outs):

@@ -63,10 +63,15 @@ def parallel_gptq(layers, placement=None, **options):
     """Quantizes `layers` (GPTQLayer, or (weight, hessian) pairs) together: each Hessian's
     inverse once, layers placed over placement's devices by cost (None: each on its own
     device), a large layer's rows split when devices outnumber layers. Results do not
-    depend on the placement. options: those of gptq_quantize. Returns a GPTQResult per layer,
-    on the layer's device."""
+    depend on the placement. options: those of gptq_quantize (ctx, where given with a
+    placement, the placement's own). Returns a GPTQResult per layer, on the layer's device."""
     layers = [layer if isinstance(layer, GPTQLayer) else GPTQLayer(*layer) for layer in layers]
-    ctx = placement.ctx if placement is not None else options.pop("ctx", None) or default_context()
+    ctx = options.pop("ctx", None)
+    if placement is not None:
+        if ctx is not None and ctx is not placement.ctx:
+            raise ValueError("ctx: another context than the placement's")
+        ctx = placement.ctx
+    ctx = ctx or default_context()
     opts = _options(**options)
     results, specs = [], []
     for layer in layers:
