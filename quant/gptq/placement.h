@@ -41,9 +41,12 @@ struct LaneAssignment {
   std::vector<size_t> part_lane;     // per part, like Assignment::parts
 };
 
-// A device's Hessians dealt to its lanes round robin in Hessian order, each part on the
-// lane of its Hessian where that inverse is made on the part's device (it then needs no
-// other lane's), the other parts round robin. lanes(device): how many the device has (>= 1).
+// A device's Hessians spread over its lanes longest first, each to the least loaded lane (a
+// Hessian's load: its inverse and the parts on its device that need it; an MoE layer's
+// Hessians alternate between two sizes, so dealing them round robin would load some lanes
+// with only the large ones), each part on the lane of its Hessian where that inverse is
+// made on the part's device (it then needs no other lane's), the other parts on the least
+// loaded lane in order. lanes(device): how many the device has (>= 1).
 LaneAssignment AssignLanes(const Assignment& placement, const std::vector<LayerShape>& layers,
                            const std::function<size_t(int)>& lanes);
 

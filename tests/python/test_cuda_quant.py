@@ -76,9 +76,9 @@ def test_many_hessians_on_lanes_equal_each_layer_solved_alone(ctx):
     for e in range(12):
         (w, h), (wd, hd) = _problem(rows=192, cols=512, seed=2 * e), _problem(rows=512, cols=192, seed=2 * e + 1)
         layers += [GPTQLayer(w, h, "gate%d" % e), GPTQLayer(w * 0.7, h, "up%d" % e), GPTQLayer(wd, hd, "down%d" % e)]
-    together = parallel_gptq(layers, None, ctx=ctx, act_group_aware=True)
+    together = parallel_gptq(layers, None, ctx=ctx, act_group_aware=True, group_size=64)
     for layer, got in zip(layers, together):
-        alone = parallel_gptq([layer], None, ctx=ctx, act_group_aware=True)[0]
+        alone = parallel_gptq([layer], None, ctx=ctx, act_group_aware=True, group_size=64)[0]
         assert torch.equal(got.codes, alone.codes) and torch.equal(got.weight, alone.weight), layer.name
         assert torch.equal(got.scales, alone.scales) and got.loss == alone.loss and got.damp == alone.damp
 
