@@ -66,7 +66,7 @@ double Milliseconds(std::chrono::steady_clock::time_point since) {
 }
 
 // A device's lanes at most: enough to fill an H200 with an MoE layer's small solves.
-constexpr size_t kMaxLanes = 8;
+constexpr size_t kMaxLanes = 4;
 
 struct Work {
   Context* ctx;
