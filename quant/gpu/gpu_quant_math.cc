@@ -46,7 +46,14 @@ struct DeviceState {
   // Apart, so a potrs enqueued by an earlier call, still to run on its own stream, cannot
   // overwrite the status a later potrf on another stream is about to be judged by.
   int* info = nullptr;
+  // cuBLAS's workspace for this state's handle (null where the vendor takes none): handles
+  // on several streams at once must not share the library's default pool (PyTorch gives
+  // each handle and stream its own too).
+  void* blas_work = nullptr;
 };
+
+// cuBLAS's recommended workspace on Hopper (4 MiB suffices on earlier GPUs).
+constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
 
 class GpuQuantMath final : public QuantMath {
  public:
@@ -272,6 +279,7 @@ class GpuQuantMath final : public QuantMath {
   static void Release(DeviceState& st) {
     if (st.work != nullptr) (void)gpuFree(st.work);
     if (st.info != nullptr) (void)gpuFree(st.info);
+    if (st.blas_work != nullptr) (void)gpuFree(st.blas_work);
   }
 
   // The state for work on `stream` of `device` (its lane's, or the device's shared one)
@@ -291,14 +299,18 @@ class GpuQuantMath final : public QuantMath {
     DeviceState& st = *state;
     std::lock_guard<std::mutex> lock(st.mu);
     if (st.blas == nullptr) {
-      // All three or none: a device left with a handle but no info buffer would fail every
-      // later call for the life of the process.
+      // All or none: a device left with a handle but no info buffer would fail every later
+      // call for the life of the process.
       LinalgApi::Handle blas = nullptr, solver = nullptr;
       int* info = nullptr;
+      void* blas_work = nullptr;
       Status s = CheckBlas(api_.BlasCreate(&blas), api_.names.blas_create);
       if (s.ok()) s = CheckSolver(api_.SolverCreate(&solver), api_.names.solver_create);
       if (s.ok()) s = Check(gpuMalloc(reinterpret_cast<void**>(&info), 2 * sizeof(int)), "gpuMalloc");
+      if (s.ok() && api_.BlasSetWorkspace != nullptr)
+        s = Check(gpuMalloc(&blas_work, kBlasWorkspaceBytes), "gpuMalloc");
       if (!s.ok()) {
+        if (info != nullptr) (void)gpuFree(info);
         if (solver != nullptr) (void)api_.SolverDestroy(solver);
         if (blas != nullptr) (void)api_.BlasDestroy(blas);
         return s;
@@ -306,6 +318,7 @@ class GpuQuantMath final : public QuantMath {
       st.blas = blas;
       st.solver = solver;
       st.info = info;
+      st.blas_work = blas_work;
     }
     *out = &st;
     return Status::Ok();
@@ -314,6 +327,10 @@ class GpuQuantMath final : public QuantMath {
   // The BLAS handle on `stream`, in IEEE fp32 unless tf32 (st.mu held).
   Status Blas(DeviceState& st, Stream stream, bool tf32) {
     QLINK_RETURN_IF_ERROR(CheckBlas(api_.BlasSetStream(st.blas, stream), api_.names.blas_stream));
+    if (st.blas_work != nullptr) {
+      QLINK_RETURN_IF_ERROR(
+          CheckBlas(api_.BlasSetWorkspace(st.blas, st.blas_work, kBlasWorkspaceBytes), api_.names.blas_workspace));
+    }
     if (api_.BlasSetMathMode == nullptr) return Status::Ok();
     return CheckBlas(api_.BlasSetMathMode(st.blas, tf32 ? api_.math_tf32 : api_.math_default), api_.names.math);
   }
