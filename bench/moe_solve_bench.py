@@ -9,11 +9,18 @@ up_proj 768 x 2048 sharing each expert's input, down_proj 2048 x 768):
   default group-aware order); codes equal, losses. Each Hessian from its expert's share of
   128 x 2048 tokens routed top-8 (about 16k rows).
     python3 bench/moe_solve_bench.py --library DIST/libqlink.so [--gptqmodel DIRS] [--markdown OUT.md]
-        [--experts 128] [--device cpu --experts 4: a smoke run of qlink's half]
+        [--experts 128] [--device cpu --experts 4: a smoke run of qlink's half] [--profile OPS.txt]
+        [--check-alone K]
+--profile: torch.profiler over one more run of the one call; its kernel table and the GPU's
+busy share of that run's wall time to OPS.txt (the figures above are from unprofiled runs).
+--check-alone: K of the linears, evenly spaced, solved again each in a call of its own; their
+results must equal the one call's bit for bit (how the engine shares a device between many
+solves changes no result).
 """
 import argparse
 import os
 import sys
+import time
 
 import torch
 
@@ -22,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import qlink  # noqa: E402
 from gptq_bench import codes_of, gptqmodel_solver, hessian_of  # noqa: E402
 from qlink.quant import GPTQLayer, parallel_gptq  # noqa: E402
-from timing import median_s  # noqa: E402
+from timing import median_s, sync_all  # noqa: E402
 
 HIDDEN, MOE_INTER, TOP_K, TOKENS = 2048, 768, 8, 128 * 2048
 
@@ -91,6 +98,38 @@ def routed_hessian_table(say, ctx, experts, batches, device, make_task, gen):
     say(row + " %.1f | %.1fx | %.1e |" % (t_gm * 1e3, t_gm / t_q, worst))
 
 
+def check_alone(layers, together, count, ctx, options):
+    """Raises unless `count` of the layers, evenly spaced, solved each in a call of its own
+    give the one call's results bit for bit."""
+    picked = sorted({i * len(layers) // count for i in range(count)})
+    fields = ("codes", "weight", "scales", "zeros", "g_idx")
+    for i in picked:
+        alone = parallel_gptq([layers[i]], None, ctx=ctx, **options)[0]
+        got = together[i]
+        same = all(torch.equal(getattr(got, f), getattr(alone, f)) for f in fields)
+        if not (same and got.loss == alone.loss and got.damp == alone.damp):
+            raise SystemExit("%s: the one call's result differs from its solve alone" % layers[i].name)
+    print("alone: %d linears solved again each alone, bit-identical to the one call" % len(picked), flush=True)
+
+
+def profile_call(run, path):
+    """One more run under torch.profiler: the kernel table, then the GPU's busy shares of the
+    run's wall time."""
+    from torch.profiler import profile
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "hosts"))
+    from common import busy_shares, kernel_table, profiler_activities
+    with profile(**profiler_activities()) as prof:
+        start = time.perf_counter()
+        run()
+        sync_all()
+        wall = time.perf_counter() - start
+    kernel_table(prof, path)
+    kernels, any_ = busy_shares(prof, wall)
+    with open(path, "a") as f:
+        f.write("\nwall %.1f ms; busy: kernels %.1f %%, kernels or copies %.1f %%\n" % (
+            wall * 1e3, 100 * kernels, 100 * any_))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--library", required=True)
@@ -102,6 +141,9 @@ def main():
     ap.add_argument("--gptqmodel-every", type=int, default=1,
                     help="GPTQModel solves every K-th expert's three linears, its time scaled to all of them")
     ap.add_argument("--markdown")
+    ap.add_argument("--profile", help="torch.profiler over one more run of the one call; its kernel table here")
+    ap.add_argument("--check-alone", type=int, default=0, metavar="K",
+                    help="K linears solved again each alone, checked bit for bit against the one call")
     a = ap.parse_args()
     backend = "cuda" if a.device == "cuda" else "cpu"
     ctx = qlink.configure({"backend": backend, "log_level": "warn"}, library=a.library)
@@ -117,6 +159,10 @@ def main():
     options = dict(bits=4, group_size=128, sym=True, act_group_aware=True, nsamples=hessians[0][2])
     run = lambda: parallel_gptq(layers, None, ctx=ctx, **options)  # noqa: E731
     results, t_q = median_s(run, a.reps)
+    if a.profile:
+        profile_call(run, a.profile)
+    if a.check_alone:
+        check_alone(layers, results, a.check_alone, ctx, options)
     lines = []
     say = lambda s="": (print(s, flush=True), lines.append(s))  # noqa: E731
     say("## One MoE layer's %d expert linears, 4-bit g128 sym, act_group_aware (%s)" % (

@@ -16,8 +16,8 @@ import gc
 import logging
 import re
 
-from common import (install_guards, kernel_table, make_llama, profiler_activities, python_profile, setup_paths, timed,
-                    token_batches, write)
+from common import (busy_shares, install_guards, kernel_table, make_llama, profiler_activities, python_profile,
+                    setup_paths, timed, token_batches, write)
 
 setup_paths()
 
@@ -72,7 +72,6 @@ def quantize_once(args, tokenizer, heldout, reference, profile=False, cprofile=N
                    nsamples=args.samples, seqlen=args.seqlen, batch_size=8, device_map=0)
     run = {"profiled": profile}
     if profile:
-        from gptqmodel_run import busy_shares
         with torch.profiler.profile(**profiler_activities(args.profile_stacks)) as prof:
             with timed(run, "quantize_s"):
                 ar.quantize()

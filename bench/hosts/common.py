@@ -152,9 +152,49 @@ def python_profile(path, rows=70):
 
 def profiler_activities(stacks=False):
     """torch.profiler's arguments: CPU and CUDA activity, with Python stacks when asked
-    (they name the code behind each operator; the run is slower)."""
+    (they name the code behind each operator; the run is slower). PyTorch 2 records the
+    stacks only with the verbose experimental config: without it the stack table of the
+    eleventh session's run came out with no source locations."""
+    import torch
     from torch.profiler import ProfilerActivity
-    return {"activities": [ProfilerActivity.CPU, ProfilerActivity.CUDA], "with_stack": stacks}
+    args = {"activities": [ProfilerActivity.CPU, ProfilerActivity.CUDA], "with_stack": stacks}
+    if stacks:
+        args["experimental_config"] = torch._C._profiler._ExperimentalConfig(verbose=True)
+    return args
+
+
+def busy_shares(prof, wall_s, loop_mark=None):
+    """(kernels, kernels or copies): the share of wall_s during which at least one ran,
+    from the profiler's device events (their intervals' union); loop_mark: of the time
+    from that range's start (gptqmodel_run.mark_layer_loop) to the last device event instead."""
+    spans = {"kernel": [], "any": []}
+    events = prof.events()
+    start = min((e.time_range.start for e in events if e.name == loop_mark), default=None) if loop_mark else None
+    for e in events:
+        if getattr(e, "device_type", None) is None or str(e.device_type) != "DeviceType.CUDA":
+            continue
+        span = (e.time_range.start, e.time_range.end)
+        if start is not None:
+            if span[1] <= start:
+                continue
+            span = (max(span[0], start), span[1])
+        spans["any"].append(span)
+        if not e.name.startswith(("Memcpy", "Memset")):
+            spans["kernel"].append(span)
+    if loop_mark:
+        if start is None or not spans["any"]:
+            return None, None
+        wall_s = (max(b for _, b in spans["any"]) - start) / 1e6
+
+    def union_us(intervals):
+        total, end = 0.0, float("-inf")
+        for a, b in sorted(intervals):
+            if b <= end:
+                continue
+            total += b - max(a, end)
+            end = b
+        return total
+    return tuple(round(union_us(spans[k]) / 1e6 / wall_s, 4) for k in ("kernel", "any"))
 
 
 def kernel_table(prof, path, rows=40, stacks=False):

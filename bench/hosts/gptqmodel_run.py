@@ -30,8 +30,8 @@ import re
 import sys
 import time
 
-from common import (install_guards, kernel_table, make_llama, make_qwen3_moe, profiler_activities, python_profile,
-                    setup_paths, stack_samples, timed, token_batches, write)
+from common import (busy_shares, install_guards, kernel_table, make_llama, make_qwen3_moe, profiler_activities,
+                    python_profile, setup_paths, stack_samples, timed, token_batches, write)
 
 setup_paths()
 
@@ -113,40 +113,6 @@ def mark_layer_loop():
             pass
         return cache
     ModuleLooper.cache_inputs = cache_inputs
-
-
-def busy_shares(prof, wall_s, since_loop=False):
-    """(kernels, kernels or copies): the share of wall_s during which at least one ran,
-    from the profiler's device events (their intervals' union); since_loop: of the time
-    from the layer loop's mark (mark_layer_loop) to the last device event instead."""
-    spans = {"kernel": [], "any": []}
-    events = prof.events()
-    start = min((e.time_range.start for e in events if e.name == LOOP_MARK), default=None) if since_loop else None
-    for e in events:
-        if getattr(e, "device_type", None) is None or str(e.device_type) != "DeviceType.CUDA":
-            continue
-        span = (e.time_range.start, e.time_range.end)
-        if start is not None:
-            if span[1] <= start:
-                continue
-            span = (max(span[0], start), span[1])
-        spans["any"].append(span)
-        if not e.name.startswith(("Memcpy", "Memset")):
-            spans["kernel"].append(span)
-    if since_loop:
-        if start is None or not spans["any"]:
-            return None, None
-        wall_s = (max(b for _, b in spans["any"]) - start) / 1e6
-
-    def union_us(intervals):
-        total, end = 0.0, float("-inf")
-        for a, b in sorted(intervals):
-            if b <= end:
-                continue
-            total += b - max(a, end)
-            end = b
-        return total
-    return tuple(round(union_us(spans[k]) / 1e6 / wall_s, 4) for k in ("kernel", "any"))
 
 
 def record_packs(into):
@@ -232,7 +198,7 @@ def main():
                 model.quantize(calibration, batch_size=1)
         result["gpu_busy_kernels"], result["gpu_busy_kernels_or_copies"] = busy_shares(prof, result["quantize_s"])
         result["gpu_busy_loop_kernels"], result["gpu_busy_loop_kernels_or_copies"] = busy_shares(
-            prof, result["quantize_s"], since_loop=True)
+            prof, result["quantize_s"], loop_mark=LOOP_MARK)
         kernel_table(prof, args.profile, stacks=args.profile_stacks)
     else:
         with python_profile(args.cprofile), stack_samples(args.samples_out), timed(result, "quantize_s"):

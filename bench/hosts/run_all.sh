@@ -84,7 +84,7 @@ for part in $parts; do
       run moe_check 300 python3 check_defuser.py --model /tmp/qwen3moe-2layers ;;
     moe_solve)  # issue 20: one layer's routed Hessians and 384 expert solves, qlink vs GPTQModel's own
       run moe_solve 400 python3 ../moe_solve_bench.py --library ../../python/qlink/lib/libqlink.so \
-        --gptqmodel ../../hosts:standins --markdown "$out/moe_solve.md" ;;
+        --gptqmodel ../../hosts:standins --check-alone 24 --markdown "$out/moe_solve.md" ;;
     moe)  # issue 20: GPTQModel's loop on the Qwen3-MoE model with qlink at 2 and 4 layers (and 2
       # with GPTQModel's batches kept: what grouping gives), then GPTQModel alone until the first
       # solve of its layer 1 (about 300 s a layer: the first solves' times give one layer's; 4

@@ -122,10 +122,7 @@ class _Installation(Installation):
         @like(original)
         def quantize(orchestrator, *args, **kwargs):
             with frozen_gc() as reason:
-                if reason:
-                    counters.host("frozen_gc", reason)
-                else:
-                    counters.qlink("frozen_gc")
+                counters.record("frozen_gc", reason)
                 return original(orchestrator, *args, **kwargs)
         return quantize
 
@@ -237,8 +234,8 @@ class _Installation(Installation):
             try:
                 tuning = NativeTuning(q, h, self.ctx, block, layers, active, fp_outputs, input_others, mask,
                                       device, qlink_device)
-                self._count("compiled_loss", tuning.loss_refusal)
-                return tuning.run(lambda why: self._count("step_graph", why))
+                self.counters.record("compiled_loss", tuning.loss_refusal)
+                return tuning.run(lambda why: self.counters.record("step_graph", why))
             except Exception:
                 random.setstate(sampler_state)  # AutoRound's loop, if it runs instead, draws as it would have
                 raise
@@ -255,12 +252,6 @@ class _Installation(Installation):
 
         return self.guard.attempt("quantize_block", tune, lambda: original(q, *args, input_ids=input_ids, **kwargs),
                                   commit)
-
-    def _count(self, patch, reason):
-        if reason:
-            self.counters.host(patch, reason)
-        else:
-            self.counters.qlink(patch)
 
     # -- iters=0 ------------------------------------------------------------------------------
 

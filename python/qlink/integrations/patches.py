@@ -42,6 +42,13 @@ class Counters:
             self._counts[patch]["host"] += 1
             self._counts[patch]["reasons"][reason] += 1
 
+    def record(self, patch, reason):
+        """qlink(patch) where reason is None (or empty), else host(patch, reason)."""
+        if reason:
+            self.host(patch, reason)
+        else:
+            self.qlink(patch)
+
     def fallback(self, patch, reason):
         with self._lock:
             self._counts[patch]["fallback"] += 1

@@ -111,10 +111,8 @@ class HessianAccumulator:
         inputs, targets, outputs = [], [], []
         for _, x, after, blocks in pending.values():
             rows = x.reshape(-1, x.shape[-1])
-            if isinstance(blocks, int):
-                split = list(rows.reshape(blocks, -1, x.shape[-1]).unbind(0)) if blocks > 1 else [x]
-            else:
-                split = list(torch.split(rows, list(blocks)))
+            sizes = [rows.shape[0] // blocks] * blocks if isinstance(blocks, int) else list(blocks)
+            split = list(torch.split(rows, sizes)) if len(sizes) > 1 else [x]
             inputs += split
             targets += [len(outputs)] * len(split)
             outputs.append(after)
