@@ -119,7 +119,8 @@ class DeviceBackend {
   virtual Status Allocate(int device, size_t bytes, void** out) = 0;
   virtual void Free(int device, void* ptr) = 0;
   virtual Status Memset(int device, void* ptr, int value, size_t bytes, Stream stream) = 0;
-  // Synchronous transfers between host memory and a device.
+  // Transfers between host memory and a device, complete when they return: the bytes are
+  // where any stream reads them next.
   virtual Status CopyToHost(int device, void* host_dst, const void* device_src, size_t bytes) = 0;
   virtual Status CopyFromHost(int device, void* device_dst, const void* host_src, size_t bytes) = 0;
 

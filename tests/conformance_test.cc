@@ -151,6 +151,29 @@ TEST_P(Conformance, MemoryRoundTripsAndMemsets) {
   Free();
 }
 
+// A host copy is complete when it returns: a copy enqueued right after it on a stream of
+// the backend's own (non-blocking on a GPU) reads the new bytes. A runtime memcpy from
+// pageable memory returns with its DMA still running on the legacy stream.
+TEST_P(Conformance, HostCopiesAreCompleteForEveryStream) {
+  for (int d = 0; d < devices(); ++d) {
+    qlink::Stream stream = nullptr;
+    ASSERT_OK(backend_->CreateStream(d, &stream));
+    const size_t n = size_t{4} << 20;
+    char* staged = static_cast<char*>(Upload(d, std::vector<uint8_t>(n, 0)));
+    char* copy = static_cast<char*>(Upload(d, std::vector<uint8_t>(n, 0)));
+    for (unsigned round = 0; round < 16; ++round) {
+      const auto data = Random(n, 1000 + round + 100 * static_cast<unsigned>(d));
+      ASSERT_OK(backend_->CopyFromHost(d, staged, data.data(), n));
+      const CopyLeaf leaf{staged, copy, n};
+      ASSERT_OK(backend_->CopyLeaves(d, d, &leaf, 1, stream));
+      ASSERT_OK(backend_->SynchronizeStream(d, stream));
+      ASSERT_EQ(Read(d, copy, n), data) << "device " << d << " round " << round;
+    }
+    backend_->DestroyStream(d, stream);
+    Free();
+  }
+}
+
 TEST_P(Conformance, PeerAccessIsJudgedPerOrderedPairAndIdempotent) {
   for (int a = 0; a < devices(); ++a) {
     for (int b = 0; b < devices(); ++b) {

@@ -125,9 +125,18 @@ class GpuBackend final : public DeviceBackend {
     QLINK_GPU_SCOPE(device);
     return Check(gpuMemcpy(host_dst, device_src, bytes, gpuMemcpyDeviceToHost), "gpuMemcpy to host");
   }
+  // Complete when it returns. A runtime memcpy from pageable memory returns once the bytes
+  // are staged, its DMA still running on the legacy stream, which a non-blocking stream's
+  // next kernel does not wait for: the GPTQ engine's lanes read index tables uploaded that
+  // way before they landed (an illegal address, only with several lanes at once). On the
+  // device's own upload stream instead, waited for.
   Status CopyFromHost(int device, void* device_dst, const void* host_src, size_t bytes) override {
     QLINK_GPU_SCOPE(device);
-    return Check(gpuMemcpy(device_dst, host_src, bytes, gpuMemcpyHostToDevice), "gpuMemcpy from host");
+    Side* side = nullptr;
+    QLINK_RETURN_IF_ERROR(SideOf(device, &side));
+    QLINK_RETURN_IF_ERROR(Check(gpuMemcpyAsync(device_dst, host_src, bytes, gpuMemcpyHostToDevice, side->upload),
+                                "gpuMemcpyAsync from host"));
+    return Check(gpuStreamSynchronize(side->upload), "gpuStreamSynchronize");
   }
 
   Status CreateStream(int device, Stream* out) override {
@@ -299,11 +308,13 @@ class GpuBackend final : public DeviceBackend {
   }
 #endif
 
-  // Per device: a stream beside the host's and the events that fork onto it and join back.
+  // Per device: a stream beside the host's and the events that fork onto it and join back;
+  // and the stream host-to-device copies run on, each waited for.
   struct Side {
     std::mutex mu;
     gpuStream_t stream = nullptr;
     gpuEvent_t fork = nullptr, join = nullptr;
+    gpuStream_t upload = nullptr;
   };
 
   Status SideOf(int device, Side** out) {
@@ -313,6 +324,7 @@ class GpuBackend final : public DeviceBackend {
       auto side = std::make_unique<Side>();
       QLINK_GPU_SCOPE(device);
       Status s = Check(gpuStreamCreateWithFlags(&side->stream, gpuStreamNonBlocking), "gpuStreamCreate");
+      if (s.ok()) s = Check(gpuStreamCreateWithFlags(&side->upload, gpuStreamNonBlocking), "gpuStreamCreate");
       if (s.ok()) s = Check(gpuEventCreateWithFlags(&side->fork, gpuEventDisableTiming), "gpuEventCreate");
       if (s.ok()) s = Check(gpuEventCreateWithFlags(&side->join, gpuEventDisableTiming), "gpuEventCreate");
       if (!s.ok()) {
@@ -329,6 +341,7 @@ class GpuBackend final : public DeviceBackend {
     if (side.join != nullptr) (void)gpuEventDestroy(side.join);
     if (side.fork != nullptr) (void)gpuEventDestroy(side.fork);
     if (side.stream != nullptr) (void)gpuStreamDestroy(side.stream);
+    if (side.upload != nullptr) (void)gpuStreamDestroy(side.upload);
   }
 
   std::vector<int> sm_counts_;

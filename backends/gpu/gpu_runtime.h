@@ -31,6 +31,7 @@
 #define gpuFree hipFree
 #define gpuMemsetAsync hipMemsetAsync
 #define gpuMemcpy hipMemcpy
+#define gpuMemcpyAsync hipMemcpyAsync
 #define gpuMemcpyDeviceToHost hipMemcpyDeviceToHost
 #define gpuMemcpyHostToDevice hipMemcpyHostToDevice
 #define gpuMemcpyPeerAsync hipMemcpyPeerAsync
@@ -75,6 +76,7 @@
 #define gpuFree cudaFree
 #define gpuMemsetAsync cudaMemsetAsync
 #define gpuMemcpy cudaMemcpy
+#define gpuMemcpyAsync cudaMemcpyAsync
 #define gpuMemcpyDeviceToHost cudaMemcpyDeviceToHost
 #define gpuMemcpyHostToDevice cudaMemcpyHostToDevice
 #define gpuMemcpyPeerAsync cudaMemcpyPeerAsync
