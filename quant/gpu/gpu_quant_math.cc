@@ -63,13 +63,11 @@ class GpuQuantMath final : public QuantMath {
                     DefiningFile(reinterpret_cast<const void*>(api.Spotrf)),
                 ""},
         states_(static_cast<size_t>(devices)),
-        lanes_(static_cast<size_t>(devices)),
-        solver_order_(static_cast<size_t>(devices)) {}
+        lanes_(static_cast<size_t>(devices)) {}
   ~GpuQuantMath() override {
     for (size_t d = 0; d < states_.size(); ++d) {
       if (gpuSetDevice(static_cast<int>(d)) != gpuSuccess) continue;
       Release(states_[d]);
-      if (solver_order_[d].last != nullptr) (void)gpuEventDestroy(solver_order_[d].last);
       for (auto& lane : lanes_[d].lanes) {
         Release(lane->state);
         (void)gpuStreamDestroy(lane->stream);
@@ -185,9 +183,8 @@ class GpuQuantMath final : public QuantMath {
     QLINK_RETURN_IF_ERROR(
         CheckSolver(api_.SpotrfBufferSize(st->solver, uplo, Int(n), a, Int(n), &lwork), api_.names.potrf_size));
     QLINK_RETURN_IF_ERROR(Work(*st, lwork));
-    QLINK_RETURN_IF_ERROR(InSolverOrder(device, stream, [&] {
-      return CheckSolver(api_.Spotrf(st->solver, uplo, Int(n), a, Int(n), st->work, lwork, st->info), api_.names.potrf);
-    }));
+    QLINK_RETURN_IF_ERROR(
+        CheckSolver(api_.Spotrf(st->solver, uplo, Int(n), a, Int(n), st->work, lwork, st->info), api_.names.potrf));
     int info = 0;
     QLINK_RETURN_IF_ERROR(ReadInfo(*st, stream, &info));
     if (info < 0) return Internal("quant: potrf refused argument " + std::to_string(-info));
@@ -204,11 +201,9 @@ class GpuQuantMath final : public QuantMath {
     QLINK_RETURN_IF_ERROR(Solver(*st, stream));
     // potrs' info reports only an invalid argument, and every argument here is the engine's
     // own: not read (reading it would wait for the device at every inverse; ATen skips it too).
-    return InSolverOrder(device, stream, [&] {
-      return CheckSolver(
-          api_.Spotrs(st->solver, api_.fill_lower, Int(n), Int(n), factor, Int(n), inverse, Int(n), st->info + 1),
-          api_.names.potrs);
-    });
+    return CheckSolver(
+        api_.Spotrs(st->solver, api_.fill_lower, Int(n), Int(n), factor, Int(n), inverse, Int(n), st->info + 1),
+        api_.names.potrs);
   }
 
   Status MirrorTriangle(int device, Stream stream, float* a, int64_t n, bool lower_to_upper) override {
@@ -280,15 +275,6 @@ class GpuQuantMath final : public QuantMath {
     std::mutex mu;
     std::vector<std::unique_ptr<Lane>> lanes;  // grown by LaneStreams, never shrunk
   };
-  // A device's solver calls run one after another, whatever their streams: cuSOLVER calls
-  // on two lanes at once, each with its own handle, workspace and status, faulted with an
-  // illegal address on an H200 (an MoE layer's 384 expert solves at eight lanes, every run,
-  // and GPTQModel's MoE loop at four); with every other call of the lanes left concurrent
-  // and only the solver's serialized, they ran.
-  struct SolverOrder {
-    std::mutex mu;
-    gpuEvent_t last = nullptr;  // recorded after the device's latest solver call
-  };
 
   static void Release(DeviceState& st) {
     if (st.work != nullptr) (void)gpuFree(st.work);
@@ -353,20 +339,6 @@ class GpuQuantMath final : public QuantMath {
     return CheckSolver(api_.SolverSetStream(st.solver, stream), api_.names.solver_stream);
   }
 
-  // Enqueues `call` (solver work on `stream`) behind the device's previous solver call.
-  template <typename Call>
-  Status InSolverOrder(int device, Stream stream, Call call) {
-    SolverOrder& order = solver_order_[device];
-    std::lock_guard<std::mutex> lock(order.mu);
-    if (order.last == nullptr) {
-      QLINK_RETURN_IF_ERROR(Check(gpuEventCreateWithFlags(&order.last, gpuEventDisableTiming), "gpuEventCreate"));
-    } else {
-      QLINK_RETURN_IF_ERROR(Check(gpuStreamWaitEvent(S(stream), order.last, 0), "gpuStreamWaitEvent"));
-    }
-    QLINK_RETURN_IF_ERROR(call());
-    return Check(gpuEventRecord(order.last, S(stream)), "gpuEventRecord");
-  }
-
   static Status Work(DeviceState& st, int floats) {
     if (floats <= st.work_floats) return Status::Ok();
     if (st.work != nullptr) QLINK_RETURN_IF_ERROR(Check(gpuFree(st.work), "gpuFree"));
@@ -386,7 +358,6 @@ class GpuQuantMath final : public QuantMath {
   const LibraryReport report_;
   std::vector<DeviceState> states_;
   std::vector<DeviceLanes> lanes_;
-  std::vector<SolverOrder> solver_order_;
 };
 
 }  // namespace
