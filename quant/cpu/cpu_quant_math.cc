@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -25,8 +26,10 @@ class CpuQuantMath final : public QuantMath {
   const LibraryReport& libraries() const override { return report_; }
 
   // Each call runs at once on the calling thread: a lane is a thread of its own.
+  // No more lanes than cores: threads beyond them only take turns.
   Status LaneStreams(int, size_t count, std::vector<Stream>* out) override {
-    out->assign(count, nullptr);
+    const size_t cores = std::max(1u, std::thread::hardware_concurrency());
+    out->assign(std::min(count, cores), nullptr);
     return Status::Ok();
   }
 
