@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <dlpack/dlpack.h>
 
@@ -69,6 +70,16 @@ class QuantMath {
 
   // The libraries this math runs on (fixed once made).
   virtual const LibraryReport& libraries() const = 0;
+
+  // Up to `count` streams of `device` the engine may run one call's independent solves on
+  // at once, from a thread each (a small layer's kernels leave most of a GPU idle, a small
+  // layer's BLAS calls most of a CPU's cores), the math's own, each with library handles of
+  // its own, kept for the math's life; on the CPU null (every call runs at once on its
+  // thread). None (the default) where every call must run on the caller's stream.
+  virtual Status LaneStreams(int /*device*/, size_t /*count*/, std::vector<Stream>* out) {
+    out->clear();
+    return Status::Ok();
+  }
 
   // ---- from the vendor's libraries ----
   // c (m x n, ldc) = alpha * a (m x k, lda) * b (k x n, ldb) + beta * c. tf32 allows the

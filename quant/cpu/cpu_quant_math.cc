@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -23,6 +24,14 @@ class CpuQuantMath final : public QuantMath {
   CpuQuantMath(const LapackApi& api, LibraryReport report) : api_(api), report_(std::move(report)) {}
 
   const LibraryReport& libraries() const override { return report_; }
+
+  // Each call runs at once on the calling thread: a lane is a thread of its own.
+  // No more lanes than cores: threads beyond them only take turns.
+  Status LaneStreams(int, size_t count, std::vector<Stream>* out) override {
+    const size_t cores = std::max(1u, std::thread::hardware_concurrency());
+    out->assign(std::min(count, cores), nullptr);
+    return Status::Ok();
+  }
 
   // Row-major C = A B is column-major C^T = B^T A^T: the operands swap. With beta != 0 the
   // product is rounded on its own before it is added, as GPTQModel's W -= E @ U: a BLAS may

@@ -71,11 +71,14 @@ class DeviceBuffer {
   ScratchPool::Block* block_ = nullptr;
 };
 
-// `host` copied into a new buffer on ws's device; an empty vector leaves *out empty.
+// `host` copied into a new buffer on ws's device; an empty vector leaves *out empty. The
+// copy is the host's, so the host first waits for ws.stream, which waits for the block's
+// last use: a block handed back by another lane of the call may still be read there.
 template <typename T>
 Status Upload(DeviceBackend& backend, const std::vector<T>& host, Workspace& ws, DeviceBuffer* out) {
   if (host.empty()) return Status::Ok();
   QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(ws, sizeof(T) * host.size(), out));
+  QLINK_RETURN_IF_ERROR(backend.SynchronizeStream(ws.device, ws.stream));
   return backend.CopyFromHost(ws.device, out->as<T>(), host.data(), sizeof(T) * host.size());
 }
 

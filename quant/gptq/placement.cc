@@ -1,6 +1,7 @@
 #include "quant/gptq/placement.h"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 
 namespace qlink {
@@ -104,6 +105,42 @@ Assignment Place(const std::vector<LayerShape>& layers, size_t groups, const std
     }
   }
   return p;
+}
+
+LaneAssignment AssignLanes(const Assignment& placement, const std::vector<LayerShape>& layers,
+                           const std::function<size_t(int)>& lanes) {
+  const size_t groups = placement.inverse_device.size();
+  std::vector<int64_t> group_cols(groups, 0);
+  for (const LayerShape& l : layers) group_cols[l.group] = l.cols;
+  // A Hessian's cost on its lane: its inverse and the parts that wait for it there.
+  std::vector<double> cost(groups);
+  for (size_t g = 0; g < groups; ++g) cost[g] = InverseCost(group_cols[g]);
+  std::vector<bool> local(placement.parts.size());
+  for (size_t j = 0; j < placement.parts.size(); ++j) {
+    const RowsPart& part = placement.parts[j];
+    const size_t g = layers[part.layer].group;
+    local[j] = placement.inverse_device[g] == part.device;
+    if (local[j]) cost[g] += RowsCost(part.row_end - part.row_begin, layers[part.layer].cols);
+  }
+  std::map<int, std::vector<double>> load;  // per device, per lane
+  auto lane_for = [&](int device, double work) {
+    std::vector<double>& l = load[device];
+    if (l.empty()) l.assign(std::max<size_t>(lanes(device), 1), 0.0);
+    const size_t lane = LeastLoaded(l);
+    l[lane] += work;
+    return lane;
+  };
+  LaneAssignment out;
+  out.inverse_lane.assign(groups, 0);
+  for (size_t g : ByCost(cost)) out.inverse_lane[g] = lane_for(placement.inverse_device[g], cost[g]);
+  out.part_lane.assign(placement.parts.size(), 0);
+  for (size_t j = 0; j < placement.parts.size(); ++j) {
+    const RowsPart& part = placement.parts[j];
+    out.part_lane[j] = local[j]
+                           ? out.inverse_lane[layers[part.layer].group]
+                           : lane_for(part.device, RowsCost(part.row_end - part.row_begin, layers[part.layer].cols));
+  }
+  return out;
 }
 
 }  // namespace quant

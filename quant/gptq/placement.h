@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace qlink {
@@ -32,6 +33,22 @@ struct Assignment {
 
 // devices empty: every layer, and its Hessian's inverse, on the weight's device.
 Assignment Place(const std::vector<LayerShape>& layers, size_t groups, const std::vector<int>& devices);
+
+// Which lane of its device runs each inverse and each row part of an Assignment (lanes:
+// streams of one device the engine runs at once, each in a thread of its own).
+struct LaneAssignment {
+  std::vector<size_t> inverse_lane;  // per Hessian, like Assignment::inverse_device
+  std::vector<size_t> part_lane;     // per part, like Assignment::parts
+};
+
+// A device's Hessians spread over its lanes longest first, each to the least loaded lane (a
+// Hessian's load: its inverse and the parts on its device that need it; an MoE layer's
+// Hessians alternate between two sizes, so dealing them round robin would load some lanes
+// with only the large ones), each part on the lane of its Hessian where that inverse is
+// made on the part's device (it then needs no other lane's), the other parts on the least
+// loaded lane in order. lanes(device): how many the device has (>= 1).
+LaneAssignment AssignLanes(const Assignment& placement, const std::vector<LayerShape>& layers,
+                           const std::function<size_t(int)>& lanes);
 
 }  // namespace quant
 }  // namespace qlink

@@ -1,5 +1,6 @@
 #include "quant/gpu/gpu_quant_math.h"
 
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -34,7 +35,8 @@ int Int(int64_t v) { return static_cast<int>(v); }
 
 gpuStream_t S(Stream s) { return static_cast<gpuStream_t>(s); }
 
-// One device's library handles and solver scratch, used by one call at a time.
+// Library handles and solver scratch, used by one call at a time: a device's shared one
+// for the callers' streams, and one per lane stream (LaneStreams), used on that stream only.
 struct DeviceState {
   std::mutex mu;
   LinalgApi::Handle blas = nullptr, solver = nullptr;
@@ -44,7 +46,14 @@ struct DeviceState {
   // Apart, so a potrs enqueued by an earlier call, still to run on its own stream, cannot
   // overwrite the status a later potrf on another stream is about to be judged by.
   int* info = nullptr;
+  // cuBLAS's workspace for this state's handle (null where the vendor takes none): handles
+  // on several streams at once must not share the library's default pool (PyTorch gives
+  // each handle and stream its own too).
+  void* blas_work = nullptr;
 };
+
+// cuBLAS's recommended workspace on Hopper (4 MiB suffices on earlier GPUs).
+constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
 
 class GpuQuantMath final : public QuantMath {
  public:
@@ -53,17 +62,35 @@ class GpuQuantMath final : public QuantMath {
         report_{"BLAS " + DefiningFile(reinterpret_cast<const void*>(api.Sgemm)) + ", solver " +
                     DefiningFile(reinterpret_cast<const void*>(api.Spotrf)),
                 ""},
-        states_(static_cast<size_t>(devices)) {}
+        states_(static_cast<size_t>(devices)),
+        lanes_(static_cast<size_t>(devices)) {}
   ~GpuQuantMath() override {
     for (size_t d = 0; d < states_.size(); ++d) {
-      DeviceState& st = states_[d];
-      if (st.blas == nullptr && st.work == nullptr && st.info == nullptr) continue;
       if (gpuSetDevice(static_cast<int>(d)) != gpuSuccess) continue;
-      if (st.work != nullptr) (void)gpuFree(st.work);
-      if (st.info != nullptr) (void)gpuFree(st.info);
+      Release(states_[d]);
+      for (auto& lane : lanes_[d].lanes) {
+        Release(lane->state);
+        (void)gpuStreamDestroy(lane->stream);
+      }
       // The handles are left to the process's end: destroying them here can run after the
       // driver has shut down (a backend lives as long as its context, maybe at exit).
     }
+  }
+
+  Status LaneStreams(int device, size_t count, std::vector<Stream>* out) override {
+    if (device < 0 || static_cast<size_t>(device) >= lanes_.size())
+      return Internal("quant: no device " + std::to_string(device));
+    DeviceLanes& dl = lanes_[device];
+    std::lock_guard<std::mutex> lock(dl.mu);
+    if (dl.lanes.size() < count) QLINK_RETURN_IF_ERROR(Activate(device));
+    while (dl.lanes.size() < count) {
+      auto lane = std::make_unique<Lane>();
+      QLINK_RETURN_IF_ERROR(Check(gpuStreamCreateWithFlags(&lane->stream, gpuStreamNonBlocking), "gpuStreamCreate"));
+      dl.lanes.push_back(std::move(lane));
+    }
+    out->clear();
+    for (size_t i = 0; i < count; ++i) out->push_back(dl.lanes[i]->stream);
+    return Status::Ok();
   }
 
   const LibraryReport& libraries() const override { return report_; }
@@ -72,7 +99,7 @@ class GpuQuantMath final : public QuantMath {
               const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool tf32) override {
     if (m == 0 || n == 0) return Status::Ok();
     DeviceState* st = nullptr;
-    QLINK_RETURN_IF_ERROR(Acquire(device, &st));
+    QLINK_RETURN_IF_ERROR(Acquire(device, stream, &st));
     std::lock_guard<std::mutex> lock(st->mu);
     QLINK_RETURN_IF_ERROR(Blas(*st, stream, tf32));
     // Row-major C = A B is column-major C^T = B^T A^T: the operands swap.
@@ -88,7 +115,7 @@ class GpuQuantMath final : public QuantMath {
   Status SyrkAccumulate(int device, Stream stream, const float* x, int64_t rows, int64_t n, float* h) override {
     if (rows == 0) return Status::Ok();
     DeviceState* st = nullptr;
-    QLINK_RETURN_IF_ERROR(Acquire(device, &st));
+    QLINK_RETURN_IF_ERROR(Acquire(device, stream, &st));
     std::lock_guard<std::mutex> lock(st->mu);
     QLINK_RETURN_IF_ERROR(Blas(*st, stream, /*tf32=*/false));
     const float one = 1.0f;
@@ -126,7 +153,7 @@ class GpuQuantMath final : public QuantMath {
 #endif
     const int type = dtype.code == kDLBfloat ? api_.r_16bf : api_.r_16f;
     DeviceState* st = nullptr;
-    QLINK_RETURN_IF_ERROR(Acquire(device, &st));
+    QLINK_RETURN_IF_ERROR(Acquire(device, stream, &st));
     std::lock_guard<std::mutex> lock(st->mu);
     QLINK_RETURN_IF_ERROR(Blas(*st, stream, /*tf32=*/false));
     const float one = 1.0f;
@@ -148,7 +175,7 @@ class GpuQuantMath final : public QuantMath {
 
   Status Potrf(int device, Stream stream, float* a, int64_t n, bool lower, bool* positive_definite) override {
     DeviceState* st = nullptr;
-    QLINK_RETURN_IF_ERROR(Acquire(device, &st));
+    QLINK_RETURN_IF_ERROR(Acquire(device, stream, &st));
     std::lock_guard<std::mutex> lock(st->mu);
     const int uplo = lower ? api_.fill_lower : api_.fill_upper;
     int lwork = 0;
@@ -168,7 +195,7 @@ class GpuQuantMath final : public QuantMath {
   // As PyTorch's cholesky_inverse on CUDA: potrs of the identity.
   Status CholeskyInverse(int device, Stream stream, const float* factor, float* inverse, int64_t n) override {
     DeviceState* st = nullptr;
-    QLINK_RETURN_IF_ERROR(Acquire(device, &st));
+    QLINK_RETURN_IF_ERROR(Acquire(device, stream, &st));
     std::lock_guard<std::mutex> lock(st->mu);
     QLINK_RETURN_IF_ERROR(Check(gpu::LaunchIdentity(inverse, n, S(stream)), "identity kernel"));
     QLINK_RETURN_IF_ERROR(Solver(*st, stream));
@@ -239,22 +266,51 @@ class GpuQuantMath final : public QuantMath {
   }
 
  private:
-  // The device's state with its handles made, `device` current.
-  Status Acquire(int device, DeviceState** out) {
+  // A lane stream of a device and its own state.
+  struct Lane {
+    gpuStream_t stream = nullptr;
+    DeviceState state;
+  };
+  struct DeviceLanes {
+    std::mutex mu;
+    std::vector<std::unique_ptr<Lane>> lanes;  // grown by LaneStreams, never shrunk
+  };
+
+  static void Release(DeviceState& st) {
+    if (st.work != nullptr) (void)gpuFree(st.work);
+    if (st.info != nullptr) (void)gpuFree(st.info);
+    if (st.blas_work != nullptr) (void)gpuFree(st.blas_work);
+  }
+
+  // The state for work on `stream` of `device` (its lane's, or the device's shared one)
+  // with its handles made, `device` current.
+  Status Acquire(int device, Stream stream, DeviceState** out) {
     if (device < 0 || static_cast<size_t>(device) >= states_.size())
       return Internal("quant: no device " + std::to_string(device));
     QLINK_RETURN_IF_ERROR(Activate(device));
-    DeviceState& st = states_[device];
+    DeviceState* state = &states_[device];
+    {
+      DeviceLanes& dl = lanes_[device];
+      std::lock_guard<std::mutex> lock(dl.mu);
+      for (auto& lane : dl.lanes) {
+        if (lane->stream == S(stream)) state = &lane->state;
+      }
+    }
+    DeviceState& st = *state;
     std::lock_guard<std::mutex> lock(st.mu);
     if (st.blas == nullptr) {
-      // All three or none: a device left with a handle but no info buffer would fail every
-      // later call for the life of the process.
+      // All or none: a device left with a handle but no info buffer would fail every later
+      // call for the life of the process.
       LinalgApi::Handle blas = nullptr, solver = nullptr;
       int* info = nullptr;
+      void* blas_work = nullptr;
       Status s = CheckBlas(api_.BlasCreate(&blas), api_.names.blas_create);
       if (s.ok()) s = CheckSolver(api_.SolverCreate(&solver), api_.names.solver_create);
       if (s.ok()) s = Check(gpuMalloc(reinterpret_cast<void**>(&info), 2 * sizeof(int)), "gpuMalloc");
+      if (s.ok() && api_.BlasSetWorkspace != nullptr)
+        s = Check(gpuMalloc(&blas_work, kBlasWorkspaceBytes), "gpuMalloc");
       if (!s.ok()) {
+        if (info != nullptr) (void)gpuFree(info);
         if (solver != nullptr) (void)api_.SolverDestroy(solver);
         if (blas != nullptr) (void)api_.BlasDestroy(blas);
         return s;
@@ -262,6 +318,7 @@ class GpuQuantMath final : public QuantMath {
       st.blas = blas;
       st.solver = solver;
       st.info = info;
+      st.blas_work = blas_work;
     }
     *out = &st;
     return Status::Ok();
@@ -270,6 +327,10 @@ class GpuQuantMath final : public QuantMath {
   // The BLAS handle on `stream`, in IEEE fp32 unless tf32 (st.mu held).
   Status Blas(DeviceState& st, Stream stream, bool tf32) {
     QLINK_RETURN_IF_ERROR(CheckBlas(api_.BlasSetStream(st.blas, stream), api_.names.blas_stream));
+    if (st.blas_work != nullptr) {
+      QLINK_RETURN_IF_ERROR(
+          CheckBlas(api_.BlasSetWorkspace(st.blas, st.blas_work, kBlasWorkspaceBytes), api_.names.blas_workspace));
+    }
     if (api_.BlasSetMathMode == nullptr) return Status::Ok();
     return CheckBlas(api_.BlasSetMathMode(st.blas, tf32 ? api_.math_tf32 : api_.math_default), api_.names.math);
   }
@@ -296,6 +357,7 @@ class GpuQuantMath final : public QuantMath {
   const LinalgApi& api_;
   const LibraryReport report_;
   std::vector<DeviceState> states_;
+  std::vector<DeviceLanes> lanes_;
 };
 
 }  // namespace

@@ -33,7 +33,8 @@ constexpr LinalgNames kNames{"hipblasCreate",
                              "hipsolverDnSetStream",
                              "hipsolverDnSpotrf_bufferSize",
                              "hipsolverDnSpotrf",
-                             "hipsolverDnSpotrs"};
+                             "hipsolverDnSpotrs",
+                             "hipblasSetWorkspace"};
 // hipblasStatus_t and hipsolverStatus_t as hipBLAS 2 and hipSOLVER 2 number them (typed from
 // their headers, which Debian 12 does not package: not checked at compile time as CUDA's are).
 constexpr const char* kBlasStatus[] = {
@@ -74,7 +75,8 @@ constexpr LinalgNames kNames{"cublasCreate_v2",
                              "cusolverDnSetStream",
                              "cusolverDnSpotrf_bufferSize",
                              "cusolverDnSpotrf",
-                             "cusolverDnSpotrs"};
+                             "cusolverDnSpotrs",
+                             "cublasSetWorkspace_v2"};
 // cublasStatus_t and cusolverStatus_t by value (the gaps are values they do not use), checked
 // against the headers below.
 constexpr const char* kBlasStatus[] = {"CUBLAS_STATUS_SUCCESS",
@@ -138,6 +140,7 @@ Status LoadLinalg(const std::string& blas, const std::string& solver, const Lina
         take(0, a->BlasDestroy, n.blas_destroy);
         take(0, a->BlasSetStream, n.blas_stream);
         take(0, a->BlasSetMathMode, n.math);
+        a->BlasSetWorkspace = reinterpret_cast<decltype(a->BlasSetWorkspace)>(take.Find(0, n.blas_workspace));
         take(0, a->Sgemm, n.sgemm);
         // Optional: without it (a hipBLAS before GemmEx_v2) the Hessian keeps the IEEE path.
         a->GemmEx = reinterpret_cast<decltype(a->GemmEx)>(take.Find(0, n.gemm_ex));

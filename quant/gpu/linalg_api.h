@@ -5,6 +5,7 @@
 // serves both vendors (the CUDA build checks the constants against cuBLAS's headers).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -16,7 +17,7 @@ namespace quant {
 // The vendor's names of the functions below, for loading them and for error messages.
 struct LinalgNames {
   const char *blas_create, *blas_destroy, *blas_stream, *math, *sgemm, *gemm_ex, *ssyrk, *solver_create,
-      *solver_destroy, *solver_stream, *potrf_size, *potrf, *potrs;
+      *solver_destroy, *solver_stream, *potrf_size, *potrf, *potrs, *blas_workspace;
 };
 
 struct LinalgApi {
@@ -35,6 +36,9 @@ struct LinalgApi {
   Result (*BlasDestroy)(Handle);
   Result (*BlasSetStream)(Handle, void* stream);
   Result (*BlasSetMathMode)(Handle, int mode);  // NULL where the vendor has none
+  // The handle's workspace from now on (SetStream resets it to the library's default pool);
+  // NULL where the vendor has none.
+  Result (*BlasSetWorkspace)(Handle, void* workspace, size_t bytes);
   Result (*Sgemm)(Handle, int transa, int transb, int m, int n, int k, const float* alpha, const float* a, int lda,
                   const float* b, int ldb, const float* beta, float* c, int ldc);
   // c = alpha op(a) op(b) + beta c, each matrix of its own data type, summed as compute_type;

@@ -68,6 +68,21 @@ def test_gpu_hessian_converts_the_next_chunk_beside_the_update(ctx):
     assert (whole.double() - want).abs().max() <= 2e-4 * want.abs().max()  # fp32 sums of 458752 rows
 
 
+def test_many_hessians_on_lanes_equal_each_layer_solved_alone(ctx):
+    # An MoE layer's shape in miniature: 12 experts, gate and up sharing each expert's
+    # Hessian, down its own; 24 Hessians on one GPU run on the engine's lanes, each layer's
+    # kernels the ones it runs alone (the same calls on another stream).
+    layers = []
+    for e in range(12):
+        (w, h), (wd, hd) = _problem(rows=192, cols=512, seed=2 * e), _problem(rows=512, cols=192, seed=2 * e + 1)
+        layers += [GPTQLayer(w, h, "gate%d" % e), GPTQLayer(w * 0.7, h, "up%d" % e), GPTQLayer(wd, hd, "down%d" % e)]
+    together = parallel_gptq(layers, None, ctx=ctx, act_group_aware=True, group_size=64)
+    for layer, got in zip(layers, together):
+        alone = parallel_gptq([layer], None, ctx=ctx, act_group_aware=True, group_size=64)[0]
+        assert torch.equal(got.codes, alone.codes) and torch.equal(got.weight, alone.weight), layer.name
+        assert torch.equal(got.scales, alone.scales) and got.loss == alone.loss and got.damp == alone.damp
+
+
 @two_gpus
 def test_parallel_gptq_on_two_gpus_equals_one(ctx):
     (w1, h1), (w2, h2) = _problem(rows=301), _problem(rows=200, cols=256, seed=1)

@@ -81,6 +81,59 @@ TEST(PlaceTest, Table) {
   }
 }
 
+// An MoE layer's experts on one device: gate and up share each expert's Hessian (groups
+// 0..3), down has its own (4..7); four lanes.
+TEST(AssignLanesTest, ExpertsSpreadByCostEachPartOnItsInversesLane) {
+  std::vector<LayerShape> layers;
+  for (size_t e = 0; e < 4; ++e) {
+    layers.push_back({768, 2048, e, 0});      // gate
+    layers.push_back({768, 2048, e, 0});      // up
+    layers.push_back({2048, 768, 4 + e, 0});  // down
+  }
+  const Assignment placed = Place(layers, 8, {});
+  const LaneAssignment lanes = AssignLanes(placed, layers, [](int) { return size_t{4}; });
+  EXPECT_EQ(lanes.inverse_lane, (std::vector<size_t>{0, 1, 2, 3, 0, 1, 2, 3}));
+  ASSERT_EQ(lanes.part_lane.size(), placed.parts.size());
+  for (size_t j = 0; j < placed.parts.size(); ++j) {
+    EXPECT_EQ(lanes.part_lane[j], lanes.inverse_lane[layers[placed.parts[j].layer].group]) << "part " << j;
+  }
+  // one lane: everything on lane 0
+  const LaneAssignment one = AssignLanes(placed, layers, [](int) { return size_t{1}; });
+  EXPECT_EQ(one.inverse_lane, std::vector<size_t>(8, 0));
+  EXPECT_EQ(one.part_lane, std::vector<size_t>(placed.parts.size(), 0));
+}
+
+// An MoE layer's Hessians in the order its experts give them (each expert's gate/up one,
+// then its down one): round robin would put every large one on the even lanes; spread by
+// cost, each lane gets one large and one small.
+TEST(AssignLanesTest, InterleavedSizesSpreadEvenly) {
+  std::vector<LayerShape> layers;
+  for (size_t e = 0; e < 4; ++e) {
+    layers.push_back({768, 2048, 2 * e, 0});
+    layers.push_back({768, 2048, 2 * e, 0});
+    layers.push_back({2048, 768, 2 * e + 1, 0});
+  }
+  const Assignment placed = Place(layers, 8, {});
+  const LaneAssignment lanes = AssignLanes(placed, layers, [](int) { return size_t{4}; });
+  EXPECT_EQ(lanes.inverse_lane, (std::vector<size_t>{0, 0, 1, 1, 2, 2, 3, 3}));
+  for (size_t j = 0; j < placed.parts.size(); ++j) {
+    EXPECT_EQ(lanes.part_lane[j], lanes.inverse_lane[layers[placed.parts[j].layer].group]) << "part " << j;
+  }
+}
+
+// Over two devices: each device spreads its own Hessians from lane 0, and a part whose
+// inverse is made on the other device goes to its own device's least loaded lane.
+TEST(AssignLanesTest, EachDeviceSpreadsItsOwnAndRemotePartsGoToTheLeastLoaded) {
+  const std::vector<LayerShape> layers = {{64, 256, 0, 0}, {64, 128, 1, 0}};
+  const Assignment placed = Place(layers, 2, {0, 1});  // inverses 0 on 0, 1 on 1; parts 1 on 0, 0 on 1
+  const LaneAssignment lanes = AssignLanes(placed, layers, [](int device) { return device == 0 ? size_t{2} : 3; });
+  EXPECT_EQ(lanes.inverse_lane, (std::vector<size_t>{0, 0}));
+  EXPECT_EQ(lanes.part_lane, (std::vector<size_t>{1, 1}));  // beside the lane making the inverse
+  const std::vector<LayerShape> three = {{64, 256, 0, 0}, {64, 256, 0, 0}, {64, 256, 0, 0}};
+  const Assignment remote{{1}, {{0, 0, 64, 0}, {1, 0, 64, 0}, {2, 0, 64, 0}}};  // the inverse made on 1
+  EXPECT_EQ(AssignLanes(remote, three, [](int) { return size_t{2}; }).part_lane, (std::vector<size_t>{0, 1, 0}));
+}
+
 }  // namespace
 }  // namespace quant
 }  // namespace qlink
