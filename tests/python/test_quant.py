@@ -172,8 +172,8 @@ def test_parallel_gptq_is_bit_identical_at_every_world(cpu8_reference_blas, worl
 def test_an_moe_layers_experts_in_one_call_equal_each_solved_alone(cpu8):
     """Issue 20's batched solve on the CPU backend: 6 experts' gate/up (sharing their
     expert's Hessian) and down, 18 linears of two shapes in one call (its 12 Hessians on the
-    engine's lanes, a thread each, as many as the cores up to eight), every output bit-identical to its linear solved in a
-    call of its own."""
+    engine's lanes, a thread each, as many as the cores up to eight), every output
+    bit-identical to its linear solved in a call of its own."""
     layers = []
     for e in range(6):
         h_up, h_down = _layer(1, 128, 40 + e)[1], _layer(1, 64, 60 + e)[1]
