@@ -52,6 +52,7 @@ Status SolveRows(DeviceBackend& backend, QuantMath& math, const HessianInverse& 
   const int32_t* q = position.as<int32_t>();
   QLINK_RETURN_IF_ERROR(DeviceBuffer::Make(*workspace, sizeof(float) * rows * cols, &wf));
   QLINK_RETURN_IF_ERROR(math.LoadWeight(device, s, w_rows, w.dtype, rows, cols, p, wf.as<float>()));
+  staged = DeviceBuffer();
 
   // Group tables, and each working column's group in them.
   std::vector<int32_t> group_of(static_cast<size_t>(cols), 0);
@@ -118,9 +119,6 @@ Status SolveRows(DeviceBackend& backend, QuantMath& math, const HessianInverse& 
   row_loss->assign(static_cast<size_t>(rows), 0.0);
   QLINK_RETURN_IF_ERROR(backend.SynchronizeStream(device, s));
   QLINK_RETURN_IF_ERROR(backend.CopyToHost(device, row_loss->data(), loss.as<double>(), sizeof(double) * rows));
-  // Given back only now that the stream has passed every use: the next taker may write a
-  // block by a host copy, which no stream orders (Upload).
-  staged = DeviceBuffer();
   err = DeviceBuffer();
   if (!may_write()) return Status::Ok();
 
