@@ -9,13 +9,17 @@ quantized model's output error on held-out sequences (MSE of the last hidden sta
 against the bf16 model's, fp32). Prints and writes JSON; qlink's plans and counters.
 
     python3 autoround_run.py --model DIR --iters 200|0 [--qlink auto|N|off] [--strict]
-        [--runs 2] [--profile FILE [--profile-stacks]] [--cprofile FILE] [--heldout 16] [--out FILE]
+        [--runs 2] [--profile FILE [--profile-stacks] [--idle FILE]] [--cprofile FILE] [--heldout 16] [--out FILE]
+
+--idle: in the profiled run, the GPU's idle time from the first block's tuning on charged to
+the host threads' stacks (idle.py).
 """
 import argparse
 import gc
 import logging
 import re
 
+import idle
 from common import (busy_shares, install_guards, kernel_table, make_llama, profiler_activities, python_profile,
                     setup_paths, timed, token_batches, write)
 
@@ -52,6 +56,22 @@ def last_hidden(model, tokens, batch=4):
                           for i in range(0, len(tokens), batch)])
 
 
+TUNING_MARK = "qlink_bench::tuning"
+
+
+def mark_tuning(sampler):
+    """The sampler started and the idle window opened where AutoRound's orchestrator starts
+    tuning its blocks (the first _quantize_blocks call; its tuning-time clock starts just before)."""
+    from auto_round.compressors.orchestrator import CompressionOrchestrator
+    original = CompressionOrchestrator._quantize_blocks
+
+    def _quantize_blocks(self, *args, **kwargs):
+        sampler.start()
+        idle.mark(TUNING_MARK)
+        return original(self, *args, **kwargs)
+    CompressionOrchestrator._quantize_blocks = _quantize_blocks
+
+
 def load(path):
     import torch
     import transformers
@@ -72,9 +92,15 @@ def quantize_once(args, tokenizer, heldout, reference, profile=False, cprofile=N
                    nsamples=args.samples, seqlen=args.seqlen, batch_size=8, device_map=0)
     run = {"profiled": profile}
     if profile:
+        sampler = idle.Sampler()
+        if args.idle:
+            mark_tuning(sampler)
         with torch.profiler.profile(**profiler_activities(args.profile_stacks)) as prof:
             with timed(run, "quantize_s"):
                 ar.quantize()
+        if args.idle:
+            sampler.stop()
+            idle.report(prof, sampler, TUNING_MARK, args.idle)
     else:
         with python_profile(cprofile), timed(run, "quantize_s"):
             ar.quantize()
@@ -100,6 +126,7 @@ def main():
     a.add_argument("--strict", action="store_true", help="qlink's failures raise instead of running AutoRound's")
     a.add_argument("--runs", type=int, default=2, help="unprofiled runs; the first warms up, the last is timed")
     a.add_argument("--profile", help="one more run under torch.profiler; its operator table to this file")
+    a.add_argument("--idle", help="with --profile: the GPU's idle time over the tuning by the host's stacks, to this file")
     a.add_argument("--cprofile", help="the last unprofiled run under cProfile; its table to this file")
     a.add_argument("--profile-stacks", action="store_true", help="--profile with the Python stack behind each operator")
     a.add_argument("--samples", type=int, default=128)

@@ -10,7 +10,7 @@ call (device checksums, turned into digests after it).
 
     python3 gptqmodel_run.py --model DIR [--layers N] [--model-kind llama|qwen3_moe]
         [--qlink [--strict] | --guards]
-        [--precision ieee_fp32|tensor] [--codes FILE.pt] [--profile OPS.txt [--profile-stacks]]
+        [--precision ieee_fp32|tensor] [--codes FILE.pt] [--profile OPS.txt [--profile-stacks] [--idle IDLE.txt]]
         [--cprofile FILE | --samples-out FILE] [--out FILE]
 
 --layers: decoder layers of the model made at DIR (if DIR has none yet); --model-kind: a
@@ -20,7 +20,8 @@ qlink config's hessian_precision. --codes: every layer's 4-bit levels saved (tor
 {layer: uint8 codes}) for compare_codes.py. --profile: torch.profiler over the quantize
 call; the share of its wall time with a kernel running (GPU busy), and with a kernel or
 a copy; its operator table to OPS.txt (--profile-stacks: with the Python code behind each
-operator). --cprofile, --samples-out: the host's time by function (cProfile; the main
+operator); --idle: the GPU's idle time over the layer loop charged to the host threads'
+stacks (idle.py). --cprofile, --samples-out: the host's time by function (cProfile; the main
 thread's stack sampled every 2 ms).
 """
 import argparse
@@ -30,6 +31,7 @@ import re
 import sys
 import time
 
+import idle
 from common import (busy_shares, install_guards, kernel_table, make_llama, make_qwen3_moe, profiler_activities,
                     python_profile, setup_paths, stack_samples, timed, token_batches, write)
 
@@ -103,14 +105,12 @@ LOOP_MARK = "qlink_bench::layer_loop"
 def mark_layer_loop():
     """A profiler range opened when GPTQModel's input capture returns (ModuleLooper.
     cache_inputs, qlink's or the host's): where its layer loop starts on the trace."""
-    import torch
     from gptqmodel.looper.module_looper import ModuleLooper
     original = ModuleLooper.cache_inputs
 
     def cache_inputs(self, *args, **kwargs):
         cache = original(self, *args, **kwargs)
-        with torch.profiler.record_function(LOOP_MARK):
-            pass
+        idle.mark(LOOP_MARK)
         return cache
     ModuleLooper.cache_inputs = cache_inputs
 
@@ -155,6 +155,7 @@ def main():
     a.add_argument("--codes")
     a.add_argument("--profile", help="torch.profiler over the quantize call; its operator table to this file")
     a.add_argument("--cprofile", help="cProfile over the quantize call; its table to this file")
+    a.add_argument("--idle", help="with --profile: the GPU's idle time over the loop by the host's stacks, to this file")
     a.add_argument("--profile-stacks", action="store_true", help="--profile with the Python stack behind each operator")
     a.add_argument("--samples-out", help="the main thread's stack sampled every 2 ms; its table to this file")
     a.add_argument("--out")
@@ -193,9 +194,15 @@ def main():
     torch.cuda.reset_peak_memory_stats()
     if args.profile:
         from torch.profiler import profile
+        sampler = idle.Sampler()
+        if args.idle:
+            sampler.start()
         with profile(**profiler_activities(args.profile_stacks)) as prof:
             with timed(result, "quantize_s"):
                 model.quantize(calibration, batch_size=1)
+        if args.idle:
+            sampler.stop()
+            idle.report(prof, sampler, LOOP_MARK, args.idle)
         result["gpu_busy_kernels"], result["gpu_busy_kernels_or_copies"] = busy_shares(prof, result["quantize_s"])
         result["gpu_busy_loop_kernels"], result["gpu_busy_loop_kernels_or_copies"] = busy_shares(
             prof, result["quantize_s"], loop_mark=LOOP_MARK)

@@ -1,0 +1,149 @@
+"""Where the GPU waits on the host: every thread's Python stack sampled with a timestamp while
+torch.profiler records the device's kernels, then each sample's stretch of time split into
+the part with no kernel running (idle) and the rest, and the idle part charged to the
+stacks the threads were in. The profiler's clock and the sampler's meet at a mark: a
+profiler range whose host time is noted when it opens (mark()).
+
+    sampler = Sampler(); sampler.start()
+    with torch.profiler.profile(...) as prof:
+        mark("loop")            # the window starts here (and the clocks meet)
+        ...
+    sampler.stop()
+    report(prof, sampler, "loop", "idle.txt")
+"""
+import bisect
+import collections
+import os
+import sys
+import threading
+import time
+
+_MARKS = {}
+_WAITS = ("threading.py", "queue.py", "selectors.py", "thread.py")  # where idle pool threads sit
+
+
+def mark(name):
+    """A profiler range named name; the host clock at its first opening is kept for report()."""
+    import torch
+    _MARKS.setdefault(name, time.perf_counter_ns())
+    with torch.profiler.record_function(name):
+        pass
+
+
+def _where(frame):
+    code = frame.f_code
+    path = code.co_filename
+    short = "/".join(path.split(os.sep)[-2:]) if path.startswith("/") else path
+    return "%s:%d(%s)" % (short, code.co_firstlineno, code.co_name)
+
+
+class Sampler:
+    """Every thread's stack every interval_s, innermost frame first (at most depth frames)."""
+
+    def __init__(self, interval_s=0.001, depth=40):
+        self.interval_s, self.depth = interval_s, depth
+        self.samples = []  # (perf_counter_ns, {thread name: (frame, ...)})
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        me = threading.get_ident()
+        while not self._stop.wait(self.interval_s):
+            names = {t.ident: t.name for t in threading.enumerate()}
+            frames = sys._current_frames()
+            now = time.perf_counter_ns()
+            stacks = {}
+            for ident, frame in frames.items():
+                if ident == me:
+                    continue
+                stack = []
+                while frame is not None and len(stack) < self.depth:
+                    stack.append(_where(frame))
+                    frame = frame.f_back
+                stacks[names.get(ident, str(ident))] = tuple(stack)
+            self.samples.append((now, stacks))
+
+    def start(self):
+        """Starts sampling; later calls do nothing."""
+        if self._thread.ident is None:
+            self._thread.start()
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+
+
+def _busy_union(prof, start_us):
+    """The kernels' intervals (not copies, not fills) after start_us, merged."""
+    spans = []
+    for e in prof.events():
+        if str(getattr(e, "device_type", "")) != "DeviceType.CUDA" or e.name.startswith(("Memcpy", "Memset")):
+            continue
+        if e.time_range.end > start_us:
+            spans.append((max(e.time_range.start, start_us), e.time_range.end))
+    merged = []
+    for a, b in sorted(spans):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return merged
+
+
+def _busy_before(merged, starts, prefix, t):
+    """Busy time of the merged intervals (their starts, their prefix sums) before t."""
+    i = bisect.bisect_right(starts, t)
+    if i == 0:
+        return 0.0
+    a, b = merged[i - 1]
+    return prefix[i - 1] + min(t, b) - a
+
+
+def report(prof, sampler, mark_name, path, rows=25, threads=8, chain=6):
+    """Writes to path: the window's length (the mark to the last kernel), its idle time, and
+    for each thread that was not waiting in a pool or queue for part of it (at most
+    `threads`), the idle time by its innermost frame, by its innermost `chain` frames, and by
+    the frames on its stack."""
+    start_host = _MARKS.get(mark_name)
+    opened = [e.time_range.start for e in prof.events() if e.name == mark_name]
+    if start_host is None or not opened:
+        raise RuntimeError("mark %r was not recorded under the profiler" % mark_name)
+    start_us = min(opened)
+    merged = _busy_union(prof, start_us)
+    end_us = merged[-1][1] if merged else start_us
+    starts, prefix, total = [a for a, _ in merged], [], 0.0
+    for a, b in merged:
+        prefix.append(total)
+        total += b - a
+    inner, inclusive = collections.defaultdict(collections.Counter), collections.defaultdict(collections.Counter)
+    chains = collections.defaultdict(collections.Counter)
+    working = collections.Counter()
+    previous = None
+    for now, stacks in sampler.samples:
+        t = start_us + (now - start_host) / 1e3
+        if previous is not None and t > start_us and previous < end_us:
+            a, b = max(previous, start_us), min(t, end_us)
+            idle = (b - a) - (_busy_before(merged, starts, prefix, b) - _busy_before(merged, starts, prefix, a))
+            if idle > 0:
+                for thread, stack in stacks.items():
+                    if not stack:
+                        continue
+                    inner[thread][stack[0]] += idle
+                    chains[thread][" < ".join(stack[:chain])] += idle
+                    for name in set(stack):
+                        inclusive[thread][name] += idle
+                    if not stack[0].split(":")[0].endswith(_WAITS):
+                        working[thread] += idle
+        previous = t
+    window = end_us - start_us
+    with open(path, "w") as f:
+        f.write("window %.3f s from %s to the last kernel; kernels %.3f s (%.1f %%), idle %.3f s\n\n"
+                % (window / 1e6, mark_name, total / 1e6, 100 * total / max(window, 1), (window - total) / 1e6))
+        for thread, busy in working.most_common(threads):
+            f.write("thread %s: idle time while it was not waiting %.3f s\n" % (thread, busy / 1e6))
+            for title, table in (("innermost", inner[thread]), ("innermost %d frames" % chain, chains[thread]),
+                                 ("on the stack", inclusive[thread])):
+                f.write("  %s\n" % title)
+                for name, us in table.most_common(rows):
+                    f.write("  %8.3f s  %s\n" % (us / 1e6, name))
+            f.write("\n")
