@@ -126,7 +126,7 @@ def main():
     a.add_argument("--strict", action="store_true", help="qlink's failures raise instead of running AutoRound's")
     a.add_argument("--runs", type=int, default=2, help="unprofiled runs; the first warms up, the last is timed")
     a.add_argument("--profile", help="one more run under torch.profiler; its operator table to this file")
-    a.add_argument("--idle", help="with --profile: the GPU's idle time over the tuning by the host's stacks, to this file")
+    a.add_argument("--idle", help="with --profile: the idle GPU time in the tuning by the host stacks, to this file")
     a.add_argument("--cprofile", help="the last unprofiled run under cProfile; its table to this file")
     a.add_argument("--profile-stacks", action="store_true", help="--profile with the Python stack behind each operator")
     a.add_argument("--samples", type=int, default=128)

@@ -155,7 +155,7 @@ def main():
     a.add_argument("--codes")
     a.add_argument("--profile", help="torch.profiler over the quantize call; its operator table to this file")
     a.add_argument("--cprofile", help="cProfile over the quantize call; its table to this file")
-    a.add_argument("--idle", help="with --profile: the GPU's idle time over the loop by the host's stacks, to this file")
+    a.add_argument("--idle", help="with --profile: the GPU's idle time in the loop by the host's stacks, to this file")
     a.add_argument("--profile-stacks", action="store_true", help="--profile with the Python stack behind each operator")
     a.add_argument("--samples-out", help="the main thread's stack sampled every 2 ms; its table to this file")
     a.add_argument("--out")
