@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import qlink
+from qlink import host_staging
 from qlink.host_staging import HostStaging
 from qlink.integrations import gptqmodel as adapter
 from qlink.integrations.patches import FallbackRefused
@@ -93,6 +94,37 @@ def test_one_time_moves_keep_no_twin(slow):
     assert staging.counters()["kept"] == 0 and staging.counters()["twins_made"] == 4
     staging.to_device(sources, 0)
     assert staging.counters()["twins_reused"] == 0 and staging.counters()["twins_made"] == 8
+
+
+@pytest.fixture
+def small_stream(monkeypatch):
+    """Streamed moves from 4 KiB on, through slots of 1 KiB: a few tensors stream through
+    several turns of the slots."""
+    monkeypatch.setattr(host_staging, "STREAM_MIN_BYTES", 4096)
+    monkeypatch.setattr(host_staging, "SLOT_BYTES", 1024)
+
+
+def test_a_large_one_time_move_streams_through_the_slots_and_arrives_whole(slow, small_stream):
+    staging = HostStaging(slow)
+    gen = torch.Generator().manual_seed(4)
+    sources = [torch.randn(700, generator=gen), torch.randint(0, 1 << 30, (333,), generator=gen),
+               torch.randn(5, generator=gen).half()]  # 2800 + 2664 + 10 bytes: uneven chunks
+    moved = staging.to_device(sources, 1)
+    assert all(m.dtype == s.dtype and torch.equal(m, s) for s, m in zip(sources, moved))
+    counts = staging.counters()
+    assert counts["streamed"] == 3 and counts["twins_made"] == 0 and counts["bytes_streamed"] == 5474
+    assert counts["copies"] == 3 + 3 + 1  # one a chunk
+    staging.release()
+    assert all(torch.equal(s, m) for s, m in zip(sources, staging.to_device(sources, 0)))
+
+
+def test_kept_and_small_moves_keep_their_twins(slow, small_stream):
+    staging = HostStaging(slow)
+    large = [torch.randn(2048)]
+    staging.to_device(large, 1, keep=True)  # kept for the next move: twinned however large
+    staging.to_device([torch.randn(100)], 1)  # below STREAM_MIN_BYTES
+    counts = staging.counters()
+    assert counts["streamed"] == 0 and counts["twins_made"] == 2 and counts["kept"] == 1
 
 
 @pytest.mark.parametrize("bad, reason", [
@@ -186,6 +218,20 @@ def test_a_page_locked_source_is_read_in_place_after_the_work_before_it(gpu_host
     moved = ctx.move_tensors([pinned], "cuda:0", keep_host_copies=True)[0]
     assert torch.equal(moved, produced)
     assert ctx.host_staging.counters()["pinned_sources"] == 1 and ctx.host_staging.counters()["kept"] == 0
+
+
+@cuda
+def test_a_streamed_module_move_arrives_whole_behind_the_streams_work(gpu_host):
+    """A module's weights moved once, larger than STREAM_MIN_BYTES: streamed through the
+    slots, each slot refilled only after its copy ran behind the stream's earlier work."""
+    ctx = gpu_host["ctx"]
+    module = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.Linear(4096, 2048))  # 96 MiB fp32
+    want = [p.detach().clone() for p in module.parameters()]
+    torch.cuda._sleep(50_000_000)  # the stream is busy when the move starts
+    ctx.move_module_to_device(module, "cuda:0")
+    assert all(p.is_cuda and torch.equal(p.cpu(), w) for p, w in zip(module.parameters(), want))
+    counts = ctx.host_staging.counters()
+    assert counts["streamed"] == 4 and counts["twins_made"] == 0 and counts["bytes_streamed"] >= 96 << 20
 
 
 def _capture(calibration):
