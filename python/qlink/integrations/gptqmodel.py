@@ -11,6 +11,10 @@ What install() routes through qlink (each a patch with its own counters):
                             imported it, ForwardExecutor.run_parallel's default argument)
   torch_replicate           the replicas themselves: qlink's broadcast, not
                             torch.nn.parallel.replicate (broadcast_coalesced)
+  layer_prefetch            GPTQModel's lazy model fill (LazyTurtle.materialize_submodule): each
+                            numbered layer's materialization reads the next one's checkpoint
+                            tensors on a helper thread, page-locked on a GPU, so that layer's
+                            fill copies them without blocking (gptqmodel_prefetch)
   cache_inputs              the calibration cache GPTQModel's input capture returns, moved
                             once to the one GPU the layers run on (gptqmodel_cache), so the
                             forwards' moves of its tensors find them there
@@ -63,13 +67,14 @@ from . import gptqmodel_cache
 from .base import HostSpec, Installation, Integration
 from .gptqmodel_hessian import Queue, make_add_batch
 from .gptqmodel_pack import make_pack
+from .gptqmodel_prefetch import LayerPrefetch
 from .gptqmodel_routed import make_run_routed_experts
 from .gptqmodel_solve import done_with_hessian, unsupported
 from .gptqmodel_solve_ahead import SolveAhead
 from .patches import like
 
-PATCHES = ("clone_module_for_devices", "torch_replicate", "cache_inputs", "group_batches", "move_to", "nested_move_to",
-           "add_batch", "materialize_global_hessian", "rehome_processor_task", "quantize", "pack",
+PATCHES = ("clone_module_for_devices", "torch_replicate", "layer_prefetch", "cache_inputs", "group_batches", "move_to",
+           "nested_move_to", "add_batch", "materialize_global_hessian", "rehome_processor_task", "quantize", "pack",
            "routed_experts")
 
 _HELPERS, _MODEL = "gptqmodel.utils.looper_helpers:", "gptqmodel.utils.model:"
@@ -77,6 +82,7 @@ _GPTQ = "gptqmodel.quantization.gptq:GPTQ."
 _LOOPER = "gptqmodel.looper.module_looper:ModuleLooper"
 _PACK = "gptqmodel.nn_modules.qlinear.pack_block_ext:pack_block_cpu"
 _PACK_BLOCK = "gptqmodel.nn_modules.qlinear:PackableQuantLinear.pack_block"
+_STRUCTURE = "gptqmodel.utils.structure:"
 _ROUTED = "defuser.modeling.unfused_moe.common"  # GPTQModel's MoE splitter, where installed
 # Every GPTQModel name the patches replace, call or read, GPTQ's task state included.
 HOST = HostSpec("GPTQModel", "gptqmodel", "gptqmodel.version", "7.3", "f4c327a", [
@@ -96,6 +102,9 @@ HOST = HostSpec("GPTQModel", "gptqmodel", "gptqmodel.version", "7.3", "f4c327a",
     "gptqmodel.quantization.quantizer:Quantizer.requires_groupwise_processing",
     "gptqmodel.quantization.quantizer:Quantizer.perchannel", "gptqmodel.utils.fallback:should_use_fallback",
     _PACK, "gptqmodel.nn_modules.qlinear:PackableQuantLinear", _PACK_BLOCK,
+    _STRUCTURE + "safe_open", _STRUCTURE + "_get_qualified_name", _STRUCTURE + "LazyTurtle.materialize_submodule",
+    _STRUCTURE + "LazyTurtle._resolve_checkpoint_module_path", _STRUCTURE + "LazyTurtle._weight_map",
+    _STRUCTURE + "LazyTurtle.model_local_path",
 ] + [_GPTQ + name for name in (
     "quantize", "add_batch", "materialize_global_hessian", "finalize_hessian", "_select_hessian_target_device", "lock",
     "H", "nsamples", "columns", "name", "qcfg", "module", "quantizer", "module_copy", "fallback", "expected_nsamples",
@@ -126,6 +135,11 @@ class _Host:
         self.pack_block_ext, self.pack_block_cpu = importlib.import_module(_PACK.split(":")[0]), names[_PACK]
         self.PackableQuantLinear = names["gptqmodel.nn_modules.qlinear:PackableQuantLinear"]
         self.pack_block = names[_PACK_BLOCK]
+        self.structure = importlib.import_module(_STRUCTURE[:-1])
+        self.LazyTurtle = self.structure.LazyTurtle
+        self.materialize_submodule = names[_STRUCTURE + "LazyTurtle.materialize_submodule"]
+        self.qualified_name = names[_STRUCTURE + "_get_qualified_name"]
+        self.safe_open = names[_STRUCTURE + "safe_open"]
         try:
             self.run_routed_experts = importlib.import_module(_ROUTED).run_routed_experts
         except (ImportError, AttributeError):
@@ -150,17 +164,25 @@ class _Installation(Installation):
         self.accumulator = HessianAccumulator(ctx)
         self.queue = Queue(self)  # add_batch's calls of a forward, made as one native call
         self.ahead = SolveAhead(self)  # a subset's tasks solved in one engine call
+        pin = not ctx.host_memory and torch.cuda.is_available()
+        self.prefetch = LayerPrefetch(self.host.safe_open, pin, self.counters, self.guard)
         # Each sample's tokens where the loop's cache holds grouped one-sample batches
         # (group_batches), None where its batches are GPTQModel's.
         self.sample_tokens = None
 
     def close(self):
-        self.queue.flush()
+        try:
+            self.queue.flush()
+        finally:
+            self.prefetch.close()
 
     def apply(self):
         h, bind = self.host, self.rebindings
         for name in ("clone_module_for_devices", "torch_replicate", "move_to", "nested_move_to"):
             bind.everywhere(getattr(h, name), getattr(self, "_make_" + name)(), "gptqmodel")
+        bind.set(h.structure, "safe_open", self.prefetch.make_safe_open())
+        bind.set(h.LazyTurtle, "materialize_submodule",
+                 self.prefetch.make_materialize_submodule(h.materialize_submodule, h.qualified_name))
         bind.set(h.ModuleLooper, "cache_inputs", self._make_cache_inputs())
         bind.set(h.ModuleLooper, "_rehome_processor_task", self._make_rehome_processor_task())
         bind.set(h.GPTQ, "add_batch", make_add_batch(self))
