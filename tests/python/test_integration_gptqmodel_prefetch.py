@@ -1,9 +1,11 @@
 """The layer_prefetch patch against the stand-in GPTQModel's lazy model fill (tests/python/hosts)
-on the CPU backend: each numbered layer's fill reads the next layer's checkpoint tensors on
-qlink's helper thread, and the next fill takes them (filled the same as the host's own read,
-counted); a fill out of order, or of a module with no number, reads for itself; a failed
-read-ahead falls back to the host's read (FallbackRefused under strict, the module untouched);
-uninstall gives both bindings back."""
+on the CPU backend, from safetensors shards: each numbered layer's fill reads the next
+layer's tensors on qlink's helper thread and the next fill takes them, and so do the later
+fills of that layer's own modules (filled the same as by the host's own reads, counted); a
+fill out of order reads for itself; a shard that is not safetensors is read ahead through the
+host's reader; a failed read-ahead falls back to the host's read (FallbackRefused under
+strict, the module untouched); uninstall gives both bindings back."""
+import json
 import os
 import threading
 
@@ -12,6 +14,7 @@ import torch
 
 import qlink
 from qlink.integrations import gptqmodel as adapter
+from qlink.integrations import gptqmodel_prefetch as prefetch
 from qlink.integrations.patches import FallbackRefused
 
 from stand_in_hosts import stand_in
@@ -19,30 +22,48 @@ from stand_in_hosts import stand_in
 LAYERS = 4
 
 
+class Layer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
+        self.experts = torch.nn.ModuleList(torch.nn.Linear(8, 8, bias=False) for _ in range(2))  # numbered inside
+
+
 def model():
     torch.manual_seed(0)
     root = torch.nn.Module()
     root.model = torch.nn.Module()
-    root.model.layers = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 8))
-                                            for _ in range(LAYERS))
+    root.model.layers = torch.nn.ModuleList(Layer() for _ in range(LAYERS))
     root.model.norm = torch.nn.LayerNorm(8)
     return root
+
+
+def write_safetensors(path, tensors):
+    """The safetensors layout: an 8-byte little-endian header size, a JSON header of each
+    tensor's dtype, shape and byte offsets, then the bytes."""
+    header, data = {}, b""
+    for name, tensor in tensors.items():
+        raw = tensor.contiguous().numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(tensor.shape), "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    encoded = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(len(encoded).to_bytes(8, "little") + encoded + data)
 
 
 @pytest.fixture
 def host(library, tmp_path):
     with stand_in("gptqmodel", adapter):
         from gptqmodel.utils import structure
-        source = model()
-        weights = {name: p.detach().clone() for name, p in source.named_parameters()}
+        weights = {name: p.detach().clone() for name, p in model().named_parameters()}
         shards, weight_map = {}, {}
         for i, (name, tensor) in enumerate(sorted(weights.items())):  # two shards, names interleaved
-            shard = "shard-%d.pt" % (i % 2)
+            shard = "shard-%d.safetensors" % (i % 2)
             shards.setdefault(shard, {})[name] = tensor
             weight_map[name] = shard
         for shard, tensors in shards.items():
-            torch.save(tensors, os.path.join(str(tmp_path), shard))
-        reads = []  # (thread name, checkpoint name) of every read the stand-in served
+            write_safetensors(os.path.join(str(tmp_path), shard), tensors)
+        reads = []  # (thread name, checkpoint name) of every read through the host's reader
 
         class Recorded(structure._Shard):
             def get_tensor(self, name):
@@ -62,9 +83,8 @@ def empty_shell():
     return root
 
 
-def fill(host, root, index):
-    return host["turtle"].materialize_submodule(target_model=root, target_submodule=root.model.layers[index],
-                                                device=torch.device("cpu"))
+def fill(host, root, module):
+    return host["turtle"].materialize_submodule(target_model=root, target_submodule=module, device=torch.device("cpu"))
 
 
 def assert_filled(host, root, index):
@@ -72,56 +92,78 @@ def assert_filled(host, root, index):
         assert torch.equal(p, host["weights"]["model.layers.%d.%s" % (index, name)])
 
 
-def read_by(host, index):
-    return {thread for thread, name in host["reads"] if name.startswith("model.layers.%d." % index)}
+def host_reads(host, index):
+    return [thread for thread, name in host["reads"] if name.startswith("model.layers.%d." % index)]
 
 
-def test_each_layer_fill_takes_the_tensors_read_ahead_during_the_last(host):
+def test_each_layer_and_its_modules_take_the_tensors_read_ahead(host):
     adapter.install(ctx=host["ctx"], strict=True)
     root = empty_shell()
     for index in range(LAYERS):
-        fill(host, root, index)
+        layer = root.model.layers[index]
+        fill(host, root, layer)
+        for linear in (layer.up, layer.experts[1], layer.down):  # filled again before the forwards' replay
+            linear.weight.data.zero_()
+            fill(host, root, linear)
         assert_filled(host, root, index)
-    assert read_by(host, 0) == {threading.current_thread().name}
-    for index in range(1, LAYERS):
-        assert len(read_by(host, index)) == 1 and read_by(host, index).pop().startswith("qlink-prefetch")
-    assert len(host["reads"]) == 4 * LAYERS  # each tensor read once
-    assert adapter.counters()["layer_prefetch"] == {"qlink": LAYERS - 1, "host": 1, "fallback": 0,
+    assert host_reads(host, 0) == [threading.current_thread().name] * 6  # the first layer's fill read itself
+    assert all(host_reads(host, index) == [] for index in range(1, LAYERS))
+    assert adapter.counters()["layer_prefetch"] == {"qlink": 3 + 4 * (LAYERS - 1), "host": 1, "fallback": 0,
                                                    "reasons": {"nothing read ahead": 1}}
 
 
-def test_a_fill_out_of_order_or_of_an_unnumbered_module_reads_for_itself(host):
+def test_a_fill_out_of_order_or_outside_the_layers_reads_for_itself(host):
     adapter.install(ctx=host["ctx"], strict=True)
     root = empty_shell()
-    fill(host, root, 0)
-    host["turtle"].materialize_submodule(target_model=root, target_submodule=root.model.norm, device="cpu")
-    fill(host, root, 2)  # layer 1 was read ahead and never asked for
+    fill(host, root, root.model.layers[0])
+    fill(host, root, root.model.norm)
+    fill(host, root, root.model.layers[2])  # layer 1 was read ahead and never asked for
     for index in (0, 2):
         assert_filled(host, root, index)
-    assert root.model.layers[1][0].weight.is_meta
-    assert read_by(host, 2) == {threading.current_thread().name}
-    assert adapter.counters()["layer_prefetch"]["reasons"] == {"nothing read ahead": 2, "not a numbered module": 1}
+    assert root.model.layers[1].up.weight.is_meta
+    assert host_reads(host, 2) == [threading.current_thread().name] * 6
+    assert adapter.counters()["layer_prefetch"]["reasons"] == {"nothing read ahead": 2,
+                                                               "not inside a numbered module read ahead": 1}
+
+
+def test_a_shard_that_is_not_safetensors_is_read_ahead_by_the_hosts_reader(host, monkeypatch):
+    monkeypatch.setattr(prefetch, "read_safetensors", lambda path, names, pin: None)
+    adapter.install(ctx=host["ctx"], strict=True)
+    root = empty_shell()
+    fill(host, root, root.model.layers[0])
+    fill(host, root, root.model.layers[1])
+    assert_filled(host, root, 1)
+    assert len(host_reads(host, 1)) == 6 and all(t.startswith("qlink-prefetch") for t in host_reads(host, 1))
 
 
 @pytest.mark.parametrize("strict", [False, True])
-def test_a_failed_read_ahead_falls_back_to_the_hosts_read_or_raises_when_strict(host, strict):
-    adapter.install(ctx=host["ctx"], strict=strict)
-    prefetch = adapter._integration.current.prefetch
-
-    def broken(names):
+def test_a_failed_read_ahead_falls_back_to_the_hosts_read_or_raises_when_strict(host, strict, monkeypatch):
+    def broken(path, names, pin):
         raise OSError("shard unreadable")
-    prefetch._read = broken
+    monkeypatch.setattr(prefetch, "read_safetensors", broken)
+    adapter.install(ctx=host["ctx"], strict=strict)
     root = empty_shell()
-    fill(host, root, 0)
+    fill(host, root, root.model.layers[0])
     if strict:
         with pytest.raises(FallbackRefused, match="shard unreadable"):
-            fill(host, root, 1)
+            fill(host, root, root.model.layers[1])
         assert all(p.is_meta for p in root.model.layers[1].parameters())
         return
-    fill(host, root, 1)
+    fill(host, root, root.model.layers[1])
     assert_filled(host, root, 1)
     counts = adapter.counters()["layer_prefetch"]
-    assert counts["fallback"] == 1 and counts["reasons"]["OSError: shard unreadable"] == 1
+    assert counts["fallback"] >= 1 and counts["reasons"]["OSError: shard unreadable"] == counts["fallback"]
+
+
+def test_read_safetensors_reads_what_the_file_holds(tmp_path):
+    tensors = {"a": torch.randn(3, 5), "b": torch.arange(4.0)}
+    path = os.path.join(str(tmp_path), "x.safetensors")
+    write_safetensors(path, tensors)
+    out = prefetch.read_safetensors(path, ["b", "a", "missing"], pin=False)
+    assert set(out) == {"a", "b"} and all(torch.equal(out[k], tensors[k]) for k in out)
+    other = os.path.join(str(tmp_path), "x.pt")
+    torch.save(tensors, other)
+    assert prefetch.read_safetensors(other, ["a"], pin=False) is None
 
 
 def test_uninstall_gives_the_fill_and_the_shard_reader_back(host):

@@ -1,19 +1,26 @@
-"""The next numbered layer's checkpoint tensors read ahead of GPTQModel's loop.
+"""Checkpoint tensors read ahead of GPTQModel's loop.
 
 GPTQModel builds its model as an empty shell and fills each decoder layer from the
-checkpoint when its loop reaches it (LazyTurtle.materialize_submodule): the main thread
-reads every tensor of the layer from its safetensors shard into pageable memory and copies
-it to the GPU, each copy blocking, while the GPU waits (about 0.2 s a LLaMA-7B layer on an
-H200, a fifth of the loop's idle time). Here each materialization of a numbered module
-("model.layers.3") starts reading its next sibling's tensors ("model.layers.4") on a helper
-thread, into page-locked memory where a GPU backend will take them; the sibling's own
-materialization then finds them ready (the module's `safe_open` hands them out by shard and
-name) and copies them without blocking, on the caller's current stream, as GPTQModel copies
-any page-locked source when asked not to block. PyTorch keeps a page-locked block from
-reuse until the copies that read it have completed, so the buffers can go as soon as the
-materialization returns. Tensors no call asked for are dropped with the read-ahead."""
+checkpoint when its loop reaches it (LazyTurtle.materialize_submodule), then fills each of
+the layer's linears again before replaying its forwards (the same checkpoint bytes): the
+main thread reads every tensor from its safetensors shard into pageable memory and copies it
+to the GPU, each copy blocking, while the GPU waits (0.6 s of the 4-layer LLaMA-7B loop's
+3.1 s of idle GPU time on an H200).
+
+Here each fill of a numbered module ("model.layers.3") starts reading its next sibling
+("model.layers.4") on a helper thread, straight from the shard file into page-locked
+buffers where a GPU backend takes them (FileIO.readinto: no GIL held while it reads, so
+the loop's threads run on; a shard that is not safetensors, or a dtype PyTorch lacks, is
+read through GPTQModel's own reader). The sibling's fill takes them: the shard handles
+GPTQModel opens during that fill (its module's `safe_open`) answer from them, and the fill
+copies them without blocking, on the caller's current stream, as GPTQModel copies any
+page-locked source when asked not to block; PyTorch keeps a page-locked block from reuse
+until the copies that read it have completed. The layer's tensors stay for the later fills
+of its own modules until the next layer's fill; the fills only read them. A numbered fill
+with nothing read ahead (the first layer) starts a read of its own tensors for those."""
 import concurrent.futures
 import contextlib
+import json
 import os
 import re
 import threading
@@ -23,11 +30,48 @@ import torch
 from .patches import like
 
 _NUMBERED = re.compile(r"^(.*\.)(\d+)$")
+_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
+_MAX_HEADER = 100 << 20  # safetensors' own limit on a header's size
+
+
+def read_safetensors(path, names, pin):
+    """{name: tensor} of those `names` the safetensors file at `path` holds in a dtype
+    PyTorch has, each read from the file into its own (page-locked where pin) buffer;
+    None where the file is not safetensors."""
+    with open(path, "rb", buffering=0) as f:
+        head = f.read(8)
+        size = int.from_bytes(head, "little") if len(head) == 8 else 0
+        if not 0 < size <= _MAX_HEADER:
+            return None
+        try:
+            header = json.loads(f.read(size))
+        except ValueError:
+            return None
+        if not isinstance(header, dict):
+            return None
+        out = {}
+        for name in names:
+            entry = header.get(name)
+            dtype = _DTYPES.get(entry.get("dtype")) if isinstance(entry, dict) else None
+            if dtype is None:
+                continue
+            begin, end = entry["data_offsets"]
+            buffer = torch.empty(end - begin, dtype=torch.uint8, pin_memory=pin)
+            view, done = memoryview(buffer.numpy()), 0
+            f.seek(8 + size + begin)
+            while done < end - begin:
+                count = f.readinto(view[done:])
+                if not count:
+                    raise OSError("%s: %s ends %d bytes short" % (path, name, end - begin - done))
+                done += count
+            out[name] = buffer.view(dtype).view(entry["shape"])
+        return out
 
 
 class _Ready(threading.local):
-    """The read-ahead tensors the current thread's materialization may take, by (shard
-    path, checkpoint name)."""
+    """The read-ahead tensors the current thread's fill may take, by (shard path, name)."""
     tensors = None
 
 
@@ -38,7 +82,7 @@ class _Handle:
         self._handle, self._path, self._ready = handle, path, ready
 
     def get_tensor(self, name):
-        tensor = self._ready.pop((self._path, name), None) if self._ready else None
+        tensor = self._ready.get((self._path, name))
         return self._handle.get_tensor(name) if tensor is None else tensor
 
     def __getattr__(self, name):
@@ -46,20 +90,22 @@ class _Handle:
 
 
 class LayerPrefetch:
-    """One installation's read-ahead: at most one sibling in flight (a layer's tensors in
-    host memory), read by one helper thread."""
+    """One installation's read-ahead: the tensors of the layer filled last and of the one
+    after it (at most two layers in host memory), read by one helper thread."""
 
     def __init__(self, safe_open, pin, counters, guard, patch="layer_prefetch"):
         self._safe_open, self._pin = safe_open, pin
         self.counters, self.guard, self.patch = counters, guard, patch
         self._ready = _Ready()
         self._lock = threading.Lock()
-        self._pending = None  # (turtle, module path, future of {(shard path, name): tensor})
+        self._turtle = None
+        self._reads = {}  # numbered module path -> future of {(shard path, name): tensor}
+        self._current = None  # the numbered module filled last
         self._reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="qlink-prefetch")
 
     def close(self):
         with self._lock:
-            self._pending = None
+            self._reads, self._current = {}, None
         self._reader.shutdown(wait=True)
 
     def make_safe_open(self):
@@ -77,67 +123,84 @@ class LayerPrefetch:
         def materialize_submodule(turtle, *, target_model, target_submodule, device, non_blocking=False,
                                   module_path=None, **kwargs):
             path = module_path if module_path is not None else qualified_name(target_model, target_submodule)
-            ahead = self._take(turtle, path)
+            read, reason, layer = self._read_for(turtle, path)
             try:
-                self._read_next(turtle, path)
-            except Exception as error:  # noqa: BLE001 (qlink's read-ahead: the host's fill below runs alone)
+                tensors = read.result() if read is not None else None
+            except Exception as error:  # noqa: BLE001 (qlink's read failed: nothing of the host's ran)
                 self.guard.fallback(self.patch, error)
-
-            def host():
-                return original(turtle, target_model=target_model, target_submodule=target_submodule, device=device,
-                                non_blocking=non_blocking, module_path=module_path, **kwargs)
-
-            if ahead is None:
-                self.counters.host(self.patch, "nothing read ahead" if _NUMBERED.match(path or "")
-                                   else "not a numbered module")
-                return host()
-            try:
-                tensors = ahead.result()
-            except Exception as error:  # noqa: BLE001 (the helper's read failed: nothing of the host's ran)
-                self.guard.fallback(self.patch, error)
-                return host()
-            self._ready.tensors = tensors
-            try:  # a failure now is the host's own (it may have filled part of the module)
+                tensors = None
+            if tensors is None:
+                if reason:
+                    self.counters.host(self.patch, reason)
                 module = original(turtle, target_model=target_model, target_submodule=target_submodule,
-                                  device=device, non_blocking=True, module_path=module_path, **kwargs)
-            finally:
-                self._ready.tensors = None
-            self.counters.qlink(self.patch)
+                                  device=device, non_blocking=non_blocking, module_path=module_path, **kwargs)
+            else:
+                self._ready.tensors = tensors
+                try:  # what the fill raises is the host's own (it may have filled part of the module)
+                    module = original(turtle, target_model=target_model, target_submodule=target_submodule,
+                                      device=device, non_blocking=True, module_path=module_path, **kwargs)
+                finally:
+                    self._ready.tensors = None
+                self.counters.qlink(self.patch)
+            if layer:
+                try:  # after the fill: the helper's reads do not compete with its copies
+                    self._read_ahead(turtle, path, tensors is None)
+                except Exception as error:  # noqa: BLE001 (qlink's read-ahead: the next fill reads for itself)
+                    self.guard.fallback(self.patch, error)
             return module
         return materialize_submodule
 
-    def _take(self, turtle, path):
-        """The future of `path`'s read-ahead, if it is the one in flight (taken)."""
+    def _read_for(self, turtle, path):
+        """(the future of the tensors for this fill or None, why there are none, whether the
+        fill starts a layer): for a module inside the current layer, that layer's read; for
+        any other numbered module, its read-ahead (it becomes the current layer)."""
         with self._lock:
-            pending = self._pending
-            if pending is None or pending[0] is not turtle or pending[1] != path:
-                return None
-            self._pending = None
-            return pending[2]
+            reads = self._reads if turtle is self._turtle else {}
+            current = self._current
+            if current is not None and path.startswith(current + ".") and current in reads:
+                return reads[current], None, False
+            if _NUMBERED.match(path or "") is None:
+                return None, "not inside a numbered module read ahead", False
+            self._current = path
+            read = reads.get(path)
+            return read, None if read is not None else "nothing read ahead", True
 
-    def _read_next(self, turtle, path):
-        """Starts reading the numbered sibling after `path` where the checkpoint has it
-        (replacing any read-ahead not taken)."""
-        match = _NUMBERED.match(path or "")
-        if match is None:
-            return
+    def _read_ahead(self, turtle, path, itself):
+        """Starts reading the numbered sibling after `path` (and `path` itself for its own
+        modules' fills where it was not read ahead); drops the reads of every other layer."""
+        match = _NUMBERED.match(path)
         sibling = "%s%d" % (match.group(1), int(match.group(2)) + 1)
-        prefix = turtle._resolve_checkpoint_module_path(sibling) + "."
+        wanted = [sibling] + ([path] if itself else [])
+        with self._lock:
+            if turtle is not self._turtle:
+                self._turtle, self._reads = turtle, {}
+            reads = {p: f for p, f in self._reads.items() if p in (path, sibling)}
+            for module in wanted:
+                names = self._names(turtle, module)
+                if names and module not in reads:
+                    reads[module] = self._reader.submit(self._read, names)
+            self._reads = reads
+
+    @staticmethod
+    def _names(turtle, module):
+        """{shard path: [checkpoint names]} of `module`'s tensors."""
+        prefix = turtle._resolve_checkpoint_module_path(module) + "."
         names = {}
         for name, shard in turtle._weight_map.items():
             if name.startswith(prefix):
                 names.setdefault(os.path.join(turtle.model_local_path, shard), []).append(name)
-        with self._lock:
-            self._pending = (turtle, sibling, self._reader.submit(self._read, names)) if names else None
+        return names
 
     def _read(self, names):
         """{(shard path, name): tensor} of every name, page-locked where pinning."""
         out = {}
         for path, shard_names in names.items():
-            with self._safe_open(path, framework="pt", device="cpu") as handle:
-                for name in shard_names:
-                    tensor = handle.get_tensor(name)
-                    if self._pin:
-                        tensor = torch.empty_like(tensor, pin_memory=True).copy_(tensor)
-                    out[(path, name)] = tensor
+            found = read_safetensors(path, shard_names, self._pin) or {}
+            rest = [name for name in shard_names if name not in found]
+            if rest:
+                with self._safe_open(path, framework="pt", device="cpu") as handle:
+                    for name in rest:
+                        tensor = handle.get_tensor(name)
+                        found[name] = torch.empty_like(tensor, pin_memory=True).copy_(tensor) if self._pin else tensor
+            out.update(((path, name), tensor) for name, tensor in found.items())
         return out

@@ -1,23 +1,31 @@
-"""Stand-in for gptqmodel.utils.structure: the lazy model fill. A checkpoint is shards (here
-torch.save'd dicts of tensors, read through the module's `safe_open` name as GPTQModel reads
-safetensors) and a weight map from checkpoint name to shard; LazyTurtle fills a shell
+"""Stand-in for gptqmodel.utils.structure: the lazy model fill. A checkpoint is safetensors
+shards (read here by the stand-in's own `safe_open`, bound by name as GPTQModel binds
+safetensors') and a weight map from checkpoint name to shard; LazyTurtle fills a shell
 submodule's parameters from it on a device, reading each shard through a handle and copying
 each tensor, without blocking only from page-locked sources when asked not to block."""
+import json
 import os
 
 import torch
 
+_DTYPES = {"F32": torch.float32, "F16": torch.float16, "I64": torch.int64}
+
 
 class _Shard:
     def __init__(self, path):
-        self.path = path
-        self._tensors = torch.load(path)
+        with open(path, "rb") as f:
+            data = f.read()
+        size = int.from_bytes(data[:8], "little")
+        self._header, self._data = json.loads(data[8:8 + size]), data[8 + size:]
 
     def get_tensor(self, name):
-        return self._tensors[name].clone()  # a fresh tensor, as safetensors reads one
+        entry = self._header[name]
+        begin, end = entry["data_offsets"]
+        flat = torch.frombuffer(bytearray(self._data[begin:end]), dtype=_DTYPES[entry["dtype"]])
+        return flat.reshape(entry["shape"])  # a fresh tensor, as safetensors reads one
 
     def keys(self):
-        return list(self._tensors)
+        return [name for name in self._header if name != "__metadata__"]
 
     def __enter__(self):
         return self
