@@ -109,7 +109,7 @@ def test_each_layer_and_its_modules_take_the_tensors_read_ahead(host):
     assert host_reads(host, 0) == [threading.current_thread().name] * 6  # the first layer's fill read itself
     assert all(host_reads(host, index) == [] for index in range(1, LAYERS))
     assert adapter.counters()["layer_prefetch"] == {"qlink": 3 + 4 * (LAYERS - 1), "host": 1, "fallback": 0,
-                                                   "reasons": {"nothing read ahead": 1}}
+                                                    "reasons": {"nothing read ahead": 1}}
 
 
 def test_a_fill_out_of_order_or_outside_the_layers_reads_for_itself(host):
