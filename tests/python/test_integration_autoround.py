@@ -489,3 +489,34 @@ def test_the_native_loop_on_a_gpu_replays_a_graph_without_host_synchronization(h
     (_, losses), = adapter.losses()
     assert losses[:3] == pytest.approx(own_losses[:3], rel=1e-5)
     assert abs(_error(tuned.cpu()) / _error(own.cpu()) - 1) < 0.01
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() != 1, reason="needs exactly one GPU")
+def test_the_graph_is_captured_with_the_warm_up_still_queued(host, ctx, monkeypatch):
+    """The capture neither synchronizes the device nor empties the allocator's cache (as
+    torch.cuda.graph does first, draining the GPU of the warm-up iterations still queued), and
+    its graph replays (the tuning it replays: the test above)."""
+    from qlink.integrations import autoround_native
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(host.auto_round.utils.device_manager.device_manager, "device", gpu)
+    capturing, drained = [], []
+    for name in ("synchronize", "empty_cache"):
+        def recording(*args, _name=name, _original=getattr(torch.cuda, name), **kwargs):
+            if capturing:
+                drained.append(_name)
+            return _original(*args, **kwargs)
+        monkeypatch.setattr(torch.cuda, name, recording)
+    capture = autoround_native.NativeTuning._capture
+
+    def watched(self, stream):
+        capturing.append(stream)
+        try:
+            return capture(self, stream)
+        finally:
+            capturing.clear()
+
+    monkeypatch.setattr(autoround_native.NativeTuning, "_capture", watched)
+    adapter.install("auto", ctx=ctx, strict=True)
+    _tune(host, iters=30, token_ids=True, device=gpu)
+    assert adapter.counters()["step_graph"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
+    assert drained == []

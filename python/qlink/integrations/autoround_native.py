@@ -342,8 +342,22 @@ class NativeTuning:
         failed capture leaves the state as the eager iterations left it."""
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, stream=stream):
-                self.iteration()
+            # torch.cuda.graph's capture without what its __enter__ does first: a device
+            # synchronize and the allocator's caches emptied (the device's and the page-locked
+            # host memory's). Those leave the GPU idle from the moment the warm-up iterations
+            # still queued on `stream` finish until the host has captured and instantiated the
+            # graph; without them the queued iterations run while the host captures (capturing
+            # records work and runs none), and the first replay follows them on `stream`. The
+            # capture is otherwise the same: capture_begin's defaults (a memory pool of the
+            # graph's own, the "global" capture mode), capture_end on the way out however the
+            # iteration went. The blocks the warm-up freed stay in the allocator's cache instead
+            # of going back to the driver first, so the graph's pool takes memory beside them.
+            with torch.cuda.stream(stream):
+                graph.capture_begin()
+                try:
+                    self.iteration()
+                finally:
+                    graph.capture_end()
         except Exception as error:  # noqa: BLE001 (counted; the eager iterations go on)
             for p in self.params:
                 p.grad = None
