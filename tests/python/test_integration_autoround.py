@@ -520,3 +520,68 @@ def test_the_graph_is_captured_with_the_warm_up_still_queued(host, ctx, monkeypa
     _tune(host, iters=30, token_ids=True, device=gpu)
     assert adapter.counters()["step_graph"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
     assert drained == []
+
+
+def _cached_inputs(nsamples=6):
+    """A block's inputs as AutoRound's capture leaves them in host memory: a list of one-sample
+    hidden states, per-sample lists of the others, a shared tensor and a flag."""
+    gen = torch.Generator().manual_seed(5)
+    return {"input_ids": [torch.randn(1, SEQ, HIDDEN, generator=gen) for _ in range(nsamples)],
+            "position_embeddings": [(torch.randn(1, SEQ, 8, generator=gen), torch.randn(1, SEQ, 8, generator=gen))
+                                    for _ in range(nsamples)],
+            "attention_mask": [torch.ones(1, 1, SEQ, SEQ, dtype=torch.bool)], "use_cache": False}
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.device == b.device and torch.equal(a.cpu(), b.cpu())
+    if isinstance(a, dict):
+        return type(a) is type(b) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _preprocess(cache_device):
+    from auto_round.calibration.inputs import preprocess_block_inputs
+    return preprocess_block_inputs(_cached_inputs(), compress_context=types.SimpleNamespace(cache_device=cache_device))
+
+
+def test_block_inputs_for_the_host_are_autorounds_own_move(host, library):
+    own = _preprocess(torch.device("cpu"))
+    adapter.install("auto", ctx=cpu(library, 1), strict=True)
+    assert _same(_preprocess(torch.device("cpu")), own)
+    assert adapter.counters()["block_inputs"] == {"qlink": 0, "host": 2, "fallback": 0, "reasons": {
+        "not a GPU of a GPU backend (cpu, cpu)": 2}}
+    from auto_round.calibration import inputs
+    original = inputs.to_device
+    adapter.uninstall()
+    assert inputs.to_device is not original and inputs.to_device is host.auto_round.utils.to_device
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_a_blocks_host_inputs_reach_the_gpu_through_qlinks_moves(host, ctx, monkeypatch):
+    """AutoRound's preprocessing of a block's host inputs: the same tensors on the GPU as its
+    own to_device makes, the large move streamed through the staging's slots, the others dict
+    updated in place; a failing move falls back to AutoRound's, or raises under strict."""
+    from qlink import host_staging
+    gpu = torch.device("cuda", 0)
+    own = _preprocess(gpu)
+    monkeypatch.setattr(host_staging, "STREAM_MIN_BYTES", 4096)
+    adapter.install("auto", ctx=ctx, strict=True)
+    from auto_round.calibration import inputs
+    cached = _cached_inputs()
+    others = {k: v for k, v in cached.items() if k != "input_ids"}
+    moved_ids, moved_others = inputs.to_device(cached["input_ids"], gpu), inputs.to_device(others, gpu)
+    assert moved_others is others
+    assert _same(moved_ids, own[0]) and _same(_preprocess(gpu), own)
+    assert adapter.counters()["block_inputs"]["qlink"] == 4
+    assert ctx.host_staging.counters()["streamed"] > 0
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected")
+    monkeypatch.setattr(ctx, "move_nested_to_device", broken)
+    with pytest.raises(FallbackRefused, match="block_inputs failed.*injected"):
+        _preprocess(gpu)
+    adapter.install("auto", ctx=ctx)
+    assert _same(_preprocess(gpu), own) and adapter.counters()["block_inputs"]["fallback"] == 2

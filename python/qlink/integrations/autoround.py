@@ -17,6 +17,12 @@ counters and strict as the GPTQModel integration's, integrations/base.py):
                   ("qlink"), or eager and why ("host")
   compiled_loss   per block of the native loop: AutoRound's loss compiled into one kernel, or
                   why it runs eager
+  block_inputs    the move of a block's cached inputs to AutoRound's cache device before its
+                  tuning (preprocess_block_inputs' to_device): host tensors to a GPU all at once
+                  through qlink's moves (a large one-time move streams through page-locked
+                  slots: 2 GiB of the first block's inputs, captured on the CPU, went over as
+                  128 pageable copies with the GPU idle), dicts updated in place as AutoRound's
+                  own to_device does
   frozen_gc       CompressionOrchestrator.quantize, the whole run: the objects older than the
                   call frozen out of the garbage collector for its length (host_gc.py), so
                   AutoRound's gc.collect() between blocks walks only what the run made
@@ -29,6 +35,7 @@ The plan (qlink.plan) is resolved per block on the context's devices and their f
 an explicit N that cannot engage raises PlanRefused naming every reason; auto with fewer
 than two usable devices runs the native loop on one and says why, once per reason; "off"
 runs AutoRound's own code."""
+import importlib
 import logging
 import random
 
@@ -43,15 +50,17 @@ from .base import HostSpec, Installation, Integration
 from .host_gc import frozen_gc
 from .patches import like
 
-PATCHES = ("quantize_block", "rtn_layers", "step_graph", "compiled_loss", "frozen_gc")
+PATCHES = ("quantize_block", "rtn_layers", "step_graph", "compiled_loss", "block_inputs", "frozen_gc")
 TRANSPORTS = ("fp32", "bf16")
 
 _SIGN_ROUND = "auto_round.algorithms.quantization.sign_round.quantizer:SignRoundQuantizer"
 _RTN = "auto_round.algorithms.quantization.rtn.quantizer:"
 _ORCHESTRATOR = "auto_round.compressors.orchestrator:CompressionOrchestrator"
+_INPUTS = "auto_round.calibration.inputs:"
 # Every AutoRound name the patches replace, call or read.
 HOST = HostSpec("AutoRound", "auto_round", "auto_round.version", "0.15", "b9f3d00", [
-    _SIGN_ROUND, _ORCHESTRATOR, _ORCHESTRATOR + ".quantize", _RTN + "RTNQuantizer", _RTN + "OptimizedRTNQuantizer",
+    _SIGN_ROUND, _ORCHESTRATOR, _ORCHESTRATOR + ".quantize", _INPUTS + "to_device", _INPUTS + "preprocess_block_inputs",
+    _RTN + "RTNQuantizer", _RTN + "OptimizedRTNQuantizer",
     _RTN + "RTNQuantizer.quantize_block", _RTN + "OptimizedRTNQuantizer.quantize_block",
     _RTN + "RTNQuantizer._quantize_layer_via_rtn",
     "auto_round.algorithms.quantization.sign_round.sign_sgd:SignSGD",
@@ -80,6 +89,7 @@ class _Host:
         self.CompressionOrchestrator = names[_ORCHESTRATOR]
         self.RTNQuantizer = names[_RTN + "RTNQuantizer"]
         self.OptimizedRTNQuantizer = names[_RTN + "OptimizedRTNQuantizer"]
+        self.inputs, self.inputs_to_device = importlib.import_module(_INPUTS[:-1]), names[_INPUTS + "to_device"]
         for name in HOST.names:
             short = name.rpartition(":")[2]
             if "." not in short and not hasattr(self, short):
@@ -115,6 +125,7 @@ class _Installation(Installation):
         for cls in (h.RTNQuantizer, h.OptimizedRTNQuantizer):
             bind.set(cls, "quantize_block", self._make_rtn_quantize_block(vars(cls)["quantize_block"]))
         bind.set(h.CompressionOrchestrator, "quantize", self._make_quantize(h.CompressionOrchestrator.quantize))
+        bind.set(h.inputs, "to_device", self._make_inputs_to_device(h.inputs_to_device))
 
     def _make_quantize(self, original):
         counters = self.counters
@@ -125,6 +136,25 @@ class _Installation(Installation):
                 counters.record("frozen_gc", reason)
                 return original(orchestrator, *args, **kwargs)
         return quantize
+
+    def _make_inputs_to_device(self, original):
+        ctx, counters, guard = self.ctx, self.counters, self.guard
+
+        @like(original)
+        def to_device(input, device=torch.device("cpu")):
+            target = torch.device(device) if isinstance(device, (str, torch.device)) else None
+            if ctx.host_memory or target is None or target.type != "cuda":
+                counters.host("block_inputs", "not a GPU of a GPU backend (%s, %s)" % (device, ctx.backend))
+                return original(input, device)
+
+            def move():
+                moved = ctx.move_nested_to_device(input, target)
+                if isinstance(input, dict):  # AutoRound's to_device updates a dict in place
+                    input.update(moved)
+                    return input
+                return moved
+            return guard.attempt("block_inputs", move, lambda: original(input, device))
+        return to_device
 
     # -- the plan --------------------------------------------------------------------------
 

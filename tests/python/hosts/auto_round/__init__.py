@@ -1,2 +1,3 @@
-"""Stand-in for AutoRound: the modules its SignRound and RTN block quantizers use."""
-from . import algorithms, compressors, logger, utils, wrapper  # noqa: F401
+"""Stand-in for AutoRound: the modules its SignRound and RTN block quantizers and its block
+inputs' preprocessing use."""
+from . import algorithms, calibration, compressors, logger, utils, wrapper  # noqa: F401

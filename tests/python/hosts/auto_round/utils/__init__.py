@@ -1,9 +1,11 @@
-"""Stand-in for auto_round.utils: module lookup by dotted name, the layer types AutoRound wraps."""
+"""Stand-in for auto_round.utils: module lookup by dotted name, the layer types AutoRound wraps,
+to_device (auto_round.utils.model's, which AutoRound's modules import by name from here)."""
 import functools
 
 import torch
 
 from . import device_manager  # noqa: F401
+from .model import to_device  # noqa: F401
 
 
 def get_module(model, name):
