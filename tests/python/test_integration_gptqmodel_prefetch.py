@@ -112,6 +112,21 @@ def test_each_layer_and_its_modules_take_the_tensors_read_ahead(host):
                                                     "reasons": {"nothing read ahead": 1}}
 
 
+def test_a_layer_moved_to_the_host_lets_its_read_ahead_go(host):
+    adapter.install(ctx=host["ctx"], strict=True)
+    from gptqmodel.utils import model as host_model
+    root = empty_shell()
+    fill(host, root, root.model.layers[0])
+    fill(host, root, root.model.layers[1])
+    host_model.move_to(root.model.layers[1], torch.device("cpu"))  # GPTQModel's post_quantize
+    fill(host, root, root.model.layers[1].up)
+    assert host_reads(host, 1) == [threading.current_thread().name] * 2
+    fill(host, root, root.model.layers[2])  # the read-ahead of the next layer stays
+    assert host_reads(host, 2) == []
+    assert adapter.counters()["layer_prefetch"]["reasons"] == {"nothing read ahead": 1,
+                                                               "not inside a numbered module read ahead": 1}
+
+
 def test_a_fill_out_of_order_or_outside_the_layers_reads_for_itself(host):
     adapter.install(ctx=host["ctx"], strict=True)
     root = empty_shell()

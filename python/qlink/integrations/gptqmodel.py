@@ -309,6 +309,8 @@ class _Installation(Installation):
                 counters.host("move_to", reason)
                 return original(obj, device, dtype)
             if isinstance(obj, torch.nn.Module):  # changed only once every tensor has arrived (moves.py)
+                if torch.device(device).type == "cpu":
+                    self.prefetch.landed(obj)  # its read-ahead's page-locked blocks are free for its landing
                 return guard.attempt("move_to", lambda: ctx.move_module_to_device(obj, device),
                                      lambda: original(obj, device, dtype))
             # A tensor moved alone is calibration data (masks, position ids): moved again

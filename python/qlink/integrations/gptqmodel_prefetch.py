@@ -16,8 +16,11 @@ GPTQModel opens during that fill (its module's `safe_open`) answer from them, an
 copies them without blocking, on the caller's current stream, as GPTQModel copies any
 page-locked source when asked not to block; PyTorch keeps a page-locked block from reuse
 until the copies that read it have completed. The layer's tensors stay for the later fills
-of its own modules until the next layer's fill; the fills only read them. A numbered fill
-with nothing read ahead (the first layer) starts a read of its own tensors for those."""
+of its own modules until the layer lands on the host (landed(): GPTQModel moves each
+finished layer there, into page-locked memory where qlink moves it, which then reuses
+their blocks instead of page-locking new ones) or the next layer's fill; the fills only
+read them. A numbered fill with nothing read ahead (the first layer) starts a read of its
+own tensors for those."""
 import concurrent.futures
 import contextlib
 import json
@@ -100,13 +103,20 @@ class LayerPrefetch:
         self._lock = threading.Lock()
         self._turtle = None
         self._reads = {}  # numbered module path -> future of {(shard path, name): tensor}
-        self._current = None  # the numbered module filled last
+        self._current = None  # (path, module) of the numbered module filled last
         self._reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="qlink-prefetch")
 
     def close(self):
         with self._lock:
             self._reads, self._current = {}, None
         self._reader.shutdown(wait=True)
+
+    def landed(self, module):
+        """`module` is moving to the host: if it is the layer filled last, its tensors go."""
+        with self._lock:
+            if self._current is not None and self._current[1] is module:
+                self._reads.pop(self._current[0], None)
+                self._current = None
 
     def make_safe_open(self):
         original = self._safe_open
@@ -123,7 +133,7 @@ class LayerPrefetch:
         def materialize_submodule(turtle, *, target_model, target_submodule, device, non_blocking=False,
                                   module_path=None, **kwargs):
             path = module_path if module_path is not None else qualified_name(target_model, target_submodule)
-            read, reason, layer = self._read_for(turtle, path)
+            read, reason, layer = self._read_for(turtle, path, target_submodule)
             try:
                 tensors = read.result() if read is not None else None
             except Exception as error:  # noqa: BLE001 (qlink's read failed: nothing of the host's ran)
@@ -150,18 +160,18 @@ class LayerPrefetch:
             return module
         return materialize_submodule
 
-    def _read_for(self, turtle, path):
+    def _read_for(self, turtle, path, module):
         """(the future of the tensors for this fill or None, why there are none, whether the
         fill starts a layer): for a module inside the current layer, that layer's read; for
         any other numbered module, its read-ahead (it becomes the current layer)."""
         with self._lock:
             reads = self._reads if turtle is self._turtle else {}
-            current = self._current
+            current = self._current[0] if self._current is not None else None
             if current is not None and path.startswith(current + ".") and current in reads:
                 return reads[current], None, False
             if _NUMBERED.match(path or "") is None:
                 return None, "not inside a numbered module read ahead", False
-            self._current = path
+            self._current = (path, module)
             read = reads.get(path)
             return read, None if read is not None else "nothing read ahead", True
 
