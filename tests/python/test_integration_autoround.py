@@ -585,3 +585,42 @@ def test_a_blocks_host_inputs_reach_the_gpu_through_qlinks_moves(host, ctx, monk
         _preprocess(gpu)
     adapter.install("auto", ctx=ctx)
     assert _same(_preprocess(gpu), own) and adapter.counters()["block_inputs"]["fallback"] == 2
+
+
+def test_a_block_on_the_host_is_dispatched_by_autorounds_own_move(host, library):
+    q = host.sign_round.SignRoundQuantizer(host.sign_round.SignRoundConfig(iters=1))
+    adapter.install("auto", ctx=cpu(library, 1), strict=True)
+    block = Block()
+    assert q.dispatch_block(block, None, {}) is block and q._loss_device == torch.device("cpu")
+    assert adapter.counters()["block_dispatch"]["reasons"] == {"not a GPU of a GPU backend (cpu, cpu)": 1}
+    adapter.uninstall()
+    assert host.sign_round.SignRoundQuantizer.dispatch_block.__module__ == host.sign_round.__name__
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_a_block_reaches_the_gpu_through_qlinks_moves(host, ctx, monkeypatch):
+    """dispatch_block on one GPU: the block's parameters on the GPU with the same values and
+    identities as Module.to leaves them, the quantizer's loss device set as AutoRound sets it;
+    a failing move falls back to AutoRound's, or raises under strict."""
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(host.auto_round.utils.device_manager.device_manager, "device", gpu)
+    monkeypatch.setattr(host.auto_round.utils.device_manager.device_manager, "device_list", [gpu])
+    q = host.sign_round.SignRoundQuantizer(host.sign_round.SignRoundConfig(iters=1))
+    adapter.install("auto", ctx=ctx, strict=True)
+    block = Block()
+    want, params = [p.detach().clone() for p in block.parameters()], list(block.parameters())
+    assert q.dispatch_block(block, None, {}) is block
+    assert list(block.parameters()) == params
+    assert all(p.device == gpu and torch.equal(p.cpu(), w) for p, w in zip(block.parameters(), want))
+    assert q._loss_device == gpu and q._card_0_in_high_risk is False
+    assert adapter.counters()["block_dispatch"]["qlink"] == 1
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected")
+    monkeypatch.setattr(ctx, "move_module_to_device", broken)
+    with pytest.raises(FallbackRefused, match="block_dispatch failed.*injected"):
+        q.dispatch_block(Block(), None, {})
+    adapter.install("auto", ctx=ctx)
+    moved = q.dispatch_block(Block(), None, {})
+    assert all(p.device == gpu for p in moved.parameters())
+    assert adapter.counters()["block_dispatch"]["fallback"] == 1

@@ -23,6 +23,10 @@ counters and strict as the GPTQModel integration's, integrations/base.py):
                   slots: 2 GiB of the first block's inputs, captured on the CPU, went over as
                   128 pageable copies with the GPU idle), dicts updated in place as AutoRound's
                   own to_device does
+  block_dispatch  SignRoundQuantizer.dispatch_block on one device: the block's weights moved to the
+                  tuning GPU through qlink's moves (streamed through page-locked slots) instead
+                  of Module.to's pageable copies, each waited for; AutoRound's own where it
+                  spreads a block over several devices
   frozen_gc       CompressionOrchestrator.quantize, the whole run: the objects older than the
                   call frozen out of the garbage collector for its length (host_gc.py), so
                   AutoRound's gc.collect() between blocks walks only what the run made
@@ -50,7 +54,8 @@ from .base import HostSpec, Installation, Integration
 from .host_gc import frozen_gc
 from .patches import like
 
-PATCHES = ("quantize_block", "rtn_layers", "step_graph", "compiled_loss", "block_inputs", "frozen_gc")
+PATCHES = ("quantize_block", "rtn_layers", "step_graph", "compiled_loss", "block_inputs", "block_dispatch",
+           "frozen_gc")
 TRANSPORTS = ("fp32", "bf16")
 
 _SIGN_ROUND = "auto_round.algorithms.quantization.sign_round.quantizer:SignRoundQuantizer"
@@ -71,11 +76,11 @@ HOST = HostSpec("AutoRound", "auto_round", "auto_round.version", "0.15", "b9f3d0
     "auto_round.algorithms.block_runner:BlockForwardRunner._forward_one_batch",
     "auto_round.algorithms.block_runner:BlockForwardRunner._normalize_output",
 ] + [_SIGN_ROUND + "." + name for name in (
-    "quantize_block", "_compute_valid_token_mask", "_get_loss", "_scale_loss_and_backward", "_get_non_zero_cnt",
-    "_step", "_maybe_log_low_bit_lr", "wrapper_block", "block_forward", "calibration_context", "compress_context",
-    "enable_quanted_input", "gradient_accumulate_steps", "not_use_best_mse", "dynamic_max_gap", "optimizer",
-    "momentum", "lr_scheduler", "iters", "lr", "minmax_lr", "enable_minmax_tuning", "enable_norm_bias_tuning",
-    "_config")])
+    "quantize_block", "dispatch_block", "_compute_valid_token_mask", "_get_loss", "_scale_loss_and_backward",
+    "_get_non_zero_cnt", "_step", "_maybe_log_low_bit_lr", "wrapper_block", "block_forward", "calibration_context",
+    "compress_context", "enable_quanted_input", "gradient_accumulate_steps", "not_use_best_mse", "dynamic_max_gap",
+    "optimizer", "momentum", "lr_scheduler", "iters", "lr", "minmax_lr", "enable_minmax_tuning",
+    "enable_norm_bias_tuning", "_config")])
 
 log = logging.getLogger("qlink")
 _integration = Integration()
@@ -126,6 +131,7 @@ class _Installation(Installation):
             bind.set(cls, "quantize_block", self._make_rtn_quantize_block(vars(cls)["quantize_block"]))
         bind.set(h.CompressionOrchestrator, "quantize", self._make_quantize(h.CompressionOrchestrator.quantize))
         bind.set(h.inputs, "to_device", self._make_inputs_to_device(h.inputs_to_device))
+        bind.set(h.SignRoundQuantizer, "dispatch_block", self._make_dispatch_block(h.SignRoundQuantizer.dispatch_block))
 
     def _make_quantize(self, original):
         counters = self.counters
@@ -155,6 +161,29 @@ class _Installation(Installation):
                 return moved
             return guard.attempt("block_inputs", move, lambda: original(input, device))
         return to_device
+
+    def _make_dispatch_block(self, original):
+        h, ctx, counters, guard = self.host, self.ctx, self.counters, self.guard
+
+        @like(original)
+        def dispatch_block(q, block, input_ids, input_others):
+            device = torch.device(h.device_manager.device)
+            if len(h.device_manager.device_list) > 1:
+                reason = "several devices (AutoRound may spread the block over them)"
+            elif ctx.host_memory or device.type != "cuda":
+                reason = "not a GPU of a GPU backend (%s, %s)" % (device, ctx.backend)
+            else:
+                reason = None
+            if reason:
+                counters.host("block_dispatch", reason)
+                return original(q, block, input_ids, input_others)
+
+            def commit(moved):  # what AutoRound's one-device dispatch leaves on the quantizer
+                q._card_0_in_high_risk, q._loss_device = False, device
+                return moved
+            return guard.attempt("block_dispatch", lambda: ctx.move_module_to_device(block, device),
+                                 lambda: original(q, block, input_ids, input_others), commit)
+        return dispatch_block
 
     # -- the plan --------------------------------------------------------------------------
 

@@ -68,6 +68,15 @@ class SignRoundQuantizer(BaseQuantizer):
     def _maybe_log_low_bit_lr(self, bits):
         pass
 
+    def dispatch_block(self, block, input_ids, input_others):
+        """The block on the tuning device before its tuning (AutoRound's own spreads it over
+        several GPUs by an accelerate device map where there are several)."""
+        if len(device_manager.device_list) > 1:
+            raise NotImplementedError("the stand-in does not spread a block over devices")
+        block = block.to(device_manager.device)
+        self._card_0_in_high_risk, self._loss_device = False, device_manager.device
+        return block
+
     def _get_non_zero_cnt(self, tensor, indices):
         return sum(int(torch.count_nonzero(tensor[i])) for i in indices)
 
