@@ -1,10 +1,10 @@
 """The layer_prefetch patch against the stand-in GPTQModel's lazy model fill (tests/python/hosts)
 on the CPU backend, from safetensors shards: each numbered layer's fill reads the next
-layer's tensors on qlink's helper thread and the next fill takes them, and so do the later
-fills of that layer's own modules (filled the same as by the host's own reads, counted); a
-fill out of order reads for itself; a shard that is not safetensors is read ahead through the
-host's reader; a failed read-ahead falls back to the host's read (FallbackRefused under
-strict, the module untouched); uninstall gives both bindings back."""
+layer's tensors on qlink's helper thread and the next fill takes them (filled the same as by
+the host's own reads, counted); the fills of a layer's own modules, and a fill out of order,
+read for themselves; a shard that is not safetensors is read ahead through the host's
+reader; a failed read-ahead falls back to the host's read (FallbackRefused under strict, the
+module untouched); uninstall gives both bindings back."""
 import json
 import os
 import threading
@@ -96,7 +96,7 @@ def host_reads(host, index):
     return [thread for thread, name in host["reads"] if name.startswith("model.layers.%d." % index)]
 
 
-def test_each_layer_and_its_modules_take_the_tensors_read_ahead(host):
+def test_each_layer_takes_the_tensors_read_ahead_and_its_modules_read_for_themselves(host):
     adapter.install(ctx=host["ctx"], strict=True)
     root = empty_shell()
     for index in range(LAYERS):
@@ -106,25 +106,12 @@ def test_each_layer_and_its_modules_take_the_tensors_read_ahead(host):
             linear.weight.data.zero_()
             fill(host, root, linear)
         assert_filled(host, root, index)
-    assert host_reads(host, 0) == [threading.current_thread().name] * 6  # the first layer's fill read itself
-    assert all(host_reads(host, index) == [] for index in range(1, LAYERS))
-    assert adapter.counters()["layer_prefetch"] == {"qlink": 3 + 4 * (LAYERS - 1), "host": 1, "fallback": 0,
-                                                    "reasons": {"nothing read ahead": 1}}
-
-
-def test_a_layer_moved_to_the_host_lets_its_read_ahead_go(host):
-    adapter.install(ctx=host["ctx"], strict=True)
-    from gptqmodel.utils import model as host_model
-    root = empty_shell()
-    fill(host, root, root.model.layers[0])
-    fill(host, root, root.model.layers[1])
-    host_model.move_to(root.model.layers[1], torch.device("cpu"))  # GPTQModel's post_quantize
-    fill(host, root, root.model.layers[1].up)
-    assert host_reads(host, 1) == [threading.current_thread().name] * 2
-    fill(host, root, root.model.layers[2])  # the read-ahead of the next layer stays
-    assert host_reads(host, 2) == []
-    assert adapter.counters()["layer_prefetch"]["reasons"] == {"nothing read ahead": 1,
-                                                               "not inside a numbered module read ahead": 1}
+    me = threading.current_thread().name
+    assert host_reads(host, 0) == [me] * (6 + 5)  # the first layer's fill read itself, then its modules
+    assert all(host_reads(host, index) == [me] * 5 for index in range(1, LAYERS))
+    assert adapter.counters()["layer_prefetch"] == {"qlink": LAYERS - 1, "host": 1 + 3 * LAYERS, "fallback": 0,
+                                                    "reasons": {"nothing read ahead": 1,
+                                                                "a module of the layer filled last": 3 * LAYERS}}
 
 
 def test_a_fill_out_of_order_or_outside_the_layers_reads_for_itself(host):
@@ -137,8 +124,7 @@ def test_a_fill_out_of_order_or_outside_the_layers_reads_for_itself(host):
         assert_filled(host, root, index)
     assert root.model.layers[1].up.weight.is_meta
     assert host_reads(host, 2) == [threading.current_thread().name] * 6
-    assert adapter.counters()["layer_prefetch"]["reasons"] == {"nothing read ahead": 2,
-                                                               "not inside a numbered module read ahead": 1}
+    assert adapter.counters()["layer_prefetch"]["reasons"] == {"nothing read ahead": 2, "not a numbered module": 1}
 
 
 def test_a_shard_that_is_not_safetensors_is_read_ahead_by_the_hosts_reader(host, monkeypatch):

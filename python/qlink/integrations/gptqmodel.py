@@ -12,7 +12,7 @@ What install() routes through qlink (each a patch with its own counters):
   torch_replicate           the replicas themselves: qlink's broadcast, not
                             torch.nn.parallel.replicate (broadcast_coalesced)
   layer_prefetch            GPTQModel's lazy model fill (LazyTurtle.materialize_submodule): each
-                            numbered layer's materialization reads the next one's checkpoint
+                            numbered layer's fill, once done, reads the next one's checkpoint
                             tensors on a helper thread, page-locked on a GPU, so that layer's
                             fill copies them without blocking (gptqmodel_prefetch)
   cache_inputs              the calibration cache GPTQModel's input capture returns, moved
@@ -309,8 +309,6 @@ class _Installation(Installation):
                 counters.host("move_to", reason)
                 return original(obj, device, dtype)
             if isinstance(obj, torch.nn.Module):  # changed only once every tensor has arrived (moves.py)
-                if torch.device(device).type == "cpu":
-                    self.prefetch.landed(obj)  # its read-ahead's page-locked blocks are free for its landing
                 return guard.attempt("move_to", lambda: ctx.move_module_to_device(obj, device),
                                      lambda: original(obj, device, dtype))
             # A tensor moved alone is calibration data (masks, position ids): moved again

@@ -1,26 +1,27 @@
-"""Checkpoint tensors read ahead of GPTQModel's loop.
+"""The next layer's checkpoint tensors read ahead of GPTQModel's loop.
 
 GPTQModel builds its model as an empty shell and fills each decoder layer from the
-checkpoint when its loop reaches it (LazyTurtle.materialize_submodule), then fills each of
-the layer's linears again before replaying its forwards (the same checkpoint bytes): the
-main thread reads every tensor from its safetensors shard into pageable memory and copies it
-to the GPU, each copy blocking, while the GPU waits (0.6 s of the 4-layer LLaMA-7B loop's
-3.1 s of idle GPU time on an H200).
+checkpoint when its loop reaches it (LazyTurtle.materialize_submodule): the main thread
+reads every tensor from its safetensors shard into pageable memory and copies it to the
+GPU, each copy blocking, while the GPU waits (0.6 s of the 4-layer LLaMA-7B loop's 3.1 s of
+idle GPU time on an H200).
 
-Here each fill of a numbered module ("model.layers.3") starts reading its next sibling
-("model.layers.4") on a helper thread, straight from the shard file into page-locked
-buffers where a GPU backend takes them (FileIO.readinto: no GIL held while it reads, so
-the loop's threads run on; a shard that is not safetensors, or a dtype PyTorch lacks, is
-read through GPTQModel's own reader). The sibling's fill takes them: the shard handles
-GPTQModel opens during that fill (its module's `safe_open`) answer from them, and the fill
-copies them without blocking, on the caller's current stream, as GPTQModel copies any
-page-locked source when asked not to block; PyTorch keeps a page-locked block from reuse
-until the copies that read it have completed. The layer's tensors stay for the later fills
-of its own modules until the layer lands on the host (landed(): GPTQModel moves each
-finished layer there, into page-locked memory where qlink moves it, which then reuses
-their blocks instead of page-locking new ones) or the next layer's fill; the fills only
-read them. A numbered fill with nothing read ahead (the first layer) starts a read of its
-own tensors for those."""
+Here each fill of a numbered module ("model.layers.3") starts, once it is done, reading its
+next sibling ("model.layers.4") on a helper thread, straight from the shard file into
+page-locked buffers where a GPU backend takes them (FileIO.readinto: no GIL held while it
+reads, so the loop's threads run on; a shard that is not safetensors, or a dtype PyTorch
+lacks, is read through GPTQModel's own reader). The sibling's fill takes them: the shard
+handles GPTQModel opens during that fill (its module's `safe_open`) answer from them, and
+the fill copies them without blocking, on the caller's current stream, as GPTQModel copies
+any page-locked source when asked not to block; PyTorch keeps a page-locked block from
+reuse until the copies that read it have completed, so the buffers go back to its pool as
+the fill returns, for the next layer's read and the finished layers' landings.
+
+GPTQModel fills each of a layer's linears again before replaying its forwards (the same
+bytes); those fills read for themselves. Keeping the layer's buffers for them (measured on
+the GPU machine) made the process page-lock a second layer's worth of memory, and
+page-locking new memory stalls every thread's CUDA calls while it runs (the forwards' idle
+time at 4 layers rose from 0.5 s to 2.1 s)."""
 import concurrent.futures
 import contextlib
 import json
@@ -93,30 +94,22 @@ class _Handle:
 
 
 class LayerPrefetch:
-    """One installation's read-ahead: the tensors of the layer filled last and of the one
-    after it (at most two layers in host memory), read by one helper thread."""
+    """One installation's read-ahead: one layer at a time in host memory, read by one
+    helper thread."""
 
     def __init__(self, safe_open, pin, counters, guard, patch="layer_prefetch"):
         self._safe_open, self._pin = safe_open, pin
         self.counters, self.guard, self.patch = counters, guard, patch
         self._ready = _Ready()
         self._lock = threading.Lock()
-        self._turtle = None
-        self._reads = {}  # numbered module path -> future of {(shard path, name): tensor}
-        self._current = None  # (path, module) of the numbered module filled last
+        self._pending = None  # (turtle, numbered module path, future of {(shard path, name): tensor})
+        self._layer = None  # the numbered module filled last: its own numbered modules are no layers
         self._reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="qlink-prefetch")
 
     def close(self):
         with self._lock:
-            self._reads, self._current = {}, None
+            self._pending = None
         self._reader.shutdown(wait=True)
-
-    def landed(self, module):
-        """`module` is moving to the host: if it is the layer filled last, its tensors go."""
-        with self._lock:
-            if self._current is not None and self._current[1] is module:
-                self._reads.pop(self._current[0], None)
-                self._current = None
 
     def make_safe_open(self):
         original = self._safe_open
@@ -133,15 +126,16 @@ class LayerPrefetch:
         def materialize_submodule(turtle, *, target_model, target_submodule, device, non_blocking=False,
                                   module_path=None, **kwargs):
             path = module_path if module_path is not None else qualified_name(target_model, target_submodule)
-            read, reason, layer = self._read_for(turtle, path, target_submodule)
+            layer, why = self._layer_of(path)
+            read = self._take(turtle, path) if layer else None
             try:
                 tensors = read.result() if read is not None else None
             except Exception as error:  # noqa: BLE001 (qlink's read failed: nothing of the host's ran)
                 self.guard.fallback(self.patch, error)
                 tensors = None
             if tensors is None:
-                if reason:
-                    self.counters.host(self.patch, reason)
+                if read is None:
+                    self.counters.host(self.patch, why or "nothing read ahead")
                 module = original(turtle, target_model=target_model, target_submodule=target_submodule,
                                   device=device, non_blocking=non_blocking, module_path=module_path, **kwargs)
             else:
@@ -154,42 +148,40 @@ class LayerPrefetch:
                 self.counters.qlink(self.patch)
             if layer:
                 try:  # after the fill: the helper's reads do not compete with its copies
-                    self._read_ahead(turtle, path, tensors is None)
+                    self._read_next(turtle, path)
                 except Exception as error:  # noqa: BLE001 (qlink's read-ahead: the next fill reads for itself)
                     self.guard.fallback(self.patch, error)
             return module
         return materialize_submodule
 
-    def _read_for(self, turtle, path, module):
-        """(the future of the tensors for this fill or None, why there are none, whether the
-        fill starts a layer): for a module inside the current layer, that layer's read; for
-        any other numbered module, its read-ahead (it becomes the current layer)."""
+    def _layer_of(self, path):
+        """(whether `path` is a layer: a numbered module not inside the layer filled last, why
+        not); a layer becomes the one filled last."""
         with self._lock:
-            reads = self._reads if turtle is self._turtle else {}
-            current = self._current[0] if self._current is not None else None
-            if current is not None and path.startswith(current + ".") and current in reads:
-                return reads[current], None, False
+            if self._layer is not None and (path or "").startswith(self._layer + "."):
+                return False, "a module of the layer filled last"
             if _NUMBERED.match(path or "") is None:
-                return None, "not inside a numbered module read ahead", False
-            self._current = (path, module)
-            read = reads.get(path)
-            return read, None if read is not None else "nothing read ahead", True
+                return False, "not a numbered module"
+            self._layer = path
+            return True, None
 
-    def _read_ahead(self, turtle, path, itself):
-        """Starts reading the numbered sibling after `path` (and `path` itself for its own
-        modules' fills where it was not read ahead); drops the reads of every other layer."""
+    def _take(self, turtle, path):
+        """The future of `path`'s read-ahead, if it is the one in flight (taken)."""
+        with self._lock:
+            pending = self._pending
+            if pending is None or pending[0] is not turtle or pending[1] != path:
+                return None
+            self._pending = None
+            return pending[2]
+
+    def _read_next(self, turtle, path):
+        """Starts reading the numbered sibling after `path` where the checkpoint has it, in
+        place of any read-ahead not taken."""
         match = _NUMBERED.match(path)
         sibling = "%s%d" % (match.group(1), int(match.group(2)) + 1)
-        wanted = [sibling] + ([path] if itself else [])
+        names = self._names(turtle, sibling)
         with self._lock:
-            if turtle is not self._turtle:
-                self._turtle, self._reads = turtle, {}
-            reads = {p: f for p, f in self._reads.items() if p in (path, sibling)}
-            for module in wanted:
-                names = self._names(turtle, module)
-                if names and module not in reads:
-                    reads[module] = self._reader.submit(self._read, names)
-            self._reads = reads
+            self._pending = (turtle, sibling, self._reader.submit(self._read, names)) if names else None
 
     @staticmethod
     def _names(turtle, module):
