@@ -1,0 +1,22 @@
+#!/bin/bash
+# Session 16 call C (main c16a145): the GPU tests of the new paths (AutoRound's integration,
+# the copies and the layer read-ahead), GPTQModel's dense loop at 4 layers profiled with
+# --idle (after a warm 2-layer run), then AutoRound on the issue's model: alone (warm-up +
+# timed) and with qlink (warm-up + timed + profiled with --idle), iters=200.
+# carry: dist/prep dist/call16c.sh
+O=$1; P=$PWD/dist/prep; R=$O/r; mkdir -p $R
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH=$P/python QLINK_HOSTS_ROOT=$P
+T0=$(date +%s); DEADLINE=$((T0 + ${BUDGET:-560}))
+run() { local name=$1 lim=$2; shift 2; local left=$((DEADLINE - $(date +%s))); [ $left -lt 10 ] && { echo "=== $name skipped"; return; }; [ $lim -gt $left ] && lim=$left
+  echo "=== $name"; local s=$(date +%s.%N); timeout $lim "$@" > $R/$name.log 2>&1; echo "rc=$? $(python3 -c "print(round($(date +%s.%N)-$s,1))") s"; tail -n 3 $R/$name.log; }
+cd $P/bench/hosts
+{
+run pytest_gpu 100 python3 -m pytest -q -rf -p no:cacheprovider ../../tests/python/test_integration_autoround.py ../../tests/python/test_integration_gptqmodel_copies.py ../../tests/python/test_integration_gptqmodel_prefetch.py --qlink-library ../../python/qlink/lib/libqlink.so
+run tensor2 50 python3 gptqmodel_run.py --model /tmp/llama7b-2layers --layers 2 --qlink --strict --precision tensor --out $R/tensor2.json
+run tensor4_idle 70 python3 gptqmodel_run.py --model /tmp/llama7b-4layers --layers 4 --qlink --strict --precision tensor --profile $R/tensor4_ops.txt --idle $R/tensor4_idle.txt --out $R/tensor4_idle.json
+run ar_host 140 python3 autoround_run.py --model /tmp/llama7b-2layers --iters 200 --out $R/ar_host.json
+run ar_qlink 170 python3 autoround_run.py --model /tmp/llama7b-2layers --iters 200 --qlink auto --strict --profile $R/ar_ops.txt --idle $R/ar_idle.txt --out $R/ar_qlink.json
+} > $R/run.txt 2>&1
+cat $R/run.txt
+cd $O && tar czf r.tgz r && rm -rf r
