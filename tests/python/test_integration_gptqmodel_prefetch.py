@@ -175,3 +175,42 @@ def test_uninstall_gives_the_fill_and_the_shard_reader_back(host):
     assert structure.LazyTurtle.materialize_submodule is not originals[1]
     adapter.uninstall()
     assert (structure.safe_open, structure.LazyTurtle.materialize_submodule) == originals
+
+
+def test_read_ahead_off_leaves_the_fills_alone_and_a_bad_setting_is_named(host):
+    structure = host["structure"]
+    originals = structure.safe_open, structure.LazyTurtle.materialize_submodule
+    adapter.install(ctx=host["ctx"], read_ahead="off")
+    assert (structure.safe_open, structure.LazyTurtle.materialize_submodule) == originals
+    root = empty_shell()
+    fill(host, root, root.model.layers[0])
+    fill(host, root, root.model.layers[1])
+    assert_filled(host, root, 1)
+    assert adapter.counters()["layer_prefetch"] == {"qlink": 0, "host": 0, "fallback": 0, "reasons": {}}
+    with pytest.raises(ValueError, match="read_ahead must be one of .*'pinned', 'pageable', 'off'.*got 'eager'"):
+        adapter.install(ctx=host["ctx"], read_ahead="eager")
+
+
+def test_pageable_read_ahead_fills_the_same(host):
+    adapter.install(ctx=host["ctx"], read_ahead="pageable")
+    root = empty_shell()
+    fill(host, root, root.model.layers[0])
+    fill(host, root, root.model.layers[1])
+    assert_filled(host, root, 1)
+    assert host_reads(host, 1) == []
+    assert adapter.counters()["layer_prefetch"]["qlink"] == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("read_ahead, pinned", [("pinned", True), ("pageable", False)])
+def test_on_a_gpu_the_read_ahead_is_page_locked_only_when_pinned(host, library, read_ahead, pinned):
+    ctx = qlink.load({"backend": "cuda", "log_level": "off"}, library=library)
+    adapter.install(ctx=ctx, strict=True, read_ahead=read_ahead)
+    root = empty_shell()
+    fill(host, root, root.model.layers[0])
+    tensors = adapter._integration.current.prefetch._pending[2].result()
+    assert tensors and all(t.is_pinned() == pinned for t in tensors.values())
+    host["turtle"].materialize_submodule(target_model=root, target_submodule=root.model.layers[1],
+                                         device=torch.device("cuda", 0))
+    for name, p in root.model.layers[1].named_parameters():
+        assert p.is_cuda and torch.equal(p.cpu(), host["weights"]["model.layers.1." + name])

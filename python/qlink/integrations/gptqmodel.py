@@ -77,6 +77,7 @@ PATCHES = ("clone_module_for_devices", "torch_replicate", "layer_prefetch", "cac
            "nested_move_to", "add_batch", "materialize_global_hessian", "rehome_processor_task", "quantize", "pack",
            "routed_experts")
 
+READ_AHEAD = ("pinned", "pageable", "off")
 _HELPERS, _MODEL = "gptqmodel.utils.looper_helpers:", "gptqmodel.utils.model:"
 _GPTQ = "gptqmodel.quantization.gptq:GPTQ."
 _LOOPER = "gptqmodel.looper.module_looper:ModuleLooper"
@@ -158,13 +159,16 @@ def _has_meta(module):
 class _Installation(Installation):
     PATCHES, HOST = PATCHES, HOST
 
-    def __init__(self, ctx, strict):
+    def __init__(self, ctx, strict, read_ahead="pinned"):
+        if read_ahead not in READ_AHEAD:
+            raise ValueError("read_ahead must be one of %s, got %r" % (READ_AHEAD, read_ahead))
         super().__init__(ctx, strict)
         self.host = _Host(self.names)
+        self.read_ahead = read_ahead
         self.accumulator = HessianAccumulator(ctx)
         self.queue = Queue(self)  # add_batch's calls of a forward, made as one native call
         self.ahead = SolveAhead(self)  # a subset's tasks solved in one engine call
-        pin = not ctx.host_memory and torch.cuda.is_available()
+        pin = read_ahead == "pinned" and not ctx.host_memory and torch.cuda.is_available()
         self.prefetch = LayerPrefetch(self.host.safe_open, pin, self.counters, self.guard)
         # Each sample's tokens where the loop's cache holds grouped one-sample batches
         # (group_batches), None where its batches are GPTQModel's.
@@ -180,9 +184,10 @@ class _Installation(Installation):
         h, bind = self.host, self.rebindings
         for name in ("clone_module_for_devices", "torch_replicate", "move_to", "nested_move_to"):
             bind.everywhere(getattr(h, name), getattr(self, "_make_" + name)(), "gptqmodel")
-        bind.set(h.structure, "safe_open", self.prefetch.make_safe_open())
-        bind.set(h.LazyTurtle, "materialize_submodule",
-                 self.prefetch.make_materialize_submodule(h.materialize_submodule, h.qualified_name))
+        if self.read_ahead != "off":
+            bind.set(h.structure, "safe_open", self.prefetch.make_safe_open())
+            bind.set(h.LazyTurtle, "materialize_submodule",
+                     self.prefetch.make_materialize_submodule(h.materialize_submodule, h.qualified_name))
         bind.set(h.ModuleLooper, "cache_inputs", self._make_cache_inputs())
         bind.set(h.ModuleLooper, "_rehome_processor_task", self._make_rehome_processor_task())
         bind.set(h.GPTQ, "add_batch", make_add_batch(self))
@@ -423,18 +428,22 @@ class _Installation(Installation):
         return quantize
 
 
-def install(config=None, strict=False, *, ctx=None, library=None):
+def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pinned"):
     """Routes this process's GPTQModel through qlink (see the module's docstring); a second
     install replaces the first.
 
     config: the qlink context's config (a P2PConfig, a dict of its fields, or a whole
     config), made the process default context; or ctx: a context to use instead. strict:
     a failing qlink path raises FallbackRefused instead of running GPTQModel's own.
+    read_ahead (layer_prefetch): "pinned" reads the next layer into page-locked memory on
+    a GPU (its fill's copies do not block; page-locking a layer's worth stalls the
+    process's CUDA calls while it runs), "pageable" into pageable memory (the fill's copies
+    block as GPTQModel's own), "off" leaves GPTQModel's fills alone.
     GPTQModel's version is checked against HOST's (another warns once; UnsupportedHost
     under strict) and every name the patches touch must be where HOST says (HostChanged
     naming each that moved); nothing is patched otherwise."""
     uninstall()
-    return _integration.install(_Installation(ctx or configure(config, library), strict)).ctx
+    return _integration.install(_Installation(ctx or configure(config, library), strict, read_ahead)).ctx
 
 
 def uninstall():
