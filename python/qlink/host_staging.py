@@ -102,10 +102,12 @@ class HostStaging:
         with self._lock:
             return dict(self._counts, kept=len(self._twins), retiring=len(self._retiring))
 
-    def to_device(self, sources, device, keep=False):
+    def to_device(self, sources, device, keep=False, into=None):
         """Copies of the host tensors `sources` (each stageable) on `device` (a torch
         device on the GPU backends, a virtual device index on the host-memory ones), in
-        order. keep: hold each source's pinned twin for its next move."""
+        order. keep: hold each source's pinned twin for its next move. into: the tensors
+        the copies go to (each contiguous, its source's shape and dtype, on `device`; host
+        tensors on the host-memory backends), returned; new ones otherwise."""
         for i, t in enumerate(sources):
             reason = stageable(t)
             if reason:
@@ -116,13 +118,17 @@ class HostStaging:
             if not 0 <= index < ctx.device_count:
                 raise ValueError("device %d does not exist: the %s backend has %d" % (
                     index, ctx.backend, ctx.device_count))
-            targets = [torch.empty_like(t) for t in sources]
+            where = torch.device("cpu")
         else:
-            target = resolved_device(device)
-            if target.type != "cuda":
-                raise ValueError("device %s is not a GPU" % target)
-            index = target.index
-            targets = [torch.empty(t.shape, dtype=t.dtype, device=target) for t in sources]
+            where = resolved_device(device)
+            if where.type != "cuda":
+                raise ValueError("device %s is not a GPU" % where)
+            index = where.index
+        if into is None:
+            targets = [torch.empty(t.shape, dtype=t.dtype, device=where) for t in sources]
+        else:
+            targets = list(into)
+            _check_into(sources, targets, where)
         self._sweep()
         streamed = self._to_stream(sources, keep)
         twinned = [i for i in range(len(sources)) if i not in streamed]
@@ -253,6 +259,18 @@ class HostStaging:
         for _, ticket in held:  # the buffers stay referenced by `held` until their copies are done
             if ticket is not None:
                 ticket.synchronize()
+
+
+def _check_into(sources, targets, where):
+    if len(targets) != len(sources):
+        raise ValueError("into has %d tensors for %d sources" % (len(targets), len(sources)))
+    for i, (s, t) in enumerate(zip(sources, targets)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError("into[%d] is a %s, not a tensor" % (i, type(t).__name__))
+        for field, got, want in (("device", t.device, where), ("shape", tuple(t.shape), tuple(s.shape)),
+                                 ("dtype", t.dtype, s.dtype), ("contiguous", t.is_contiguous(), True)):
+            if got != want:
+                raise ValueError("into[%d]: %s is %s, expected %s" % (i, field, got, want))
 
 
 def _event_after_copy(index):

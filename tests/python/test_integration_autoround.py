@@ -562,8 +562,9 @@ def test_block_inputs_for_the_host_are_autorounds_own_move(host, library):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_a_blocks_host_inputs_reach_the_gpu_through_qlinks_moves(host, ctx, monkeypatch):
     """AutoRound's preprocessing of a block's host inputs: the same tensors on the GPU as its
-    own to_device makes, the large move streamed through the staging's slots, the others dict
-    updated in place; a failing move falls back to AutoRound's, or raises under strict."""
+    own to_device makes, the samples in one allocation, the large move streamed through the
+    staging's slots, the others dict updated in place; a failing move falls back to
+    AutoRound's, or raises under strict."""
     from qlink import host_staging
     gpu = torch.device("cuda", 0)
     own = _preprocess(gpu)
@@ -575,12 +576,14 @@ def test_a_blocks_host_inputs_reach_the_gpu_through_qlinks_moves(host, ctx, monk
     moved_ids, moved_others = inputs.to_device(cached["input_ids"], gpu), inputs.to_device(others, gpu)
     assert moved_others is others
     assert _same(moved_ids, own[0]) and _same(_preprocess(gpu), own)
+    assert len({t.untyped_storage().data_ptr() for t in moved_ids}) == 1  # the samples in one allocation
     assert adapter.counters()["block_inputs"]["qlink"] == 4
     assert ctx.host_staging.counters()["streamed"] > 0
 
     def broken(*args, **kwargs):
         raise RuntimeError("injected")
     monkeypatch.setattr(ctx, "move_nested_to_device", broken)
+    monkeypatch.setattr(ctx.host_staging, "to_device", broken)
     with pytest.raises(FallbackRefused, match="block_inputs failed.*injected"):
         _preprocess(gpu)
     adapter.install("auto", ctx=ctx)

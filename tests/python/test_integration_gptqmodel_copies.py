@@ -127,6 +127,29 @@ def test_kept_and_small_moves_keep_their_twins(slow, small_stream):
     assert counts["streamed"] == 0 and counts["twins_made"] == 2 and counts["kept"] == 1
 
 
+def test_copies_land_in_the_tensors_given(slow):
+    staging = HostStaging(slow)
+    sources = [torch.randn(3, 5), torch.randn(3, 5)]
+    stacked = torch.zeros(2, 3, 5)
+    into = list(stacked.unbind(0))
+    moved = staging.to_device(sources, 1, into=into)
+    assert all(m is i for m, i in zip(moved, into)) and torch.equal(stacked, torch.stack(sources))
+
+
+@pytest.mark.parametrize("into, reason", [
+    (lambda: [torch.zeros(3, 5)], "into has 1 tensors for 2 sources"),
+    (lambda: [torch.zeros(3, 5), 7], "into\\[1\\] is a int, not a tensor"),
+    (lambda: [torch.zeros(3, 5), torch.zeros(5, 3)], "into\\[1\\]: shape is \\(5, 3\\), expected \\(3, 5\\)"),
+    (lambda: [torch.zeros(3, 5), torch.zeros(3, 5).half()], "into\\[1\\]: dtype is torch.float16"),
+    (lambda: [torch.zeros(3, 5), torch.zeros(5, 3).t()], "into\\[1\\]: contiguous is False"),
+])
+def test_bad_destinations_are_named_and_nothing_is_copied(slow, into, reason):
+    staging = HostStaging(slow)
+    with pytest.raises(ValueError, match=reason):
+        staging.to_device([torch.randn(3, 5), torch.randn(3, 5)], 1, into=into())
+    assert staging.counters()["copies"] == 0 and staging.counters()["twins_made"] == 0
+
+
 @pytest.mark.parametrize("bad, reason", [
     (lambda: torch.randn(4, 4).t(), "sources\\[1\\] cannot be staged: a non-contiguous tensor"),
     (lambda: torch.randn(4, requires_grad=True), "sources\\[1\\] cannot be staged: a tensor that requires grad"),

@@ -21,7 +21,8 @@ counters and strict as the GPTQModel integration's, integrations/base.py):
                   tuning (preprocess_block_inputs' to_device): host tensors to a GPU all at once
                   through qlink's moves (a large one-time move streams through page-locked
                   slots: 2 GiB of the first block's inputs, captured on the CPU, went over as
-                  128 pageable copies with the GPU idle), dicts updated in place as AutoRound's
+                  128 pageable copies with the GPU idle), a per-sample list into one
+                  allocation (its tensors views of it), dicts updated in place as AutoRound's
                   own to_device does
   block_dispatch  SignRoundQuantizer.dispatch_block on one device: the block's weights moved to the
                   tuning GPU through qlink's moves (streamed through page-locked slots) instead
@@ -46,6 +47,7 @@ import random
 import torch
 
 from ..defaults import configure
+from ..host_staging import stageable
 from ..plan import check_setting, resolve_plan
 from ..quant.placement import Placement
 from .autoround_native import NativeTuning, check, unsupported
@@ -105,6 +107,13 @@ def _nbytes(tensors):
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def _one_per_sample(value):
+    """Whether `value` is a list of host tensors of one shape and dtype, each stageable
+    (AutoRound's per-sample cache of a block's first input)."""
+    return (isinstance(value, list) and len(value) > 1 and all(stageable(t) is None for t in value)
+            and len({(tuple(t.shape), t.dtype) for t in value}) == 1)
+
+
 def _quantized_linears(block):
     return [m for m in block.modules() if isinstance(m, torch.nn.Linear) and getattr(m, "bits", 16) <= 8]
 
@@ -154,6 +163,12 @@ class _Installation(Installation):
                 return original(input, device)
 
             def move():
+                if _one_per_sample(input):
+                    # One allocation for the block's samples: after AutoRound's clear_memory
+                    # emptied the allocator's cache, a GPU allocation each (128 x 16 MiB) took
+                    # 0.15 s of the first block's move.
+                    rows = torch.empty((len(input),) + tuple(input[0].shape), dtype=input[0].dtype, device=target)
+                    return ctx.host_staging.to_device(input, target, into=list(rows.unbind(0)))
                 moved = ctx.move_nested_to_device(input, target)
                 if isinstance(input, dict):  # AutoRound's to_device updates a dict in place
                     input.update(moved)
