@@ -163,38 +163,47 @@ def profiler_activities(stacks=False):
     return args
 
 
+def device_spans(prof, start_us=None):
+    """{"kernel": spans, "any": spans}: the profiler's device events as (start, end) µs,
+    kernels (not copies, not fills) and every event; with start_us, those ending after it,
+    clipped to it."""
+    spans = {"kernel": [], "any": []}
+    for e in prof.events():
+        if getattr(e, "device_type", None) is None or str(e.device_type) != "DeviceType.CUDA":
+            continue
+        span = (e.time_range.start, e.time_range.end)
+        if start_us is not None:
+            if span[1] <= start_us:
+                continue
+            span = (max(span[0], start_us), span[1])
+        spans["any"].append(span)
+        if not e.name.startswith(("Memcpy", "Memset")):
+            spans["kernel"].append(span)
+    return spans
+
+
+def merged_spans(spans):
+    """The spans' union as sorted, disjoint [start, end] intervals."""
+    merged = []
+    for a, b in sorted(spans):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return merged
+
+
 def busy_shares(prof, wall_s, loop_mark=None):
     """(kernels, kernels or copies): the share of wall_s during which at least one ran,
     from the profiler's device events (their intervals' union); loop_mark: of the time
     from that range's start (gptqmodel_run.mark_layer_loop) to the last device event instead."""
-    spans = {"kernel": [], "any": []}
-    events = prof.events()
-    start = min((e.time_range.start for e in events if e.name == loop_mark), default=None) if loop_mark else None
-    for e in events:
-        if getattr(e, "device_type", None) is None or str(e.device_type) != "DeviceType.CUDA":
-            continue
-        span = (e.time_range.start, e.time_range.end)
-        if start is not None:
-            if span[1] <= start:
-                continue
-            span = (max(span[0], start), span[1])
-        spans["any"].append(span)
-        if not e.name.startswith(("Memcpy", "Memset")):
-            spans["kernel"].append(span)
+    start = min((e.time_range.start for e in prof.events() if e.name == loop_mark), default=None) if loop_mark else None
+    spans = device_spans(prof, start)
     if loop_mark:
         if start is None or not spans["any"]:
             return None, None
         wall_s = (max(b for _, b in spans["any"]) - start) / 1e6
-
-    def union_us(intervals):
-        total, end = 0.0, float("-inf")
-        for a, b in sorted(intervals):
-            if b <= end:
-                continue
-            total += b - max(a, end)
-            end = b
-        return total
-    return tuple(round(union_us(spans[k]) / 1e6 / wall_s, 4) for k in ("kernel", "any"))
+    return tuple(round(sum(b - a for a, b in merged_spans(spans[k])) / 1e6 / wall_s, 4) for k in ("kernel", "any"))
 
 
 def kernel_table(prof, path, rows=40, stacks=False):

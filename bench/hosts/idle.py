@@ -18,6 +18,8 @@ import sys
 import threading
 import time
 
+from common import device_spans, merged_spans
+
 _MARKS = {}
 _WAITS = ("threading.py", "queue.py", "selectors.py", "thread.py")  # where idle pool threads sit
 
@@ -73,23 +75,6 @@ class Sampler:
         self._thread.join()
 
 
-def _busy_union(prof, start_us):
-    """The kernels' intervals (not copies, not fills) after start_us, merged."""
-    spans = []
-    for e in prof.events():
-        if str(getattr(e, "device_type", "")) != "DeviceType.CUDA" or e.name.startswith(("Memcpy", "Memset")):
-            continue
-        if e.time_range.end > start_us:
-            spans.append((max(e.time_range.start, start_us), e.time_range.end))
-    merged = []
-    for a, b in sorted(spans):
-        if merged and a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b])
-    return merged
-
-
 def _busy_before(merged, starts, prefix, t):
     """Busy time of the merged intervals (their starts, their prefix sums) before t."""
     i = bisect.bisect_right(starts, t)
@@ -109,7 +94,7 @@ def report(prof, sampler, mark_name, path, rows=25, threads=8, chain=6):
     if start_host is None or not opened:
         raise RuntimeError("mark %r was not recorded under the profiler" % mark_name)
     start_us = min(opened)
-    merged = _busy_union(prof, start_us)
+    merged = merged_spans(device_spans(prof, start_us)["kernel"])
     end_us = merged[-1][1] if merged else start_us
     starts, prefix, total = [a for a, _ in merged], [], 0.0
     for a, b in merged:
