@@ -167,9 +167,7 @@ class HostStaging:
     def _to_stream(self, sources, keep):
         """The indices of the sources a streamed move takes: the pageable ones no twin would
         be kept for, when they add up to STREAM_MIN_BYTES."""
-        host_memory = self._ctx.host_memory
-        once = [i for i, t in enumerate(sources)
-                if not (keep and not t.is_inference()) and (host_memory or not t.is_pinned())]
+        once = [i for i, t in enumerate(sources) if not _kept(t, keep) and not self._read_in_place(t)]
         if sum(sources[i].numel() * sources[i].element_size() for i in once) < STREAM_MIN_BYTES:
             return set()
         return set(once)
@@ -199,11 +197,10 @@ class HostStaging:
 
     def _twin(self, source, keep):
         # An inference tensor (made under torch.inference_mode, as GPTQModel's captured
-        # inputs are) has no version counter: a change in place could not be seen, so its
-        # twin is never kept.
+        # inputs are) has no version counter (_kept).
         version = None if source.is_inference() else source._version
-        key, keep = id(source), keep and version is not None
-        if not self._ctx.host_memory and source.is_pinned():
+        key, keep = id(source), _kept(source, keep)
+        if self._read_in_place(source):
             # Already page-locked, maybe still being written by an asynchronous copy on the
             # stream this one joins: read in place, never by the CPU, held until copied.
             with self._lock:
@@ -234,6 +231,10 @@ class HostStaging:
                 self._twins[key] = (weakref.ref(source, self._source_died(key)), twin)
         return twin
 
+    def _read_in_place(self, source):
+        """Whether a copy reads `source` itself: page-locked memory on a GPU backend."""
+        return not self._ctx.host_memory and source.is_pinned()
+
     def _source_died(self, key):
         def retire(ref):
             with self._lock:
@@ -259,6 +260,12 @@ class HostStaging:
         for _, ticket in held:  # the buffers stay referenced by `held` until their copies are done
             if ticket is not None:
                 ticket.synchronize()
+
+
+def _kept(source, keep):
+    """Whether a move asked to keep its twins keeps `source`'s: an inference tensor has no
+    version counter to see a change in place by."""
+    return keep and not source.is_inference()
 
 
 def _check_into(sources, targets, where):
