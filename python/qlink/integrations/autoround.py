@@ -158,8 +158,9 @@ class _Installation(Installation):
         @like(original)
         def to_device(input, device=torch.device("cpu")):
             target = torch.device(device) if isinstance(device, (str, torch.device)) else None
-            if ctx.host_memory or target is None or target.type != "cuda":
-                counters.host("block_inputs", "not a GPU of a GPU backend (%s, %s)" % (device, ctx.backend))
+            reason = self._not_a_gpu(target, device)
+            if reason:
+                counters.host("block_inputs", reason)
                 return original(input, device)
 
             def move():
@@ -177,6 +178,13 @@ class _Installation(Installation):
             return guard.attempt("block_inputs", move, lambda: original(input, device))
         return to_device
 
+    def _not_a_gpu(self, target, asked):
+        """Why qlink's moves do not take a move to `target` (the torch device `asked` for, or
+        None), or None."""
+        if self.ctx.host_memory or target is None or target.type != "cuda":
+            return "not a GPU of a GPU backend (%s, %s)" % (asked, self.ctx.backend)
+        return None
+
     def _make_dispatch_block(self, original):
         h, ctx, counters, guard = self.host, self.ctx, self.counters, self.guard
 
@@ -185,10 +193,8 @@ class _Installation(Installation):
             device = torch.device(h.device_manager.device)
             if len(h.device_manager.device_list) > 1:
                 reason = "several devices (AutoRound may spread the block over them)"
-            elif ctx.host_memory or device.type != "cuda":
-                reason = "not a GPU of a GPU backend (%s, %s)" % (device, ctx.backend)
             else:
-                reason = None
+                reason = self._not_a_gpu(device, device)
             if reason:
                 counters.host("block_dispatch", reason)
                 return original(q, block, input_ids, input_others)
