@@ -135,7 +135,8 @@ class MoveCalls:
         Through the torch bridge, GPU leaves that are contiguous and share no bytes with
         another leaf move in one call: one new allocation holds all but the largest, one
         copy_batch fills every destination. Contiguous host leaves (no autograd) move to a
-        GPU through pinned twins (host_staging.py), without blocking the calling thread;
+        GPU through pinned twins (host_staging.py), without blocking the calling thread, or,
+        a large one-time move, streamed through the staging's page-locked slots;
         keep_host_copies holds the twins for their sources' next move (data moved again
         and again). GPU leaves going to the host land in page-locked memory, copied
         asynchronously and waited for once (_to_pinned_host). The rest, and every leaf
