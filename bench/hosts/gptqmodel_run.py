@@ -9,7 +9,7 @@ Nothing the script records waits on the device or copies to the host inside the 
 call (device checksums, turned into digests after it).
 
     python3 gptqmodel_run.py --model DIR [--layers N] [--model-kind llama|qwen3_moe]
-        [--qlink [--strict] [--read-ahead pinned|pageable|off] | --guards]
+        [--qlink [--strict] [--read-ahead pinned|pageable|off] [--switch-interval S|off] | --guards]
         [--precision ieee_fp32|tensor] [--codes FILE.pt] [--profile OPS.txt [--profile-stacks] [--idle IDLE.txt]]
         [--cprofile FILE | --samples-out FILE] [--out FILE]
 
@@ -157,6 +157,8 @@ def main():
     a.add_argument("--cprofile", help="cProfile over the quantize call; its table to this file")
     a.add_argument("--read-ahead", default="pinned", choices=("pinned", "pageable", "off"),
                    help="with --qlink: the layer read-ahead's buffers (install's read_ahead)")
+    a.add_argument("--switch-interval", default="1e-4",
+                   help="with --qlink: the loop's interpreter switch interval in seconds, or off (install's)")
     a.add_argument("--idle", help="with --profile: the GPU's idle time in the loop by the host's stacks, to this file")
     a.add_argument("--profile-stacks", action="store_true", help="--profile with the Python stack behind each operator")
     a.add_argument("--samples-out", help="the main thread's stack sampled every 2 ms; its table to this file")
@@ -166,6 +168,7 @@ def main():
     (make_qwen3_moe if args.model_kind == "qwen3_moe" else make_llama)(args.model, layers=args.layers)
     result = {"host": "GPTQModel", "model_kind": args.model_kind, "qlink": args.qlink, "group_rows": args.group_rows,
               "read_ahead": args.read_ahead if args.qlink else None,
+              "switch_interval": args.switch_interval if args.qlink else None,
               "strict": args.strict, "guards": args.qlink or args.guards,
               "gpus": torch.cuda.device_count(), "layers": args.layers, "precision": args.precision,
               "profiled": bool(args.profile or args.cprofile or args.samples_out)}
@@ -176,7 +179,8 @@ def main():
         config = {"backend": "cuda", "log_level": "warn"}
         if args.precision:
             config["hessian_precision"] = args.precision
-        qlink_gptqmodel.install(config, strict=args.strict, read_ahead=args.read_ahead)
+        qlink_gptqmodel.install(config, strict=args.strict, read_ahead=args.read_ahead,
+                                switch_interval=None if args.switch_interval == "off" else float(args.switch_interval))
         if args.group_rows is not None:
             import qlink.integrations.gptqmodel_cache as qlink_cache
             qlink_cache.GROUP_ROWS = args.group_rows

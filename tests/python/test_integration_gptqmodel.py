@@ -395,3 +395,36 @@ def test_a_failing_rehome_leaves_the_move_to_gptqmodel_or_raises_when_strict(hos
     adapter.install(ctx=host["ctx"], strict=True)
     with pytest.raises(FallbackRefused, match="rehome_processor_task"):
         looper._rehome_processor_task(_processor(quantizer), _Named(), torch.device("cpu"))
+
+
+def test_the_layer_loop_runs_with_a_short_switch_interval_restored_after(host):
+    """GPTQModel's loop holds the GIL-handover interval of install's switch_interval while
+    it runs (its forwards' operators take the GIL back without waiting out the finalizers'
+    Python), the interval before it restored after, also when the loop raises."""
+    import sys
+    seen = []
+
+    def cache_inputs(calibration_data, **_):  # the loop's body, on the looper itself
+        seen.append(sys.getswitchinterval())
+        if calibration_data == "fail":
+            raise RuntimeError("the loop failed")
+        return calibration_data
+    before = sys.getswitchinterval()
+    looper = host["module_looper"].ModuleLooper()
+    looper.cache_inputs = cache_inputs
+    adapter.install(ctx=host["ctx"])
+    assert looper.loop("data") == "data"
+    assert seen[-1] == pytest.approx(adapter.SWITCH_INTERVAL) and seen[-1] < before
+    assert sys.getswitchinterval() == before
+    with pytest.raises(RuntimeError, match="the loop failed"):
+        looper.loop("fail")
+    assert sys.getswitchinterval() == before
+    assert adapter.counters()["switch_interval"]["qlink"] == 2
+
+    adapter.install(ctx=host["ctx"], switch_interval=None)
+    looper.loop("data")
+    assert seen[-1] == before
+    assert adapter.counters()["switch_interval"]["reasons"] == {"switch_interval=None": 1}
+    for bad in (0, -1e-3, 2.0, "1e-4", True):
+        with pytest.raises(ValueError, match="switch_interval"):
+            adapter.install(ctx=host["ctx"], switch_interval=bad)

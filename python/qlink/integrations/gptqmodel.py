@@ -54,6 +54,11 @@ What install() routes through qlink (each a patch with its own counters):
                             qlink.quant.gptq_pack (gptqmodel_pack): what GPTQModel's CPU packer
                             makes, bit for bit, without its per-32-column Python loop under the
                             layer's lock; GPTQModel's own packer for words of another width
+  switch_interval           ModuleLooper.loop, the whole layer loop, with the interpreter's
+                            switch interval shortened (install's switch_interval, 0.1 ms; the
+                            one before restored after): the main thread takes the GIL back
+                            after each operator it launches without waiting out the finalizer
+                            threads' Python (host_switch.py)
 
 GPTQModel swallows clone errors and falls back to deepcopy; with strict=True every patch
 whose qlink path fails raises FallbackRefused instead of running the host's code."""
@@ -71,13 +76,15 @@ from .gptqmodel_prefetch import LayerPrefetch
 from .gptqmodel_routed import make_run_routed_experts
 from .gptqmodel_solve import done_with_hessian, unsupported
 from .gptqmodel_solve_ahead import SolveAhead
+from .host_switch import check_interval, short_switch_interval
 from .patches import like
 
 PATCHES = ("clone_module_for_devices", "torch_replicate", "layer_prefetch", "cache_inputs", "group_batches", "move_to",
            "nested_move_to", "add_batch", "materialize_global_hessian", "rehome_processor_task", "quantize", "pack",
-           "routed_experts")
+           "routed_experts", "switch_interval")
 
 READ_AHEAD = ("pinned", "pageable", "off")
+SWITCH_INTERVAL = 1e-4  # seconds (host_switch.py)
 _HELPERS, _MODEL = "gptqmodel.utils.looper_helpers:", "gptqmodel.utils.model:"
 _GPTQ = "gptqmodel.quantization.gptq:GPTQ."
 _LOOPER = "gptqmodel.looper.module_looper:ModuleLooper"
@@ -91,7 +98,7 @@ HOST = HostSpec("GPTQModel", "gptqmodel", "gptqmodel.version", "7.3", "f4c327a",
     _MODEL + "move_to", _MODEL + "nested_move_to",
     "gptqmodel.looper.forward_executor:ForwardExecutor.run_parallel",  # binds the clone as a default
     "gptqmodel.looper.module_looper:clone_module_for_devices",         # imports the helpers by name
-    _LOOPER, _LOOPER + ".cache_inputs", _LOOPER + "._rehome_processor_task", _LOOPER + ".gptq_model",
+    _LOOPER, _LOOPER + ".loop", _LOOPER + ".cache_inputs", _LOOPER + "._rehome_processor_task", _LOOPER + ".gptq_model",
     _LOOPER + ".processors",
     _LOOPER + ".support_batch_quantize", _LOOPER + ".moe_routing_override", _LOOPER + ".moe_routing_bypass",
     "gptqmodel.looper.gptq_processor:GPTQProcessor", "gptqmodel.models.base:BaseQModel",
@@ -124,6 +131,7 @@ class _Host:
         self.Quantizer = names["gptqmodel.quantization.quantizer:Quantizer"]
         self.should_use_fallback = names["gptqmodel.utils.fallback:should_use_fallback"]
         self.ModuleLooper, self.cache_inputs = names[_LOOPER], names[_LOOPER + ".cache_inputs"]
+        self.loop = names[_LOOPER + ".loop"]
         self.rehome_processor_task = names[_LOOPER + "._rehome_processor_task"]
         self.GPTQProcessor = names["gptqmodel.looper.gptq_processor:GPTQProcessor"]
         self.BaseQModel = names["gptqmodel.models.base:BaseQModel"]
@@ -159,9 +167,10 @@ def _has_meta(module):
 class _Installation(Installation):
     PATCHES, HOST = PATCHES, HOST
 
-    def __init__(self, ctx, strict, read_ahead="pinned"):
+    def __init__(self, ctx, strict, read_ahead="pinned", switch_interval=SWITCH_INTERVAL):
         if read_ahead not in READ_AHEAD:
             raise ValueError("read_ahead must be one of %s, got %r" % (READ_AHEAD, read_ahead))
+        self.switch_interval = check_interval(switch_interval)
         super().__init__(ctx, strict)
         self.host = _Host(self.names)
         self.read_ahead = read_ahead
@@ -188,6 +197,7 @@ class _Installation(Installation):
             bind.set(h.structure, "safe_open", self.prefetch.make_safe_open())
             bind.set(h.LazyTurtle, "materialize_submodule",
                      self.prefetch.make_materialize_submodule(h.materialize_submodule, h.qualified_name))
+        bind.set(h.ModuleLooper, "loop", self._make_loop())
         bind.set(h.ModuleLooper, "cache_inputs", self._make_cache_inputs())
         bind.set(h.ModuleLooper, "_rehome_processor_task", self._make_rehome_processor_task())
         bind.set(h.GPTQ, "add_batch", make_add_batch(self))
@@ -210,6 +220,19 @@ class _Installation(Installation):
         if self.grouped and tokens % self.sample_tokens == 0:
             return tokens // self.sample_tokens
         return 1
+
+    def _make_loop(self):
+        original, counters, seconds = self.host.loop, self.counters, self.switch_interval
+
+        @like(original)
+        def loop(looper, *args, **kwargs):
+            if seconds is None:
+                counters.host("switch_interval", "switch_interval=None")
+                return original(looper, *args, **kwargs)
+            with short_switch_interval(seconds) as reason:
+                counters.record("switch_interval", reason)
+                return original(looper, *args, **kwargs)
+        return loop
 
     # -- replicas ------------------------------------------------------------------------
 
@@ -428,7 +451,8 @@ class _Installation(Installation):
         return quantize
 
 
-def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pinned"):
+def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pinned",
+            switch_interval=SWITCH_INTERVAL):
     """Routes this process's GPTQModel through qlink (see the module's docstring); a second
     install replaces the first.
 
@@ -443,7 +467,8 @@ def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pi
     under strict) and every name the patches touch must be where HOST says (HostChanged
     naming each that moved); nothing is patched otherwise."""
     uninstall()
-    return _integration.install(_Installation(ctx or configure(config, library), strict, read_ahead)).ctx
+    return _integration.install(_Installation(ctx or configure(config, library), strict, read_ahead,
+                                              switch_interval)).ctx
 
 
 def uninstall():
