@@ -2,8 +2,10 @@
 (batch 8 x 2048 tokens, 32 heads of 128, bf16): AutoRound masks every sample's last token
 out so its attention mask is never all ones, so transformers hands the block a 4-D mask and
 SDPA computes every score of the square, where causal attention skips half. Times, per
-SDPA backend, one forward + backward with that mask and with is_causal (the rows a loss
-reads equal), and the loss AutoRound computes per batch (_get_loss: masked bf16 outputs cast
+SDPA backend, one forward + backward with that mask, with the 0/1 bias AutoRound's tuning
+passes (below) gathered per sample as its batches are and as one row expanded over the
+batch (qlink's native loop, where every sample's mask is the same), and with is_causal (the
+rows a loss reads equal), and the loss AutoRound computes per batch (_get_loss: masked bf16 outputs cast
 to fp32, MSE) eager and compiled.
 
 (What AutoRound's tuning actually runs is neither: its input cache casts each sample's
@@ -48,8 +50,12 @@ def main():
     mask = torch.tril(torch.ones(seq, seq, dtype=torch.bool, device="cuda"))[None, None] & keys[:, None, None, :]
     flops = 4 * batch * heads * seq * seq * dim * 3.5  # forward 2 GEMMs, backward 5, over the square
     result = {"shape": [batch, heads, seq, dim], "attention": {}}
+    bias = mask.to(torch.bfloat16)  # AutoRound's to_dtype of the cached mask: 1.0 visible, 0.0 hidden
+    expanded = bias[:1].clone().expand_as(bias)
+    cases = (("autoround_mask", mask), ("autoround_bias", bias), ("autoround_bias_expanded", expanded),
+             ("causal", None))
     for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
-        for name, m in (("autoround_mask", mask), ("causal", None)):
+        for name, m in cases:
             try:
                 us = mean_us(attention_case(backend, m, q, k, v, grad), reps=args.reps)
             except RuntimeError as error:
@@ -63,6 +69,20 @@ def main():
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         b = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         result["max_abs_diff_rows_read"] = float((a[:, :, :-1] - b[:, :, :-1]).abs().max())
+    for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):  # gathered vs expanded bias
+        outs, grads = [], []
+        for m in (bias, expanded):
+            q.grad = k.grad = v.grad = None
+            with sdpa_kernel([backend]):
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+            out.backward(grad)
+            outs.append(out.detach())
+            grads.append(torch.cat([q.grad, k.grad, v.grad]))
+        result["bias_expanded_vs_gathered/%s" % backend.name] = {
+            "out_equal": bool(torch.equal(*outs)), "grads_equal": bool(torch.equal(*grads)),
+            "out_max_abs_diff": float((outs[0] - outs[1]).abs().max()),
+            "grads_max_abs_diff": float((grads[0] - grads[1]).abs().max())}
+    q.grad = k.grad = v.grad = None
 
     pred = torch.randn(batch, seq, hidden, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
     ref = torch.randn(batch, seq, hidden, device="cuda", dtype=torch.bfloat16, generator=gen)
