@@ -4,7 +4,8 @@ out so its attention mask is never all ones, so transformers hands the block a 4
 SDPA computes every score of the square, where causal attention skips half. Times, per
 SDPA backend, one forward + backward with that mask, with the 0/1 bias AutoRound's tuning
 passes (below) gathered per sample as its batches are and as one row expanded over the
-batch (qlink's native loop, where every sample's mask is the same), and with is_causal (the
+batch (a stride-0 view, where every sample's mask is the same: no faster on an H200, and
+in AutoRound's compiled block it added copies), and with is_causal (the
 rows a loss reads equal), and the loss AutoRound computes per batch (_get_loss: masked bf16 outputs cast
 to fp32, MSE) eager and compiled.
 

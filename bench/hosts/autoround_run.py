@@ -8,11 +8,9 @@ AutoRound's own log line ("quantization tuning time"), each block's loss line, a
 quantized model's output error on held-out sequences (MSE of the last hidden state
 against the bf16 model's, fp32). Prints and writes JSON; qlink's plans and counters.
 
-    python3 autoround_run.py --model DIR --iters 200|0 [--qlink auto|N|off] [--strict] [--no-shared-rows]
+    python3 autoround_run.py --model DIR --iters 200|0 [--qlink auto|N|off] [--strict]
         [--runs 2] [--profile FILE [--profile-stacks] [--idle FILE]] [--cprofile FILE] [--heldout 16] [--out FILE]
 
---no-shared-rows: qlink's native loop gathers every batch's rows of an entry all samples
-share (the attention mask) as AutoRound does, instead of expanding one row (autoround_native).
 --idle: in the profiled run, the GPU's idle time from the first block's tuning on charged to
 the host threads' stacks (idle.py).
 """
@@ -126,7 +124,6 @@ def main():
     a.add_argument("--iters", type=int, default=200)
     a.add_argument("--qlink", default=None, help="parallel_quantization with qlink installed: auto, N or off")
     a.add_argument("--strict", action="store_true", help="qlink's failures raise instead of running AutoRound's")
-    a.add_argument("--no-shared-rows", action="store_true", help="qlink: gather a shared entry's rows per batch")
     a.add_argument("--runs", type=int, default=2, help="unprofiled runs; the first warms up, the last is timed")
     a.add_argument("--profile", help="one more run under torch.profiler; its operator table to this file")
     a.add_argument("--idle", help="with --profile: the idle GPU time in the tuning by the host stacks, to this file")
@@ -152,10 +149,6 @@ def main():
         import qlink.integrations.autoround as qlink_autoround
         parallel = args.qlink if args.qlink in ("auto", "off") else int(args.qlink)
         qlink_autoround.install(parallel, strict=args.strict, config={"backend": "cuda", "log_level": "warn"})
-        if args.no_shared_rows:
-            import qlink.integrations.autoround_native as qlink_native
-            qlink_native.SHARE_REPEATED_ROWS = False
-            result["shared_rows"] = False
     runs = result["runs"] = [quantize_once(args, tokenizer, heldout, reference,
                                            cprofile=args.cprofile if r == args.runs - 1 else None)
                              for r in range(args.runs)]

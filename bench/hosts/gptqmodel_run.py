@@ -157,7 +157,7 @@ def main():
     a.add_argument("--cprofile", help="cProfile over the quantize call; its table to this file")
     a.add_argument("--read-ahead", default="pinned", choices=("pinned", "pageable", "off"),
                    help="with --qlink: the layer read-ahead's buffers (install's read_ahead)")
-    a.add_argument("--switch-interval", default="1e-4",
+    a.add_argument("--switch-interval", default="off",
                    help="with --qlink: the loop's interpreter switch interval in seconds, or off (install's)")
     a.add_argument("--idle", help="with --profile: the GPU's idle time in the loop by the host's stacks, to this file")
     a.add_argument("--profile-stacks", action="store_true", help="--profile with the Python stack behind each operator")

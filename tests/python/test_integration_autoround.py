@@ -56,9 +56,8 @@ class Model(torch.nn.Module):
         self.block = Block()
 
 
-def _setup(host, seed=0, nsamples=16, batch_size=4, layers=None, lr_for_bits=None, device="cpu", shared_shift=False,
-           **config):
-    model, inputs, others, outputs = _data(seed, nsamples, shared_shift)
+def _setup(host, seed=0, nsamples=16, batch_size=4, layers=None, lr_for_bits=None, device="cpu", **config):
+    model, inputs, others, outputs = _data(seed, nsamples)
     for name, options in (layers or {}).items():  # per-layer quantization options, as AutoRound sets them
         for key, value in options.items():
             setattr(getattr(model.block, name), key, value)
@@ -75,18 +74,13 @@ def _setup(host, seed=0, nsamples=16, batch_size=4, layers=None, lr_for_bits=Non
     return model, q, inputs, others, outputs
 
 
-def _data(seed, nsamples=16, shared_shift=False):
-    """A model at its full-precision start, calibration inputs and the block's outputs.
-    shared_shift: each sample's own entry the same for every sample (as the attention mask
-    is where every sample masks the same tokens)."""
+def _data(seed, nsamples=16):
+    """A model at its full-precision start, calibration inputs and the block's outputs."""
     torch.manual_seed(seed)
     model = Model()
     inputs = [torch.randn(1, SEQ, HIDDEN) for _ in range(nsamples)]
     # A value every sample shares, and one of each sample's own (AutoRound caches those as a list).
-    shifts = [torch.randn(1, 1, HIDDEN) * 0.1 for _ in range(nsamples)]
-    if shared_shift:
-        shifts = [shifts[0].clone() for _ in shifts]
-    others = {"scale": torch.tensor(1.5), "shift": shifts}
+    others = {"scale": torch.tensor(1.5), "shift": [torch.randn(1, 1, HIDDEN) * 0.1 for _ in range(nsamples)]}
     with torch.no_grad():
         outputs = [model.block(x, scale=others["scale"], shift=shift) for x, shift in zip(inputs, others["shift"])]
     return model, inputs, others, outputs
@@ -210,33 +204,6 @@ def test_the_native_loop_selects_batches_on_the_device(host, library, monkeypatc
     adapter.install("auto", ctx=cpu(library, 1), strict=True)
     _tune(host, iters=4)
     assert seen == [(torch.Tensor, True, [])] * 4
-
-
-def test_an_entry_every_sample_shares_reaches_each_batch_expanded_the_same_as_gathered(host, library, monkeypatch):
-    """A per-sample entry whose samples are all one (the attention mask where every sample
-    masks the same tokens) reaches each batch as that row expanded along the batch (stride
-    0: no gathered copy, one bias for SDPA to read), with the values AutoRound's gathered
-    copies hold: the losses and weights equal its own. Entries that differ are gathered."""
-    own, own_best, own_losses = _tune(host, iters=12, shared_shift=True)
-    host.auto_round.compressors.utils.IndexSampler.drawn.clear()
-    strides = []
-    forward = host.block_runner.BlockForwardRunner._forward_one_batch
-
-    def recording(self, block, batch, others):
-        strides.append(others["shift"].stride(0))
-        return forward(self, block, batch, others)
-
-    monkeypatch.setattr(host.block_runner.BlockForwardRunner, "_forward_one_batch", recording)
-    adapter.install("auto", ctx=cpu(library, 1), strict=True)
-    tuned, best, _ = _tune(host, iters=12, shared_shift=True)
-    (_, losses), = adapter.losses()
-    assert strides and set(strides) == {0}
-    assert losses == own_losses
-    for (n, a), b in zip(own.block.named_parameters(), tuned.block.parameters()):
-        assert torch.equal(a, b), n
-    strides.clear()
-    _tune(host, iters=2)
-    assert strides and 0 not in strides
 
 
 def test_a_failure_mid_block_runs_autorounds_loop_on_the_untouched_block_or_raises_when_strict(host, library,

@@ -6,10 +6,7 @@ per-iteration host work.
   (the same draws, the same consumption of Python's `random`), into one device table.
 - The calibration inputs, the block's reference outputs, the per-sample entries of
   input_others and AutoRound's valid-token mask are stacked on the tuning device once; a
-  batch is an index_select by the iteration's row of the table. An entry whose rows are
-  all one row (the attention mask, where every sample masks the same tokens) is kept as
-  that row, and each batch gets it expanded to the batch (a stride-0 view: no gathered copy,
-  and SDPA reads one bias for every sample of the batch instead of one each).
+  batch is an index_select by the iteration's row of the table.
 - The block runs unwrapped through AutoRound's own forward runner, its quantized linears'
   weights replaced for the call (functional_call) by the engine's quant-dequant of all of
   them at once (signround_qdq_layers: one engine call per options set forward, one
@@ -44,7 +41,6 @@ except ImportError:  # PyTorch < 2.0
     from torch.nn.utils.stateless import functional_call
 
 BITS = (2, 3, 4, 8)
-SHARE_REPEATED_ROWS = True  # _repeated_rows (bench/hosts/autoround_run.py --no-shared-rows turns it off)
 WARMUP = 3  # eager iterations before the capture: compiled code and autograd's state settle
 _SCALE_DTYPES = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16,
                  "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
@@ -176,7 +172,6 @@ class NativeTuning:
         self.runner = q.block_forward
         dim = getattr(self.runner, "batch_dim", 0)
         self.others = _on_device(self.runner, input_others, self.device, dim)
-        self.repeated = _repeated_rows(self.others, self.runner, dim) if SHARE_REPEATED_ROWS else {}
         self.inputs = torch.cat([x.to(self.device) for x in active_inputs], dim=dim)
         self.targets = torch.cat([y.to(self.device) for y in fp_outputs], dim=dim)
         self.input_words, self.target_words = _as_words(self.inputs, dim), _as_words(self.targets, dim)
@@ -272,8 +267,6 @@ class NativeTuning:
             else:
                 words, others = self.runner.select_batch(self.input_words, self.others, idx)
                 x = _from_words(words, self.inputs)
-            for key, row in self.repeated.items():
-                others[key] = row.expand(*row.shape[:dim], idx.numel(), *row.shape[dim + 1:])
             pred = functional_call(self.forward_module, weights, (x, others))
             if self.target_words is None:
                 ref = torch.index_select(self.targets, dim, idx)
@@ -404,23 +397,6 @@ def _on_device(runner, others, device, dim):
             isinstance(t, torch.Tensor) and t.dim() > dim and t.shape[dim] == 1 for t in value)
         out[key] = torch.cat([t.to(device) for t in value], dim=dim) if rows else move(value)
     return out
-
-
-def _repeated_rows(others, runner, dim):
-    """Takes out of `others` (_on_device's) each tensor AutoRound's select_batch would gather
-    rows of whose rows along `dim` all equal its first; returns {key: that first row}."""
-    shared = getattr(runner, "shared_cache_keys", ())
-    repeated = {}
-    for key, value in list(others.items()):
-        if key in shared or "positional_inputs" in key:  # select_batch passes these whole
-            continue
-        if not isinstance(value, torch.Tensor) or value.dim() <= dim or value.shape[dim] < 2:
-            continue
-        row = value.narrow(dim, 0, 1)
-        if torch.equal(value, row.expand_as(value)):
-            repeated[key] = row.clone()
-            del others[key]
-    return repeated
 
 
 class _DeviceRows:

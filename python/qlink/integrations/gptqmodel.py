@@ -55,10 +55,11 @@ What install() routes through qlink (each a patch with its own counters):
                             makes, bit for bit, without its per-32-column Python loop under the
                             layer's lock; GPTQModel's own packer for words of another width
   switch_interval           ModuleLooper.loop, the whole layer loop, with the interpreter's
-                            switch interval shortened (install's switch_interval, 0.1 ms; the
-                            one before restored after): the main thread takes the GIL back
-                            after each operator it launches without waiting out the finalizer
-                            threads' Python (host_switch.py)
+                            switch interval shortened where install's switch_interval asks
+                            (1e-4 s, say; the one before restored after): the main thread
+                            takes the GIL back after each operator it launches without
+                            waiting out the finalizer threads' Python (host_switch.py); off by
+                            default (install's docstring says why)
 
 GPTQModel swallows clone errors and falls back to deepcopy; with strict=True every patch
 whose qlink path fails raises FallbackRefused instead of running the host's code."""
@@ -84,7 +85,6 @@ PATCHES = ("clone_module_for_devices", "torch_replicate", "layer_prefetch", "cac
            "routed_experts", "switch_interval")
 
 READ_AHEAD = ("pinned", "pageable", "off")
-SWITCH_INTERVAL = 1e-4  # seconds (host_switch.py)
 _HELPERS, _MODEL = "gptqmodel.utils.looper_helpers:", "gptqmodel.utils.model:"
 _GPTQ = "gptqmodel.quantization.gptq:GPTQ."
 _LOOPER = "gptqmodel.looper.module_looper:ModuleLooper"
@@ -167,7 +167,7 @@ def _has_meta(module):
 class _Installation(Installation):
     PATCHES, HOST = PATCHES, HOST
 
-    def __init__(self, ctx, strict, read_ahead="pinned", switch_interval=SWITCH_INTERVAL):
+    def __init__(self, ctx, strict, read_ahead="pinned", switch_interval=None):
         if read_ahead not in READ_AHEAD:
             raise ValueError("read_ahead must be one of %s, got %r" % (READ_AHEAD, read_ahead))
         self.switch_interval = check_interval(switch_interval)
@@ -451,8 +451,7 @@ class _Installation(Installation):
         return quantize
 
 
-def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pinned",
-            switch_interval=SWITCH_INTERVAL):
+def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pinned", switch_interval=None):
     """Routes this process's GPTQModel through qlink (see the module's docstring); a second
     install replaces the first.
 
