@@ -247,6 +247,16 @@ static_assert(QLINK_API_STRUCT_SIZE_1_7 == 16 + 35 * 8, "qlink_api 1.7 size");
 QLINK_PIN(qlink_hessian_args, input_partials, 64);
 static_assert(QLINK_HESSIAN_ARGS_STRUCT_SIZE_1_8 == 72, "qlink_hessian_args 1.8 size");
 static_assert(QLINK_API_STRUCT_SIZE_1_8 == QLINK_API_STRUCT_SIZE_1_7, "qlink_api 1.8 size");
+
+// ---- 1.9: SignSGD's step of v inside the backward ------------------------------------------
+QLINK_PIN(qlink_signround_layer, best_v, 88);
+QLINK_PIN(qlink_signround_layer, lr_group, 96);
+static_assert(QLINK_SIGNROUND_LAYER_STRUCT_SIZE_1_9 == 100, "qlink_signround_layer 1.9 size");
+QLINK_PIN(qlink_signround_args, step_lrs, 48);
+QLINK_PIN(qlink_signround_args, loss, 56);
+QLINK_PIN(qlink_signround_args, best_loss, 64);
+static_assert(QLINK_SIGNROUND_ARGS_STRUCT_SIZE_1_9 == 72, "qlink_signround_args 1.9 size");
+static_assert(QLINK_API_STRUCT_SIZE_1_9 == QLINK_API_STRUCT_SIZE_1_8, "qlink_api 1.9 size");
 #endif
 
 // Every current *_STRUCT_SIZE covers its struct's last field, on every platform.
@@ -258,4 +268,8 @@ static_assert(QLINK_GPTQ_OPTIONS_STRUCT_SIZE == offsetof(qlink_gptq_options, act
               "gptq options");
 static_assert(QLINK_HESSIAN_ARGS_STRUCT_SIZE == offsetof(qlink_hessian_args, input_partials) + sizeof(void*),
               "hessian args");
+static_assert(QLINK_SIGNROUND_LAYER_STRUCT_SIZE == offsetof(qlink_signround_layer, lr_group) + sizeof(int32_t),
+              "signround layer");
+static_assert(QLINK_SIGNROUND_ARGS_STRUCT_SIZE == offsetof(qlink_signround_args, best_loss) + sizeof(void*),
+              "signround args");
 static_assert(QLINK_API_STRUCT_SIZE == sizeof(qlink_api), "the table's size macro covers every slot");

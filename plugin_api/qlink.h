@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 #define QLINK_ABI_MAJOR 1
-#define QLINK_ABI_MINOR 8
+#define QLINK_ABI_MINOR 9
 
 /* Size of a struct up to and including `last_field`: what a host built against the
  * minor that introduced `last_field` passes as struct_size.
@@ -407,18 +407,24 @@ typedef struct qlink_signround_layer {
   const char* name;               /* borrowed, NUL-terminated; names the layer in refusals;
                                      NULL: "layers[i]" */
   const DLTensor* weight;         /* (rows, columns) fp32, bf16 or fp16; read only */
-  const DLTensor* v;              /* (groups, group_len) fp32: the rounding offsets */
+  const DLTensor* v;              /* (groups, group_len) fp32: the rounding offsets; updated in
+                                     place by a backward with args->step_lrs (1.9) */
   const DLTensor* min_scale;      /* (groups,) fp32; the forward clamps it to [0, 1] in place,
                                      as WrapperLinear does */
   const DLTensor* max_scale;      /* (groups,) fp32; likewise */
   const DLTensor* qdq;            /* forward's output: (rows, columns), the weight's dtype */
   const DLTensor* grad_qdq;       /* backward's input: (rows, columns), the weight's dtype */
-  const DLTensor* grad_v;         /* backward's output: like v */
+  const DLTensor* grad_v;         /* backward's output: like v; NULL with args->step_lrs */
   const DLTensor* grad_min_scale; /* backward's outputs: like min_scale; NULL: not wanted */
   const DLTensor* grad_max_scale;
+  /* 1.9, a backward with args->step_lrs: */
+  const DLTensor* best_v; /* like v: v is copied here before its step when *args->loss <
+                             *args->best_loss; NULL: not kept */
+  int32_t lr_group;       /* v's learning rate: element lr_group of args->step_lrs */
 } qlink_signround_layer;
-#define QLINK_SIGNROUND_LAYER_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_signround_layer, grad_max_scale)
-#define QLINK_SIGNROUND_LAYER_STRUCT_SIZE_1_7 QLINK_SIGNROUND_LAYER_STRUCT_SIZE
+#define QLINK_SIGNROUND_LAYER_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_signround_layer, lr_group)
+#define QLINK_SIGNROUND_LAYER_STRUCT_SIZE_1_7 QLINK_STRUCT_SIZE(qlink_signround_layer, grad_max_scale)
+#define QLINK_SIGNROUND_LAYER_STRUCT_SIZE_1_9 QLINK_SIGNROUND_LAYER_STRUCT_SIZE
 
 /* Every layer's forward (signround_qdq: weight, v, min_scale, max_scale, qdq) or backward
  * (signround_qdq_backward: the same inputs, grad_qdq, grad_v and the optional scale
@@ -432,9 +438,21 @@ typedef struct qlink_signround_args {
   size_t num_layers;
   const qlink_stream* streams; /* borrowed array of num_streams; may be NULL */
   size_t num_streams;
+  /* 1.9, signround_qdq_backward only (NULL, or a struct ending before them: grad_v written).
+   * Non-NULL step_lrs: every layer's v takes SignSGD's step in place as the gradient is made
+   * (v -= lr * sign(grad_v), lr = step_lrs[layers[i].lr_group]; grad_v never stored, so
+   * layers[i].grad_v must be NULL), in one pass instead of a backward writing grad_v and a
+   * signsgd_step reading it. With loss and best_loss each v is first copied to its best_v
+   * when loss < best_loss; best_loss is read, not lowered: a signsgd_step of the range
+   * factors with the same loss, after, lowers it and advances the schedule. Every layer on
+   * step_lrs' device. */
+  const DLTensor* step_lrs;  /* (groups,) fp32 */
+  const DLTensor* loss;      /* (1,) fp32; NULL: no best kept */
+  const DLTensor* best_loss; /* (1,) fp32; required with loss */
 } qlink_signround_args;
-#define QLINK_SIGNROUND_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_signround_args, num_streams)
-#define QLINK_SIGNROUND_ARGS_STRUCT_SIZE_1_7 QLINK_SIGNROUND_ARGS_STRUCT_SIZE
+#define QLINK_SIGNROUND_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_signround_args, best_loss)
+#define QLINK_SIGNROUND_ARGS_STRUCT_SIZE_1_7 QLINK_STRUCT_SIZE(qlink_signround_args, num_streams)
+#define QLINK_SIGNROUND_ARGS_STRUCT_SIZE_1_9 QLINK_SIGNROUND_ARGS_STRUCT_SIZE
 
 /* One tensor of SignSGD's step: param -= lr * sign(grad) (AutoRound's SignSGD with its
  * defaults: no momentum, no weight decay). */
@@ -580,7 +598,8 @@ typedef struct qlink_api {
 #define QLINK_API_STRUCT_SIZE_1_6 QLINK_API_STRUCT_SIZE_1_5 /* 1.6 added a field, no entry */
 #define QLINK_API_STRUCT_SIZE_1_7 QLINK_STRUCT_SIZE(qlink_api, signsgd_step)
 #define QLINK_API_STRUCT_SIZE_1_8 QLINK_API_STRUCT_SIZE_1_7 /* 1.8 added a field, no entry */
-#define QLINK_API_STRUCT_SIZE QLINK_API_STRUCT_SIZE_1_8
+#define QLINK_API_STRUCT_SIZE_1_9 QLINK_API_STRUCT_SIZE_1_8 /* 1.9 added fields, no entry */
+#define QLINK_API_STRUCT_SIZE QLINK_API_STRUCT_SIZE_1_9
 
 /* The one exported symbol. Returns the table of ABI `major` if this library provides
  * at least `min_minor`, else NULL with *error (when error is non-NULL) pointing at a

@@ -1,10 +1,10 @@
-"""ctypes mirror of plugin_api/qlink.h (ABI 1.8). Keep in step with the header."""
+"""ctypes mirror of plugin_api/qlink.h (ABI 1.9). Keep in step with the header."""
 import ctypes
 from ctypes import (POINTER, c_char, c_char_p, c_double, c_int32, c_size_t, c_uint8, c_uint16, c_uint32, c_uint64,
                     c_void_p)
 
 ABI_MAJOR = 1
-ABI_MINOR = 8
+ABI_MINOR = 9
 
 OK, INVALID_ARGUMENT, UNAVAILABLE, VERSION_MISMATCH, OUT_OF_MEMORY, RUNTIME_ERROR, INTERNAL = range(7)
 
@@ -113,16 +113,16 @@ class SignRoundOptions(ctypes.Structure):  # 1.7
                 ("scale_dtype", DLDataType), ("q_scale_thresh", c_double)]
 
 
-class SignRoundLayer(ctypes.Structure):  # 1.7
+class SignRoundLayer(ctypes.Structure):  # 1.7, 1.9 (best_v, lr_group)
     _fields_ = [("struct_size", c_size_t), ("name", c_char_p)] + [
         (field, c_void_p) for field in ("weight", "v", "min_scale", "max_scale", "qdq", "grad_qdq", "grad_v",
-                                        "grad_min_scale", "grad_max_scale")]
+                                        "grad_min_scale", "grad_max_scale", "best_v")] + [("lr_group", c_int32)]
 
 
-class SignRoundArgs(ctypes.Structure):  # 1.7
+class SignRoundArgs(ctypes.Structure):  # 1.7, 1.9 (step_lrs, loss, best_loss)
     _fields_ = [("struct_size", c_size_t), ("options", POINTER(SignRoundOptions)),
                 ("layers", POINTER(SignRoundLayer)), ("num_layers", c_size_t), ("streams", POINTER(Stream)),
-                ("num_streams", c_size_t)]
+                ("num_streams", c_size_t), ("step_lrs", c_void_p), ("loss", c_void_p), ("best_loss", c_void_p)]
 
 
 class SignSgdParam(ctypes.Structure):  # 1.7

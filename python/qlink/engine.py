@@ -9,7 +9,8 @@ from .errors import InvalidArgumentError
 
 _GPTQ_TENSORS = ("weight", "hessian", "codes", "scales", "zeros", "g_idx", "dequantized")
 _SIGNROUND_TENSORS = ("weight", "v", "min_scale", "max_scale", "qdq", "grad_qdq", "grad_v", "grad_min_scale",
-                      "grad_max_scale")
+                      "grad_max_scale", "best_v")
+_STEP_TENSORS = ("step_lrs", "loss", "best_loss")
 _SIGNSGD_TENSORS = ("param", "grad", "best")
 
 
@@ -92,19 +93,27 @@ class EngineCalls:
         self.invoke("gptq_quantize", ctypes.byref(args))
         return [(spec.loss, spec.damp) for spec in specs[:len(layers)]]
 
-    def signround_qdq(self, layers, options, backward=False, streams=None):
+    def signround_qdq(self, layers, options, backward=False, streams=None, step=None):
         """SignRound's quant-dequant of every layer (qlink_signround_args), or its backward:
         layers are dicts of the _SIGNROUND_TENSORS by field name (absent: NULL), an optional
-        "name" and "device"; options: the qlink_signround_options fields by name, scale_dtype
-        a torch dtype. Stream-ordered: enqueued on each layer's device stream."""
+        "name", "device" and "lr_group"; options: the qlink_signround_options fields by name,
+        scale_dtype a torch dtype. step (the backward, ABI 1.9): {"step_lrs", and optionally
+        "loss" and "best_loss"} tensors, each layer's v then taking SignSGD's step in place of
+        a grad_v. Stream-ordered: enqueued on each layer's device stream."""
         array, names, specs = _layer_specs(layers, _SIGNROUND_TENSORS, _abi.SignRoundLayer)
+        for spec, layer in zip(specs, layers):
+            spec.lr_group = int(layer.get("lr_group", 0))
+        record = dict(step or {})
+        if step and layers and layers[0].get("device") is not None:  # the layers' virtual device
+            record["device"] = layers[0]["device"]
+        step_array, (step_at,) = _described([record], _STEP_TENSORS)
         o = _abi.SignRoundOptions(ctypes.sizeof(_abi.SignRoundOptions), int(options["bits"]),
                                   int(options["group_size"]), int(bool(options["sym"])))
         o.scale_dtype.code, o.scale_dtype.bits = _dtype_of(options["scale_dtype"])
         o.scale_dtype.lanes = 1
         o.q_scale_thresh = float(options["q_scale_thresh"])
         args = _abi.SignRoundArgs(ctypes.sizeof(_abi.SignRoundArgs), ctypes.pointer(o), specs, len(layers),
-                                  *self.stream_list(streams))
+                                  *self.stream_list(streams), *step_at)
         self.invoke("signround_qdq_backward" if backward else "signround_qdq", ctypes.byref(args))
 
     def signsgd_step(self, params, lrs, epoch=None, total_iters=0, loss=None, best_loss=None, streams=None,

@@ -60,14 +60,22 @@ class CpuSignRoundMath final : public SignRoundMath {
   }
 
   Status Backward(int, void*, const SignRoundConfig& c, const SignRoundLayer& l) override {
+    const bool keep = l.step_v != nullptr && l.best_v != nullptr && l.loss != nullptr && *l.loss < *l.best_loss;
     for (int64_t g = 0; g < l.groups(); ++g) {
       const SignRoundGroup p = GroupOf(c, l, g, false);
       const int64_t base = g * l.group_len;
       SignRoundTerms lanes[kSignRoundLanes];
       for (int64_t j = 0; j < l.group_len; ++j) {
         const int64_t i = base + j;
-        l.grad_v[i] = SignRoundElementGrad(c, p, Load(c.weight, l.weight, i), l.v[i], Load(c.weight, l.grad_qdq, i),
-                                           &lanes[SignRoundLane(j)]);
+        const float v = l.v[i];
+        const float grad_v = SignRoundElementGrad(c, p, Load(c.weight, l.weight, i), v, Load(c.weight, l.grad_qdq, i),
+                                                  &lanes[SignRoundLane(j)]);
+        if (l.step_v == nullptr) {
+          l.grad_v[i] = grad_v;
+        } else {
+          if (keep) l.best_v[i] = v;
+          l.step_v[i] = SignSgdUpdate(v, grad_v, *l.step_lr);
+        }
       }
       double product[kSignRoundLanes], quotient[kSignRoundLanes], zero_product[kSignRoundLanes],
           zero_level[kSignRoundLanes];

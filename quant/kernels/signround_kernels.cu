@@ -132,6 +132,21 @@ __device__ __forceinline__ double WarpSum(double x) {
   return x;
 }
 
+// A backward's step of v (SignRoundLayer::step_v): whether v is kept as best first, and
+// the update of a chunk in place, as the step kernel's SignSgdUpdate.
+struct VStepOf {
+  bool keep = false;
+  float lr = 0.0f;
+  __device__ explicit VStepOf(const SignRoundLayer& l) {
+    if (l.step_v == nullptr) return;
+    keep = l.best_v != nullptr && l.loss != nullptr && *l.loss < *l.best_loss;
+    lr = *l.step_lr;
+  }
+  __device__ void Apply(float* v, const float* grad, int n) const {
+    for (int i = 0; i < n; ++i) v[i] = SignSgdUpdate(v[i], grad[i], lr);
+  }
+};
+
 template <Fmt W>
 __global__ void __launch_bounds__(kThreads) BackwardKernel(SignRoundConfig c, SignRoundLayer l, bool vec) {
   const int lane = threadIdx.x % kSignRoundLanes;
@@ -139,6 +154,7 @@ __global__ void __launch_bounds__(kThreads) BackwardKernel(SignRoundConfig c, Si
   if (g >= l.groups()) return;
   const SignRoundGroup p = GroupOf<W>(c, l, g, lane, vec, false);
   const int64_t base = g * l.group_len;
+  const VStepOf step(l);
   SignRoundTerms t;
   for (int64_t j = int64_t(lane) * kChunk; j < l.group_len; j += kSignRoundLanes * kChunk) {
     const int n = ChunkLength(l, j);
@@ -147,7 +163,13 @@ __global__ void __launch_bounds__(kThreads) BackwardKernel(SignRoundConfig c, Si
     LoadChunk<Fmt::kF32>(l.v, base + j, n, vec, v);
     LoadChunk<W>(l.grad_qdq, base + j, n, vec, grad);
     for (int i = 0; i < n; ++i) grad_v[i] = SignRoundElementGrad(c, p, w[i], v[i], grad[i], &t);
-    StoreChunk<Fmt::kF32>(l.grad_v, base + j, n, vec, grad_v);
+    if (l.step_v == nullptr) {
+      StoreChunk<Fmt::kF32>(l.grad_v, base + j, n, vec, grad_v);
+    } else {
+      if (step.keep) StoreChunk<Fmt::kF32>(l.best_v, base + j, n, vec, v);
+      step.Apply(v, grad_v, n);
+      StoreChunk<Fmt::kF32>(l.step_v, base + j, n, vec, v);
+    }
   }
   // The lanes combined by halves: lane l < half adds lane l + half, as the CPU's Combine.
   const SignRoundTerms total{WarpSum(t.scale_product), WarpSum(t.scale_quotient), WarpSum(t.zero_product),
@@ -268,8 +290,18 @@ __global__ void __launch_bounds__(kThreads, kTeamBlocksPerSm<kBackward>)
                             a.zero_product + b.zero_product, a.zero_level + b.zero_level};
     });
     if (!s.live) return;
+    if (l.step_v == nullptr) {
 #pragma unroll
-    for (int i = 0; i < kHeld; ++i) Element<Fmt::kF32>::Put4(l.grad_v, s.At(i), out[i]);
+      for (int i = 0; i < kHeld; ++i) Element<Fmt::kF32>::Put4(l.grad_v, s.At(i), out[i]);
+    } else {
+      const VStepOf step(l);
+#pragma unroll
+      for (int i = 0; i < kHeld; ++i) {
+        if (step.keep) Element<Fmt::kF32>::Put4(l.best_v, s.At(i), v[i]);
+        step.Apply(v[i], out[i], kChunk);
+        Element<Fmt::kF32>::Put4(l.step_v, s.At(i), v[i]);
+      }
+    }
     if (s.t != 0) return;
     float grad_min, grad_max;
     SignRoundGroupGrad(c, p, RoundSums(c, total), &grad_min, &grad_max);
@@ -315,7 +347,7 @@ bool Aligned(const void* p, int bytes) { return p == nullptr || reinterpret_cast
 bool Vectorizable(const SignRoundLayer& l, Fmt w) {
   const int wbytes = w == Fmt::kF32 ? 16 : 8;
   return l.group_len % kChunk == 0 && Aligned(l.weight, wbytes) && Aligned(l.qdq, wbytes) &&
-         Aligned(l.grad_qdq, wbytes) && Aligned(l.v, 16) && Aligned(l.grad_v, 16);
+         Aligned(l.grad_qdq, wbytes) && Aligned(l.v, 16) && Aligned(l.grad_v, 16) && Aligned(l.best_v, 16);
 }
 
 unsigned Blocks(int64_t groups, int per_block) { return static_cast<unsigned>((groups + per_block - 1) / per_block); }

@@ -29,6 +29,15 @@ struct Options {
   int64_t group_size = -1;
 };
 
+// A backward's SignSGD step of v (1.9): the learning rates and the best-loss pair.
+struct VStep {
+  float* lrs = nullptr;  // NULL: no step
+  int64_t num_lrs = 0;
+  int device = 0;
+  const float* loss = nullptr;
+  const float* best_loss = nullptr;
+};
+
 Status ReadOptions(const qlink_signround_options* o, Options* out) {
   if (o == nullptr) return InvalidArgument("args->options is NULL");
   QLINK_RETURN_IF_ERROR(CheckStructSize(o->struct_size, QLINK_SIGNROUND_OPTIONS_STRUCT_SIZE_1_7, "options", "1.7"));
@@ -55,8 +64,29 @@ struct Checked {
   SignRoundLayer layer;
 };
 
+// A layer's part of a backward with a step: no grad_v, its best_v like v, its lr_group in
+// range, on the step's device. like_v checks a tensor as v is checked.
+template <typename LikeV>
+Status ReadStep(const qlink_signround_layer& l, const std::string& who, const VStep& step, LikeV like_v) {
+  if (l.struct_size < QLINK_SIGNROUND_LAYER_STRUCT_SIZE_1_9) {
+    return InvalidArgument(who + ": struct_size " + std::to_string(l.struct_size) +
+                           " ends before best_v and lr_group (1.9), which args->step_lrs needs");
+  }
+  if (l.grad_v != nullptr) return InvalidArgument(who + ": grad_v must be NULL with args->step_lrs (v takes the step)");
+  if (l.weight->device.device_id != step.device) {
+    return InvalidArgument(who + ": weight is on device " + std::to_string(l.weight->device.device_id) +
+                           ", not args->step_lrs' device " + std::to_string(step.device));
+  }
+  if (l.best_v != nullptr) QLINK_RETURN_IF_ERROR(like_v(l.best_v, "best_v"));
+  if (l.lr_group < 0 || l.lr_group >= step.num_lrs) {
+    return InvalidArgument(who + ": lr_group = " + std::to_string(l.lr_group) + " is outside args->step_lrs' " +
+                           std::to_string(step.num_lrs) + " groups");
+  }
+  return Status::Ok();
+}
+
 Status ReadLayer(const Context& ctx, const qlink_signround_layer& l, size_t index, const Options& options,
-                 SignRoundPass pass, Checked* out) {
+                 SignRoundPass pass, const VStep& step, Checked* out) {
   const std::string at = "layers[" + std::to_string(index) + "]";
   QLINK_RETURN_IF_ERROR(CheckStructSize(l.struct_size, QLINK_SIGNROUND_LAYER_STRUCT_SIZE_1_7, at.c_str(), "1.7"));
   const std::string who = LayerName(index, l.name);
@@ -90,7 +120,13 @@ Status ReadLayer(const Context& ctx, const qlink_signround_layer& l, size_t inde
     QLINK_RETURN_IF_ERROR(need(l.qdq, "qdq", {rows, cols}, like_weight, wanted.c_str()));
   } else {
     QLINK_RETURN_IF_ERROR(need(l.grad_qdq, "grad_qdq", {rows, cols}, like_weight, wanted.c_str()));
-    QLINK_RETURN_IF_ERROR(need(l.grad_v, "grad_v", {groups, len}, IsFp32, "float32"));
+    if (step.lrs == nullptr) {
+      QLINK_RETURN_IF_ERROR(need(l.grad_v, "grad_v", {groups, len}, IsFp32, "float32"));
+    } else {
+      QLINK_RETURN_IF_ERROR(ReadStep(l, who, step, [&](const DLTensor* t, const char* field) {
+        return need(t, field, {groups, len}, IsFp32, "float32");
+      }));
+    }
     for (auto [t, field] : {std::pair{l.grad_min_scale, "grad_min_scale"}, {l.grad_max_scale, "grad_max_scale"}}) {
       if (t != nullptr) QLINK_RETURN_IF_ERROR(need(t, field, {groups}, IsFp32, "float32"));
     }
@@ -108,6 +144,13 @@ Status ReadLayer(const Context& ctx, const qlink_signround_layer& l, size_t inde
   } else {
     s.grad_qdq = DataOf(l.grad_qdq);
     s.grad_v = static_cast<float*>(DataOf(l.grad_v));
+    if (step.lrs != nullptr) {
+      s.step_v = static_cast<float*>(DataOf(l.v));
+      s.best_v = static_cast<float*>(DataOf(l.best_v));
+      s.step_lr = step.lrs + l.lr_group;
+      s.loss = step.loss;
+      s.best_loss = step.best_loss;
+    }
     s.grad_min_scale = static_cast<float*>(DataOf(l.grad_min_scale));
     s.grad_max_scale = static_cast<float*>(DataOf(l.grad_max_scale));
   }
@@ -122,6 +165,51 @@ Status CheckScalar(const Context& ctx, const DLTensor* t, const char* what, int 
       ctx, t, what, device, {1}, [&](DLDataType d) { return Is(d, dtype.code, dtype.bits); }, wanted);
 }
 
+// Learning rates, (groups,) fp32 with groups >= 1: their device and count.
+Status ReadLrs(const Context& ctx, const DLTensor* t, const char* what, int* device, int64_t* count) {
+  if (t == nullptr) return InvalidArgument(std::string(what) + " is NULL");
+  uint64_t bytes = 0;
+  QLINK_RETURN_IF_ERROR(
+      CheckTensor(*t, std::string(what), ctx.backend().device_type(), ctx.backend().device_count(), &bytes));
+  if (t->ndim != 1 || t->shape[0] < 1 || !IsFp32(t->dtype)) {
+    return InvalidArgument(std::string(what) + " has shape " + ShapeText(*t) + " and dtype " + DtypeName(t->dtype) +
+                           ", expected (groups,) float32 with groups >= 1");
+  }
+  *device = t->device.device_id;
+  *count = t->shape[0];
+  return Status::Ok();
+}
+
+// The best-loss pair, both (1,) fp32 on `device`, or neither (loss NULL).
+Status ReadLossPair(const Context& ctx, const DLTensor* loss, const DLTensor* best_loss, int device,
+                    const float** loss_out, float** best_loss_out) {
+  if (loss == nullptr) return Status::Ok();
+  const DLDataType fp32{kDLFloat, 32, 1};
+  QLINK_RETURN_IF_ERROR(CheckScalar(ctx, loss, "args->loss", device, fp32, "float32"));
+  QLINK_RETURN_IF_ERROR(CheckScalar(ctx, best_loss, "args->best_loss", device, fp32, "float32"));
+  *loss_out = static_cast<const float*>(DataOf(loss));
+  *best_loss_out = static_cast<float*>(DataOf(best_loss));
+  return Status::Ok();
+}
+
+// A backward's step of v (1.9 fields; none in a shorter struct).
+Status ReadVStep(const Context& ctx, const qlink_signround_args& args, SignRoundPass pass, VStep* out) {
+  if (args.struct_size < QLINK_SIGNROUND_ARGS_STRUCT_SIZE_1_9) return Status::Ok();
+  if (args.step_lrs == nullptr) {
+    if (args.loss != nullptr || args.best_loss != nullptr)
+      return InvalidArgument("args->loss and args->best_loss go with args->step_lrs, which is NULL");
+    return Status::Ok();
+  }
+  if (pass == SignRoundPass::kForward)
+    return InvalidArgument("args->step_lrs is signround_qdq_backward's: signround_qdq takes no step");
+  QLINK_RETURN_IF_ERROR(ReadLrs(ctx, args.step_lrs, "args->step_lrs", &out->device, &out->num_lrs));
+  float* best_loss = nullptr;
+  QLINK_RETURN_IF_ERROR(ReadLossPair(ctx, args.loss, args.best_loss, out->device, &out->loss, &best_loss));
+  out->best_loss = best_loss;
+  out->lrs = static_cast<float*>(DataOf(args.step_lrs));
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status SignRoundQdq(Context& ctx, const qlink_signround_args* args, SignRoundPass pass) {
@@ -132,9 +220,11 @@ Status SignRoundQdq(Context& ctx, const qlink_signround_args* args, SignRoundPas
   if (args->num_layers > 0 && args->layers == nullptr)
     return InvalidArgument("args->layers is NULL with num_layers > 0");
   QLINK_RETURN_IF_ERROR(CheckStreams(ctx, args->streams, args->num_streams));
+  VStep step;
+  QLINK_RETURN_IF_ERROR(ReadVStep(ctx, *args, pass, &step));
   std::vector<Checked> layers(args->num_layers);
   for (size_t i = 0; i < args->num_layers; ++i) {
-    QLINK_RETURN_IF_ERROR(ReadLayer(ctx, args->layers[i], i, options, pass, &layers[i]));
+    QLINK_RETURN_IF_ERROR(ReadLayer(ctx, args->layers[i], i, options, pass, step, &layers[i]));
   }
   if (layers.empty()) return Status::Ok();
   SignRoundMath* math = nullptr;
@@ -153,16 +243,10 @@ Status SignSgd(Context& ctx, const qlink_signsgd_args* args) {
   if (args->num_params > 0 && args->params == nullptr)
     return InvalidArgument("args->params is NULL with num_params > 0");
   QLINK_RETURN_IF_ERROR(CheckStreams(ctx, args->streams, args->num_streams));
-  if (args->lrs == nullptr) return InvalidArgument("args->lrs is NULL");
+  int device = 0;
+  int64_t num_lrs = 0;
+  QLINK_RETURN_IF_ERROR(ReadLrs(ctx, args->lrs, "args->lrs", &device, &num_lrs));
   uint64_t bytes = 0;
-  QLINK_RETURN_IF_ERROR(CheckTensor(*args->lrs, std::string("args->lrs"), ctx.backend().device_type(),
-                                    ctx.backend().device_count(), &bytes));
-  const int device = args->lrs->device.device_id;
-  if (args->lrs->ndim != 1 || args->lrs->shape[0] < 1 || !IsFp32(args->lrs->dtype)) {
-    return InvalidArgument("args->lrs has shape " + ShapeText(*args->lrs) + " and dtype " +
-                           DtypeName(args->lrs->dtype) + ", expected (groups,) float32 with groups >= 1");
-  }
-  const int64_t num_lrs = args->lrs->shape[0];
   SignSgdStep step;
   step.lrs = static_cast<float*>(DataOf(args->lrs));
   step.num_lrs = static_cast<size_t>(num_lrs);
@@ -174,13 +258,7 @@ Status SignSgd(Context& ctx, const qlink_signsgd_args* args) {
     step.epoch = static_cast<int64_t*>(DataOf(args->epoch));
     step.total_iters = args->total_iters;
   }
-  if (args->loss != nullptr) {
-    QLINK_RETURN_IF_ERROR(CheckScalar(ctx, args->loss, "args->loss", device, DLDataType{kDLFloat, 32, 1}, "float32"));
-    QLINK_RETURN_IF_ERROR(
-        CheckScalar(ctx, args->best_loss, "args->best_loss", device, DLDataType{kDLFloat, 32, 1}, "float32"));
-    step.loss = static_cast<const float*>(DataOf(args->loss));
-    step.best_loss = static_cast<float*>(DataOf(args->best_loss));
-  }
+  QLINK_RETURN_IF_ERROR(ReadLossPair(ctx, args->loss, args->best_loss, device, &step.loss, &step.best_loss));
   std::vector<SignSgdTensor> tensors(args->num_params);
   for (size_t i = 0; i < args->num_params; ++i) {
     const qlink_signsgd_param& p = args->params[i];

@@ -26,9 +26,16 @@ struct SignRoundLayer {
   float* max_scale = nullptr;       //   (WrapperLinear's minmax_scale_bound)
   void* qdq = nullptr;              // forward: rows x cols, the weight's format
   const void* grad_qdq = nullptr;   // backward: the gradient of qdq, the weight's format
-  float* grad_v = nullptr;          // backward: rows x cols
+  float* grad_v = nullptr;          // backward: rows x cols; NULL with a step
   float* grad_min_scale = nullptr;  // backward: groups
   float* grad_max_scale = nullptr;
+  // A backward with SignSGD's step of v: v -= *step_lr * sign(grad_v) in place of grad_v
+  // written, v first copied to best_v where *loss < *best_loss (best_loss only read).
+  float* step_v = nullptr;  // v, writable; NULL: no step (grad_v written)
+  float* best_v = nullptr;  // rows x cols; NULL: not kept
+  const float* step_lr = nullptr;
+  const float* loss = nullptr;  // NULL: no best kept
+  const float* best_loss = nullptr;
   QLINK_HD int64_t groups() const { return rows * cols / group_len; }
 };
 
@@ -58,7 +65,8 @@ class SignRoundMath {
   // qdq = WrapperLinear's quant-dequant of weight with v, min_scale, max_scale.
   virtual Status Forward(int device, void* stream, const SignRoundConfig& config, const SignRoundLayer& layer) = 0;
   // grad_v, grad_min_scale, grad_max_scale (overwritten) from grad_qdq, as autograd
-  // computes them through the forward (round as a straight-through estimator).
+  // computes them through the forward (round as a straight-through estimator); with
+  // step_v, v's SignSGD step instead of grad_v (SignSgdUpdate, as Step would take it).
   virtual Status Backward(int device, void* stream, const SignRoundConfig& config, const SignRoundLayer& layer) = 0;
   // Keeps the parameters as best (when loss < best_loss), then the SignSGD update of every
   // tensor, then the schedule: best_loss lowered, epoch advanced, each lr multiplied by

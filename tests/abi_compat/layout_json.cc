@@ -207,6 +207,8 @@ int main() {
   FIELD(qlink_signround_layer, grad_v);
   FIELD(qlink_signround_layer, grad_min_scale);
   FIELD(qlink_signround_layer, grad_max_scale);
+  FIELD(qlink_signround_layer, best_v);
+  FIELD(qlink_signround_layer, lr_group);
   STRUCT(qlink_signround_args, QLINK_SIGNROUND_ARGS_STRUCT_SIZE);
   FIELD(qlink_signround_args, struct_size);
   FIELD(qlink_signround_args, options);
@@ -214,6 +216,9 @@ int main() {
   FIELD(qlink_signround_args, num_layers);
   FIELD(qlink_signround_args, streams);
   FIELD(qlink_signround_args, num_streams);
+  FIELD(qlink_signround_args, step_lrs);
+  FIELD(qlink_signround_args, loss);
+  FIELD(qlink_signround_args, best_loss);
   STRUCT(qlink_signsgd_param, QLINK_SIGNSGD_PARAM_STRUCT_SIZE);
   FIELD(qlink_signsgd_param, struct_size);
   FIELD(qlink_signsgd_param, param);

@@ -159,3 +159,36 @@ def test_gptq_pack_of_host_tensors_does_not_wait_for_the_callers_stream():
     weight.copy_(source)  # on the current stream, behind the sleep: read before it, the pack sees zeros
     from_device = gptq_pack(weight, *rest, 4)
     assert all(d.device.type == "cuda" and torch.equal(d.cpu(), c) for d, c in zip(from_device, on_cpu))
+
+
+@pytest.mark.parametrize("improved", [True, False])
+@pytest.mark.parametrize("group_size,cols", [(128, 512), (32, 512), (-1, 384)])  # team kernels; the generic one
+def test_v_stepped_in_the_backward_equals_the_backward_then_signsgd_on_the_gpu(ctx, group_size, cols, improved):
+    """ABI 1.9's step of v inside signround_qdq_backward, on the GPU's kernels: v and its
+    kept copy as a backward writing grad_v then signsgd_step leave them, bit for bit."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    rows = 64
+    group_len = cols if group_size == -1 else group_size
+    groups = rows * cols // group_len
+    w = (0.05 * torch.randn(rows, cols, generator=gen, device="cuda")).to(torch.bfloat16)
+    v = torch.rand(groups, group_len, generator=gen, device="cuda") - 0.5
+    lo, hi = (torch.rand(groups, generator=gen, device="cuda") for _ in range(2))
+    upstream = torch.randn(rows, cols, generator=gen, device="cuda").to(torch.bfloat16)
+    options = {"bits": 4, "group_size": group_size, "sym": True, "scale_dtype": torch.float16, "q_scale_thresh": 1e-5}
+    lrs, loss = torch.tensor([0.005, 0.25], device="cuda"), torch.tensor([1.0], device="cuda")
+    best_loss = torch.tensor([2.0 if improved else 0.5], device="cuda")
+
+    def layer(**more):
+        return dict({"name": "up", "weight": w, "v": v.clone(), "min_scale": lo.clone(), "max_scale": hi.clone(),
+                     "grad_qdq": upstream, "grad_min_scale": torch.empty_like(lo)}, **more)
+    plain = layer(grad_v=torch.empty_like(v))
+    ctx.signround_qdq([plain], options, backward=True)
+    kept = torch.full_like(v, 7.0)
+    ctx.signsgd_step([{"param": plain["v"], "grad": plain["grad_v"], "best": kept, "lr_group": 1}], lrs.clone(),
+                     loss=loss, best_loss=best_loss.clone())
+    fused = layer(lr_group=1, best_v=torch.full_like(v, 7.0))
+    ctx.signround_qdq([fused], options, backward=True, step={"step_lrs": lrs, "loss": loss, "best_loss": best_loss})
+    torch.cuda.synchronize()
+    assert torch.equal(fused["v"], plain["v"]) and torch.equal(fused["best_v"], kept)
+    assert torch.equal(fused["best_v"], v) == improved
+    assert torch.equal(fused["grad_min_scale"], plain["grad_min_scale"])

@@ -147,6 +147,11 @@ def test_the_native_loop_at_world_1_equals_autorounds_own(host, library, case):
     assert counters["quantize_block"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
     for patch in ("step_graph", "compiled_loss"):  # eager on the CPU, counted
         assert counters[patch]["reasons"] == {"not a CUDA device (cpu)": 1}, patch
+    if config.get("gradient_accumulate_steps", 1) == 1:  # v stepped inside the backward
+        assert counters["v_step"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
+    else:
+        assert counters["v_step"]["reasons"] == {
+            "2 sub-batches an iteration (gradient_accumulate_steps 2): v's gradients add up before the step": 1}
     assert host.auto_round.compressors.utils.IndexSampler.drawn == own_draws  # drawn up front, the same
     (name, losses), = adapter.losses()
     assert name == "block" and len(losses) == len(own_losses) == config["iters"]

@@ -213,3 +213,98 @@ def test_step_refusals_write_nothing(cpu2):
             cpu2.signsgd_step(params, lrs, **extra)
         assert message in str(e.value)
         assert torch.equal(p, torch.ones(8)) and torch.equal(lrs, torch.tensor([0.5]))
+
+
+@pytest.mark.parametrize("improved", [True, False])
+@pytest.mark.parametrize("group_size,weight_dtype", [(64, torch.bfloat16), (-1, torch.float16), (32, torch.float32)])
+def test_a_backward_with_the_step_equals_the_backward_then_signsgd(cpu2, group_size, weight_dtype, improved):
+    """v's SignSGD step inside the backward (ABI 1.9): v and its kept copy as the backward
+    writing grad_v and a signsgd_step reading it leave them, bit for bit; the range
+    factors' gradients as the plain backward's; best_loss only read."""
+    options = dict(OPTIONS, group_size=group_size)
+    w, v, lo, hi = _inputs(group_size, weight_dtype, seed=5)
+    upstream = torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(6)).to(weight_dtype)
+    lrs, loss = torch.tensor([0.25, 0.005]), torch.tensor([1.0])
+    best_loss = torch.tensor([2.0 if improved else 0.5])
+
+    def layer(v):
+        return {"name": "up", "weight": w, "v": v, "min_scale": lo.clone(), "max_scale": hi.clone(),
+                "grad_qdq": upstream, "grad_min_scale": torch.empty_like(lo), "grad_max_scale": torch.empty_like(hi)}
+    plain = dict(layer(v.clone()), grad_v=torch.empty_like(v))
+    cpu2.signround_qdq([plain], options, backward=True)
+    stepped, kept = plain["v"].clone(), torch.full_like(v, 7.0)
+    cpu2.signsgd_step([{"param": stepped, "grad": plain["grad_v"], "best": kept, "lr_group": 1}], lrs.clone(),
+                      loss=loss, best_loss=best_loss.clone())
+
+    fused = dict(layer(v.clone()), lr_group=1, best_v=torch.full_like(v, 7.0))
+    cpu2.signround_qdq([fused], options, backward=True,
+                       step={"step_lrs": lrs, "loss": loss, "best_loss": best_loss})
+    assert torch.equal(fused["v"], stepped)
+    assert torch.equal(fused["best_v"], kept)
+    assert torch.equal(fused["best_v"], v) == improved
+    for key in ("grad_min_scale", "grad_max_scale"):  # NaN where AutoRound's arithmetic makes one
+        torch.testing.assert_close(fused[key], plain[key], rtol=0, atol=0, equal_nan=True, msg=key)
+    assert best_loss.item() == (2.0 if improved else 0.5)
+
+
+def test_the_step_in_signround_qdq_layers_leaves_v_without_a_gradient(cpu2):
+    """VStep through the autograd Function: v steps in the backward, no v.grad; the range
+    factors' gradients as without it."""
+    from qlink.quant.signround import VStep, signround_qdq_layers
+    w, v, lo, hi = _inputs(64, torch.bfloat16, seed=8)
+    upstream = torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    outs = []
+    for step in (None, VStep(lrs=torch.tensor([0.1]), lr_groups=[0])):
+        tuned = [t.clone().requires_grad_(True) for t in (v, lo, hi)]
+        qdq, = signround_qdq_layers([("up", w, *tuned)], group_size=64, ctx=cpu2, step=step)
+        qdq.backward(upstream)
+        outs.append(tuned)
+    (v0, lo0, hi0), (v1, lo1, hi1) = outs
+    assert v1.grad is None and torch.equal(v1.detach(), (v0 - 0.1 * v0.grad.sign()).detach())
+    assert torch.equal(lo1.grad, lo0.grad) and torch.equal(hi1.grad, hi0.grad)
+
+
+def test_step_backward_refusals_write_nothing(cpu2):
+    lrs = torch.tensor([0.5])
+    base = _layer(qdq=None, grad_qdq=torch.zeros(ROWS, COLS, dtype=torch.bfloat16))
+    cases = [
+        (dict(grad_v=torch.zeros(24, 64)), {"step_lrs": lrs},
+         "layers[0] 'q_proj': grad_v must be NULL with args->step_lrs"),
+        (dict(lr_group=2), {"step_lrs": lrs}, "layers[0] 'q_proj': lr_group = 2 is outside args->step_lrs' 1 groups"),
+        (dict(best_v=torch.zeros(24, 32)), {"step_lrs": lrs},
+         "layers[0] 'q_proj': best_v has shape (24, 32), expected (24, 64)"),
+        ({}, {"step_lrs": lrs, "loss": torch.zeros(1)}, "args->best_loss is NULL"),
+        ({}, {"step_lrs": torch.zeros(2, 2)}, "args->step_lrs has shape (2, 2)"),
+        (dict(grad_v=torch.zeros(24, 64)), {"loss": torch.zeros(1)}, "args->loss and args->best_loss go with"),
+    ]
+    for overrides, step, message in cases:
+        layer = dict(base, v=base["v"].clone(), **overrides)
+        with pytest.raises(qlink.InvalidArgumentError) as e:
+            cpu2.signround_qdq([layer], OPTIONS, backward=True, step=step)
+        assert message in str(e.value)
+        assert torch.equal(layer["v"], base["v"]), "a refused step wrote v"
+    with pytest.raises(qlink.InvalidArgumentError, match="args->step_lrs is signround_qdq_backward's"):
+        cpu2.signround_qdq([_layer()], OPTIONS, step={"step_lrs": lrs})
+    first, second = dict(base, v=base["v"].clone()), dict(base, v=base["v"].clone(), device=1)
+    with pytest.raises(qlink.InvalidArgumentError,
+                       match="layers\\[1\\] 'q_proj': weight is on device 1, not args->step_lrs' device 0"):
+        cpu2.signround_qdq([first, second], OPTIONS, backward=True, step={"step_lrs": lrs})
+    assert torch.equal(first["v"], base["v"]), "a refused step wrote v"
+
+
+def test_a_step_needs_the_layer_struct_of_1_9(cpu2, monkeypatch):
+    """A 1.7-sized layer struct has no best_v or lr_group: a step asked of it is refused."""
+    from qlink import engine
+    made = engine._layer_specs
+
+    def sized_1_7(*args):
+        array, names, specs = made(*args)
+        for spec in specs:
+            spec.struct_size = 88  # QLINK_SIGNROUND_LAYER_STRUCT_SIZE_1_7
+        return array, names, specs
+    monkeypatch.setattr(engine, "_layer_specs", sized_1_7)
+    layer = _layer(qdq=None, grad_qdq=torch.zeros(ROWS, COLS, dtype=torch.bfloat16))
+    before = layer["v"].clone()
+    with pytest.raises(qlink.InvalidArgumentError, match="struct_size 88 ends before best_v and lr_group"):
+        cpu2.signround_qdq([layer], OPTIONS, backward=True, step={"step_lrs": torch.tensor([0.5])})
+    assert torch.equal(layer["v"], before)

@@ -17,6 +17,9 @@ counters and strict as the GPTQModel integration's, integrations/base.py):
                   ("qlink"), or eager and why ("host")
   compiled_loss   per block of the native loop: AutoRound's loss compiled into one kernel, or
                   why it runs eager
+  v_step          per block of the native loop: the rounding offsets' SignSGD step taken
+                  inside the quant-dequant's backward (one backward an iteration), or why
+                  their gradients are stored and stepped after
   block_inputs    the move of a block's cached inputs to AutoRound's cache device before its
                   tuning (preprocess_block_inputs' to_device): host tensors to a GPU all at once
                   through qlink's moves (a large one-time move streams through page-locked
@@ -56,7 +59,7 @@ from .base import HostSpec, Installation, Integration
 from .host_gc import frozen_gc
 from .patches import like
 
-PATCHES = ("quantize_block", "rtn_layers", "step_graph", "compiled_loss", "block_inputs", "block_dispatch",
+PATCHES = ("quantize_block", "rtn_layers", "step_graph", "compiled_loss", "v_step", "block_inputs", "block_dispatch",
            "frozen_gc")
 TRANSPORTS = ("fp32", "bf16")
 
@@ -315,6 +318,7 @@ class _Installation(Installation):
                 tuning = NativeTuning(q, h, self.ctx, block, layers, active, fp_outputs, input_others, mask,
                                       device, qlink_device)
                 self.counters.record("compiled_loss", tuning.loss_refusal)
+                self.counters.record("v_step", tuning.v_step_refusal)
                 return tuning.run(lambda why: self.counters.record("step_graph", why))
             except Exception:
                 random.setstate(sampler_state)  # AutoRound's loop, if it runs instead, draws as it would have

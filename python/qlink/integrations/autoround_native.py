@@ -14,7 +14,12 @@ per-iteration host work.
   kernel before the loop; _scale_loss_and_backward), each iteration's as AutoRound sums it
   (float64, over the batch's valid tokens with a mask).
 - The step is the engine's SignSGD with AutoRound's learning-rate groups and LinearLR
-  schedule; it keeps the best-loss parameters on the device itself. The iterations'
+  schedule; it keeps the best-loss parameters on the device itself. Where an iteration is
+  one backward (gradient_accumulate_steps 1, the batch in one sub-batch), the rounding
+  offsets take their step inside the quant-dequant's backward (VStep, ABI 1.9: their
+  gradients, as large as the weights in fp32, never stored and read back), the range
+  factors' step after it; otherwise every tensor's gradient, then one step (the
+  installation's "v_step" counter says which and why). The iterations'
   losses are written into a device tensor at the step counter's index: the host reads
   them once, after the loop.
 - On a GPU the iteration (forward, backward, step) is captured once warm and replayed as
@@ -32,7 +37,7 @@ import functools
 
 import torch
 
-from ..quant.signround import signround_qdq_layers, signsgd_step
+from ..quant.signround import VStep, signround_qdq_layers, signsgd_step
 from ..streams import resolved_device
 
 try:
@@ -188,6 +193,7 @@ class NativeTuning:
         self.lrs = torch.stack([torch.tensor(lr) for lr in lrs]).to(self.device)
         self.best = [torch.zeros_like(p) for p in self.params]
         self.best_loss = torch.full((1,), torch.finfo(torch.float).max, device=self.device)
+        self.key = torch.zeros(1, device=self.device)  # the iteration's loss as the best parameters' key
         self.epoch = torch.zeros(1, dtype=torch.int64, device=self.device)
         # Each iteration's loss as AutoRound sums it (a float64 of fp32 losses over num_elm).
         self.losses = torch.zeros(max(q.iters, 1), dtype=torch.float64, device=self.device)
@@ -195,6 +201,13 @@ class NativeTuning:
         self.mse = torch.nn.MSELoss(reduction="mean" if gas == 1 else "sum").to(self.device)
         self.batch_size = q.calibration_context.batch_size
         global_batch = min(len(active_inputs), self.batch_size * gas)
+        self.v_step_refusal = None if global_batch <= self.batch_size else (
+            "%d sub-batches an iteration (gradient_accumulate_steps %d): v's gradients add up before the step" % (
+                -(-global_batch // self.batch_size), gas))
+        rounding = {id(state[0]) for state in self.state.values()}
+        # The tensors the step after the backward takes: the range factors where v steps inside it.
+        self.stepped = [i for i, p in enumerate(self.params) if self.v_step_refusal or id(p) not in rounding]
+        self.index_of = {id(p): i for i, p in enumerate(self.params)}
         self.num_elm = sum(active_inputs[i].numel() for i in range(global_batch)) if gas != 1 else 1
         self.num_elm = 1 if self.num_elm <= 0 else self.num_elm
         # AutoRound's valid-token mask: its rows on the device, selected by device indices in
@@ -242,9 +255,14 @@ class NativeTuning:
             by_options.setdefault(options, []).append((name, m))
         weights = {}
         for (bits, group_size, sym, scale_dtype, thresh), members in by_options.items():
+            step = None
+            if self.v_step_refusal is None:
+                at = [self.index_of[id(self.state[name][0])] for name, _ in members]
+                step = VStep(self.lrs, [self.lr_groups[i] for i in at], self.key, self.best_loss,
+                             [self.best[i] for i in at])
             qdq = signround_qdq_layers([(name, m.weight, *self.state[name]) for name, m in members], bits=bits,
                                        group_size=group_size, sym=sym, scale_dtype=scale_dtype,
-                                       q_scale_thresh=thresh, ctx=self.ctx, device=self.qlink_device)
+                                       q_scale_thresh=thresh, ctx=self.ctx, device=self.qlink_device, step=step)
             weights.update({"block." + name + ".weight": w for (name, _), w in zip(members, qdq)})
         return weights
 
@@ -279,13 +297,16 @@ class NativeTuning:
                 rows = [idx[k:k + 1] for k in range(idx.numel())]  # the samples, as device indices
                 loss = q._get_loss(pred, ref, rows, self.mse, self.device, self.mask)
             total = total + loss.detach().double().reshape(1) / num_elm
+            # The engine keeps the parameters of the lowest fp32 key (v's step in the backward
+            # reads it). not_use_best_mse: AutoRound keeps the last iteration's, which a key
+            # falling every step makes the engine keep.
+            self.key.copy_(-self.epoch.float() if q.not_use_best_mse else total.float())
             q._scale_loss_and_backward(None, loss)
         self.losses.index_copy_(0, self.epoch, total)
-        # The engine keeps the parameters of the lowest fp32 key. not_use_best_mse: AutoRound
-        # keeps the last iteration's, which a key falling every step makes the engine keep.
-        key = -self.epoch.float() if q.not_use_best_mse else total.float()
-        signsgd_step(self.params, self.lrs, lr_groups=self.lr_groups, epoch=self.epoch, total_iters=q.iters,
-                     loss=key, best_loss=self.best_loss, best=self.best, ctx=self.ctx, device=self.qlink_device)
+        at = self.stepped
+        signsgd_step([self.params[i] for i in at], self.lrs, lr_groups=[self.lr_groups[i] for i in at],
+                     epoch=self.epoch, total_iters=q.iters, loss=self.key, best_loss=self.best_loss,
+                     best=[self.best[i] for i in at], ctx=self.ctx, device=self.qlink_device)
         for p in self.params:
             p.grad = None
 

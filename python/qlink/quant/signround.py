@@ -93,12 +93,26 @@ def signround_qdq(weight, v, min_scale, max_scale, bits=4, group_size=128, sym=T
     return _SignRoundQdq.apply(weight, v, min_scale, max_scale, (layer, options, qctx, device))
 
 
+@dataclasses.dataclass
+class VStep:
+    """SignSGD's step of the layers' rounding offsets taken inside their backward (ABI 1.9):
+    each v -= lrs[lr_groups[i]] * sign(its gradient) as the gradient is made, never stored,
+    v copied first to best[i] when loss < best_loss (read, not lowered). For a loop with one
+    backward per step: the range factors' signsgd_step follows with the same loss and
+    best_loss, lowering it and advancing the schedule."""
+    lrs: torch.Tensor
+    lr_groups: list
+    loss: torch.Tensor = None
+    best_loss: torch.Tensor = None
+    best: list = None
+
+
 class _SignRoundQdqLayers(torch.autograd.Function):
     """Several layers of one options set in one engine call forward and one backward."""
 
     @staticmethod
     def forward(ctx, spec, *tuned):
-        layers, options, qctx = spec
+        layers, options, qctx, _ = spec
         records = []
         for k, layer in enumerate(layers):
             v, lo, hi = (t.detach() for t in tuned[3 * k:3 * k + 3])
@@ -109,27 +123,35 @@ class _SignRoundQdqLayers(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        _, options, qctx = ctx.spec
+        _, options, qctx, step = ctx.spec
         records = [dict(r, qdq=None, grad_qdq=g.contiguous().to(r["weight"].dtype), grad_v=torch.empty_like(r["v"]),
                         grad_min_scale=torch.empty_like(r["min_scale"]),
                         grad_max_scale=torch.empty_like(r["max_scale"])) for r, g in zip(ctx.records, grads)]
-        qctx.signround_qdq(records, options, backward=True, streams=_streams(qctx, [r["weight"] for r in records]))
+        fields = None
+        if step is not None:  # each v steps in the engine's backward: no gradient for autograd to hand on
+            fields = {"step_lrs": step.lrs, "loss": step.loss, "best_loss": step.best_loss}
+            for i, r in enumerate(records):
+                r.update(grad_v=None, lr_group=step.lr_groups[i], best_v=None if step.best is None else step.best[i])
+        qctx.signround_qdq(records, options, backward=True, streams=_streams(qctx, [r["weight"] for r in records]),
+                           step=fields)
         return (None,) + tuple(t for r in records for t in (r["grad_v"], r["grad_min_scale"], r["grad_max_scale"]))
 
 
 def signround_qdq_layers(layers, bits=4, group_size=128, sym=True, scale_dtype=torch.float16, q_scale_thresh=1e-5,
-                         ctx=None, device=None):
+                         ctx=None, device=None, step=None):
     """signround_qdq of several layers sharing one options set, in one engine call (and
     one for their backward): layers are (name, weight, v, min_scale, max_scale), v
     (groups, group_len) and the range factors (groups,) as the engine takes them. Returns
-    the layers' quant-dequantized weights, differentiable in each v, min_scale, max_scale."""
+    the layers' quant-dequantized weights, differentiable in each v, min_scale, max_scale;
+    with step (a VStep, its lists in the layers' order) each v instead takes SignSGD's step
+    in the backward and gets no gradient."""
     qctx = ctx or default_context()
     options = {"bits": bits, "group_size": group_size, "sym": sym, "scale_dtype": scale_dtype,
                "q_scale_thresh": q_scale_thresh}
     specs = [{"name": name, "weight": weight.detach(), **({} if device is None else {"device": device})}
              for name, weight, _, _, _ in layers]
     tuned = [t for _, _, v, lo, hi in layers for t in (v, lo, hi)]
-    return list(_SignRoundQdqLayers.apply((specs, options, qctx), *tuned))
+    return list(_SignRoundQdqLayers.apply((specs, options, qctx, step), *tuned))
 
 
 def signsgd_step(params, lrs, lr_groups=None, epoch=None, total_iters=0, loss=None, best_loss=None, best=None,
