@@ -417,10 +417,11 @@ typedef struct qlink_signround_layer {
   const DLTensor* grad_v;         /* backward's output: like v; NULL with args->step_lrs */
   const DLTensor* grad_min_scale; /* backward's outputs: like min_scale; NULL: not wanted */
   const DLTensor* grad_max_scale;
-  /* 1.9, a backward with args->step_lrs: */
-  const DLTensor* best_v; /* like v: v is copied here before its step when *args->loss <
-                             *args->best_loss; NULL: not kept */
-  int32_t lr_group;       /* v's learning rate: element lr_group of args->step_lrs */
+  /* 1.9, a backward with args->step_lrs. best_v (like v): v is copied here before its step
+   * when *args->loss < *args->best_loss; NULL: not kept. lr_group: v's learning rate,
+   * element lr_group of args->step_lrs. */
+  const DLTensor* best_v;
+  int32_t lr_group;
 } qlink_signround_layer;
 #define QLINK_SIGNROUND_LAYER_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_signround_layer, lr_group)
 #define QLINK_SIGNROUND_LAYER_STRUCT_SIZE_1_7 QLINK_STRUCT_SIZE(qlink_signround_layer, grad_max_scale)
