@@ -10,13 +10,16 @@ call (device checksums, turned into digests after it).
 
     python3 gptqmodel_run.py --model DIR [--layers N] [--model-kind llama|qwen3_moe]
         [--qlink [--strict] [--read-ahead pinned|pageable|off] [--switch-interval S|off] | --guards]
-        [--precision ieee_fp32|tensor] [--codes FILE.pt] [--profile OPS.txt [--profile-stacks] [--idle IDLE.txt]]
+        [--precision ieee_fp32|tensor] [--codes FILE.pt] [--input-digests]
+        [--profile OPS.txt [--profile-stacks] [--idle IDLE.txt]]
         [--cprofile FILE | --samples-out FILE] [--out FILE]
 
 --layers: decoder layers of the model made at DIR (if DIR has none yet); --model-kind: a
 LLaMA-7B-shaped one (default) or a Qwen3-30B-A3B-shaped MoE (its experts split by the
 defuser stand-in as GPTQModel loads it). --precision: the
-qlink config's hessian_precision. --codes: every layer's 4-bit levels saved (torch.save of
+qlink config's hessian_precision. --input-digests: digests of each solve's weight and merged
+Hessian beside its result's (where two runs part, which input parted first). --codes: every
+layer's 4-bit levels saved (torch.save of
 {layer: uint8 codes}) for compare_codes.py. --profile: torch.profiler over the quantize
 call; the share of its wall time with a kernel running (GPU busy), and with a kernel or
 a copy; its operator table to OPS.txt (--profile-stacks: with the Python code behind each
@@ -60,19 +63,37 @@ def device_checksum(t, chunk=1 << 23):
     return sums
 
 
-def record_solves(GPTQ, into, codes=None, stop_at_layer=None):
+def _task_name(task):
+    return getattr(getattr(task, "_named_module", None), "full_name", task.name)  # layer index included
+
+
+def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False):
     """Wraps GPTQ.quantize (as installed: GPTQModel's own or qlink's) to record each layer's
     result: device checksums of what the solve returns (Q, scales, zeros, g_idx) and its
     loss; its levels (on the device) where `codes` is a dict. Nothing waits on the device
     inside the timed run; finish_records() turns the records into digests (and codes on
     the host) after it. stop_at_layer: the process ends at that layer's first solve, once
-    its time is printed (the time a layer takes, without the rest of the run)."""
+    its time is printed (the time a layer takes, without the rest of the run). inputs: also
+    checksums of what each solve reads, its weight as the solve starts and its merged Hessian
+    (GPTQ.finalize_hessian's, the last before the solve): where two runs' solves differ,
+    which input differed first."""
+    import torch
     solve = GPTQ.quantize
-    start, layers_seen = time.perf_counter(), set()
+    start, layers_seen, hessians = time.perf_counter(), set(), {}
+    if inputs:
+        finalize = GPTQ.finalize_hessian
+
+        def finalizing(self, *args, **kwargs):
+            out = finalize(self, *args, **kwargs)
+            if torch.is_tensor(getattr(self, "H", None)):
+                hessians[_task_name(self)] = device_checksum(self.H)
+            return out
+        GPTQ.finalize_hessian = finalizing
 
     def recording(self, *args, **kwargs):
+        weight = device_checksum(self.module.weight) if inputs else None
         out = solve(self, *args, **kwargs)
-        name = getattr(getattr(self, "_named_module", None), "full_name", self.name)  # layer index included
+        name = _task_name(self)
         layer = re.search(r"layers\.(\d+)\.", name)
         if layer and layer.group(1) not in layers_seen:  # in the log as it runs: a slope even from a cut run
             layers_seen.add(layer.group(1))
@@ -80,6 +101,8 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None):
             if stop_at_layer is not None and int(layer.group(1)) >= stop_at_layer:
                 os._exit(0)
         into[name] = {"sums": [device_checksum(t) for t in out[:4]], "loss": out[5], "damp": out[6]}
+        if inputs:
+            into[name]["input_sums"] = {"weight": weight, "hessian": hessians.pop(name, None)}
         if codes is not None:
             codes[name] = levels(*out[:4])
         return out
@@ -93,6 +116,9 @@ def finish_records(into, codes=None):
         for sums in record.pop("sums"):
             digest.update(sums.cpu().numpy().tobytes())
         record["digest"] = digest.hexdigest()
+        for what, sums in record.pop("input_sums", {}).items():
+            record[what + "_digest"] = None if sums is None else hashlib.sha256(
+                sums.cpu().numpy().tobytes()).hexdigest()
         record["loss"], record["damp"] = float(record["loss"]), float(record["damp"])
     if codes is not None:
         for name in codes:
@@ -153,6 +179,8 @@ def main():
     a.add_argument("--stop-at-layer", type=int, help="end the run at this layer's first solve (its time printed)")
     a.add_argument("--group-rows", type=int, help="qlink: tokens per grouped forward (0: GPTQModel's batches kept)")
     a.add_argument("--codes")
+    a.add_argument("--input-digests", action="store_true",
+                   help="digests of each solve's weight and merged Hessian too (which input two runs differ in)")
     a.add_argument("--profile", help="torch.profiler over the quantize call; its operator table to this file")
     a.add_argument("--cprofile", help="cProfile over the quantize call; its table to this file")
     a.add_argument("--read-ahead", default="pinned", choices=("pinned", "pageable", "off"),
@@ -187,7 +215,7 @@ def main():
     from gptqmodel import GPTQModel, QuantizeConfig
     from gptqmodel.quantization.gptq import GPTQ
     layers, codes = {}, {} if args.codes else None
-    record_solves(GPTQ, layers, codes, args.stop_at_layer)
+    record_solves(GPTQ, layers, codes, args.stop_at_layer, inputs=args.input_digests)
     packs = {}
     record_packs(packs)
     if args.profile:
@@ -222,6 +250,9 @@ def main():
     result["losses"] = {k: v["loss"] for k, v in layers.items()}
     result["digest"], result["packed_tensors"] = combined_digest(layers), len(layers)
     result["pack_digests"] = packs
+    if args.input_digests:
+        result["input_digests"] = {k: {what: v[what + "_digest"] for what in ("weight", "hessian")}
+                                   for k, v in layers.items()}
     if args.qlink:
         result["counters"] = qlink_gptqmodel.counters()
         result["hessian_counters"] = qlink_gptqmodel.hessian_counters()
