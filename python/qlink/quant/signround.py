@@ -124,14 +124,16 @@ class _SignRoundQdqLayers(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         _, options, qctx, step = ctx.spec
-        records = [dict(r, qdq=None, grad_qdq=g.contiguous().to(r["weight"].dtype), grad_v=torch.empty_like(r["v"]),
+        # With a step each v steps in the engine's backward: no gradient is made for autograd to hand on.
+        records = [dict(r, qdq=None, grad_qdq=g.contiguous().to(r["weight"].dtype),
+                        grad_v=torch.empty_like(r["v"]) if step is None else None,
                         grad_min_scale=torch.empty_like(r["min_scale"]),
                         grad_max_scale=torch.empty_like(r["max_scale"])) for r, g in zip(ctx.records, grads)]
         fields = None
-        if step is not None:  # each v steps in the engine's backward: no gradient for autograd to hand on
+        if step is not None:
             fields = {"step_lrs": step.lrs, "loss": step.loss, "best_loss": step.best_loss}
             for i, r in enumerate(records):
-                r.update(grad_v=None, lr_group=step.lr_groups[i], best_v=None if step.best is None else step.best[i])
+                r.update(lr_group=step.lr_groups[i], best_v=None if step.best is None else step.best[i])
         qctx.signround_qdq(records, options, backward=True, streams=_streams(qctx, [r["weight"] for r in records]),
                            step=fields)
         return (None,) + tuple(t for r in records for t in (r["grad_v"], r["grad_min_scale"], r["grad_max_scale"]))
