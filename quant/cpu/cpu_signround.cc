@@ -60,7 +60,7 @@ class CpuSignRoundMath final : public SignRoundMath {
   }
 
   Status Backward(int, void*, const SignRoundConfig& c, const SignRoundLayer& l) override {
-    const bool keep = l.step_v != nullptr && l.best_v != nullptr && l.loss != nullptr && *l.loss < *l.best_loss;
+    const bool keep = l.step_v != nullptr && l.best_v != nullptr && LossImproved(l.loss, l.best_loss);
     for (int64_t g = 0; g < l.groups(); ++g) {
       const SignRoundGroup p = GroupOf(c, l, g, false);
       const int64_t base = g * l.group_len;
@@ -95,7 +95,7 @@ class CpuSignRoundMath final : public SignRoundMath {
   }
 
   Status Step(int, void*, const SignSgdStep& s) override {
-    const bool improved = s.loss != nullptr && *s.loss < *s.best_loss;
+    const bool improved = LossImproved(s.loss, s.best_loss);
     for (size_t t = 0; t < s.num_tensors; ++t) {
       const SignSgdTensor& x = s.tensors[t];
       if (improved && x.best != nullptr) std::memcpy(x.best, x.param, sizeof(float) * x.count);

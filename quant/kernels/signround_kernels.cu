@@ -139,7 +139,7 @@ struct VStepOf {
   float lr = 0.0f;
   __device__ explicit VStepOf(const SignRoundLayer& l) {
     if (l.step_v == nullptr) return;
-    keep = l.best_v != nullptr && l.loss != nullptr && *l.loss < *l.best_loss;
+    keep = l.best_v != nullptr && LossImproved(l.loss, l.best_loss);
     lr = *l.step_lr;
   }
   __device__ void Apply(float* v, const float* grad, int n) const {
@@ -325,7 +325,7 @@ __global__ void __launch_bounds__(kThreads, kTeamBlocksPerSm<kBackward>)
 
 __global__ void SignSgdKernel(float* param, const float* grad, float* best, int64_t count, const float* lr,
                               const float* loss, const float* best_loss) {
-  const bool keep = best != nullptr && loss != nullptr && *loss < *best_loss;
+  const bool keep = best != nullptr && LossImproved(loss, best_loss);
   const float rate = *lr;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
     const float p = param[i];
@@ -335,7 +335,7 @@ __global__ void SignSgdKernel(float* param, const float* grad, float* best, int6
 }
 
 __global__ void ScheduleKernel(SignSgdStep s) {
-  if (s.loss != nullptr && *s.loss < *s.best_loss) *s.best_loss = *s.loss;
+  if (LossImproved(s.loss, s.best_loss)) *s.best_loss = *s.loss;
   if (s.epoch == nullptr) return;
   const int64_t epoch = ++*s.epoch;
   for (size_t k = 0; k < s.num_lrs; ++k) s.lrs[k] = LinearLrNext(s.lrs[k], epoch, s.total_iters);

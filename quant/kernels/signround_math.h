@@ -207,6 +207,10 @@ QLINK_HD void SignRoundGroupGrad(const SignRoundConfig& c, const SignRoundGroup&
   }
 }
 
+// Whether this iteration's loss improves on the best so far (the step then keeps the
+// parameters as best before updating them, and lowers best_loss); a NULL loss keeps none.
+QLINK_HD bool LossImproved(const float* loss, const float* best_loss) { return loss != nullptr && *loss < *best_loss; }
+
 // SignSGD's update of one element (momentum 0, no weight decay: AutoRound's use):
 // param.add_(sign(grad), alpha=-lr).
 QLINK_HD float SignSgdUpdate(float param, float grad, float lr) {
