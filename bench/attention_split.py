@@ -48,7 +48,7 @@ class _TorchBackend:
     def forward(self, q, k, v, scale):
         s = self._scores(q, k, scale)
         lse = torch.logsumexp(s, dim=-1)
-        return torch.matmul(torch.exp(s - lse[..., None]), v), lse, None
+        return torch.matmul(torch.exp(s - lse[..., None]), v), lse, ((), ())
 
     def backward(self, dout, q, k, v, out, lse, aux, scale):
         p = torch.exp(self._scores(q, k, scale) - lse[..., None])
@@ -56,6 +56,9 @@ class _TorchBackend:
         ds = p * (dp - (dout * out).sum(-1, keepdim=True))
         return (torch.matmul(ds, k) * scale, torch.matmul(ds.transpose(-1, -2), q) * scale,
                 torch.matmul(p.transpose(-1, -2), dout))
+
+
+_TORCH = _TorchBackend()
 
 
 class _CudnnBackend:
@@ -78,10 +81,10 @@ class _CudnnBackend:
     def forward(self, q, k, v, scale):
         out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = torch.ops.aten._scaled_dot_product_cudnn_attention(
             q, k, v, None, True, 0.0, True, False, scale=scale)
-        return out, lse.reshape(lse.shape[:3]), (lse.dim(), cum_q, cum_k, max_q, max_k, seed, offset)
+        return out, lse.reshape(lse.shape[:3]), ((lse.dim(), max_q, max_k), (cum_q, cum_k, seed, offset))
 
     def backward(self, dout, q, k, v, out, lse, aux, scale):
-        rank, cum_q, cum_k, max_q, max_k, seed, offset = aux
+        (rank, max_q, max_k), (cum_q, cum_k, seed, offset) = aux
         lse = lse.reshape(lse.shape + (1,) * (rank - 3))
         return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
             dout, q, k, v, out, lse, seed, offset, None, cum_q, cum_k, max_q, max_k, 0.0, True, scale=scale)
@@ -103,10 +106,10 @@ class _FlashBackend:
     def forward(self, q, k, v, scale):
         out, lse, cum_q, cum_k, max_q, max_k, rng, unused, _ = torch.ops.aten._scaled_dot_product_flash_attention(
             q, k, v, 0.0, True, False, scale=scale)
-        return out, lse, (cum_q, cum_k, max_q, max_k, rng, unused)
+        return out, lse, ((max_q, max_k), (cum_q, cum_k, rng, unused))
 
     def backward(self, dout, q, k, v, out, lse, aux, scale):
-        cum_q, cum_k, max_q, max_k, rng, unused = aux
+        (max_q, max_k), (cum_q, cum_k, rng, unused) = aux
         return torch.ops.aten._scaled_dot_product_flash_attention_backward(
             dout, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, True, rng, unused, scale=scale)
 
@@ -129,22 +132,19 @@ def fused_backend(device, dtype, seq, dim):
     raise RuntimeError("no fused causal attention takes %s x %d tokens x %d: %s" % (dtype, seq, dim, refusals))
 
 
-def _last_row(q_last, k, v, scale):
-    """The last query's attention (out [B, H, 1, D], lse [B, H, 1]) in plain ops: it reads keys 0..L-2 at +1 and
-    itself at 0. In fp32 at least (fp64 stays fp64), as the fused kernels accumulate."""
+def _last_row_scores(q_last, k, scale):
+    """The last query's scores [B, H, L] with its bias (keys 0..L-2 at +1, itself at 0), in fp32 at least (fp64
+    stays fp64) as the fused kernels compute theirs; as a product and a sum, which a compiler fuses into one read
+    of k (a one-row matmul would take k converted whole)."""
     acc = torch.promote_types(q_last.dtype, torch.float32)
-    s = torch.matmul(q_last.to(acc), k.to(acc).transpose(-1, -2)) * scale
+    s = (k.to(acc) * q_last.to(acc)).sum(-1) * scale
     bias = torch.ones(s.shape[-1], dtype=acc, device=s.device)
-    bias[-1] = 0.0
-    s = s + bias
-    lse = torch.logsumexp(s, dim=-1)
-    return torch.matmul(torch.exp(s - lse[..., None]), v.to(acc)), lse
+    return s + torch.cat([bias[:-1], bias[-1:] * 0])
 
 
-def _split_forward(q, k, v, scale):
-    """(out, lse [B, H, L] in fp32 or wider, what the backward needs)."""
+def _split_forward(backend, q, k, v, scale):
+    """(out, lse [B, H, L] in fp32 or wider, U's reversed inputs, C's and U's backward state)."""
     acc = torch.promote_types(q.dtype, torch.float32)
-    backend = fused_backend(q.device, q.dtype, q.shape[2], q.shape[3])[0] if q.is_cuda else _TorchBackend()
     out_c, lse_c, aux_c = backend.forward(q, k, v, scale)
     # U on the reversed sequence: its query m is query L-2-m, its key n is key L-1-n, so n <= m is j > i
     qu, ku, vu = q[:, :, :-1].flip(2), k[:, :, 1:].flip(2), v[:, :, 1:].flip(2)
@@ -152,54 +152,71 @@ def _split_forward(q, k, v, scale):
     lse_c = lse_c[:, :, :-1].to(acc) + 1.0  # C's keys carry the +1
     lse_u = lse_u.flip(2).to(acc)
     lse_head = torch.logaddexp(lse_c, lse_u)
-    out = torch.empty_like(q)
-    out[:, :, :-1] = (torch.exp(lse_c - lse_head)[..., None] * out_c[:, :, :-1].to(acc)
-                      + torch.exp(lse_u - lse_head)[..., None] * out_u.flip(2).to(acc))
-    out_last, lse_last = _last_row(q[:, :, -1:], k, v, scale)
-    out[:, :, -1:] = out_last
-    return out, torch.cat([lse_head, lse_last], dim=2), (backend, (qu, ku, vu), aux_c, aux_u)
+    out_head = (torch.exp(lse_c - lse_head)[..., None] * out_c[:, :, :-1].to(acc)
+                + torch.exp(lse_u - lse_head)[..., None] * out_u.flip(2).to(acc))
+    s_last = _last_row_scores(q[:, :, -1:], k, scale)
+    lse_last = torch.logsumexp(s_last, dim=-1, keepdim=True)
+    out_last = (torch.exp(s_last - lse_last)[..., None] * v.to(acc)).sum(-2, keepdim=True)
+    out = torch.cat([out_head, out_last], dim=2).to(q.dtype)
+    return out, torch.cat([lse_head, lse_last], dim=2), (qu, ku, vu), (aux_c, aux_u)
 
 
-class _SplitAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, scale):
-        out, lse, (backend, flipped, aux_c, aux_u) = _split_forward(q, k, v, scale)
-        # U's reversed inputs are kept rather than flipped again in the backward: three copies' time for their memory
-        ctx.save_for_backward(q, k, v, out, lse, *flipped)
-        ctx.backend, ctx.aux, ctx.scale = backend, (aux_c, aux_u), scale
-        return out
+def _split_backward(backend, dout, q, k, v, out, lse, qu, ku, vu, aux_c, aux_u, scale):
+    """(dq, dk, dv): each part's fused backward handed the merged out and lse, plus the last row's by hand."""
+    acc = lse.dtype
+    dout = dout.contiguous()
+    # C's P is exp(s + 1 - lse) = exp(s - (lse - 1)); its last row is the explicit one's, so its dO is zeroed
+    # there: with dO = 0 the row's D and dS vanish (its lse - 1 >= s - 1 keeps P finite)
+    dout_c = torch.cat([dout[:, :, :-1], torch.zeros_like(dout[:, :, -1:])], dim=2)
+    dq_c, dk_c, dv_c = backend.backward(dout_c, q, k, v, out, lse - 1.0, aux_c, scale)
+    dq_u, dk_u, dv_u = backend.backward(dout[:, :, :-1].flip(2), qu, ku, vu, out[:, :, :-1].flip(2),
+                                        lse[:, :, :-1].flip(2), aux_u, scale)
+    # the last row: P = exp(s - lse), dS = P (dP - D), D = rowsum(dO * O), as the fused kernels compute theirs
+    q_last, d_last = q[:, :, -1:].to(acc), dout[:, :, -1:].to(acc)
+    p = torch.exp(_last_row_scores(q[:, :, -1:], k, scale) - lse[:, :, -1:])
+    ds = p * ((v.to(acc) * d_last).sum(-1) - (d_last * out[:, :, -1:].to(acc)).sum(-1))
+    dq_last = (ds[..., None] * k.to(acc)).sum(-2, keepdim=True) * scale
+    # the parts' gradients are summed in fp32 and rounded once, as a single fused backward's are
+    pad = torch.zeros_like(dk_c[:, :, :1], dtype=acc)
+    dq = torch.cat([dq_c[:, :, :-1].to(acc) + dq_u.flip(2).to(acc), dq_c[:, :, -1:].to(acc) + dq_last], dim=2)
+    dk = dk_c.to(acc) + torch.cat([pad, dk_u.flip(2).to(acc)], dim=2) + ds[..., None] * q_last * scale
+    dv = dv_c.to(acc) + torch.cat([pad, dv_u.flip(2).to(acc)], dim=2) + p[..., None] * d_last
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, out, lse, qu, ku, vu = ctx.saved_tensors
-        (aux_c, aux_u), scale, acc = ctx.aux, ctx.scale, lse.dtype
-        dout = dout.contiguous()
-        # C's P is exp(s + 1 - lse) = exp(s - (lse - 1)); its last row is the explicit row's, so its dO is zeroed
-        # there: with dO = 0 the row's D and dS vanish (its lse - 1 >= s - 1 keeps P finite)
-        dout_c = dout.clone()
-        dout_c[:, :, -1] = 0
-        dq_c, dk_c, dv_c = ctx.backend.backward(dout_c, q, k, v, out, lse - 1.0, aux_c, scale)
-        dq_u, dk_u, dv_u = ctx.backend.backward(dout[:, :, :-1].flip(2), qu, ku, vu, out[:, :, :-1].flip(2),
-                                                lse[:, :, :-1].flip(2), aux_u, scale)
-        with torch.enable_grad():
-            leaves = [t.detach().to(acc).requires_grad_() for t in (q[:, :, -1:], k, v)]
-            g_q, g_k, g_v = torch.autograd.grad(_last_row(*leaves, scale)[0], leaves, dout[:, :, -1:].to(acc))
-        # the parts' gradients are summed in fp32 and rounded once, as a single fused backward's are
-        dq, dk, dv = dq_c.to(acc), dk_c.to(acc), dv_c.to(acc)
-        dq[:, :, :-1] += dq_u.flip(2)
-        dq[:, :, -1:] += g_q
-        dk[:, :, 1:] += dk_u.flip(2)
-        dk += g_k
-        dv[:, :, 1:] += dv_u.flip(2)
-        dv += g_v
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+
+def split_function(backend):
+    """A torch.autograd.Function computing the split through backend's causal attention (its forward and
+    backward plain code a compiler can trace: the backend is the class's, not an argument)."""
+    class SplitAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, scale):
+            out, lse, (qu, ku, vu), (aux_c, aux_u) = _split_forward(backend, q, k, v, scale)
+            # U's reversed inputs are kept rather than flipped again in the backward: three copies' time for memory
+            ctx.save_for_backward(q, k, v, out, lse, qu, ku, vu, *aux_c[1], *aux_u[1])
+            ctx.aux, ctx.scale = (aux_c[0], aux_u[0], len(aux_c[1])), scale
+            return out
+
+        @staticmethod
+        def backward(ctx, dout):
+            q, k, v, out, lse, qu, ku, vu, *kept = ctx.saved_tensors
+            meta_c, meta_u, n = ctx.aux
+            grads = _split_backward(backend, dout, q, k, v, out, lse, qu, ku, vu, (meta_c, kept[:n]),
+                                    (meta_u, kept[n:]), ctx.scale)
+            return (*grads, None)
+    return SplitAttention
 
 
 def split_attention(q, k, v, scale=None):
     """softmax(q k^T * scale + bias) v for AutoRound's bias (1.0 where j <= i and j != L-1, else 0.0), q, k, v
     [B, H, L, D], as two bias-free causal attentions merged by log-sum-exp and the last query's row: on CUDA through
     cuDNN's fused kernels (FlashAttention's where cuDNN refuses), on CPU in plain ops. Differentiable in q, k, v."""
-    return _SplitAttention.apply(q, k, v, q.shape[-1] ** -0.5 if scale is None else scale)
+    backend = fused_backend(q.device, q.dtype, q.shape[2], q.shape[3])[0] if q.is_cuda else _TORCH
+    return _functions(backend).apply(q, k, v, q.shape[-1] ** -0.5 if scale is None else scale)
+
+
+@functools.lru_cache(maxsize=None)
+def _functions(backend):
+    return split_function(backend)
 
 
 def autoround_bias(batch, seq, device, dtype):
@@ -231,7 +248,7 @@ def cpu_check(batch=1, heads=2, seq=16, dim=8):
         ref = [ref_out.detach(), ref_lse.detach(), *torch.autograd.grad(ref_out, (q, k, v), base[3])]
         out = split_attention(q, k, v)
         with torch.no_grad():
-            lse = _split_forward(q, k, v, scale)[1]
+            lse = _split_forward(_TORCH, q, k, v, scale)[1]
         got = [out.detach(), lse, *torch.autograd.grad(out, (q, k, v), base[3])]
         result[case] = {name: float((a - b).abs().max())
                         for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, ref)}
@@ -284,6 +301,11 @@ def gpu_bench(args):
     def split():
         return split_attention(q, k, v)
 
+    compiled = torch.compile(split_attention)
+
+    def split_compiled():
+        return compiled(q, k, v)
+
     def fwd_bwd(fn):
         def step():
             fn().backward(dout)
@@ -293,33 +315,44 @@ def gpu_bench(args):
     result = {"shape": [b, h, n, d], "check_batch": cb, "kernels": {
         "reference": "cuDNN SDPA with the bf16 bias (sdpa_kernel CUDNN_ATTENTION)",
         "split": backend.name, "split_refused": refusals}}
-    runs = {}
-    for name, fn in (("reference", reference), ("split", split)):
+    runs, failed = {}, {}
+    for name, fn in (("reference", reference), ("split", split), ("split_compiled", split_compiled)):
         q.grad = k.grad = v.grad = None
-        out = fn()
-        out.backward(dout)
+        try:
+            out = fn()
+            out.backward(dout)
+        except Exception as error:  # the compiled split is an experiment: its failure is reported, not fatal
+            failed[name] = "%s: %s" % (type(error).__name__, str(error).splitlines()[0][:300])
+            continue
         runs[name] = [out.detach(), q.grad, k.grad, v.grad]
+    result["failed"] = failed
     q.grad = k.grad = v.grad = None
     leaves = [t[:cb].detach().float().requires_grad_() for t in (q, k, v)]
     out32, lse32 = explicit_attention(*leaves, bias[:cb].float(), d ** -0.5)
     runs["fp32"] = [out32.detach(), *torch.autograd.grad(out32, leaves, dout[:cb].float())]
     del out32, leaves
     names = ("out", "dq", "dk", "dv")
-    result["split_vs_reference"] = {m: errors(x, y) for m, x, y in zip(names, runs["split"], runs["reference"])}
+    for name in ("split", "split_compiled"):
+        if name in runs:
+            result[name + "_vs_reference"] = {m: errors(x, y) for m, x, y in zip(names, runs[name], runs["reference"])}
     for name in ("reference", "split"):
         result[name + "_vs_fp32"] = {m: errors(x[:cb], y) for m, x, y in zip(names, runs[name], runs["fp32"])}
     with torch.no_grad():
-        result["split_lse_vs_fp32"] = errors(_split_forward(q[:cb], k[:cb], v[:cb], d ** -0.5)[1], lse32)
+        result["split_lse_vs_fp32"] = errors(_split_forward(backend, q[:cb], k[:cb], v[:cb], d ** -0.5)[1], lse32)
     del runs, lse32
     result["ms"] = {}
-    cases = (("reference", reference), ("split", split), ("causal_cudnn", causal), ("unmasked_cudnn", unmasked))
+    cases = (("reference", reference), ("split", split), ("split_compiled", split_compiled), ("causal_cudnn", causal),
+             ("unmasked_cudnn", unmasked))
     for name, fn in cases:
+        if name in failed:
+            continue
         result["ms"][name + "_fwd_bwd"] = round(mean_us(fwd_bwd(fn), reps=args.reps) / 1e3, 3)
         result["ms"][name + "_fwd"] = round(mean_us(fn, reps=args.reps) / 1e3, 3)
         q.grad = k.grad = v.grad = None
     try:
-        for name, fn in (("reference", reference), ("split", split)):
-            result["kernels"][name + "_fwd_bwd_top"] = top_kernels(fwd_bwd(fn))
+        for name, fn in (("reference", reference), ("split", split), ("split_compiled", split_compiled)):
+            if name not in failed:
+                result["kernels"][name + "_fwd_bwd_top"] = top_kernels(fwd_bwd(fn))
     except RuntimeError as error:
         result["kernels"]["profiler_failed"] = str(error).splitlines()[0]
     return result

@@ -150,13 +150,17 @@ def python_profile(path, rows=70):
             f.write(text.getvalue())
 
 
-def profiler_activities(stacks=False):
+def profiler_activities(stacks=False, device_only=False):
     """torch.profiler's arguments: CPU and CUDA activity, with Python stacks when asked
     (they name the code behind each operator; the run is slower). PyTorch 2 records the
     stacks only with the verbose experimental config: without it the stack table of the
-    eleventh session's run came out with no source locations."""
+    eleventh session's run came out with no source locations. device_only: the device's
+    activity alone, so that the host runs without the profiler's per-operator callbacks
+    (a host-bound loop is slowed by them, and its GPU's busy share with it)."""
     import torch
     from torch.profiler import ProfilerActivity
+    if device_only:
+        return {"activities": [ProfilerActivity.CUDA]}
     args = {"activities": [ProfilerActivity.CPU, ProfilerActivity.CUDA], "with_stack": stacks}
     if stacks:
         args["experimental_config"] = torch._C._profiler._ExperimentalConfig(verbose=True)
@@ -193,11 +197,31 @@ def merged_spans(spans):
     return merged
 
 
+MARK_KERNEL = "spin_kernel"  # torch.cuda._sleep's kernel: nothing else in these runs launches it
+
+
+def launch_mark_kernel():
+    """Marks the present moment on the device's trace, for a profiler that records no host
+    events: the device drained first, so that the mark's kernel starts when the host asks."""
+    import torch
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1)
+
+
+def loop_start_us(prof, loop_mark):
+    """Where the loop starts on the profiler's clock: the host range loop_mark's opening, or
+    without host events, the first mark kernel's start (launch_mark_kernel)."""
+    opened = [e.time_range.start for e in prof.events() if e.name == loop_mark]
+    if not opened:  # the kernel's recorded name is its demangled signature
+        opened = [e.time_range.start for e in prof.events() if MARK_KERNEL in e.name]
+    return min(opened, default=None)
+
+
 def busy_shares(prof, wall_s, loop_mark=None):
     """(kernels, kernels or copies): the share of wall_s during which at least one ran,
     from the profiler's device events (their intervals' union); loop_mark: of the time
-    from that range's start (gptqmodel_run.mark_layer_loop) to the last device event instead."""
-    start = min((e.time_range.start for e in prof.events() if e.name == loop_mark), default=None) if loop_mark else None
+    from the loop's start (loop_start_us) to the last device event instead."""
+    start = loop_start_us(prof, loop_mark) if loop_mark else None
     spans = device_spans(prof, start)
     if loop_mark:
         if start is None or not spans["any"]:

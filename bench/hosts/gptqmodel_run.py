@@ -9,9 +9,10 @@ Nothing the script records waits on the device or copies to the host inside the 
 call (device checksums, turned into digests after it).
 
     python3 gptqmodel_run.py --model DIR [--layers N] [--model-kind llama|qwen3_moe]
-        [--qlink [--strict] [--read-ahead pinned|pageable|off] [--switch-interval S|off] | --guards]
+        [--qlink [--strict] [--read-ahead pinned|pageable|off] [--switch-interval S|off]
+         [--landing pinned|pageable] | --guards]
         [--precision ieee_fp32|tensor] [--codes FILE.pt] [--input-digests]
-        [--profile OPS.txt [--profile-stacks] [--idle IDLE.txt]]
+        [--profile OPS.txt [--profile-stacks] [--idle IDLE.txt] | --profile OPS.txt --device-only]
         [--cprofile FILE | --samples-out FILE] [--out FILE]
 
 --layers: decoder layers of the model made at DIR (if DIR has none yet); --model-kind: a
@@ -24,7 +25,8 @@ layer's 4-bit levels saved (torch.save of
 call; the share of its wall time with a kernel running (GPU busy), and with a kernel or
 a copy; its operator table to OPS.txt (--profile-stacks: with the Python code behind each
 operator); --idle: the GPU's idle time over the layer loop charged to the host threads'
-stacks (idle.py). --cprofile, --samples-out: the host's time by function (cProfile; the main
+stacks and the main thread's operators (idle.py); --device-only: the device's activity alone
+recorded (the host free of the profiler's per-operator cost: the busy share to report). --cprofile, --samples-out: the host's time by function (cProfile; the main
 thread's stack sampled every 2 ms).
 """
 import argparse
@@ -35,8 +37,8 @@ import sys
 import time
 
 import idle
-from common import (busy_shares, install_guards, kernel_table, make_llama, make_qwen3_moe, profiler_activities,
-                    python_profile, setup_paths, stack_samples, timed, token_batches, write)
+from common import (busy_shares, install_guards, kernel_table, launch_mark_kernel, make_llama, make_qwen3_moe,
+                    profiler_activities, python_profile, setup_paths, stack_samples, timed, token_batches, write)
 
 setup_paths()
 
@@ -137,6 +139,7 @@ def mark_layer_loop():
     def cache_inputs(self, *args, **kwargs):
         cache = original(self, *args, **kwargs)
         idle.mark(LOOP_MARK)
+        launch_mark_kernel()
         return cache
     ModuleLooper.cache_inputs = cache_inputs
 
@@ -185,18 +188,26 @@ def main():
     a.add_argument("--cprofile", help="cProfile over the quantize call; its table to this file")
     a.add_argument("--read-ahead", default="pinned", choices=("pinned", "pageable", "off"),
                    help="with --qlink: the layer read-ahead's buffers (install's read_ahead)")
+    a.add_argument("--landing", default="pinned", choices=("pinned", "pageable"),
+                   help="qlink: finished layers land in page-locked memory (its default) or by PyTorch's copy")
     a.add_argument("--switch-interval", default="off",
                    help="with --qlink: the loop's interpreter switch interval in seconds, or off (install's)")
     a.add_argument("--idle", help="with --profile: the GPU's idle time in the loop by the host's stacks, to this file")
+    a.add_argument("--device-only", action="store_true",
+                   help="--profile recording the device's activity alone (no host operators: the loop's host "
+                        "runs at its own speed); the busy shares from the loop's mark kernel")
     a.add_argument("--profile-stacks", action="store_true", help="--profile with the Python stack behind each operator")
     a.add_argument("--samples-out", help="the main thread's stack sampled every 2 ms; its table to this file")
     a.add_argument("--out")
     args = a.parse_args()
+    if args.device_only and (args.idle or args.profile_stacks or not args.profile):
+        a.error("--device-only goes with --profile, without --idle and --profile-stacks (they need host events)")
     import torch
     (make_qwen3_moe if args.model_kind == "qwen3_moe" else make_llama)(args.model, layers=args.layers)
     result = {"host": "GPTQModel", "model_kind": args.model_kind, "qlink": args.qlink, "group_rows": args.group_rows,
               "read_ahead": args.read_ahead if args.qlink else None,
               "switch_interval": args.switch_interval if args.qlink else None,
+              "landing": args.landing if args.qlink else None, "torch_threads": torch.get_num_threads(),
               "strict": args.strict, "guards": args.qlink or args.guards,
               "gpus": torch.cuda.device_count(), "layers": args.layers, "precision": args.precision,
               "profiled": bool(args.profile or args.cprofile or args.samples_out)}
@@ -209,6 +220,9 @@ def main():
             config["hessian_precision"] = args.precision
         qlink_gptqmodel.install(config, strict=args.strict, read_ahead=args.read_ahead,
                                 switch_interval=None if args.switch_interval == "off" else float(args.switch_interval))
+        if args.landing == "pageable":
+            import qlink.moves as qlink_moves
+            qlink_moves.PINNED_MIN_BYTES = float("inf")
         if args.group_rows is not None:
             import qlink.integrations.gptqmodel_cache as qlink_cache
             qlink_cache.GROUP_ROWS = args.group_rows
@@ -232,7 +246,7 @@ def main():
         sampler = idle.Sampler()
         if args.idle:
             sampler.start()
-        with profile(**profiler_activities(args.profile_stacks)) as prof:
+        with profile(**profiler_activities(args.profile_stacks, device_only=args.device_only)) as prof:
             with timed(result, "quantize_s"):
                 model.quantize(calibration, batch_size=1)
         if args.idle:
@@ -241,7 +255,7 @@ def main():
         result["gpu_busy_kernels"], result["gpu_busy_kernels_or_copies"] = busy_shares(prof, result["quantize_s"])
         result["gpu_busy_loop_kernels"], result["gpu_busy_loop_kernels_or_copies"] = busy_shares(
             prof, result["quantize_s"], loop_mark=LOOP_MARK)
-        kernel_table(prof, args.profile, stacks=args.profile_stacks)
+        kernel_table(prof, args.profile, stacks=args.profile_stacks and not args.device_only)
     else:
         with python_profile(args.cprofile), stack_samples(args.samples_out), timed(result, "quantize_s"):
             model.quantize(calibration, batch_size=1)

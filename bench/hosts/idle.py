@@ -84,11 +84,51 @@ def _busy_before(merged, starts, prefix, t):
     return prefix[i - 1] + min(t, b) - a
 
 
+def innermost_segments(events, lo, hi):
+    """[(start, end, name)] covering [lo, hi]: which of one thread's events (start, end, name),
+    nested as a thread's events are, was the innermost open at each moment (None: no event)."""
+    out, stack, t = [], [], lo
+
+    def advance(upto):
+        nonlocal t
+        while stack and stack[-1][0] <= upto:
+            end, name = stack.pop()
+            if end > t:
+                out.append((t, end, name))
+                t = end
+        if upto > t:
+            out.append((t, upto, stack[-1][1] if stack else None))
+            t = upto
+
+    for a, b, name in sorted(events, key=lambda e: (e[0], -e[1])):
+        if b <= lo:
+            continue
+        if a >= hi:
+            break
+        advance(max(a, lo))
+        stack.append((min(b, hi, stack[-1][0]) if stack else min(b, hi), name))
+    advance(hi)
+    return out
+
+
+def _operator_idle(prof, mark_name, busy_between, start_us, end_us):
+    """Idle µs by the innermost host event (operator or CUDA runtime call) of the thread that
+    opened mark_name: what the loop's thread was inside while the device had nothing to run."""
+    events = prof.events()
+    thread = min((e for e in events if e.name == mark_name), key=lambda e: e.time_range.start).thread
+    host = [(e.time_range.start, e.time_range.end, e.name) for e in events
+            if e.thread == thread and str(e.device_type) == "DeviceType.CPU" and e.name != mark_name]
+    idle = collections.Counter()
+    for a, b, name in innermost_segments(host, start_us, end_us):
+        idle[name or "(no operator: Python or the GIL)"] += (b - a) - busy_between(a, b)
+    return idle
+
+
 def report(prof, sampler, mark_name, path, rows=25, threads=8, chain=6):
-    """Writes to path: the window's length (the mark to the last kernel), its idle time, and
-    for each thread that was not waiting in a pool or queue for part of it (at most
-    `threads`), the idle time by its innermost frame, by its innermost `chain` frames, and by
-    the frames on its stack."""
+    """Writes to path: the window's length (the mark to the last kernel), its idle time, the
+    idle time by the loop thread's innermost operator or runtime call, and for each thread
+    that was not waiting in a pool or queue for part of it (at most `threads`), the idle time
+    by its innermost frame, by its innermost `chain` frames, and by the frames on its stack."""
     start_host = _MARKS.get(mark_name)
     opened = [e.time_range.start for e in prof.events() if e.name == mark_name]
     if start_host is None or not opened:
@@ -100,6 +140,10 @@ def report(prof, sampler, mark_name, path, rows=25, threads=8, chain=6):
     for a, b in merged:
         prefix.append(total)
         total += b - a
+
+    def busy_between(a, b):
+        return _busy_before(merged, starts, prefix, b) - _busy_before(merged, starts, prefix, a)
+
     inner, inclusive = collections.defaultdict(collections.Counter), collections.defaultdict(collections.Counter)
     chains = collections.defaultdict(collections.Counter)
     working = collections.Counter()
@@ -108,7 +152,7 @@ def report(prof, sampler, mark_name, path, rows=25, threads=8, chain=6):
         t = start_us + (now - start_host) / 1e3
         if previous is not None and t > start_us and previous < end_us:
             a, b = max(previous, start_us), min(t, end_us)
-            idle = (b - a) - (_busy_before(merged, starts, prefix, b) - _busy_before(merged, starts, prefix, a))
+            idle = (b - a) - busy_between(a, b)
             if idle > 0:
                 for thread, stack in stacks.items():
                     if not stack:
@@ -124,6 +168,10 @@ def report(prof, sampler, mark_name, path, rows=25, threads=8, chain=6):
     with open(path, "w") as f:
         f.write("window %.3f s from %s to the last kernel; kernels %.3f s (%.1f %%), idle %.3f s\n\n"
                 % (window / 1e6, mark_name, total / 1e6, 100 * total / max(window, 1), (window - total) / 1e6))
+        f.write("the loop thread's innermost operator or runtime call while the device was idle\n")
+        for name, us in _operator_idle(prof, mark_name, busy_between, start_us, end_us).most_common(rows):
+            f.write("  %8.3f s  %s\n" % (us / 1e6, name))
+        f.write("\n")
         for thread, busy in working.most_common(threads):
             f.write("thread %s: idle time while it was not waiting %.3f s\n" % (thread, busy / 1e6))
             for title, table in (("innermost", inner[thread]), ("innermost %d frames" % chain, chains[thread]),
