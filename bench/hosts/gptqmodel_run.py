@@ -26,8 +26,9 @@ call; the share of its wall time with a kernel running (GPU busy), and with a ke
 a copy; its operator table to OPS.txt (--profile-stacks: with the Python code behind each
 operator); --idle: the GPU's idle time over the layer loop charged to the host threads'
 stacks and the main thread's operators (idle.py); --device-only: the device's activity alone
-recorded (the host free of the profiler's per-operator cost: the busy share to report). --cprofile, --samples-out: the host's time by function (cProfile; the main
-thread's stack sampled every 2 ms).
+recorded (the host free of the profiler's per-operator cost: the busy share to report).
+--cprofile, --samples-out: the host's time by function (cProfile; the main thread's stack
+sampled every 2 ms). --landing pageable: qlink's finished layers moved by PyTorch's copy.
 """
 import argparse
 import hashlib
@@ -237,6 +238,7 @@ def main():
     # GPTQModel's defaults otherwise: its group-aware reordering (act_group_aware) is on.
     config = QuantizeConfig(bits=4, group_size=128, desc_act=False)
     result["act_group_aware"] = bool(config.act_group_aware)
+    result["alloc_conf"] = os.environ.get("PYTORCH_ALLOC_CONF")  # GPTQModel sets it on import where unset
     model = GPTQModel.load(args.model, config)
     ids = token_batches(args.samples, args.seqlen)
     calibration = [{"input_ids": row, "attention_mask": torch.ones_like(row)} for row in ids]
