@@ -10,7 +10,7 @@ call (device checksums, turned into digests after it).
 
     python3 gptqmodel_run.py --model DIR [--layers N] [--model-kind llama|qwen3_moe]
         [--qlink [--strict] [--read-ahead pinned|pageable|off] [--switch-interval S|off]
-         [--landing pinned|pageable] | --guards]
+         [--landing pinned|pageable] [--segments fixed|host] | --guards]
         [--precision ieee_fp32|tensor] [--codes FILE.pt] [--input-digests]
         [--profile OPS.txt [--profile-stacks] [--idle IDLE.txt] | --profile OPS.txt --device-only]
         [--cprofile FILE | --samples-out FILE] [--out FILE]
@@ -189,6 +189,8 @@ def main():
     a.add_argument("--cprofile", help="cProfile over the quantize call; its table to this file")
     a.add_argument("--read-ahead", default="pinned", choices=("pinned", "pageable", "off"),
                    help="with --qlink: the layer read-ahead's buffers (install's read_ahead)")
+    a.add_argument("--segments", default="fixed", choices=("fixed", "host"),
+                   help="qlink: the layer loop's CUDA allocator segments fixed (install's default) or as the host set")
     a.add_argument("--landing", default="pinned", choices=("pinned", "pageable"),
                    help="qlink: finished layers land in page-locked memory (its default) or by PyTorch's copy")
     a.add_argument("--switch-interval", default="off",
@@ -208,7 +210,8 @@ def main():
     result = {"host": "GPTQModel", "model_kind": args.model_kind, "qlink": args.qlink, "group_rows": args.group_rows,
               "read_ahead": args.read_ahead if args.qlink else None,
               "switch_interval": args.switch_interval if args.qlink else None,
-              "landing": args.landing if args.qlink else None, "torch_threads": torch.get_num_threads(),
+              "landing": args.landing if args.qlink else None,
+              "segments": args.segments if args.qlink else None, "torch_threads": torch.get_num_threads(),
               "strict": args.strict, "guards": args.qlink or args.guards,
               "gpus": torch.cuda.device_count(), "layers": args.layers, "precision": args.precision,
               "profiled": bool(args.profile or args.cprofile or args.samples_out)}
@@ -220,7 +223,8 @@ def main():
         if args.precision:
             config["hessian_precision"] = args.precision
         qlink_gptqmodel.install(config, strict=args.strict, read_ahead=args.read_ahead,
-                                switch_interval=None if args.switch_interval == "off" else float(args.switch_interval))
+                                switch_interval=None if args.switch_interval == "off" else float(args.switch_interval),
+                                fixed_segments=args.segments == "fixed")
         if args.landing == "pageable":
             import qlink.moves as qlink_moves
             qlink_moves.PINNED_MIN_BYTES = float("inf")

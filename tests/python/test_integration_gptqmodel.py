@@ -397,6 +397,42 @@ def test_a_failing_rehome_leaves_the_move_to_gptqmodel_or_raises_when_strict(hos
         looper._rehome_processor_task(_processor(quantizer), _Named(), torch.device("cpu"))
 
 
+def test_the_layer_loop_makes_fixed_segments_where_the_process_asked_for_expandable_ones(host, monkeypatch):
+    """GPTQModel asks PyTorch's CUDA allocator for expandable segments as it is imported; the
+    loop runs with fixed ones (their growth inside the forwards' allocations left the GPU
+    idle), expandable ones back after, also when the loop raises; fixed_segments=False
+    leaves the allocator as set."""
+    from qlink.integrations import host_allocator
+    settings, seen = [], []
+    monkeypatch.setattr(host_allocator, "_setter", lambda: settings.append)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True,max_split_size_mb:256")
+
+    def cache_inputs(calibration_data, **_):  # the loop's body, on the looper itself
+        seen.append(list(settings))
+        if calibration_data == "fail":
+            raise RuntimeError("the loop failed")
+        return calibration_data
+    looper = host["module_looper"].ModuleLooper()
+    looper.cache_inputs = cache_inputs
+    adapter.install(ctx=host["ctx"])
+    assert looper.loop("data") == "data"
+    assert seen[-1] == ["expandable_segments:False"]
+    assert settings == ["expandable_segments:False", "expandable_segments:True"]
+    with pytest.raises(RuntimeError, match="the loop failed"):
+        looper.loop("fail")
+    assert settings[-1] == "expandable_segments:True" and len(settings) == 4
+    assert adapter.counters()["fixed_segments"]["qlink"] == 2
+
+    adapter.install(ctx=host["ctx"], fixed_segments=False)
+    looper.loop("data")
+    assert len(settings) == 4
+    assert adapter.counters()["fixed_segments"]["reasons"] == {"fixed_segments=False": 1}
+    for bad in (None, 0, "fixed"):
+        with pytest.raises(ValueError, match="fixed_segments"):
+            adapter.install(ctx=host["ctx"], fixed_segments=bad)
+
+
 def test_the_layer_loop_runs_with_a_short_switch_interval_restored_after(host):
     """GPTQModel's loop holds the GIL-handover interval of install's switch_interval while
     it runs (its forwards' operators take the GIL back without waiting out the finalizers'

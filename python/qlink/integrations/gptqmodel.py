@@ -60,9 +60,14 @@ What install() routes through qlink (each a patch with its own counters):
                             takes the GIL back after each operator it launches without
                             waiting out the finalizer threads' Python (host_switch.py); off by
                             default (install's docstring says why)
+  fixed_segments            ModuleLooper.loop with PyTorch's CUDA allocator making fixed
+                            segments where the process asked for expandable ones (GPTQModel
+                            does as it is imported), expandable ones back after: their growth
+                            inside the forwards' allocations left the GPU idle (host_allocator.py)
 
 GPTQModel swallows clone errors and falls back to deepcopy; with strict=True every patch
 whose qlink path fails raises FallbackRefused instead of running the host's code."""
+import contextlib
 import importlib
 
 import torch
@@ -77,12 +82,13 @@ from .gptqmodel_prefetch import LayerPrefetch
 from .gptqmodel_routed import make_run_routed_experts
 from .gptqmodel_solve import done_with_hessian, unsupported
 from .gptqmodel_solve_ahead import SolveAhead
+from .host_allocator import fixed_segments
 from .host_switch import check_interval, short_switch_interval
 from .patches import like
 
 PATCHES = ("clone_module_for_devices", "torch_replicate", "layer_prefetch", "cache_inputs", "group_batches", "move_to",
            "nested_move_to", "add_batch", "materialize_global_hessian", "rehome_processor_task", "quantize", "pack",
-           "routed_experts", "switch_interval")
+           "routed_experts", "switch_interval", "fixed_segments")
 
 READ_AHEAD = ("pinned", "pageable", "off")
 _HELPERS, _MODEL = "gptqmodel.utils.looper_helpers:", "gptqmodel.utils.model:"
@@ -167,10 +173,13 @@ def _has_meta(module):
 class _Installation(Installation):
     PATCHES, HOST = PATCHES, HOST
 
-    def __init__(self, ctx, strict, read_ahead="pinned", switch_interval=None):
+    def __init__(self, ctx, strict, read_ahead="pinned", switch_interval=None, fixed_segments=True):
         if read_ahead not in READ_AHEAD:
             raise ValueError("read_ahead must be one of %s, got %r" % (READ_AHEAD, read_ahead))
+        if not isinstance(fixed_segments, bool):
+            raise ValueError("fixed_segments must be True or False, got %r" % (fixed_segments,))
         self.switch_interval = check_interval(switch_interval)
+        self.fixed_segments = fixed_segments
         super().__init__(ctx, strict)
         self.host = _Host(self.names)
         self.read_ahead = read_ahead
@@ -222,15 +231,20 @@ class _Installation(Installation):
         return 1
 
     def _make_loop(self):
-        original, counters, seconds = self.host.loop, self.counters, self.switch_interval
+        original, counters = self.host.loop, self.counters
+        seconds, fixed = self.switch_interval, self.fixed_segments
 
         @like(original)
         def loop(looper, *args, **kwargs):
-            if seconds is None:
-                counters.host("switch_interval", "switch_interval=None")
-                return original(looper, *args, **kwargs)
-            with short_switch_interval(seconds) as reason:
-                counters.record("switch_interval", reason)
+            with contextlib.ExitStack() as settings:
+                if seconds is None:
+                    counters.host("switch_interval", "switch_interval=None")
+                else:
+                    counters.record("switch_interval", settings.enter_context(short_switch_interval(seconds)))
+                if fixed:
+                    counters.record("fixed_segments", settings.enter_context(fixed_segments()))
+                else:
+                    counters.host("fixed_segments", "fixed_segments=False")
                 return original(looper, *args, **kwargs)
         return loop
 
@@ -451,7 +465,8 @@ class _Installation(Installation):
         return quantize
 
 
-def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pinned", switch_interval=None):
+def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pinned", switch_interval=None,
+            fixed_segments=True):
     """Routes this process's GPTQModel through qlink (see the module's docstring); a second
     install replaces the first.
 
@@ -462,12 +477,19 @@ def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pi
     a GPU (its fill's copies do not block; page-locking a layer's worth stalls the
     process's CUDA calls while it runs), "pageable" into pageable memory (the fill's copies
     block as GPTQModel's own), "off" leaves GPTQModel's fills alone.
+    switch_interval: seconds (1e-4, say) the interpreter's switch interval is shortened to
+    for the layer loop, or None (the default) to leave it: one profiled run with it solved
+    a layer a few units in the last place apart from every other run, unexplained (every
+    run since agrees), so it is asked for rather than assumed.
+    fixed_segments: True (the default) runs the layer loop with PyTorch's CUDA allocator
+    making fixed segments where the process asked for expandable ones (GPTQModel asks as it
+    is imported; host_allocator.py says what that cost); False leaves the allocator as set.
     GPTQModel's version is checked against HOST's (another warns once; UnsupportedHost
     under strict) and every name the patches touch must be where HOST says (HostChanged
     naming each that moved); nothing is patched otherwise."""
     uninstall()
     return _integration.install(_Installation(ctx or configure(config, library), strict, read_ahead,
-                                              switch_interval)).ctx
+                                              switch_interval, fixed_segments)).ctx
 
 
 def uninstall():

@@ -1,0 +1,84 @@
+"""qlink.integrations.host_allocator: expandable segments turned off for the outermost of
+nested or concurrent loops where the process asked for them, back on after the last."""
+import threading
+
+import pytest
+
+from qlink.integrations import host_allocator
+from qlink.integrations.host_allocator import asked_for_expandable, fixed_segments
+
+
+@pytest.fixture
+def settings(monkeypatch):
+    """PyTorch's run-time allocator setting, recorded: the settings asked for, in order."""
+    calls = []
+    monkeypatch.setattr(host_allocator, "_setter", lambda: calls.append)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True,max_split_size_mb:256")
+    return calls
+
+
+def test_the_config_asks_for_expandable_segments_by_either_name():
+    assert asked_for_expandable({"PYTORCH_ALLOC_CONF": "max_split_size_mb:256, expandable_segments:True"})
+    assert asked_for_expandable({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    assert not asked_for_expandable({"PYTORCH_ALLOC_CONF": "max_split_size_mb:256",
+                                     "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    assert not asked_for_expandable({"PYTORCH_ALLOC_CONF": "expandable_segments:False"})
+    assert not asked_for_expandable({})
+
+
+def test_nested_and_concurrent_loops_turn_them_off_once_and_the_last_back_on(settings):
+    inside, release = threading.Event(), threading.Event()
+    reasons = []
+
+    def other_loop():
+        with fixed_segments() as reason:
+            reasons.append(reason)
+            inside.set()
+            release.wait()
+    with fixed_segments() as reason:
+        assert reason is None and settings == ["expandable_segments:False"]
+        thread = threading.Thread(target=other_loop)
+        thread.start()
+        inside.wait()
+        with fixed_segments() as inner:
+            assert inner is None
+    assert settings == ["expandable_segments:False"]  # the other thread's loop still runs
+    release.set()
+    thread.join()
+    assert reasons == [None]
+    assert settings == ["expandable_segments:False", "expandable_segments:True"]
+
+
+def test_a_loop_that_raises_turns_them_back_on(settings):
+    with pytest.raises(RuntimeError, match="the loop failed"):
+        with fixed_segments():
+            raise RuntimeError("the loop failed")
+    assert settings == ["expandable_segments:False", "expandable_segments:True"]
+    with fixed_segments():  # and the next loop starts afresh
+        pass
+    assert len(settings) == 4
+
+
+def test_fixed_segments_asked_for_or_no_setter_leave_the_allocator_alone(settings, monkeypatch):
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:256")
+    with fixed_segments() as reason:
+        assert reason == "the allocator makes fixed segments already"
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True")
+    monkeypatch.setattr(host_allocator, "_setter", lambda: None)
+    with fixed_segments() as reason:
+        assert reason == "this torch cannot change its CUDA allocator's settings at run time"
+    assert settings == []
+
+
+def test_a_setting_pytorch_refuses_is_a_reason_not_a_failure(settings, monkeypatch):
+    def refuse(setting):
+        raise RuntimeError("Unrecognized key 'expandable_segments' in Caching Allocator Config.\nmore")
+    monkeypatch.setattr(host_allocator, "_setter", lambda: refuse)
+    with fixed_segments() as reason:
+        assert reason == ("PyTorch refused expandable_segments:False: Unrecognized key 'expandable_segments' "
+                          "in Caching Allocator Config.")
+    monkeypatch.setattr(host_allocator, "_setter", lambda: settings.append)
+    with fixed_segments() as reason:
+        assert reason is None
+    assert settings == ["expandable_segments:False", "expandable_segments:True"]
