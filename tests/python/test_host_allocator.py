@@ -13,6 +13,7 @@ def settings(monkeypatch):
     """PyTorch's run-time allocator setting, recorded: the settings asked for, in order."""
     calls = []
     monkeypatch.setattr(host_allocator, "_setter", lambda: calls.append)
+    monkeypatch.setattr(host_allocator, "_reported", lambda: None)  # the config says, as on a torch without
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True,max_split_size_mb:256")
     return calls
@@ -79,6 +80,20 @@ def test_a_setting_pytorch_refuses_is_a_reason_not_a_failure(settings, monkeypat
         assert reason == ("PyTorch refused expandable_segments:False: Unrecognized key 'expandable_segments' "
                           "in Caching Allocator Config.")
     monkeypatch.setattr(host_allocator, "_setter", lambda: settings.append)
+    with fixed_segments() as reason:
+        assert reason is None
+    assert settings == ["expandable_segments:False", "expandable_segments:True"]
+
+
+def test_what_the_allocator_reports_overrides_the_config(settings, monkeypatch):
+    """An allocator that started before GPTQModel set the variable makes fixed segments
+    whatever it says; one turned to expandable segments at run time makes expandable ones."""
+    monkeypatch.setattr(host_allocator, "_reported", lambda: False)
+    with fixed_segments() as reason:
+        assert reason == "the allocator makes fixed segments already"
+    assert settings == []
+    monkeypatch.setattr(host_allocator, "_reported", lambda: True)
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:256")
     with fixed_segments() as reason:
         assert reason is None
     assert settings == ["expandable_segments:False", "expandable_segments:True"]

@@ -405,6 +405,7 @@ def test_the_layer_loop_makes_fixed_segments_where_the_process_asked_for_expanda
     from qlink.integrations import host_allocator
     settings, seen = [], []
     monkeypatch.setattr(host_allocator, "_setter", lambda: settings.append)
+    monkeypatch.setattr(host_allocator, "_reported", lambda: None)
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True,max_split_size_mb:256")
 

@@ -1,6 +1,5 @@
-"""A host's loop run with PyTorch's CUDA caching allocator making fixed segments where the
-process asked for expandable ones, expandable segments back when the outermost such loop
-returns.
+"""A host's loop run with PyTorch's CUDA caching allocator making fixed segments where it
+made expandable ones, expandable segments back when the outermost such loop returns.
 
 GPTQModel asks for expandable segments as it is imported (PYTORCH_ALLOC_CONF, where unset,
 for memory saving). Measured on one H200 with qlink installed, GPTQModel's 4-layer loop on
@@ -14,6 +13,7 @@ it; the segments already made stay as they are."""
 import contextlib
 import os
 import threading
+import warnings
 
 import torch
 
@@ -31,22 +31,45 @@ def asked_for_expandable(environ=os.environ):
     return options.get(_KEY) == "True"
 
 
+def _reported():
+    """Whether the CUDA allocator makes expandable segments, as its memory snapshot's
+    settings report it; None where this torch reports no such setting or has no CUDA."""
+    snapshot = getattr(torch.cuda.memory, "_snapshot", None) if torch.cuda.is_available() else None
+    if snapshot is None:
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            settings = snapshot().get("allocator_settings") or {}
+    except RuntimeError:
+        return None
+    return bool(settings[_KEY]) if _KEY in settings else None
+
+
+def expandable_now():
+    """Whether the CUDA allocator makes expandable segments now: as it reports (a process
+    whose allocator started before GPTQModel set the variable has fixed ones whatever the
+    variable says), else as the process's config asks."""
+    reported = _reported()
+    return asked_for_expandable() if reported is None else reported
+
+
 def _setter():
     """PyTorch's run-time allocator setting, or None where this torch has none or no CUDA."""
     if not torch.cuda.is_available():
         return None
-    return getattr(getattr(torch.cuda, "memory", None), "_set_allocator_settings", None)
+    return getattr(torch.cuda.memory, "_set_allocator_settings", None)
 
 
 @contextlib.contextmanager
 def fixed_segments():
-    """Runs the body with expandable segments off where the process asked for them; yields
+    """Runs the body with expandable segments off where the allocator makes them; yields
     None when they are off by this call or an enclosing one, else why they were left alone.
     The first of nested or concurrent calls turns them off and the last turns them back on."""
     global _depth, _turned_off
     with _lock:
         if _depth == 0:
-            reason = None if asked_for_expandable() else "the allocator makes fixed segments already"
+            reason = None if expandable_now() else "the allocator makes fixed segments already"
             setter = _setter() if reason is None else None
             if reason is None and setter is None:
                 reason = "this torch cannot change its CUDA allocator's settings at run time"
