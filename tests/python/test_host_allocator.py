@@ -3,6 +3,7 @@ nested or concurrent loops where the process asked for them, back on after the l
 import threading
 
 import pytest
+import torch
 
 from qlink.integrations import host_allocator
 from qlink.integrations.host_allocator import asked_for_expandable, fixed_segments
@@ -97,3 +98,31 @@ def test_what_the_allocator_reports_overrides_the_config(settings, monkeypatch):
     with fixed_segments() as reason:
         assert reason is None
     assert settings == ["expandable_segments:False", "expandable_segments:True"]
+
+
+def _segment_of(tensor):
+    return next(s for s in torch.cuda.memory._snapshot()["segments"]
+                if s["address"] <= tensor.data_ptr() < s["address"] + s["total_size"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_a_loop_makes_fixed_segments_and_expandable_ones_come_back_after():
+    """PyTorch's own setter and report: the segment a loop makes inside is a fixed one, the
+    one made after it an expandable one again."""
+    set_allocator = torch.cuda.memory._set_allocator_settings
+    set_allocator("expandable_segments:True")
+    try:
+        assert host_allocator.expandable_now()
+        torch.cuda.empty_cache()  # so that each allocation below makes a segment of its own
+        with fixed_segments() as reason:
+            assert reason is None and not host_allocator.expandable_now()
+            inside = torch.empty(96 << 20, dtype=torch.uint8, device="cuda")
+            made_inside = _segment_of(inside)
+        assert host_allocator.expandable_now()
+        del inside
+        torch.cuda.empty_cache()
+        after = torch.empty(96 << 20, dtype=torch.uint8, device="cuda")
+        made_after = _segment_of(after)
+        assert made_inside["is_expandable"] is False and made_after["is_expandable"] is True
+    finally:
+        set_allocator("expandable_segments:False")
