@@ -13,6 +13,7 @@ from qlink.integrations.host_allocator import asked_for_expandable, fixed_segmen
 def settings(monkeypatch):
     """PyTorch's run-time allocator setting, recorded: the settings asked for, in order."""
     calls = []
+    monkeypatch.setattr(host_allocator, "_has_cuda", lambda: True)  # the allocator's part is mocked
     monkeypatch.setattr(host_allocator, "_setter", lambda: calls.append)
     monkeypatch.setattr(host_allocator, "_reported", lambda: None)  # the config says, as on a torch without
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
@@ -62,7 +63,7 @@ def test_a_loop_that_raises_turns_them_back_on(settings):
     assert len(settings) == 4
 
 
-def test_fixed_segments_asked_for_or_no_setter_leave_the_allocator_alone(settings, monkeypatch):
+def test_fixed_segments_asked_for_no_setter_or_no_cuda_leave_the_allocator_alone(settings, monkeypatch):
     monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:256")
     with fixed_segments() as reason:
         assert reason == "the allocator makes fixed segments already"
@@ -70,6 +71,9 @@ def test_fixed_segments_asked_for_or_no_setter_leave_the_allocator_alone(setting
     monkeypatch.setattr(host_allocator, "_setter", lambda: None)
     with fixed_segments() as reason:
         assert reason == "this torch cannot change its CUDA allocator's settings at run time"
+    monkeypatch.setattr(host_allocator, "_has_cuda", lambda: False)
+    with fixed_segments() as reason:
+        assert reason == "no CUDA device, no CUDA allocator"
     assert settings == []
 
 

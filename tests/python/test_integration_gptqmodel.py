@@ -404,6 +404,7 @@ def test_the_layer_loop_makes_fixed_segments_where_the_process_asked_for_expanda
     leaves the allocator as set."""
     from qlink.integrations import host_allocator
     settings, seen = [], []
+    monkeypatch.setattr(host_allocator, "_has_cuda", lambda: True)  # the allocator's part is mocked
     monkeypatch.setattr(host_allocator, "_setter", lambda: settings.append)
     monkeypatch.setattr(host_allocator, "_reported", lambda: None)
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)

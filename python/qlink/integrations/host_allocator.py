@@ -33,8 +33,8 @@ def asked_for_expandable(environ=os.environ):
 
 def _reported():
     """Whether the CUDA allocator makes expandable segments, as its memory snapshot's
-    settings report it; None where this torch reports no such setting or has no CUDA."""
-    snapshot = getattr(torch.cuda.memory, "_snapshot", None) if torch.cuda.is_available() else None
+    settings report it; None where this torch reports no such setting."""
+    snapshot = getattr(torch.cuda.memory, "_snapshot", None)
     if snapshot is None:
         return None
     try:
@@ -54,10 +54,12 @@ def expandable_now():
     return asked_for_expandable() if reported is None else reported
 
 
+def _has_cuda():
+    return torch.cuda.is_available()
+
+
 def _setter():
-    """PyTorch's run-time allocator setting, or None where this torch has none or no CUDA."""
-    if not torch.cuda.is_available():
-        return None
+    """PyTorch's run-time allocator setting, or None where this torch has none."""
     return getattr(torch.cuda.memory, "_set_allocator_settings", None)
 
 
@@ -69,7 +71,10 @@ def fixed_segments():
     global _depth, _turned_off
     with _lock:
         if _depth == 0:
-            reason = None if expandable_now() else "the allocator makes fixed segments already"
+            if not _has_cuda():
+                reason = "no CUDA device, no CUDA allocator"
+            else:
+                reason = None if expandable_now() else "the allocator makes fixed segments already"
             setter = _setter() if reason is None else None
             if reason is None and setter is None:
                 reason = "this torch cannot change its CUDA allocator's settings at run time"
