@@ -10,17 +10,14 @@ them the run took 8.7 s against 11.0 s, the GPU busy 71.7 % of the loop against 
 peak memory 7.4 GiB against 8.5 GiB, every solve's digest equal. PyTorch reads the setting
 when it makes a segment, so a change made mid-process applies to the segments made after
 it; the segments already made stay as they are."""
-import contextlib
 import os
-import threading
 import warnings
 
 import torch
 
+from .held_setting import HeldSetting
+
 _KEY = "expandable_segments"
-_lock = threading.Lock()
-_depth = 0  # loops inside fixed segments of ours, over every thread
-_turned_off = False  # whether the outermost of them turned expandable segments off
 
 
 def asked_for_expandable(environ=os.environ):
@@ -63,35 +60,32 @@ def _setter():
     return getattr(torch.cuda.memory, "_set_allocator_settings", None)
 
 
-@contextlib.contextmanager
+def _turn_off():
+    """(whether expandable segments were turned off, why not where they were not)."""
+    if not _has_cuda():
+        return False, "no CUDA device, no CUDA allocator"
+    if not expandable_now():
+        return False, "the allocator makes fixed segments already"
+    setter = _setter()
+    if setter is None:
+        return False, "this torch cannot change its CUDA allocator's settings at run time"
+    try:
+        setter(_KEY + ":False")
+    except RuntimeError as error:  # a torch whose parser does not take the key
+        return False, "PyTorch refused %s:False: %s" % (_KEY, str(error).splitlines()[0])
+    return True, None
+
+
+def _turn_back_on(turned):
+    if turned[0]:
+        _setter()(_KEY + ":True")
+
+
+_HELD = HeldSetting(_turn_off, lambda turned: turned[1], _turn_back_on)
+
+
 def fixed_segments():
     """Runs the body with expandable segments off where the allocator makes them; yields
     None when they are off by this call or an enclosing one, else why they were left alone.
     The first of nested or concurrent calls turns them off and the last turns them back on."""
-    global _depth, _turned_off
-    with _lock:
-        if _depth == 0:
-            if not _has_cuda():
-                reason = "no CUDA device, no CUDA allocator"
-            else:
-                reason = None if expandable_now() else "the allocator makes fixed segments already"
-            setter = _setter() if reason is None else None
-            if reason is None and setter is None:
-                reason = "this torch cannot change its CUDA allocator's settings at run time"
-            if setter is not None:
-                try:
-                    setter(_KEY + ":False")
-                except RuntimeError as error:  # a torch whose parser does not take the key
-                    reason, setter = "PyTorch refused %s:False: %s" % (_KEY, str(error).splitlines()[0]), None
-            _turned_off = setter is not None
-        else:
-            reason = None if _turned_off else "an enclosing loop left the allocator alone"
-        _depth += 1
-    try:
-        yield reason
-    finally:
-        with _lock:
-            _depth -= 1
-            if _depth == 0 and _turned_off:
-                _setter()(_KEY + ":True")
-                _turned_off = False
+    return _HELD.held()

@@ -12,13 +12,9 @@ with the main thread inside the forwards). Measured on a CPU here with two threa
 Python: 45 operators a second at 5 ms, 8000 at 0.1 ms, 184000 alone. A short interval costs
 the Python threads a few more handovers; on a free-threaded build there is no GIL to hand
 over and the interval changes nothing."""
-import contextlib
 import sys
-import threading
 
-_lock = threading.Lock()
-_depth = 0  # loops inside a short interval of ours, over every thread
-_saved = None  # (the interval before ours, ours) while _depth > 0
+from .held_setting import HeldSetting
 
 
 def check_interval(seconds):
@@ -36,27 +32,30 @@ def _set(seconds):
     sys.setswitchinterval((round(seconds * 1e6) + 0.5) / 1e6)
 
 
-@contextlib.contextmanager
+def _shorten(seconds):
+    before = sys.getswitchinterval()
+    if seconds < before:
+        _set(seconds)
+    return before, sys.getswitchinterval()
+
+
+def _restore(saved):
+    before, ours = saved
+    if ours != before and sys.getswitchinterval() == ours:
+        _set(before)
+
+
+def _why_not(saved):
+    before, ours = saved
+    return None if ours < before else "the interval is already %g s" % before
+
+
+_HELD = HeldSetting(_shorten, _why_not, _restore)
+
+
 def short_switch_interval(seconds):
     """Runs the body with sys.setswitchinterval(seconds) where the interval is longer;
     yields None when the interval is ours, else why not. The first of nested or concurrent
     calls sets it and the last restores the one before, unless something else has changed
     it since (then theirs stays)."""
-    global _depth, _saved
-    with _lock:
-        if _depth == 0:
-            before = sys.getswitchinterval()
-            if seconds < before:
-                _set(seconds)
-            _saved = (before, sys.getswitchinterval())
-        _depth += 1
-        reason = None if _saved[1] < _saved[0] else "the interval is already %g s" % _saved[0]
-    try:
-        yield reason
-    finally:
-        with _lock:
-            _depth -= 1
-            if _depth == 0:
-                if _saved[1] != _saved[0] and sys.getswitchinterval() == _saved[1]:
-                    _set(_saved[0])
-                _saved = None
+    return _HELD.held(seconds)
