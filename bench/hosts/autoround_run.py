@@ -9,8 +9,10 @@ quantized model's output error on held-out sequences (MSE of the last hidden sta
 against the bf16 model's, fp32). Prints and writes JSON; qlink's plans and counters.
 
     python3 autoround_run.py --model DIR --iters 200|0 [--qlink auto|N|off] [--strict]
-        [--runs 2] [--profile FILE [--profile-stacks] [--idle FILE]] [--cprofile FILE] [--heldout 16] [--out FILE]
+        [--runs 2] [--profile FILE [--profile-stacks] [--idle FILE]] [--cprofile FILE] [--heldout 16]
+        [--blas cublas|cublaslt] [--out FILE]
 
+--blas: the BLAS library PyTorch prefers for its GEMMs (torch.backends.cuda.preferred_blas_library).
 --idle: in the profiled run, the GPU's idle time from the first block's tuning on charged to
 the host threads' stacks (idle.py).
 """
@@ -132,12 +134,16 @@ def main():
     a.add_argument("--samples", type=int, default=128)
     a.add_argument("--seqlen", type=int, default=2048)
     a.add_argument("--heldout", type=int, default=16)
+    a.add_argument("--blas", choices=("cublas", "cublaslt"), help="torch.backends.cuda.preferred_blas_library")
     a.add_argument("--out")
     args = a.parse_args()
     import torch
     import transformers
     make_llama(args.model)
-    result = {"host": "AutoRound", "iters": args.iters, "qlink": args.qlink, "gpus": torch.cuda.device_count()}
+    if args.blas:
+        torch.backends.cuda.preferred_blas_library(args.blas)
+    result = {"host": "AutoRound", "iters": args.iters, "qlink": args.qlink, "gpus": torch.cuda.device_count(),
+              "blas": str(torch.backends.cuda.preferred_blas_library())}
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
     heldout = token_batches(args.heldout, args.seqlen, seed=2)  # not among the calibration's (seed 1)
     model = load(args.model).to("cuda")

@@ -241,7 +241,7 @@ def kernel_table(prof, path, rows=40, stacks=False):
             f.write(averages.table(sort_by=key, row_limit=rows, max_name_column_width=90) + "\n")
         if stacks:
             by_stack = prof.key_averages(group_by_stack_n=8)
-            f.write(by_stack.table(sort_by="device_time_total", row_limit=rows, max_name_column_width=90) + "\n")
+            f.write(by_stack.table(sort_by="device_time_total", row_limit=rows * 4, max_name_column_width=90) + "\n")
 
 
 def _stack(frame):

@@ -243,6 +243,10 @@ def main():
     config = QuantizeConfig(bits=4, group_size=128, desc_act=False)
     result["act_group_aware"] = bool(config.act_group_aware)
     result["alloc_conf"] = os.environ.get("PYTORCH_ALLOC_CONF")  # GPTQModel sets it on import where unset
+    # What the allocator does: one started before the variable was set (this process made the model first) makes
+    # fixed segments whatever the variable says.
+    from qlink.integrations.host_allocator import expandable_now
+    result["allocator_expandable"] = expandable_now()
     model = GPTQModel.load(args.model, config)
     ids = token_batches(args.samples, args.seqlen)
     calibration = [{"input_ids": row, "attention_mask": torch.ones_like(row)} for row in ids]
