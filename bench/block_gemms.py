@@ -35,6 +35,17 @@ def device_ms(fn, reps):
     return statistics.median(times)
 
 
+def linear_products(tokens, rows, cols):
+    """A (rows x cols) linear's products at `tokens` tokens, by name, on fresh random operands."""
+    w = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16) * 0.02
+    x = torch.randn(tokens, cols, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(tokens, rows, device="cuda", dtype=torch.bfloat16)
+    return {"forward x @ W^T": lambda: torch.nn.functional.linear(x, w),
+            "grad_x dy @ W": lambda: dy.mm(w),
+            "grad_W dy^T @ x": lambda: dy.t().mm(x),
+            "grad_W (x^T @ dy)^T": lambda: x.t().mm(dy).t()}
+
+
 def stored(t, column_major):
     """t's values, stored column-major where asked (a transposed view of the transpose's copy)."""
     return t.t().contiguous().t() if column_major else t.contiguous()
@@ -67,8 +78,8 @@ def layouts(args, out):
                         ms = device_ms(fn, args.reps)
                         name = "%s %s A%s B%s C%s" % (library, product, "cr"[a_col], "cr"[b_col], "cr"[c_col])
                         kernel = kernel_of(fn)
-                        out["layouts"][name] = {"ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1),
-                                                "kernel": kernel}
+                        out["layouts"][name] = {
+                            "ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1), "kernel": kernel}
                         print("%-36s %8.3f ms  %6.1f TFLOP/s  %s" % (name, ms, flops / ms / 1e9, kernel), flush=True)
     torch.backends.cuda.preferred_blas_library("cublas")
 
@@ -86,20 +97,12 @@ def main():
         print(json.dumps(out, indent=1))
         return
     for name, (rows, cols) in SHAPES.items():
-        w = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16) * 0.02
-        x = torch.randn(args.tokens, cols, device="cuda", dtype=torch.bfloat16)
-        dy = torch.randn(args.tokens, rows, device="cuda", dtype=torch.bfloat16)
         flops = 2.0 * args.tokens * rows * cols
-        cases = {"forward x @ W^T": lambda: torch.nn.functional.linear(x, w),
-                 "grad_x dy @ W": lambda: dy.mm(w),
-                 "grad_W dy^T @ x": lambda: dy.t().mm(x),
-                 "grad_W (x^T @ dy)^T": lambda: x.t().mm(dy).t()}
-        for case, fn in cases.items():
+        for case, fn in linear_products(args.tokens, rows, cols).items():
             ms, kernel = device_ms(fn, args.reps), kernel_of(fn)
-            out["gemms"]["%s %s" % (name, case)] = {"ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1),
-                                                   "kernel": kernel}
+            out["gemms"]["%s %s" % (name, case)] = {
+                "ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1), "kernel": kernel}
             print("%-16s %-22s %8.3f ms  %6.1f TFLOP/s  %s" % (name, case, ms, flops / ms / 1e9, kernel), flush=True)
-        del w, x, dy
     print(json.dumps(out, indent=1))
 
 
