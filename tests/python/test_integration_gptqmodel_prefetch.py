@@ -1,10 +1,12 @@
-"""The layer_prefetch patch against the stand-in GPTQModel's lazy model fill (tests/python/hosts)
-on the CPU backend, from safetensors shards: each numbered layer's fill reads the next
-layer's tensors on qlink's helper thread and the next fill takes them (filled the same as by
-the host's own reads, counted); the fills of a layer's own modules, and a fill out of order,
-read for themselves; a shard that is not safetensors is read ahead through the host's
-reader; a failed read-ahead falls back to the host's read (FallbackRefused under strict, the
-module untouched); uninstall gives both bindings back."""
+"""The layer_prefetch and module_refill patches against the stand-in GPTQModel's lazy model
+fill (tests/python/hosts) on the CPU backend, from safetensors shards: each numbered layer's
+fill reads the next layer's tensors on qlink's helper thread and the next fill takes them
+(filled the same as by the host's own reads, counted); the fills of a layer's own modules
+take copies of its tensors read ahead (the first layer's, not read ahead, and a fill out of
+order read for themselves), fresh ones each time, so a fill that keeps what it is handed
+changes nothing for the next; a shard that is not safetensors is read ahead through the
+host's reader; a failed read-ahead falls back to the host's read (FallbackRefused under
+strict, the module untouched); uninstall gives both bindings back."""
 import json
 import os
 import threading
@@ -96,7 +98,7 @@ def host_reads(host, index):
     return [thread for thread, name in host["reads"] if name.startswith("model.layers.%d." % index)]
 
 
-def test_each_layer_takes_the_tensors_read_ahead_and_its_modules_read_for_themselves(host):
+def test_each_layer_takes_the_tensors_read_ahead_and_its_modules_copies_of_them(host):
     adapter.install(ctx=host["ctx"], strict=True)
     root = empty_shell()
     for index in range(LAYERS):
@@ -108,10 +110,41 @@ def test_each_layer_takes_the_tensors_read_ahead_and_its_modules_read_for_themse
         assert_filled(host, root, index)
     me = threading.current_thread().name
     assert host_reads(host, 0) == [me] * (6 + 5)  # the first layer's fill read itself, then its modules
-    assert all(host_reads(host, index) == [me] * 5 for index in range(1, LAYERS))
-    assert adapter.counters()["layer_prefetch"] == {"qlink": LAYERS - 1, "host": 1 + 3 * LAYERS, "fallback": 0,
-                                                    "reasons": {"nothing read ahead": 1,
-                                                                "a module of the layer filled last": 3 * LAYERS}}
+    assert all(host_reads(host, index) == [] for index in range(1, LAYERS))
+    counts = adapter.counters()
+    assert counts["layer_prefetch"] == {"qlink": LAYERS - 1, "host": 1, "fallback": 0,
+                                        "reasons": {"nothing read ahead": 1}}
+    assert counts["module_refill"] == {"qlink": 3 * (LAYERS - 1), "host": 3, "fallback": 0,
+                                       "reasons": {"the layer was not read ahead": 3}}
+
+
+def test_a_module_fill_that_keeps_what_it_is_handed_changes_nothing_for_the_next(host):
+    adapter.install(ctx=host["ctx"], strict=True)
+    root = empty_shell()
+    fill(host, root, root.model.layers[0])
+    fill(host, root, root.model.layers[1])
+    copies, why = adapter._integration.current.prefetch._kept
+    assert why is None
+    key = next(k for k in copies._tensors if k[1] == "model.layers.1.up.weight")
+    handed = copies.get(key)
+    assert torch.equal(handed, host["weights"]["model.layers.1.up.weight"])
+    handed.zero_()  # what a fill that registered its tensor as given would do to it later
+    assert torch.equal(copies.get(key), host["weights"]["model.layers.1.up.weight"])
+    up = root.model.layers[1].up
+    up.weight.data.zero_()
+    fill(host, root, up)
+    assert_filled(host, root, 1)
+    assert copies.get(("no shard", "no name")) is None
+
+
+def test_the_next_layers_fill_drops_the_layer_befores_copies(host):
+    adapter.install(ctx=host["ctx"], strict=True)
+    root = empty_shell()
+    for index in range(3):
+        fill(host, root, root.model.layers[index])
+    prefetch_state = adapter._integration.current.prefetch
+    names = {name for _, name in prefetch_state._kept[0]._tensors}
+    assert names and all(name.startswith("model.layers.2.") for name in names)
 
 
 def test_a_fill_out_of_order_or_outside_the_layers_reads_for_itself(host):
@@ -214,3 +247,40 @@ def test_on_a_gpu_the_read_ahead_is_page_locked_only_when_pinned(host, library, 
                                          device=torch.device("cuda", 0))
     for name, p in root.model.layers[1].named_parameters():
         assert p.is_cuda and torch.equal(p.cpu(), host["weights"]["model.layers.1." + name])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_on_a_gpu_the_modules_fills_copy_the_layers_tensors_on_the_device_from_any_stream(host, library):
+    ctx = qlink.load({"backend": "cuda", "log_level": "off"}, library=library)
+    adapter.install(ctx=ctx, strict=True)
+    root = empty_shell()
+    gpu = torch.device("cuda", 0)
+    for index in range(2):
+        host["turtle"].materialize_submodule(target_model=root, target_submodule=root.model.layers[index], device=gpu)
+    copies, why = adapter._integration.current.prefetch._kept
+    assert why is None and all(t.is_cuda for t in copies._tensors.values())
+    up = root.model.layers[1].up
+    up.weight.data.zero_()
+    side = torch.cuda.Stream(gpu)
+    with torch.cuda.stream(side):  # ordered after the upload on the default stream by the copies' event
+        host["turtle"].materialize_submodule(target_model=root, target_submodule=up, device=gpu)
+    side.synchronize()
+    for name, p in root.model.layers[1].named_parameters():
+        assert p.is_cuda and torch.equal(p.cpu(), host["weights"]["model.layers.1." + name])
+    assert host_reads(host, 1) == []
+    assert adapter.counters()["module_refill"]["qlink"] == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_on_a_gpu_a_layer_too_large_for_the_free_memory_is_not_kept(host, library, monkeypatch):
+    ctx = qlink.load({"backend": "cuda", "log_level": "off"}, library=library)
+    adapter.install(ctx=ctx, strict=True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1024, 1 << 40))
+    root = empty_shell()
+    gpu = torch.device("cuda", 0)
+    for index in range(2):
+        host["turtle"].materialize_submodule(target_model=root, target_submodule=root.model.layers[index], device=gpu)
+    host["turtle"].materialize_submodule(target_model=root, target_submodule=root.model.layers[1].up, device=gpu)
+    assert adapter.counters()["module_refill"]["reasons"] == {
+        "the layer would take more than 1/4 of the device's free memory": 1}
+    assert len(host_reads(host, 1)) == 2  # up's weight and bias, read for themselves

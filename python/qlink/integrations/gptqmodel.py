@@ -15,6 +15,10 @@ What install() routes through qlink (each a patch with its own counters):
                             numbered layer's fill, once done, reads the next one's checkpoint
                             tensors on a helper thread, page-locked on a GPU, so that layer's
                             fill copies them without blocking (gptqmodel_prefetch)
+  module_refill             the fills of that layer's own modules (GPTQModel fills each linear
+                            again before replaying its forwards): copies, device to device, of
+                            the layer's tensors read ahead, kept on its device until the next
+                            layer's fill (gptqmodel_prefetch)
   cache_inputs              the calibration cache GPTQModel's input capture returns, moved
                             once to the one GPU the layers run on (gptqmodel_cache), so the
                             forwards' moves of its tensors find them there
@@ -86,9 +90,9 @@ from .host_allocator import fixed_segments
 from .host_switch import check_interval, short_switch_interval
 from .patches import like
 
-PATCHES = ("clone_module_for_devices", "torch_replicate", "layer_prefetch", "cache_inputs", "group_batches", "move_to",
-           "nested_move_to", "add_batch", "materialize_global_hessian", "rehome_processor_task", "quantize", "pack",
-           "routed_experts", "switch_interval", "fixed_segments")
+PATCHES = ("clone_module_for_devices", "torch_replicate", "layer_prefetch", "module_refill", "cache_inputs",
+           "group_batches", "move_to", "nested_move_to", "add_batch", "materialize_global_hessian",
+           "rehome_processor_task", "quantize", "pack", "routed_experts", "switch_interval", "fixed_segments")
 
 READ_AHEAD = ("pinned", "pageable", "off")
 _HELPERS, _MODEL = "gptqmodel.utils.looper_helpers:", "gptqmodel.utils.model:"

@@ -18,10 +18,17 @@ reuse until the copies that read it have completed, so the buffers go back to it
 the fill returns, for the next layer's read and the finished layers' landings.
 
 GPTQModel fills each of a layer's linears again before replaying its forwards (the same
-bytes); those fills read for themselves. Keeping the layer's buffers for them (measured on
-the GPU machine) made the process page-lock a second layer's worth of memory, and
-page-locking new memory stalls every thread's CUDA calls while it runs (the forwards' idle
-time at 4 layers rose from 0.5 s to 2.1 s)."""
+bytes): read for themselves, those fills' pageable reads and blocking copies left the GPU
+idle about 0.3 s of the 4-layer loop (the eighteenth session's idle table). Keeping the
+layer's page-locked buffers for them (measured on the GPU machine) made the process
+page-lock a second layer's worth of memory, and page-locking new memory stalls every
+thread's CUDA calls while it runs (the forwards' idle time at 4 layers rose from 0.5 s to
+2.1 s). So the layer's tensors read ahead are copied once more, to the layer's device,
+after its fill, and its modules' fills take copies of those (device to device, ordered
+after that upload on whatever stream they run): the module_refill patch. The copies are
+dropped at the next layer's fill; they are not made where they would take more than a
+quarter of the device's free memory (an MoE layer's experts), nor for a layer not read
+ahead (the first), whose modules read for themselves."""
 import concurrent.futures
 import contextlib
 import json
@@ -74,6 +81,28 @@ def read_safetensors(path, names, pin):
         return out
 
 
+KEEP_SHARE = 4  # a layer's kept copies take at most 1 / KEEP_SHARE of its device's free memory
+
+
+class _Copies:
+    """The layer's tensors on its device, handed out as fresh copies: each of its modules'
+    fills takes them, and a fill may keep what it is handed (a buffer registered as
+    given). A copy is made on the caller's current stream once the upload is done there."""
+
+    def __init__(self, tensors, uploaded):
+        self._tensors, self._uploaded = tensors, uploaded
+
+    def get(self, key):
+        tensor = self._tensors.get(key)
+        if tensor is None:
+            return None
+        if self._uploaded is not None:
+            stream = torch.cuda.current_stream(tensor.device)
+            self._uploaded.wait(stream)
+            tensor.record_stream(stream)  # not reused by the allocator before this stream's copy is done
+        return tensor.clone()
+
+
 class _Ready(threading.local):
     """The read-ahead tensors the current thread's fill may take, by (shard path, name)."""
     tensors = None
@@ -97,18 +126,20 @@ class LayerPrefetch:
     """One installation's read-ahead: one layer at a time in host memory, read by one
     helper thread."""
 
-    def __init__(self, safe_open, pin, counters, guard, patch="layer_prefetch"):
+    def __init__(self, safe_open, pin, counters, guard, patch="layer_prefetch", refill="module_refill"):
         self._safe_open, self._pin = safe_open, pin
-        self.counters, self.guard, self.patch = counters, guard, patch
+        self.counters, self.guard, self.patch, self.refill = counters, guard, patch, refill
         self._ready = _Ready()
         self._lock = threading.Lock()
         self._pending = None  # (turtle, numbered module path, future of {(shard path, name): tensor})
         self._layer = None  # the numbered module filled last: its own numbered modules are no layers
+        self._kept = (None, "the layer was not read ahead")  # its tensors for its modules' fills: (_Copies, why not)
         self._reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="qlink-prefetch")
 
     def close(self):
         with self._lock:
             self._pending = None
+            self._kept = (None, "closed")
         self._reader.shutdown(wait=True)
 
     def make_safe_open(self):
@@ -127,15 +158,8 @@ class LayerPrefetch:
                                   module_path=None, **kwargs):
             path = module_path if module_path is not None else qualified_name(target_model, target_submodule)
             layer, why = self._layer_of(path)
-            read = self._take(turtle, path) if layer else None
-            try:
-                tensors = read.result() if read is not None else None
-            except Exception as error:  # noqa: BLE001 (qlink's read failed: nothing of the host's ran)
-                self.guard.fallback(self.patch, error)
-                tensors = None
+            tensors = self._read_ahead(turtle, path) if layer else self._kept_for(why)
             if tensors is None:
-                if read is None:
-                    self.counters.host(self.patch, why or "nothing read ahead")
                 module = original(turtle, target_model=target_model, target_submodule=target_submodule,
                                   device=device, non_blocking=non_blocking, module_path=module_path, **kwargs)
             else:
@@ -145,14 +169,63 @@ class LayerPrefetch:
                                       device=device, non_blocking=True, module_path=module_path, **kwargs)
                 finally:
                     self._ready.tensors = None
-                self.counters.qlink(self.patch)
             if layer:
+                try:
+                    self._keep(tensors, device)
+                except Exception as error:  # noqa: BLE001 (qlink's copies: the modules' fills read for themselves)
+                    self.guard.fallback(self.refill, error)
                 try:  # after the fill: the helper's reads do not compete with its copies
                     self._read_next(turtle, path)
                 except Exception as error:  # noqa: BLE001 (qlink's read-ahead: the next fill reads for itself)
                     self.guard.fallback(self.patch, error)
             return module
         return materialize_submodule
+
+    def _read_ahead(self, turtle, path):
+        """The layer's tensors read ahead, or None (counted: nothing read ahead, or the read
+        failed and the host reads)."""
+        read = self._take(turtle, path)
+        if read is None:
+            self.counters.host(self.patch, "nothing read ahead")
+            return None
+        try:
+            tensors = read.result()
+        except Exception as error:  # noqa: BLE001 (qlink's read failed: nothing of the host's ran)
+            self.guard.fallback(self.patch, error)
+            return None
+        self.counters.qlink(self.patch)
+        return tensors
+
+    def _kept_for(self, why):
+        """The kept copies for a fill that is not a layer's (why), or None (counted)."""
+        if why != "a module of the layer filled last":
+            self.counters.host(self.patch, why)
+            return None
+        with self._lock:
+            copies, reason = self._kept
+        self.counters.record(self.refill, reason)
+        return copies
+
+    def _keep(self, tensors, device):
+        """The filled layer's tensors read ahead, copied to its device for its modules' fills
+        in place of the layer before's."""
+        with self._lock:
+            self._kept = (None, "the layer was not read ahead")  # the layer before's dropped first
+        if tensors is None:
+            return
+        device = torch.device(device)
+        if device.type != "cuda":  # on the host, the tensors read ahead themselves
+            kept = (_Copies(tensors, None), None)
+        elif sum(t.numel() * t.element_size() for t in tensors.values()) * KEEP_SHARE > \
+                torch.cuda.mem_get_info(device)[0]:
+            kept = (None, "the layer would take more than 1/%d of the device's free memory" % KEEP_SHARE)
+        else:
+            on_device = {key: t.to(device, non_blocking=True) for key, t in tensors.items()}
+            uploaded = torch.cuda.Event()
+            uploaded.record(torch.cuda.current_stream(device))
+            kept = (_Copies(on_device, uploaded), None)
+        with self._lock:
+            self._kept = kept
 
     def _layer_of(self, path):
         """(whether `path` is a layer: a numbered module not inside the layer filled last, why
