@@ -147,6 +147,23 @@ def test_the_next_layers_fill_drops_the_layer_befores_copies(host):
     assert names and all(name.startswith("model.layers.2.") for name in names)
 
 
+def test_the_last_layers_copies_are_dropped_when_the_loop_returns(host):
+    adapter.install(ctx=host["ctx"], strict=True)
+    from gptqmodel.looper.module_looper import ModuleLooper
+    root = empty_shell()
+    prefetch_state = adapter._integration.current.prefetch
+
+    def cache_inputs(calibration_data, **_):  # the loop's body, on the looper itself: the layers filled
+        for index in range(2):
+            fill(host, root, root.model.layers[index])
+        return prefetch_state._kept
+    looper = ModuleLooper()
+    looper.cache_inputs = cache_inputs
+    kept_inside = looper.loop(None)
+    assert kept_inside[0] is not None
+    assert prefetch_state._kept == (None, "the loop that filled the layer returned")
+
+
 def test_a_fill_out_of_order_or_outside_the_layers_reads_for_itself(host):
     adapter.install(ctx=host["ctx"], strict=True)
     root = empty_shell()

@@ -18,7 +18,7 @@ What install() routes through qlink (each a patch with its own counters):
   module_refill             the fills of that layer's own modules (GPTQModel fills each linear
                             again before replaying its forwards): copies, device to device, of
                             the layer's tensors read ahead, kept on its device until the next
-                            layer's fill (gptqmodel_prefetch)
+                            layer's fill or the loop's end (gptqmodel_prefetch)
   cache_inputs              the calibration cache GPTQModel's input capture returns, moved
                             once to the one GPU the layers run on (gptqmodel_cache), so the
                             forwards' moves of its tensors find them there
@@ -241,6 +241,7 @@ class _Installation(Installation):
         @like(original)
         def loop(looper, *args, **kwargs):
             with contextlib.ExitStack() as settings:
+                settings.callback(self.prefetch.forget)  # the last layer's copies for its modules' fills
                 if seconds is None:
                     counters.host("switch_interval", "switch_interval=None")
                 else:

@@ -26,9 +26,9 @@ thread's CUDA calls while it runs (the forwards' idle time at 4 layers rose from
 2.1 s). So the layer's tensors read ahead are copied once more, to the layer's device,
 after its fill, and its modules' fills take copies of those (device to device, ordered
 after that upload on whatever stream they run): the module_refill patch. The copies are
-dropped at the next layer's fill; they are not made where they would take more than a
-quarter of the device's free memory (an MoE layer's experts), nor for a layer not read
-ahead (the first), whose modules read for themselves."""
+dropped at the next layer's fill or when the loop returns; they are not made where they
+would take more than a quarter of the device's free memory (an MoE layer's experts), nor
+for a layer not read ahead (the first), whose modules read for themselves."""
 import concurrent.futures
 import contextlib
 import json
@@ -140,6 +140,12 @@ class LayerPrefetch:
         with self._lock:
             self._pending = None
             self._kept = (None, "closed")
+
+    def forget(self):
+        """Drops the last layer's kept copies (its GPU memory goes back to the allocator): the
+        loop that filled it has returned."""
+        with self._lock:
+            self._kept = (None, "the loop that filled the layer returned")
         self._reader.shutdown(wait=True)
 
     def make_safe_open(self):
