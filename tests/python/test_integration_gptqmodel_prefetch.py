@@ -2,11 +2,12 @@
 fill (tests/python/hosts) on the CPU backend, from safetensors shards: each numbered layer's
 fill reads the next layer's tensors on qlink's helper thread and the next fill takes them
 (filled the same as by the host's own reads, counted); the fills of a layer's own modules
-take copies of its tensors read ahead (the first layer's, not read ahead, and a fill out of
-order read for themselves), fresh ones each time, so a fill that keeps what it is handed
-changes nothing for the next; a shard that is not safetensors is read ahead through the
-host's reader; a failed read-ahead falls back to the host's read (FallbackRefused under
-strict, the module untouched); uninstall gives both bindings back."""
+take copies of its tensors read ahead (the first layer's, not read ahead, a fill to another
+device and a fill out of order read for themselves), fresh ones each time, so a fill that
+keeps what it is handed changes nothing for the next, dropped when the loop returns; a
+shard that is not safetensors is read ahead through the host's reader; a failed read-ahead
+falls back to the host's read (FallbackRefused under strict, the module untouched);
+uninstall gives both bindings back."""
 import json
 import os
 import threading
@@ -118,7 +119,7 @@ def test_each_layer_takes_the_tensors_read_ahead_and_its_modules_copies_of_them(
                                        "reasons": {"the layer was not read ahead": 3}}
 
 
-def test_a_module_fill_that_keeps_what_it_is_handed_changes_nothing_for_the_next(host):
+def test_a_module_fill_takes_fresh_copies_and_a_fill_to_another_device_reads_for_itself(host):
     adapter.install(ctx=host["ctx"], strict=True)
     root = empty_shell()
     fill(host, root, root.model.layers[0])
@@ -135,6 +136,9 @@ def test_a_module_fill_that_keeps_what_it_is_handed_changes_nothing_for_the_next
     fill(host, root, up)
     assert_filled(host, root, 1)
     assert copies.get(("no shard", "no name")) is None
+    host["turtle"].materialize_submodule(target_model=root, target_submodule=up, device=torch.device("meta"))
+    assert adapter.counters()["module_refill"] == {"qlink": 1, "host": 1, "fallback": 0,
+                                                   "reasons": {"a fill to meta, not the layer's cpu": 1}}
 
 
 def test_the_next_layers_fill_drops_the_layer_befores_copies(host):

@@ -89,8 +89,8 @@ class _Copies:
     fills takes them, and a fill may keep what it is handed (a buffer registered as
     given). A copy is made on the caller's current stream once the upload is done there."""
 
-    def __init__(self, tensors, uploaded):
-        self._tensors, self._uploaded = tensors, uploaded
+    def __init__(self, tensors, device, uploaded):
+        self._tensors, self.device, self._uploaded = tensors, device, uploaded
 
     def get(self, key):
         tensor = self._tensors.get(key)
@@ -164,7 +164,7 @@ class LayerPrefetch:
                                   module_path=None, **kwargs):
             path = module_path if module_path is not None else qualified_name(target_model, target_submodule)
             layer, why = self._layer_of(path)
-            tensors = self._read_ahead(turtle, path) if layer else self._kept_for(why)
+            tensors = self._read_ahead(turtle, path) if layer else self._kept_for(why, device)
             if tensors is None:
                 module = original(turtle, target_model=target_model, target_submodule=target_submodule,
                                   device=device, non_blocking=non_blocking, module_path=module_path, **kwargs)
@@ -202,13 +202,17 @@ class LayerPrefetch:
         self.counters.qlink(self.patch)
         return tensors
 
-    def _kept_for(self, why):
-        """The kept copies for a fill that is not a layer's (why), or None (counted)."""
+    def _kept_for(self, why, device):
+        """The kept copies for a fill that is not a layer's (why) to `device`, or None
+        (counted): a fill to another device reads for itself (a copy from the layer's GPU to
+        the host would wait for that GPU)."""
         if why != "a module of the layer filled last":
             self.counters.host(self.patch, why)
             return None
         with self._lock:
             copies, reason = self._kept
+        if copies is not None and torch.device(device) != copies.device:
+            copies, reason = None, "a fill to %s, not the layer's %s" % (torch.device(device), copies.device)
         self.counters.record(self.refill, reason)
         return copies
 
@@ -221,7 +225,7 @@ class LayerPrefetch:
             return
         device = torch.device(device)
         if device.type != "cuda":  # on the host, the tensors read ahead themselves
-            kept = (_Copies(tensors, None), None)
+            kept = (_Copies(tensors, device, None), None)
         elif sum(t.numel() * t.element_size() for t in tensors.values()) * KEEP_SHARE > \
                 torch.cuda.mem_get_info(device)[0]:
             kept = (None, "the layer would take more than 1/%d of the device's free memory" % KEEP_SHARE)
@@ -229,7 +233,7 @@ class LayerPrefetch:
             on_device = {key: t.to(device, non_blocking=True) for key, t in tensors.items()}
             uploaded = torch.cuda.Event()
             uploaded.record(torch.cuda.current_stream(device))
-            kept = (_Copies(on_device, uploaded), None)
+            kept = (_Copies(on_device, device, uploaded), None)
         with self._lock:
             self._kept = kept
 
