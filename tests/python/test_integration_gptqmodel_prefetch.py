@@ -166,6 +166,10 @@ def test_the_last_layers_copies_are_dropped_when_the_loop_returns(host):
     kept_inside = looper.loop(None)
     assert kept_inside[0] is not None
     assert prefetch_state._kept == (None, "the loop that filled the layer returned")
+    fill(host, root, root.model.layers[2])  # read ahead still, after a loop returned
+    assert_filled(host, root, 2)
+    assert host_reads(host, 2) == []
+    assert adapter.counters()["layer_prefetch"]["qlink"] == 2
 
 
 def test_a_fill_out_of_order_or_outside_the_layers_reads_for_itself(host):

@@ -140,13 +140,13 @@ class LayerPrefetch:
         with self._lock:
             self._pending = None
             self._kept = (None, "closed")
+        self._reader.shutdown(wait=True)
 
     def forget(self):
         """Drops the last layer's kept copies (its GPU memory goes back to the allocator): the
         loop that filled it has returned."""
         with self._lock:
             self._kept = (None, "the loop that filled the layer returned")
-        self._reader.shutdown(wait=True)
 
     def make_safe_open(self):
         original = self._safe_open
