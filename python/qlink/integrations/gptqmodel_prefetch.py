@@ -82,6 +82,7 @@ def read_safetensors(path, names, pin):
 
 
 KEEP_SHARE = 4  # a layer's kept copies take at most 1 / KEEP_SHARE of its device's free memory
+_IN_LAYER = "a module of the layer filled last"  # a fill the layer's kept copies serve
 
 
 class _Copies:
@@ -206,7 +207,7 @@ class LayerPrefetch:
         """The kept copies for a fill that is not a layer's (why) to `device`, or None
         (counted): a fill to another device reads for itself (a copy from the layer's GPU to
         the host would wait for that GPU)."""
-        if why != "a module of the layer filled last":
+        if why != _IN_LAYER:
             self.counters.host(self.patch, why)
             return None
         with self._lock:
@@ -242,7 +243,7 @@ class LayerPrefetch:
         not); a layer becomes the one filled last."""
         with self._lock:
             if self._layer is not None and (path or "").startswith(self._layer + "."):
-                return False, "a module of the layer filled last"
+                return False, _IN_LAYER
             if _NUMBERED.match(path or "") is None:
                 return False, "not a numbered module"
             self._layer = path
