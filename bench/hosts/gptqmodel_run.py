@@ -265,7 +265,7 @@ def main():
         result["gpu_busy_kernels"], result["gpu_busy_kernels_or_copies"] = busy_shares(prof, result["quantize_s"])
         result["gpu_busy_loop_kernels"], result["gpu_busy_loop_kernels_or_copies"] = busy_shares(
             prof, result["quantize_s"], loop_mark=LOOP_MARK)
-        kernel_table(prof, args.profile, stacks=args.profile_stacks and not args.device_only)
+        kernel_table(prof, args.profile, stacks=args.profile_stacks)
     else:
         with python_profile(args.cprofile), stack_samples(args.samples_out), timed(result, "quantize_s"):
             model.quantize(calibration, batch_size=1)
