@@ -137,8 +137,9 @@ __global__ void __launch_bounds__(kThreads)
         const int k0 = g * kGroup + k * 16;
         // A (m, k) = x[k][i0 + m]: matrices (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15, k 8-15).
 #pragma unroll
-        for (int mi = 0; mi < kRowFrags; ++mi)
+        for (int mi = 0; mi < kRowFrags; ++mi) {
           LoadTransposed(a[k][mi], a_rows + (k0 + (q >> 1) * 8 + r8) * kLd + wm + mi * 16 + (q & 1) * 8);
+        }
         // B (k, n) = x[k][j0 + n]: matrices (k 0-7, n 0-7), (k 8-15, n 0-7), then n 8-15: two fragments.
 #pragma unroll
         for (int np = 0; np < kColFrags / 2; ++np) {
