@@ -274,14 +274,25 @@ def test_on_a_gpu_the_read_ahead_is_page_locked_only_when_pinned(host, library, 
         assert p.is_cuda and torch.equal(p.cpu(), host["weights"]["model.layers.1." + name])
 
 
+def test_a_cuda_device_without_index_is_the_current_one(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert prefetch._placed("cuda") == torch.device("cuda", 1)
+    assert prefetch._placed(torch.device("cuda", 0)) == torch.device("cuda", 0)
+    assert prefetch._placed("cpu") == torch.device("cpu")
+
+
+# GPTQModel fills a layer to "cuda" and its modules to "cuda:0": one device.
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_on_a_gpu_the_modules_fills_copy_the_layers_tensors_on_the_device_from_any_stream(host, library):
+@pytest.mark.parametrize("layer_device", ["cuda", "cuda:0"])
+def test_on_a_gpu_the_modules_fills_copy_the_layers_tensors_on_the_device_from_any_stream(host, library,
+                                                                                          layer_device):
     ctx = qlink.load({"backend": "cuda", "log_level": "off"}, library=library)
     adapter.install(ctx=ctx, strict=True)
     root = empty_shell()
     gpu = torch.device("cuda", 0)
     for index in range(2):
-        host["turtle"].materialize_submodule(target_model=root, target_submodule=root.model.layers[index], device=gpu)
+        host["turtle"].materialize_submodule(target_model=root, target_submodule=root.model.layers[index],
+                                             device=torch.device(layer_device))
     copies, why = adapter._integration.current.prefetch._kept
     assert why is None and all(t.is_cuda for t in copies._tensors.values())
     up = root.model.layers[1].up

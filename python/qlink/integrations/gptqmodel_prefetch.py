@@ -85,6 +85,15 @@ KEEP_SHARE = 4  # a layer's kept copies take at most 1 / KEEP_SHARE of its devic
 _IN_LAYER = "a module of the layer filled last"  # a fill the layer's kept copies serve
 
 
+def _placed(device):
+    """`device` as the tensors placed there name it: GPTQModel fills a layer to "cuda" and
+    its modules to "cuda:0", one device."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 class _Copies:
     """The layer's tensors on its device, handed out as fresh copies: each of its modules'
     fills takes them, and a fill may keep what it is handed (a buffer registered as
@@ -212,8 +221,8 @@ class LayerPrefetch:
             return None
         with self._lock:
             copies, reason = self._kept
-        if copies is not None and torch.device(device) != copies.device:
-            copies, reason = None, "a fill to %s, not the layer's %s" % (torch.device(device), copies.device)
+        if copies is not None and _placed(device) != copies.device:
+            copies, reason = None, "a fill to %s, not the layer's %s" % (_placed(device), copies.device)
         self.counters.record(self.refill, reason)
         return copies
 
@@ -224,7 +233,7 @@ class LayerPrefetch:
             self._kept = (None, "the layer was not read ahead")  # the layer before's dropped first
         if tensors is None:
             return
-        device = torch.device(device)
+        device = _placed(device)
         if device.type != "cuda":  # on the host, the tensors read ahead themselves
             kept = (_Copies(tensors, device, None), None)
         elif sum(t.numel() * t.element_size() for t in tensors.values()) * KEEP_SHARE > \
