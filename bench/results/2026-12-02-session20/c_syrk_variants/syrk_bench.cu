@@ -1,19 +1,26 @@
 // Variants of qlink's promoted Hessian kernel (lower triangle of h += x^T x, bf16 x, every
 // 32 rows' tensor-core sum added into fp32 with an IEEE add), timed on the loop's shape
 // (calls of 2048 rows, 128 distinct buffers) and compared bitwise with the library's kernel.
+#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_pipeline_primitives.h>
 #include <mma.h>
-#include <cublas_v2.h>
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <cstdint>
-#include <vector>
 #include <random>
-#include <algorithm>
+#include <vector>
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("CUDA %s at %d: %s\n", #x, __LINE__, cudaGetErrorString(e_)); exit(1);} } while (0)
+#define CK(x)                                                              \
+  do {                                                                     \
+    cudaError_t e_ = (x);                                                  \
+    if (e_ != cudaSuccess) {                                               \
+      printf("CUDA %s at %d: %s\n", #x, __LINE__, cudaGetErrorString(e_)); \
+      exit(1);                                                             \
+    }                                                                      \
+  } while (0)
 typedef __nv_bfloat16 T;
 
 namespace v0 {
@@ -99,12 +106,15 @@ constexpr int kTile = 128, kLd = kTile + 8;
 __device__ __forceinline__ void Ldsm4T(uint32_t (&r)[4], const T* p) {
   const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
 }
-__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, const float (&c)[4]) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
-               : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                    const float (&c)[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
 }
 template <int kThreads, int kDepth>
 __device__ __forceinline__ void LoadStage(T* dst, const T* x, int64_t rows, int64_t n, int64_t k0, int64_t c0) {
@@ -117,7 +127,7 @@ __device__ __forceinline__ void LoadStage(T* dst, const T* x, int64_t rows, int6
   }
 }
 template <int kWarpsM, int kWarpsN, int kDepth, int kStages, bool kSkipDiag>
-__global__ void __launch_bounds__(kWarpsM * kWarpsN * 32)
+__global__ void __launch_bounds__(kWarpsM* kWarpsN * 32)
     K(const T* __restrict__ x, int64_t rows, int64_t n, float* __restrict__ h) {
   constexpr int kThreads = kWarpsM * kWarpsN * 32;
   constexpr int kWM = kTile / kWarpsM, kWN = kTile / kWarpsN, kMT = kWM / 16, kNT = kWN / 8;
@@ -172,13 +182,16 @@ __global__ void __launch_bounds__(kWarpsM * kWarpsN * 32)
       for (int ks = 0; ks < 2; ++ks) {
         const int k0 = kk * 32 + ks * 16;
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) Ldsm4T(af[ks][mt], A + (k0 + (q >> 1) * 8 + r8) * kLd + wm + mt * 16 + (q & 1) * 8);
+        for (int mt = 0; mt < kMT; ++mt)
+          Ldsm4T(af[ks][mt], A + (k0 + (q >> 1) * 8 + r8) * kLd + wm + mt * 16 + (q & 1) * 8);
 #pragma unroll
         for (int np = 0; np < kNT / 2; ++np) {
           uint32_t t4[4];
           Ldsm4T(t4, B + (k0 + (q & 1) * 8 + r8) * kLd + wn + np * 16 + (q >> 1) * 8);
-          bf[ks][2 * np][0] = t4[0]; bf[ks][2 * np][1] = t4[1];
-          bf[ks][2 * np + 1][0] = t4[2]; bf[ks][2 * np + 1][1] = t4[3];
+          bf[ks][2 * np][0] = t4[0];
+          bf[ks][2 * np][1] = t4[1];
+          bf[ks][2 * np + 1][0] = t4[2];
+          bf[ks][2 * np + 1][1] = t4[3];
         }
       }
 #pragma unroll
@@ -210,7 +223,10 @@ void Launch(const T* x, int64_t rows, int64_t n, float* h, cudaStream_t s) {
   const size_t smem = size_t{2} * kStages * kDepth * kLd * sizeof(T);
   auto* f = K<kWarpsM, kWarpsN, kDepth, kStages, kSkipDiag>;
   static bool set = false;
-  if (!set) { CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)); set = true; }
+  if (!set) {
+    CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    set = true;
+  }
   const int64_t tiles = (n + kTile - 1) / kTile;
   f<<<(unsigned)(tiles * (tiles + 1) / 2), kWarpsM * kWarpsN * 32, smem, s>>>(x, rows, n, h);
 }
@@ -221,13 +237,18 @@ static cublasHandle_t g_blas;
 void LaunchCublas(const T* x, int64_t rows, int64_t n, float* h, cudaStream_t s) {
   const float one = 1.0f;
   cublasSetStream(g_blas, s);
-  if (cublasGemmEx(g_blas, CUBLAS_OP_N, CUBLAS_OP_T, (int)n, (int)n, (int)rows, &one, x, CUDA_R_16BF, (int)n, x, CUDA_R_16BF,
-                   (int)n, &one, h, CUDA_R_32F, (int)n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
-    printf("cublas failed\n"); exit(1);
+  if (cublasGemmEx(g_blas, CUBLAS_OP_N, CUBLAS_OP_T, (int)n, (int)n, (int)rows, &one, x, CUDA_R_16BF, (int)n, x,
+                   CUDA_R_16BF, (int)n, &one, h, CUDA_R_32F, (int)n, CUBLAS_COMPUTE_32F,
+                   CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+    printf("cublas failed\n");
+    exit(1);
   }
 }
 typedef void (*LaunchFn)(const T*, int64_t, int64_t, float*, cudaStream_t);
-struct Variant { const char* name; LaunchFn fn; };
+struct Variant {
+  const char* name;
+  LaunchFn fn;
+};
 
 int main(int argc, char** argv) {
   const int calls = 128, rows = 2048;
@@ -248,9 +269,15 @@ int main(int argc, char** argv) {
   };
   const int nv = sizeof(vs) / sizeof(vs[0]);
   const char* only = argc > 1 ? argv[1] : nullptr;
-  if (cublasCreate(&g_blas) != CUBLAS_STATUS_SUCCESS) { printf("cublasCreate failed\n"); return 1; }
-  cudaStream_t s; CK(cudaStreamCreate(&s));
-  cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+  if (cublasCreate(&g_blas) != CUBLAS_STATUS_SUCCESS) {
+    printf("cublasCreate failed\n");
+    return 1;
+  }
+  cudaStream_t s;
+  CK(cudaStreamCreate(&s));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
   for (int di = 0; di < 2; ++di) {
     const int64_t n = dims[di];
     const size_t per = size_t(rows) * n;
@@ -260,7 +287,9 @@ int main(int argc, char** argv) {
     std::vector<float> scale(n, 1.0f);
     for (int k = 0; k < 6; ++k) scale[rng() % n] = 40.0f;
     for (size_t i = 0; i < hx.size(); ++i) hx[i] = __float2bfloat16(nd(rng) * scale[i % n]);
-    T* dx; float* dh; float* dref;
+    T* dx;
+    float* dh;
+    float* dref;
     CK(cudaMalloc(&dx, hx.size() * sizeof(T)));
     CK(cudaMemcpy(dx, hx.data(), hx.size() * sizeof(T), cudaMemcpyHostToDevice));
     CK(cudaMalloc(&dh, n * n * sizeof(float)));
@@ -277,19 +306,25 @@ int main(int argc, char** argv) {
         CK(cudaGetLastError());
         CK(cudaEventRecord(e1, s));
         CK(cudaEventSynchronize(e1));
-        float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
         best = std::min(best, ms);
       }
       CK(cudaMemcpy(hh.data(), dh, n * n * sizeof(float), cudaMemcpyDeviceToHost));
       size_t diff = 0, lower = 0;
       if (v == 0) href = hh;
       for (int64_t j = 0; j < n; ++j)
-        for (int64_t i = j; i < n; ++i) { ++lower; if (memcmp(&hh[j * n + i], &href[j * n + i], 4)) ++diff; }
+        for (int64_t i = j; i < n; ++i) {
+          ++lower;
+          if (memcmp(&hh[j * n + i], &href[j * n + i], 4)) ++diff;
+        }
       printf("d=%5ld  %-32s %8.2f ms  %6.1f TFLOP/s full-eq  lower elements differing from v0: %zu of %zu\n", (long)n,
              vs[v].name, best, flop / best / 1e9, diff, lower);
       fflush(stdout);
     }
-    CK(cudaFree(dx)); CK(cudaFree(dh)); CK(cudaFree(dref));
+    CK(cudaFree(dx));
+    CK(cudaFree(dh));
+    CK(cudaFree(dref));
   }
   return 0;
 }
