@@ -13,7 +13,7 @@ _KERNELS = {
 
 # Kernels written for one vendor's hardware alone (their callers are guarded the same way).
 _CUDA_KERNELS = {
-    # nvcuda::wmma: HIP keeps hipBLAS's GemmEx for the tensor precision.
+    # mma.sync and ldmatrix in PTX: HIP keeps hipBLAS's GemmEx for the tensor precision.
     "hessian_kernels": "//quant/kernels:hessian_kernels.cu",
 }
 
