@@ -274,11 +274,11 @@ def test_on_a_gpu_the_read_ahead_is_page_locked_only_when_pinned(host, library, 
         assert p.is_cuda and torch.equal(p.cpu(), host["weights"]["model.layers.1." + name])
 
 
-def test_a_cuda_device_without_index_is_the_current_one(monkeypatch):
+def test_a_cuda_device_without_index_is_the_current_one(monkeypatch):  # what the refill compares devices by
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
-    assert prefetch._placed("cuda") == torch.device("cuda", 1)
-    assert prefetch._placed(torch.device("cuda", 0)) == torch.device("cuda", 0)
-    assert prefetch._placed("cpu") == torch.device("cpu")
+    assert prefetch.resolved_device("cuda") == torch.device("cuda", 1)
+    assert prefetch.resolved_device(torch.device("cuda", 0)) == torch.device("cuda", 0)
+    assert prefetch.resolved_device("cpu") == torch.device("cpu")
 
 
 # GPTQModel fills a layer to "cuda" and its modules to "cuda:0": one device.

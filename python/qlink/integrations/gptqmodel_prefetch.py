@@ -38,6 +38,7 @@ import threading
 
 import torch
 
+from ..streams import resolved_device
 from .patches import like
 
 _NUMBERED = re.compile(r"^(.*\.)(\d+)$")
@@ -83,15 +84,6 @@ def read_safetensors(path, names, pin):
 
 KEEP_SHARE = 4  # a layer's kept copies take at most 1 / KEEP_SHARE of its device's free memory
 _IN_LAYER = "a module of the layer filled last"  # a fill the layer's kept copies serve
-
-
-def _placed(device):
-    """`device` as the tensors placed there name it: GPTQModel fills a layer to "cuda" and
-    its modules to "cuda:0", one device."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
 
 
 class _Copies:
@@ -221,8 +213,9 @@ class LayerPrefetch:
             return None
         with self._lock:
             copies, reason = self._kept
-        if copies is not None and _placed(device) != copies.device:
-            copies, reason = None, "a fill to %s, not the layer's %s" % (_placed(device), copies.device)
+        device = resolved_device(device)  # GPTQModel fills a layer to "cuda" and its modules to "cuda:0"
+        if copies is not None and device != copies.device:
+            copies, reason = None, "a fill to %s, not the layer's %s" % (device, copies.device)
         self.counters.record(self.refill, reason)
         return copies
 
@@ -233,7 +226,7 @@ class LayerPrefetch:
             self._kept = (None, "the layer was not read ahead")  # the layer before's dropped first
         if tensors is None:
             return
-        device = _placed(device)
+        device = resolved_device(device)
         if device.type != "cuda":  # on the host, the tensors read ahead themselves
             kept = (_Copies(tensors, device, None), None)
         elif sum(t.numel() * t.element_size() for t in tensors.values()) * KEEP_SHARE > \
