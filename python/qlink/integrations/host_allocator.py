@@ -9,7 +9,13 @@ torch.profiler does not trace, and left the GPU idle about 1.4 s of the 8.8 s lo
 them the run took 8.7 s against 11.0 s, the GPU busy 71.7 % of the loop against 56.6 %, the
 peak memory 7.4 GiB against 8.5 GiB, every solve's digest equal. PyTorch reads the setting
 when it makes a segment, so a change made mid-process applies to the segments made after
-it; the segments already made stay as they are."""
+it; the segments already made stay as they are.
+
+PyTorch's run-time setter parses a whole settings string and puts every option the string
+leaves out back to its default (max_split_size_mb, garbage_collection_threshold,
+roundup_power2_divisions): so the strings given to it here are the allocator's own last
+settings with expandable_segments alone changed, and the loop runs, and GPTQModel goes on
+after it, with the rest of what it asked for."""
 import os
 import warnings
 
@@ -20,27 +26,72 @@ from .held_setting import HeldSetting
 _KEY = "expandable_segments"
 
 
+def _config(environ):
+    """The process's allocator config: PyTorch's PYTORCH_ALLOC_CONF, or where unset, its
+    older name PYTORCH_CUDA_ALLOC_CONF."""
+    return environ.get("PYTORCH_ALLOC_CONF") or environ.get("PYTORCH_CUDA_ALLOC_CONF") or ""
+
+
+def _items(config):
+    """The options of a settings string, split at its top-level commas (a bracketed value,
+    roundup_power2_divisions:[256:1,>:2], stays one), blanks dropped."""
+    items, depth, start = [], 0, 0
+    for i, c in enumerate(config + ","):
+        depth += {"[": 1, "]": -1}.get(c, 0)
+        if c == "," and depth == 0:
+            items.append(config[start:i].replace(" ", ""))
+            start = i + 1
+    return [item for item in items if item]
+
+
+def with_option(config, key, value):
+    """`config` with option `key` set to `value` (in its place, else last), every other
+    option as it was."""
+    items = _items(config)
+    setting = "%s:%s" % (key, value)
+    keys = [item.split(":", 1)[0] for item in items]
+    if key in keys:
+        items[keys.index(key)] = setting
+    else:
+        items.append(setting)
+    return ",".join(items)
+
+
 def asked_for_expandable(environ=os.environ):
-    """Whether the process's allocator config asks for expandable segments: PyTorch's
-    PYTORCH_ALLOC_CONF, or where unset, its older name PYTORCH_CUDA_ALLOC_CONF."""
-    config = environ.get("PYTORCH_ALLOC_CONF") or environ.get("PYTORCH_CUDA_ALLOC_CONF") or ""
-    options = dict(item.split(":", 1) for item in config.replace(" ", "").split(",") if ":" in item)
+    """Whether the process's allocator config asks for expandable segments."""
+    options = dict(item.split(":", 1) for item in _items(_config(environ)) if ":" in item)
     return options.get(_KEY) == "True"
+
+
+def _snapshot_settings():
+    """The CUDA allocator's settings as its memory snapshot reports them ({} where this
+    torch reports none)."""
+    snapshot = getattr(torch.cuda.memory, "_snapshot", None)
+    if snapshot is None:
+        return {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return snapshot().get("allocator_settings") or {}
+    except RuntimeError:
+        return {}
 
 
 def _reported():
     """Whether the CUDA allocator makes expandable segments, as its memory snapshot's
     settings report it; None where this torch reports no such setting."""
-    snapshot = getattr(torch.cuda.memory, "_snapshot", None)
-    if snapshot is None:
-        return None
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            settings = snapshot().get("allocator_settings") or {}
-    except RuntimeError:
-        return None
+    settings = _snapshot_settings()
     return bool(settings[_KEY]) if _KEY in settings else None
+
+
+def settings_now(environ=os.environ):
+    """The allocator's settings string as it last parsed one (its snapshot's report), else
+    the process's config."""
+    settings = _snapshot_settings()
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        if isinstance(settings.get(name), str):
+            return settings[name]
+    return _config(environ)
 
 
 def expandable_now():
@@ -61,24 +112,26 @@ def _setter():
 
 
 def _turn_off():
-    """(whether expandable segments were turned off, why not where they were not)."""
+    """(whether expandable segments were turned off, why not where they were not, the
+    settings string before)."""
     if not _has_cuda():
-        return False, "no CUDA device, no CUDA allocator"
+        return False, "no CUDA device, no CUDA allocator", None
     if not expandable_now():
-        return False, "the allocator makes fixed segments already"
+        return False, "the allocator makes fixed segments already", None
     setter = _setter()
     if setter is None:
-        return False, "this torch cannot change its CUDA allocator's settings at run time"
+        return False, "this torch cannot change its CUDA allocator's settings at run time", None
+    before = settings_now()
     try:
-        setter(_KEY + ":False")
+        setter(with_option(before, _KEY, "False"))
     except RuntimeError as error:  # a torch whose parser does not take the key
-        return False, "PyTorch refused %s:False: %s" % (_KEY, str(error).splitlines()[0])
-    return True, None
+        return False, "PyTorch refused %s:False: %s" % (_KEY, str(error).splitlines()[0]), None
+    return True, None, before
 
 
 def _turn_back_on(turned):
     if turned[0]:
-        _setter()(_KEY + ":True")
+        _setter()(with_option(turned[2], _KEY, "True"))
 
 
 _HELD = HeldSetting(_turn_off, lambda turned: turned[1], _turn_back_on)
