@@ -11,7 +11,7 @@ call (device checksums, turned into digests after it).
     python3 gptqmodel_run.py --model DIR [--layers N] [--model-kind llama|qwen3_moe]
         [--qlink [--strict] [--read-ahead pinned|pageable|off] [--switch-interval S|off]
          [--landing pinned|pageable] [--segments fixed|host] | --guards]
-        [--precision ieee_fp32|tensor] [--codes FILE.pt] [--input-digests]
+        [--precision ieee_fp32|tensor] [--codes FILE.pt] [--input-digests] [--batch-digests REGEX]
         [--profile OPS.txt [--profile-stacks] [--idle IDLE.txt] | --profile OPS.txt --device-only]
         [--cprofile FILE | --samples-out FILE] [--out FILE]
 
@@ -19,7 +19,10 @@ call (device checksums, turned into digests after it).
 LLaMA-7B-shaped one (default) or a Qwen3-30B-A3B-shaped MoE (its experts split by the
 defuser stand-in as GPTQModel loads it). --precision: the
 qlink config's hessian_precision. --input-digests: digests of each solve's weight and merged
-Hessian beside its result's (where two runs part, which input parted first). --codes: every
+Hessian beside its result's (where two runs part, which input parted first); --batch-digests:
+digests of every input add_batch (GPTQModel's or qlink's) is given for the layers whose name
+matches REGEX, in order (whether the forwards or the accumulation made two Hessians
+differ). --codes: every
 layer's 4-bit levels saved (torch.save of
 {layer: uint8 codes}) for compare_codes.py. --profile: torch.profiler over the quantize
 call; the share of its wall time with a kernel running (GPU busy), and with a kernel or
@@ -70,7 +73,7 @@ def _task_name(task):
     return getattr(getattr(task, "_named_module", None), "full_name", task.name)  # layer index included
 
 
-def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False):
+def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batches=None):
     """Wraps GPTQ.quantize (as installed: GPTQModel's own or qlink's) to record each layer's
     result: device checksums of what the solve returns (Q, scales, zeros, g_idx) and its
     loss; its levels (on the device) where `codes` is a dict. Nothing waits on the device
@@ -79,10 +82,20 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False):
     its time is printed (the time a layer takes, without the rest of the run). inputs: also
     checksums of what each solve reads, its weight as the solve starts and its merged Hessian
     (GPTQ.finalize_hessian's, the last before the solve): where two runs' solves differ,
-    which input differed first."""
+    which input differed first. batches: a regex; checksums of each input add_batch is given
+    for the layers it matches, into into[name]["batch_sums"] (GPTQ.add_batch as installed)."""
     import torch
     solve = GPTQ.quantize
-    start, layers_seen, hessians = time.perf_counter(), set(), {}
+    start, layers_seen, hessians, fed = time.perf_counter(), set(), {}, {}
+    if batches is not None:
+        add_batch = GPTQ.add_batch
+
+        def adding(self, inp, *args, **kwargs):
+            name = _task_name(self)
+            if re.search(batches, name) and torch.is_tensor(inp):
+                fed.setdefault(name, []).append(device_checksum(inp))
+            return add_batch(self, inp, *args, **kwargs)
+        GPTQ.add_batch = adding
     if inputs:
         finalize = GPTQ.finalize_hessian
 
@@ -106,6 +119,8 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False):
         into[name] = {"sums": [device_checksum(t) for t in out[:4]], "loss": out[5], "damp": out[6]}
         if inputs:
             into[name]["input_sums"] = {"weight": weight, "hessian": hessians.pop(name, None)}
+        if name in fed:
+            into[name]["batch_sums"] = fed.pop(name)
         if codes is not None:
             codes[name] = levels(*out[:4])
         return out
@@ -122,6 +137,9 @@ def finish_records(into, codes=None):
         for what, sums in record.pop("input_sums", {}).items():
             record[what + "_digest"] = None if sums is None else hashlib.sha256(
                 sums.cpu().numpy().tobytes()).hexdigest()
+        if "batch_sums" in record:
+            record["batch_digests"] = [hashlib.sha256(sums.cpu().numpy().tobytes()).hexdigest()[:16]
+                                       for sums in record.pop("batch_sums")]
         record["loss"], record["damp"] = float(record["loss"]), float(record["damp"])
     if codes is not None:
         for name in codes:
@@ -185,6 +203,8 @@ def main():
     a.add_argument("--codes")
     a.add_argument("--input-digests", action="store_true",
                    help="digests of each solve's weight and merged Hessian too (which input two runs differ in)")
+    a.add_argument("--batch-digests", metavar="REGEX",
+                   help="digests of every add_batch input of the layers whose name matches REGEX, in order")
     a.add_argument("--profile", help="torch.profiler over the quantize call; its operator table to this file")
     a.add_argument("--cprofile", help="cProfile over the quantize call; its table to this file")
     a.add_argument("--read-ahead", default="pinned", choices=("pinned", "pageable", "off"),
@@ -234,7 +254,7 @@ def main():
     from gptqmodel import GPTQModel, QuantizeConfig
     from gptqmodel.quantization.gptq import GPTQ
     layers, codes = {}, {} if args.codes else None
-    record_solves(GPTQ, layers, codes, args.stop_at_layer, inputs=args.input_digests)
+    record_solves(GPTQ, layers, codes, args.stop_at_layer, inputs=args.input_digests, batches=args.batch_digests)
     packs = {}
     record_packs(packs)
     if args.profile:
@@ -277,6 +297,8 @@ def main():
     if args.input_digests:
         result["input_digests"] = {k: {what: v[what + "_digest"] for what in ("weight", "hessian")}
                                    for k, v in layers.items()}
+    if args.batch_digests:
+        result["batch_digests"] = {k: v["batch_digests"] for k, v in layers.items() if "batch_digests" in v}
     if args.qlink:
         result["counters"] = qlink_gptqmodel.counters()
         result["hessian_counters"] = qlink_gptqmodel.hessian_counters()
