@@ -84,7 +84,7 @@ def _reported():
     return bool(settings[_KEY]) if _KEY in settings else None
 
 
-def settings_now(environ=os.environ):
+def _settings_now(environ=os.environ):
     """The allocator's settings string as it last parsed one (its snapshot's report), else
     the process's config."""
     settings = _snapshot_settings()
@@ -121,7 +121,7 @@ def _turn_off():
     setter = _setter()
     if setter is None:
         return False, "this torch cannot change its CUDA allocator's settings at run time", None
-    before = settings_now()
+    before = _settings_now()
     try:
         setter(with_option(before, _KEY, "False"))
     except RuntimeError as error:  # a torch whose parser does not take the key
