@@ -21,7 +21,7 @@ git -C "$gptqmodel" archive HEAD gptqmodel | tar -x -C "$dest/hosts"
 git -C "$autoround" archive HEAD auto_round auto_round_extension | tar -x -C "$dest/hosts"
 cp -r bench/hosts "$dest/bench/"
 cp bench/hessian_precision.py bench/timing.py bench/gptq_bench.py bench/moe_solve_bench.py bench/attention_mask_cost.py \
-  bench/attention_split.py bench/block_gemms.py \
+  bench/attention_split.py bench/attention_determinism.py bench/block_gemms.py \
   "$dest/bench/"
 find "$dest" -name __pycache__ -prune -exec rm -rf {} +
 chmod -R u+w "$dest"
