@@ -77,29 +77,25 @@ def _snapshot_settings():
         return {}
 
 
-def _reported():
-    """Whether the CUDA allocator makes expandable segments, as its memory snapshot's
-    settings report it; None where this torch reports no such setting."""
-    settings = _snapshot_settings()
-    return bool(settings[_KEY]) if _KEY in settings else None
+def _expandable(settings):
+    """Whether the allocator whose snapshot settings these are makes expandable segments: as
+    they report (a process whose allocator started before GPTQModel set the variable has
+    fixed ones whatever the variable says), else as the process's config asks."""
+    return bool(settings[_KEY]) if _KEY in settings else asked_for_expandable()
 
 
-def _settings_now(environ=os.environ):
-    """The allocator's settings string as it last parsed one (its snapshot's report), else
+def _settings_string(settings):
+    """The settings string the allocator whose snapshot settings these are last parsed, else
     the process's config."""
-    settings = _snapshot_settings()
     for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
         if isinstance(settings.get(name), str):
             return settings[name]
-    return _config(environ)
+    return _config(os.environ)
 
 
 def expandable_now():
-    """Whether the CUDA allocator makes expandable segments now: as it reports (a process
-    whose allocator started before GPTQModel set the variable has fixed ones whatever the
-    variable says), else as the process's config asks."""
-    reported = _reported()
-    return asked_for_expandable() if reported is None else reported
+    """Whether the CUDA allocator makes expandable segments now."""
+    return _expandable(_snapshot_settings())
 
 
 def _has_cuda():
@@ -116,12 +112,13 @@ def _turn_off():
     settings string before)."""
     if not _has_cuda():
         return False, "no CUDA device, no CUDA allocator", None
-    if not expandable_now():
+    settings = _snapshot_settings()  # one snapshot: it walks every segment
+    if not _expandable(settings):
         return False, "the allocator makes fixed segments already", None
     setter = _setter()
     if setter is None:
         return False, "this torch cannot change its CUDA allocator's settings at run time", None
-    before = _settings_now()
+    before = _settings_string(settings)
     try:
         setter(with_option(before, _KEY, "False"))
     except RuntimeError as error:  # a torch whose parser does not take the key
