@@ -165,7 +165,7 @@ def main():
     def qlink_state():
         if args.qlink is not None:
             result["plans"] = [(name, plan.describe()) for name, plan in qlink_autoround.plans()][:4]
-            result["counters"] = qlink_autoround.counters()
+            result["counters"] = qlink_autoround.counters()["seams"]
             result["native_losses"] = [(name, losses[::20]) for name, losses in qlink_autoround.losses()][:4]
     qlink_state()
     write(result, args.out)  # the timed figures kept should the profiled run not finish

@@ -59,7 +59,7 @@ def main():
     args = a.parse_args()
     hosts = os.path.abspath(args.hosts)
     sys.path.insert(0, hosts)
-    from qlink.integrations.host_sources import SourceTree
+    from host_sources import SourceTree
     tree, failed = SourceTree([hosts]), False
     for package, (module_name, install, owner_name, method) in INTEGRATIONS.items():
         spec = importlib.import_module(module_name).HOST

@@ -72,7 +72,7 @@ def main():
 
         ctx = qlink_gptqmodel.install({"backend": "cuda", "log_level": "warn"}, strict=True)
         q, scale, zero, gidx = gptq_task(GPTQ, layer, x, qcfg).quantize()[:4]
-        counted = qlink_gptqmodel.counters()["quantize"]
+        counted = qlink_gptqmodel.counters()["seams"]["quantize"]
         qlink_gptqmodel.uninstall()
 
         engine = qlink.quant.gptq_quantize(layer.weight.data, hessian.clone(), bits=4, group_size=-1, sym=sym,

@@ -249,10 +249,11 @@ def main():
             import qlink.moves as qlink_moves
             qlink_moves.PINNED_MIN_BYTES = float("inf")
         if args.group_rows is not None:
-            import qlink.integrations.gptqmodel_cache as qlink_cache
+            import qlink.integrations.gptqmodel.input_cache as qlink_cache
             qlink_cache.GROUP_ROWS = args.group_rows
     from gptqmodel import GPTQModel, QuantizeConfig
-    from gptqmodel.quantization.gptq import GPTQ
+    from gptqmodel.looper import gptq_processor
+    GPTQ = gptq_processor.GPTQ  # the class the processor builds its tasks from (qlink's where installed)
     layers, codes = {}, {} if args.codes else None
     record_solves(GPTQ, layers, codes, args.stop_at_layer, inputs=args.input_digests, batches=args.batch_digests)
     packs = {}
@@ -265,7 +266,7 @@ def main():
     result["alloc_conf"] = os.environ.get("PYTORCH_ALLOC_CONF")  # GPTQModel sets it on import where unset
     # What the allocator does: one started before the variable was set (this process made the model first) makes
     # fixed segments whatever the variable says.
-    from qlink.integrations.host_allocator import expandable_now
+    from qlink.integrations.process_settings import expandable_now
     result["allocator_expandable"] = expandable_now()
     model = GPTQModel.load(args.model, config)
     ids = token_batches(args.samples, args.seqlen)
@@ -300,10 +301,10 @@ def main():
     if args.batch_digests:
         result["batch_digests"] = {k: v["batch_digests"] for k, v in layers.items() if "batch_digests" in v}
     if args.qlink:
-        result["counters"] = qlink_gptqmodel.counters()
-        result["hessian_counters"] = qlink_gptqmodel.hessian_counters()
-        result["staging_counters"] = qlink_gptqmodel.staging_counters()
-        result["solve_counters"] = qlink_gptqmodel.solve_counters()
+        result["counters"] = qlink_gptqmodel.counters()["seams"]
+        result["hessian_counters"] = qlink_gptqmodel.counters()["hessians"]
+        result["staging_counters"] = qlink_gptqmodel.counters()["staging"]
+        result["solve_counters"] = qlink_gptqmodel.counters()["solves"]
     # Which qlink ran (the wheel's or a source tree's), however it was loaded; not an import.
     result["qlink_package"] = getattr(sys.modules.get("qlink"), "__file__", None)
     if codes is not None:

@@ -1,4 +1,4 @@
-"""qlink.integrations.host_allocator: expandable segments turned off for the outermost of
+"""qlink.integrations.process_settings: expandable segments turned off for the outermost of
 nested or concurrent loops where the process asked for them, back on after the last, every
 other allocator option kept."""
 import threading
@@ -6,8 +6,8 @@ import threading
 import pytest
 import torch
 
-from qlink.integrations import host_allocator
-from qlink.integrations.host_allocator import asked_for_expandable, fixed_segments, with_option
+from qlink.integrations import process_settings
+from qlink.integrations.process_settings import asked_for_expandable, fixed_segments, with_option
 
 OFF, ON = "expandable_segments:False,max_split_size_mb:256", "expandable_segments:True,max_split_size_mb:256"
 
@@ -16,9 +16,9 @@ OFF, ON = "expandable_segments:False,max_split_size_mb:256", "expandable_segment
 def settings(monkeypatch):
     """PyTorch's run-time allocator setting, recorded: the settings asked for, in order."""
     calls = []
-    monkeypatch.setattr(host_allocator, "_has_cuda", lambda: True)  # the allocator's part is mocked
-    monkeypatch.setattr(host_allocator, "_setter", lambda: calls.append)
-    monkeypatch.setattr(host_allocator, "_snapshot_settings", dict)  # the config says, as on a torch without
+    monkeypatch.setattr(process_settings, "_has_cuda", lambda: True)  # the allocator's part is mocked
+    monkeypatch.setattr(process_settings, "_setter", lambda: calls.append)
+    monkeypatch.setattr(process_settings, "_snapshot_settings", dict)  # the config says, as on a torch without
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True,max_split_size_mb:256")
     return calls
@@ -82,10 +82,10 @@ def test_fixed_segments_asked_for_no_setter_or_no_cuda_leave_the_allocator_alone
     with fixed_segments() as reason:
         assert reason == "the allocator makes fixed segments already"
     monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True")
-    monkeypatch.setattr(host_allocator, "_setter", lambda: None)
+    monkeypatch.setattr(process_settings, "_setter", lambda: None)
     with fixed_segments() as reason:
         assert reason == "this torch cannot change its CUDA allocator's settings at run time"
-    monkeypatch.setattr(host_allocator, "_has_cuda", lambda: False)
+    monkeypatch.setattr(process_settings, "_has_cuda", lambda: False)
     with fixed_segments() as reason:
         assert reason == "no CUDA device, no CUDA allocator"
     assert settings == []
@@ -94,11 +94,11 @@ def test_fixed_segments_asked_for_no_setter_or_no_cuda_leave_the_allocator_alone
 def test_a_setting_pytorch_refuses_is_a_reason_not_a_failure(settings, monkeypatch):
     def refuse(setting):
         raise RuntimeError("Unrecognized key 'expandable_segments' in Caching Allocator Config.\nmore")
-    monkeypatch.setattr(host_allocator, "_setter", lambda: refuse)
+    monkeypatch.setattr(process_settings, "_setter", lambda: refuse)
     with fixed_segments() as reason:
         assert reason == ("PyTorch refused expandable_segments:False: Unrecognized key 'expandable_segments' "
                           "in Caching Allocator Config.")
-    monkeypatch.setattr(host_allocator, "_setter", lambda: settings.append)
+    monkeypatch.setattr(process_settings, "_setter", lambda: settings.append)
     with fixed_segments() as reason:
         assert reason is None
     assert settings == [OFF, ON]
@@ -107,11 +107,11 @@ def test_a_setting_pytorch_refuses_is_a_reason_not_a_failure(settings, monkeypat
 def test_what_the_allocator_reports_overrides_the_config(settings, monkeypatch):
     """An allocator that started before GPTQModel set the variable makes fixed segments
     whatever it says; one turned to expandable segments at run time makes expandable ones."""
-    monkeypatch.setattr(host_allocator, "_snapshot_settings", lambda: {"expandable_segments": False})
+    monkeypatch.setattr(process_settings, "_snapshot_settings", lambda: {"expandable_segments": False})
     with fixed_segments() as reason:
         assert reason == "the allocator makes fixed segments already"
     assert settings == []
-    monkeypatch.setattr(host_allocator, "_snapshot_settings", lambda: {"expandable_segments": True})
+    monkeypatch.setattr(process_settings, "_snapshot_settings", lambda: {"expandable_segments": True})
     monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:256")
     with fixed_segments() as reason:
         assert reason is None
@@ -123,7 +123,7 @@ def test_the_settings_the_allocator_last_parsed_are_the_ones_kept(settings, monk
     """A process that changed its allocator at run time: the variable no longer says what
     the allocator runs with, its snapshot does."""
     last = "expandable_segments:True,garbage_collection_threshold:0.7"
-    monkeypatch.setattr(host_allocator, "_snapshot_settings",
+    monkeypatch.setattr(process_settings, "_snapshot_settings",
                         lambda: {"expandable_segments": True, "PYTORCH_CUDA_ALLOC_CONF": last})
     with fixed_segments():
         pass
@@ -143,14 +143,14 @@ def test_on_a_gpu_a_loop_makes_fixed_segments_and_expandable_ones_come_back_afte
     set_allocator = torch.cuda.memory._set_allocator_settings
     set_allocator("expandable_segments:True,max_split_size_mb:256")
     try:
-        assert host_allocator.expandable_now()
+        assert process_settings.expandable_now()
         torch.cuda.empty_cache()  # so that each allocation below makes a segment of its own
         with fixed_segments() as reason:
-            assert reason is None and not host_allocator.expandable_now()
-            assert host_allocator._snapshot_settings()["max_split_size"] == 256 << 20
+            assert reason is None and not process_settings.expandable_now()
+            assert process_settings._snapshot_settings()["max_split_size"] == 256 << 20
             inside = torch.empty(96 << 20, dtype=torch.uint8, device="cuda")
             made_inside = _segment_of(inside)
-        assert host_allocator.expandable_now() and host_allocator._snapshot_settings()["max_split_size"] == 256 << 20
+        assert process_settings.expandable_now() and process_settings._snapshot_settings()["max_split_size"] == 256 << 20
         del inside
         torch.cuda.empty_cache()
         after = torch.empty(96 << 20, dtype=torch.uint8, device="cuda")

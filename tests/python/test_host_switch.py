@@ -1,11 +1,11 @@
-"""qlink.integrations.host_switch: the switch interval shortened for the outermost of
+"""qlink.integrations.process_settings: the switch interval shortened for the outermost of
 nested or concurrent loops, restored after unless something else changed it meanwhile."""
 import sys
 import threading
 
 import pytest
 
-from qlink.integrations.host_switch import short_switch_interval
+from qlink.integrations.process_settings import short_switch_interval
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import torch
 
 import qlink
 from qlink.integrations import autoround as adapter
-from qlink.integrations.autoround_tuning import ReplicaFailed
+from qlink.integrations.autoround.parallel_tuning import ReplicaFailed
 from qlink.integrations.patches import FallbackRefused
 from qlink.plan import PlanRefused
 
@@ -143,7 +143,7 @@ def test_the_native_loop_at_world_1_equals_autorounds_own(host, library, case):
     host.auto_round.compressors.utils.IndexSampler.drawn.clear()
     adapter.install("auto", ctx=cpu(library, 1), strict=True)
     tuned, best, _ = _tune(host, **config)
-    counters = adapter.counters()
+    counters = adapter.counters()["seams"]
     assert counters["quantize_block"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
     for patch in ("step_graph", "compiled_loss"):  # eager on the CPU, counted
         assert counters[patch]["reasons"] == {"not a CUDA device (cpu)": 1}, patch
@@ -170,7 +170,7 @@ def test_the_native_loop_at_world_1_equals_autorounds_own(host, library, case):
 def test_the_loss_the_gpu_compiles_is_autorounds(host, reduction, masked):
     """_masked_mse (compiled on a GPU) against AutoRound's _get_loss: the same loss and the
     same gradient of the block's outputs, bit for bit, with its valid-token mask or none."""
-    from qlink.integrations.autoround_native import _masked_mse
+    from qlink.integrations.autoround.native_loop import _masked_mse
     gen = torch.Generator().manual_seed(4)
     pred = torch.randn(3, SEQ, HIDDEN, generator=gen).bfloat16().requires_grad_()
     ref = torch.randn(3, SEQ, HIDDEN, generator=gen).bfloat16()
@@ -184,7 +184,7 @@ def test_the_loss_the_gpu_compiles_is_autorounds(host, reduction, masked):
 
 
 def test_a_batch_selected_as_words_is_the_same_bytes():
-    from qlink.integrations.autoround_native import _as_words, _from_words
+    from qlink.integrations.autoround.native_loop import _as_words, _from_words
     rows = torch.randn(7, 5, 12).bfloat16()  # 120 bytes a sample: 15 words
     index = torch.tensor([6, 0, 3, 3])
     words = _as_words(rows, 0)
@@ -234,7 +234,7 @@ def test_a_failure_mid_block_runs_autorounds_loop_on_the_untouched_block_or_rais
     fallen_back, _, _ = _tune(host, iters=30)
     assert drawn[30:] == own_draws  # after the native loop's own 30 draws, AutoRound's, the same
     assert all(torch.equal(a, b) for a, b in zip(own.block.parameters(), fallen_back.block.parameters()))
-    assert adapter.counters()["quantize_block"] == {"qlink": 0, "host": 0, "fallback": 1,
+    assert adapter.counters()["seams"]["quantize_block"] == {"qlink": 0, "host": 0, "fallback": 1,
                                                     "reasons": {"RuntimeError: injected at step 10": 1}}
     calls.clear()
     adapter.install("auto", ctx=ctx, strict=True)
@@ -273,7 +273,7 @@ def test_options_the_native_loop_does_not_cover_run_autorounds_own_and_say_why(h
     same, _, _ = _tune(host, iters=5, momentum=0.9)
     _tune(host, iters=5, dynamic_max_gap=2)
     assert all(torch.equal(a, b) for a, b in zip(own.block.parameters(), same.block.parameters()))
-    assert adapter.counters()["quantize_block"]["reasons"] == {
+    assert adapter.counters()["seams"]["quantize_block"]["reasons"] == {
         "an optimizer other than pure SignSGD (momentum 0.9)": 1, "dynamic_max_gap (an early stop the host decides)": 1}
     assert adapter.losses() == []
 
@@ -283,7 +283,7 @@ def test_off_runs_autorounds_own_loop(host, library):
     adapter.install("off", ctx=cpu(library, 1))
     same, _, _ = _tune(host, iters=5)
     assert all(torch.equal(a, b) for a, b in zip(own.block.parameters(), same.block.parameters()))
-    assert adapter.counters()["quantize_block"]["reasons"] == {"parallel_quantization=off": 1}
+    assert adapter.counters()["seams"]["quantize_block"]["reasons"] == {"parallel_quantization=off": 1}
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -300,7 +300,7 @@ def test_data_parallel_tuning_tracks_autorounds_serial_loop(host, library, world
         monkeypatch.setattr(host.sign_round.SignRoundQuantizer, "_step", None)
         tuned, best, _ = _tune(host, iters=iters)
         monkeypatch.setattr(host.sign_round.SignRoundQuantizer, "_step", own_step)
-        assert adapter.counters()["quantize_block"]["qlink"] == 1
+        assert adapter.counters()["seams"]["quantize_block"]["qlink"] == 1
         name, plan = adapter.plans()[0]
         assert name == "block" and plan.devices == tuple(range(world))
         assert set(best) == {"up", "down"} and set(best["up"]) == {"value", "min_scale", "max_scale"}
@@ -323,7 +323,7 @@ def test_auto_on_one_device_runs_the_native_loop_and_says_why(host, library, cap
     with caplog.at_level("WARNING", logger="qlink"):
         _tune(host, iters=5)
         _tune(host, iters=5)
-    assert adapter.counters()["quantize_block"]["qlink"] == 2
+    assert adapter.counters()["seams"]["quantize_block"]["qlink"] == 2
     assert [r.getMessage() for r in caplog.records] == [
         "qlink: parallel_quantization=auto runs on one device: only 1 device visible: serial"]  # once per reason
 
@@ -377,7 +377,7 @@ def test_replicas_qlink_fails_to_make_fall_back_to_autorounds_loop_or_raise_when
     adapter.install(2, ctx=ctx)
     fallen_back, _, _ = _tune(host, iters=5)
     assert all(torch.equal(a, b) for a, b in zip(serial.block.parameters(), fallen_back.block.parameters()))
-    assert adapter.counters()["quantize_block"] == {"qlink": 0, "host": 0, "fallback": 1,
+    assert adapter.counters()["seams"]["quantize_block"] == {"qlink": 0, "host": 0, "fallback": 1,
                                                     "reasons": {"RuntimeError: injected": 1}}
     adapter.install(2, strict=True, ctx=ctx)
     with pytest.raises(FallbackRefused, match="quantize_block failed and strict=True.*injected"):
@@ -424,7 +424,7 @@ def test_a_run_collects_only_what_it_made_and_unfreezes_after(host, library):
     assert run.freeze_counts[0] > 1000  # every object older than the call (the test process's)
     assert made[0]() is None
     assert gc.get_freeze_count() == 0
-    assert adapter.counters()["frozen_gc"]["qlink"] == 1
+    assert adapter.counters()["seams"]["frozen_gc"]["qlink"] == 1
 
     def fail():
         raise RuntimeError("a block failed")
@@ -435,7 +435,7 @@ def test_a_run_collects_only_what_it_made_and_unfreezes_after(host, library):
     gc.disable()
     try:
         assert CompressionOrchestrator().quantize().freeze_counts == [0]
-        assert adapter.counters()["frozen_gc"]["reasons"] == {"the collector is disabled": 1}
+        assert adapter.counters()["seams"]["frozen_gc"]["reasons"] == {"the collector is disabled": 1}
     finally:
         gc.enable()
 
@@ -456,7 +456,7 @@ def test_iters_0_spreads_the_blocks_layers_over_the_devices(host, library, name)
     serial = _rtn(host, getattr(host.rtn, name))
     adapter.install("auto", ctx=cpu(library, 2))
     spread = _rtn(host, getattr(host.rtn, name))
-    assert adapter.counters()["rtn_layers"]["qlink"] == 1
+    assert adapter.counters()["seams"]["rtn_layers"]["qlink"] == 1
     assert adapter.plans()[0][1].devices == (0, 1)  # at iters=0 every device, no power of two needed
     for a, b in zip(serial.block.parameters(), spread.block.parameters()):
         assert torch.equal(a, b)
@@ -469,14 +469,14 @@ def test_the_native_loop_on_a_gpu_replays_a_graph_without_host_synchronization(h
     before the loop, no synchronizing call in any iteration (PyTorch's sync debug mode raises
     on one), and the tuning AutoRound's own (the same draws, the first losses, the final
     error within 1 %)."""
-    from qlink.integrations import autoround_native
+    from qlink.integrations.autoround import native_loop
     gpu = torch.device("cuda", 0)
     monkeypatch.setattr(host.auto_round.utils.device_manager.device_manager, "device", gpu)
     own, _, own_losses = _tune(host, iters=30, token_ids=True, device=gpu)
     drawn = host.auto_round.compressors.utils.IndexSampler.drawn
     own_draws = list(drawn)
     drawn.clear()
-    iteration = autoround_native.NativeTuning.iteration
+    iteration = native_loop.NativeTuning.iteration
 
     def unsynchronized(self):
         torch.cuda.set_sync_debug_mode("error")
@@ -485,11 +485,11 @@ def test_the_native_loop_on_a_gpu_replays_a_graph_without_host_synchronization(h
         finally:
             torch.cuda.set_sync_debug_mode("default")
 
-    monkeypatch.setattr(autoround_native.NativeTuning, "iteration", unsynchronized)
+    monkeypatch.setattr(native_loop.NativeTuning, "iteration", unsynchronized)
     adapter.install("auto", ctx=ctx, strict=True)
     tuned, _, _ = _tune(host, iters=30, token_ids=True, device=gpu)
     for patch in ("step_graph", "compiled_loss"):
-        assert adapter.counters()[patch] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}, patch
+        assert adapter.counters()["seams"][patch] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}, patch
     assert drawn == own_draws
     (_, losses), = adapter.losses()
     assert losses[:3] == pytest.approx(own_losses[:3], rel=1e-5)
@@ -501,7 +501,7 @@ def test_the_graph_is_captured_with_the_warm_up_still_queued(host, ctx, monkeypa
     """The capture neither synchronizes the device nor empties the allocator's cache (as
     torch.cuda.graph does first, draining the GPU of the warm-up iterations still queued), and
     its graph replays (the tuning it replays: the test above)."""
-    from qlink.integrations import autoround_native
+    from qlink.integrations.autoround import native_loop
     gpu = torch.device("cuda", 0)
     monkeypatch.setattr(host.auto_round.utils.device_manager.device_manager, "device", gpu)
     capturing, drained = [], []
@@ -511,7 +511,7 @@ def test_the_graph_is_captured_with_the_warm_up_still_queued(host, ctx, monkeypa
                 drained.append(_name)
             return _original(*args, **kwargs)
         monkeypatch.setattr(torch.cuda, name, recording)
-    capture = autoround_native.NativeTuning._capture
+    capture = native_loop.NativeTuning._capture
 
     def watched(self, stream):
         capturing.append(stream)
@@ -520,10 +520,10 @@ def test_the_graph_is_captured_with_the_warm_up_still_queued(host, ctx, monkeypa
         finally:
             capturing.clear()
 
-    monkeypatch.setattr(autoround_native.NativeTuning, "_capture", watched)
+    monkeypatch.setattr(native_loop.NativeTuning, "_capture", watched)
     adapter.install("auto", ctx=ctx, strict=True)
     _tune(host, iters=30, token_ids=True, device=gpu)
-    assert adapter.counters()["step_graph"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
+    assert adapter.counters()["seams"]["step_graph"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
     assert drained == []
 
 
@@ -556,7 +556,7 @@ def test_block_inputs_for_the_host_are_autorounds_own_move(host, library):
     own = _preprocess(torch.device("cpu"))
     adapter.install("auto", ctx=cpu(library, 1), strict=True)
     assert _same(_preprocess(torch.device("cpu")), own)
-    assert adapter.counters()["block_inputs"] == {"qlink": 0, "host": 2, "fallback": 0, "reasons": {
+    assert adapter.counters()["seams"]["block_inputs"] == {"qlink": 0, "host": 2, "fallback": 0, "reasons": {
         "not a GPU of a GPU backend (cpu, cpu)": 2}}
     from auto_round.calibration import inputs
     original = inputs.to_device
@@ -582,7 +582,7 @@ def test_a_blocks_host_inputs_reach_the_gpu_through_qlinks_moves(host, ctx, monk
     assert moved_others is others
     assert _same(moved_ids, own[0]) and _same(_preprocess(gpu), own)
     assert len({t.untyped_storage().data_ptr() for t in moved_ids}) == 1  # the samples in one allocation
-    assert adapter.counters()["block_inputs"]["qlink"] == 4
+    assert adapter.counters()["seams"]["block_inputs"]["qlink"] == 4
     assert ctx.host_staging.counters()["streamed"] > 0
 
     def broken(*args, **kwargs):
@@ -592,7 +592,7 @@ def test_a_blocks_host_inputs_reach_the_gpu_through_qlinks_moves(host, ctx, monk
     with pytest.raises(FallbackRefused, match="block_inputs failed.*injected"):
         _preprocess(gpu)
     adapter.install("auto", ctx=ctx)
-    assert _same(_preprocess(gpu), own) and adapter.counters()["block_inputs"]["fallback"] == 2
+    assert _same(_preprocess(gpu), own) and adapter.counters()["seams"]["block_inputs"]["fallback"] == 2
 
 
 def test_a_block_on_the_host_is_dispatched_by_autorounds_own_move(host, library):
@@ -600,7 +600,7 @@ def test_a_block_on_the_host_is_dispatched_by_autorounds_own_move(host, library)
     adapter.install("auto", ctx=cpu(library, 1), strict=True)
     block = Block()
     assert q.dispatch_block(block, None, {}) is block and q._loss_device == torch.device("cpu")
-    assert adapter.counters()["block_dispatch"]["reasons"] == {"not a GPU of a GPU backend (cpu, cpu)": 1}
+    assert adapter.counters()["seams"]["block_dispatch"]["reasons"] == {"not a GPU of a GPU backend (cpu, cpu)": 1}
     adapter.uninstall()
     assert host.sign_round.SignRoundQuantizer.dispatch_block.__module__ == host.sign_round.__name__
 
@@ -621,7 +621,7 @@ def test_a_block_reaches_the_gpu_through_qlinks_moves(host, ctx, monkeypatch):
     assert list(block.parameters()) == params
     assert all(p.device == gpu and torch.equal(p.cpu(), w) for p, w in zip(block.parameters(), want))
     assert q._loss_device == gpu and q._card_0_in_high_risk is False
-    assert adapter.counters()["block_dispatch"]["qlink"] == 1
+    assert adapter.counters()["seams"]["block_dispatch"]["qlink"] == 1
 
     def broken(*args, **kwargs):
         raise RuntimeError("injected")
@@ -631,4 +631,4 @@ def test_a_block_reaches_the_gpu_through_qlinks_moves(host, ctx, monkeypatch):
     adapter.install("auto", ctx=ctx)
     moved = q.dispatch_block(Block(), None, {})
     assert all(p.device == gpu for p in moved.parameters())
-    assert adapter.counters()["block_dispatch"]["fallback"] == 1
+    assert adapter.counters()["seams"]["block_dispatch"]["fallback"] == 1

@@ -7,7 +7,7 @@ import torch
 
 import qlink
 from qlink.integrations import gptqmodel as adapter
-from qlink.integrations import gptqmodel_solve
+from qlink.integrations.gptqmodel import solve
 from qlink.integrations.patches import FallbackRefused
 
 from stand_in_hosts import stand_in
@@ -19,24 +19,25 @@ def host(library):
     with stand_in("gptqmodel", adapter):
         import gptqmodel
         from gptqmodel.looper import forward_executor, module_looper
+        from gptqmodel.looper import gptq_processor
         from gptqmodel.quantization import config, gptq
         from gptqmodel.utils import looper_helpers, model
         ctx = qlink.load({"backend": "cpu", "cpu_devices": 4, "log_level": "off"}, library=library)
         yield dict(gptqmodel=gptqmodel, forward_executor=forward_executor, module_looper=module_looper, config=config,
-                   gptq=gptq, looper_helpers=looper_helpers, model=model, ctx=ctx)
+                   gptq=gptq, gptq_processor=gptq_processor, looper_helpers=looper_helpers, model=model, ctx=ctx)
 
 
 @pytest.fixture
 def engine_calls(monkeypatch):
     """The options of every call the adapter makes to qlink's native engine, which it
     still runs."""
-    calls, engine = [], gptqmodel_solve.parallel_gptq
+    calls, engine = [], solve.parallel_gptq
 
     def recorder(layers, placement, **options):
         calls.append([dict(options, shape=tuple(layer.weight.shape), dtype=layer.weight.dtype) for layer in layers])
         return engine(layers, placement, **options)
 
-    monkeypatch.setattr(gptqmodel_solve, "parallel_gptq", recorder)
+    monkeypatch.setattr(solve, "parallel_gptq", recorder)
     return calls
 
 
@@ -48,7 +49,7 @@ def _bindings(h):
             h["looper_helpers"].torch_replicate, h["model"].move_to, h["looper_helpers"].move_to,
             h["forward_executor"].move_to, h["module_looper"].move_to, h["model"].nested_move_to,
             h["looper_helpers"].nested_move_to, h["forward_executor"].nested_move_to,
-            h["gptq"].GPTQ.materialize_global_hessian, h["gptq"].GPTQ.quantize]
+            h["gptq_processor"].GPTQ]
 
 
 def test_install_rebinds_every_binding_and_uninstall_restores_them(host):
@@ -78,7 +79,7 @@ def test_a_forward_pass_runs_its_moves_through_qlink(host):
         module=layer, layer_inputs=inputs, layer_input_kwargs=kwargs, devices=[torch.device("cpu")])
     for out, x in zip(outputs, inputs):
         assert torch.equal(out, layer(x[0], [torch.tensor(2.0)], True))
-    counts = adapter.counters()
+    counts = adapter.counters()["seams"]
     assert counts["move_to"]["qlink"] == 4 and counts["nested_move_to"]["qlink"] == 8
     # Host memory: the clone is the host's own (P2P is an accelerator concept), said so.
     assert counts["clone_module_for_devices"]["host"] == 1
@@ -89,7 +90,7 @@ def test_moves_the_engine_does_not_cover_go_to_the_host_counted(host):
     adapter.install(ctx=host["ctx"])
     move_to = host["model"].move_to
     assert move_to(torch.ones(3), "cpu", dtype=torch.float16).dtype == torch.float16
-    assert adapter.counters()["move_to"]["reasons"] == {"a dtype conversion": 1}
+    assert adapter.counters()["seams"]["move_to"]["reasons"] == {"a dtype conversion": 1}
 
 
 def test_a_failing_qlink_path_falls_back_counted_or_raises_when_strict(host, monkeypatch):
@@ -101,7 +102,7 @@ def test_a_failing_qlink_path_falls_back_counted_or_raises_when_strict(host, mon
     adapter.install(ctx=ctx)
     monkeypatch.setattr(ctx, "move_tensors", broken)
     assert torch.equal(host["forward_executor"].move_to(torch.arange(4.0), "cpu"), torch.arange(4.0))
-    assert adapter.counters()["move_to"] == {"qlink": 0, "host": 0, "fallback": 1,
+    assert adapter.counters()["seams"]["move_to"] == {"qlink": 0, "host": 0, "fallback": 1,
                                              "reasons": {"RuntimeError: injected": 1}}
     adapter.install(ctx=ctx, strict=True)
     with pytest.raises(FallbackRefused, match="move_to failed and strict=True.*injected"):
@@ -130,7 +131,7 @@ def test_the_hosts_own_errors_in_a_clone_propagate_once_never_a_fallback(host):
     with pytest.raises(HostError, match="the host's clear"):
         host["looper_helpers"].clone_module_for_devices(layer, [torch.device("cuda", 0)], clear_state_fn=clear)
     assert cleared == [layer]
-    counts = adapter.counters()
+    counts = adapter.counters()["seams"]
     assert counts["clone_module_for_devices"]["fallback"] == 0 and counts["torch_replicate"]["fallback"] == 0
 
 
@@ -155,7 +156,7 @@ def test_a_failing_replicate_falls_back_to_the_hosts_replicate_alone(host, monke
         host["looper_helpers"].clone_module_for_devices(torch.nn.Linear(4, 4), [torch.device("cuda", 0)],
                                                         clear_state_fn=lambda m: calls.append("clear"))
     assert calls == ["clear", "replicate"]
-    counts = adapter.counters()
+    counts = adapter.counters()["seams"]
     assert counts["torch_replicate"]["reasons"] == {"RuntimeError: injected": 1}
     assert counts["clone_module_for_devices"]["fallback"] == 0
 
@@ -174,7 +175,7 @@ def test_the_hosts_own_errors_in_a_solve_propagate_once_never_a_fallback(host):
     with pytest.raises(HostError, match="the host's target device"):
         g.quantize()
     assert len(asked) == 1
-    assert adapter.counters()["quantize"]["fallback"] == 0
+    assert adapter.counters()["seams"]["quantize"]["fallback"] == 0
 
 
 def _partials(columns, seed):
@@ -183,7 +184,7 @@ def _partials(columns, seed):
 
 
 def _merge(host, partials, order):
-    g = host["gptq"].GPTQ(torch.nn.Linear(64, 8))
+    g = host["gptq_processor"].GPTQ(torch.nn.Linear(64, 8))
     g._device_hessian_partials = {d: partials[d].clone() for d in order}
     g._device_sample_counts = {d: 50 for d in order}
     g._hessian_dirty = True
@@ -202,7 +203,7 @@ def test_the_hessian_merge_is_summed_in_device_order_whatever_the_arrival(host):
     assert not all(torch.equal(a, arrival[0]) for a in arrival)  # what the patch fixes
     exact = sum(p.double() for p in partials.values()) * (2.0 / 150)
     assert torch.allclose(merged[0].double(), exact, rtol=5e-7, atol=5e-7)
-    assert adapter.counters()["materialize_global_hessian"]["qlink"] == 3
+    assert adapter.counters()["seams"]["materialize_global_hessian"]["qlink"] == 3
 
 
 def test_a_merge_qlink_cannot_hold_still_sums_in_device_order(host, library):
@@ -214,7 +215,7 @@ def test_a_merge_qlink_cannot_hold_still_sums_in_device_order(host, library):
     adapter.install(ctx=host["ctx"])
     merged = [_merge(host, partials, o) for o in (devices, devices[::-1])]
     assert torch.equal(merged[0], merged[1])
-    assert adapter.counters()["materialize_global_hessian"]["reasons"] == {
+    assert adapter.counters()["seams"]["materialize_global_hessian"]["reasons"] == {
         "partials the cpu backend's 4 devices cannot hold": 2}
 
 
@@ -223,7 +224,7 @@ def _task(host, qcfg=None, layer=None, seed=0, dead=()):
     diagonal), each holding its rows' extremes in the weight."""
     torch.manual_seed(seed)
     layer = layer or torch.nn.Linear(256, 48)
-    g = host["gptq"].GPTQ(layer, qcfg or host["config"].QuantizeConfig())
+    g = host["gptq_processor"].GPTQ(layer, qcfg or host["config"].QuantizeConfig())
     g.quantizer.configure(perchannel=True)
     x = torch.randn(300, 32) @ torch.randn(32, 256) + 0.1 * torch.randn(300, 256)  # correlated, like activations
     for c in dead:
@@ -247,7 +248,7 @@ def test_the_layer_solve_runs_through_qlinks_native_engine(host, engine_calls, s
     adapter.install(ctx=host["ctx"])
     g = _task(host, qcfg)
     q, scales, zeros, g_idx, _, loss, damp, nsamples = g.quantize()
-    assert adapter.counters()["quantize"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
+    assert adapter.counters()["seams"]["quantize"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
     # One layer in one call; the engine's loss sum divided by the task's samples afterwards.
     assert engine_calls == [[dict(shape=(48, 256), dtype=torch.float32, bits=4, group_size=group_size, sym=sym,
                                   desc_act=False, static_groups=False, damp=0.05, damp_auto_increment=0.01,
@@ -275,7 +276,7 @@ def test_group_size_minus_one_takes_each_rows_range_before_its_dead_columns_go(h
     own = _task(host, qcfg, dead=(5, 200)).quantize()
     adapter.install(ctx=host["ctx"], strict=True)
     q, scales, zeros, g_idx, _, loss, damp, nsamples = _task(host, qcfg, dead=(5, 200)).quantize()
-    assert adapter.counters()["quantize"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
+    assert adapter.counters()["seams"]["quantize"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
     assert scales.shape == own[1].shape == (48, 1)
     assert torch.equal(scales, own[1]) and torch.equal(zeros, own[2]) and torch.equal(g_idx, own[3])
     assert torch.equal(q[:, [5, 200]], torch.zeros(48, 2))  # the dead columns themselves are zeroed, as the host's
@@ -294,7 +295,7 @@ def test_group_aware_reordering_runs_through_qlinks_native_engine(host):
     want = qlink.quant.gptq_quantize(g.module.weight.data, g.H.clone(), group_size=32, act_group_aware=True,
                                      damp=qcfg.damp_percent, nsamples=g.nsamples, ctx=host["ctx"])
     q, scales, zeros, g_idx, _, loss, damp, _ = _task(host, qcfg).quantize()
-    assert adapter.counters()["quantize"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
+    assert adapter.counters()["seams"]["quantize"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
     assert torch.equal(q, want.weight) and torch.equal(scales, want.scales) and torch.equal(zeros, want.zeros)
     assert torch.equal(g_idx, torch.arange(256, dtype=torch.int32) // 32) and loss == want.loss
 
@@ -317,20 +318,20 @@ def test_options_the_engine_does_not_cover_go_to_the_hosts_solve(host, engine_ca
     else:
         g.quantize()
     assert engine_calls == []
-    assert adapter.counters()["quantize"]["reasons"] == {reason: 1}
+    assert adapter.counters()["seams"]["quantize"]["reasons"] == {reason: 1}
 
 
 def test_a_subclass_or_another_layer_type_keeps_its_own_solve(host):
     adapter.install(ctx=host["ctx"])
 
-    class Tuned(host["gptq"].GPTQ):
+    class Tuned(host["gptq_processor"].GPTQ):  # qlink's task class, subclassed
         pass
 
     Tuned(torch.nn.Linear(128, 8)).quantizer.configure(perchannel=True)
     task = _task(host)
     task.__class__ = Tuned
     task.quantize()
-    assert adapter.counters()["quantize"]["reasons"] == {"a GPTQ subclass (Tuned) with its own solve": 1}
+    assert adapter.counters()["seams"]["quantize"]["reasons"] == {"a GPTQ subclass (Tuned) with its own solve": 1}
 
 
 def test_a_failing_engine_falls_back_or_raises_when_strict(host, monkeypatch):
@@ -341,10 +342,10 @@ def test_a_failing_engine_falls_back_or_raises_when_strict(host, monkeypatch):
     twin = _task(host)  # the same partials, accumulated through qlink's add_batch
     monkeypatch.setattr(host["ctx"], "gptq_quantize", broken)
     got = _task(host).quantize()
-    assert adapter.counters()["quantize"] == {"qlink": 0, "host": 0, "fallback": 1,
+    assert adapter.counters()["seams"]["quantize"] == {"qlink": 0, "host": 0, "fallback": 1,
                                               "reasons": {"RuntimeError: injected": 1}}
     # The twin's Hessian too: fed before the first solve, it was merged for the same call.
-    assert adapter.counters()["materialize_global_hessian"]["qlink"] == 2
+    assert adapter.counters()["seams"]["materialize_global_hessian"]["qlink"] == 2
     adapter.uninstall()
     assert torch.equal(got[0], twin.quantize()[0])  # the host's solve, on the Hessian merged once
     adapter.install(ctx=host["ctx"], strict=True)
@@ -380,7 +381,7 @@ def test_rehoming_a_task_moves_its_quantizer_through_qlink_first(host, monkeypat
     assert moved == [(quantizer, torch.device("cpu"))]
     looper._rehome_processor_task(type("Processor", (), {"tasks": {}})(), _Named(), torch.device("cpu"))
     looper._rehome_processor_task(_processor(quantizer), _Named(), None)
-    assert adapter.counters()["rehome_processor_task"] == {
+    assert adapter.counters()["seams"]["rehome_processor_task"] == {
         "qlink": 1, "host": 2, "fallback": 0, "reasons": {"no quantizer module": 1, "no device": 1}}
 
 
@@ -391,7 +392,7 @@ def test_a_failing_rehome_leaves_the_move_to_gptqmodel_or_raises_when_strict(hos
     quantizer, looper = _Quantizer(), host["module_looper"].ModuleLooper()
     adapter.install(ctx=host["ctx"])
     looper._rehome_processor_task(_processor(quantizer), _Named(), torch.device("cpu"))
-    assert adapter.counters()["rehome_processor_task"]["fallback"] == 1
+    assert adapter.counters()["seams"]["rehome_processor_task"]["fallback"] == 1
     adapter.install(ctx=host["ctx"], strict=True)
     with pytest.raises(FallbackRefused, match="rehome_processor_task"):
         looper._rehome_processor_task(_processor(quantizer), _Named(), torch.device("cpu"))
@@ -402,11 +403,11 @@ def test_the_layer_loop_makes_fixed_segments_where_the_process_asked_for_expanda
     loop runs with fixed ones (their growth inside the forwards' allocations left the GPU
     idle), expandable ones back after, also when the loop raises; fixed_segments=False
     leaves the allocator as set."""
-    from qlink.integrations import host_allocator
+    from qlink.integrations import process_settings
     settings, seen = [], []
-    monkeypatch.setattr(host_allocator, "_has_cuda", lambda: True)  # the allocator's part is mocked
-    monkeypatch.setattr(host_allocator, "_setter", lambda: settings.append)
-    monkeypatch.setattr(host_allocator, "_snapshot_settings", dict)
+    monkeypatch.setattr(process_settings, "_has_cuda", lambda: True)  # the allocator's part is mocked
+    monkeypatch.setattr(process_settings, "_setter", lambda: settings.append)
+    monkeypatch.setattr(process_settings, "_snapshot_settings", dict)
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True,max_split_size_mb:256")
 
@@ -425,12 +426,12 @@ def test_the_layer_loop_makes_fixed_segments_where_the_process_asked_for_expanda
     with pytest.raises(RuntimeError, match="the loop failed"):
         looper.loop("fail")
     assert settings[-1] == on and len(settings) == 4
-    assert adapter.counters()["fixed_segments"]["qlink"] == 2
+    assert adapter.counters()["seams"]["fixed_segments"]["qlink"] == 2
 
     adapter.install(ctx=host["ctx"], fixed_segments=False)
     looper.loop("data")
     assert len(settings) == 4
-    assert adapter.counters()["fixed_segments"]["reasons"] == {"fixed_segments=False": 1}
+    assert adapter.counters()["seams"]["fixed_segments"]["reasons"] == {"fixed_segments=False": 1}
     for bad in (None, 0, "fixed"):
         with pytest.raises(ValueError, match="fixed_segments"):
             adapter.install(ctx=host["ctx"], fixed_segments=bad)
@@ -459,12 +460,12 @@ def test_the_layer_loop_runs_with_a_short_switch_interval_restored_after(host):
     with pytest.raises(RuntimeError, match="the loop failed"):
         looper.loop("fail")
     assert sys.getswitchinterval() == before
-    assert adapter.counters()["switch_interval"]["qlink"] == 2
+    assert adapter.counters()["seams"]["switch_interval"]["qlink"] == 2
 
     adapter.install(ctx=host["ctx"])
     looper.loop("data")
     assert seen[-1] == before
-    assert adapter.counters()["switch_interval"]["reasons"] == {"switch_interval=None": 1}
+    assert adapter.counters()["seams"]["switch_interval"]["reasons"] == {"switch_interval=None": 1}
     for bad in (0, -1e-3, 2.0, "1e-4", True):
         with pytest.raises(ValueError, match="switch_interval"):
             adapter.install(ctx=host["ctx"], switch_interval=bad)

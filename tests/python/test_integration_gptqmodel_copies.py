@@ -207,9 +207,9 @@ def test_the_loops_host_batches_go_to_the_gpu_through_kept_twins(gpu_host):
                           devices=[torch.device("cuda:0")])
             torch.cuda.synchronize()
             assert all(torch.equal(o, w) for o, w in zip(outputs, want))
-    counts = adapter.staging_counters()
+    counts = adapter.counters()["staging"]
     assert counts["twins_made"] == 18 and counts["twins_reused"] == 36 and counts["kept"] == 18
-    assert adapter.counters()["nested_move_to"]["fallback"] == 0
+    assert adapter.counters()["seams"]["nested_move_to"]["fallback"] == 0
 
 
 @cuda
@@ -223,7 +223,7 @@ def test_a_failing_staging_falls_back_or_raises_when_strict(gpu_host, monkeypatc
     adapter.install(ctx=ctx)
     x = torch.arange(8.0)
     assert torch.equal(gpu_host["model"].move_to(x, torch.device("cuda:0")).cpu(), x)
-    assert adapter.counters()["move_to"]["fallback"] == 1
+    assert adapter.counters()["seams"]["move_to"]["fallback"] == 1
     adapter.install(ctx=ctx, strict=True)
     with pytest.raises(FallbackRefused, match="move_to failed and strict=True.*injected"):
         gpu_host["model"].move_to(x, torch.device("cuda:0"))
@@ -288,7 +288,7 @@ def test_on_the_cpu_backend_the_capture_stays_in_host_memory(host, library):
     adapter.install(ctx=qlink.load({"backend": "cpu", "cpu_devices": 2, "log_level": "off"}, library=library))
     cache = _looper().loop(0)
     assert all(t.device.type == "cpu" for t in _leaves(cache))
-    assert adapter.counters()["cache_inputs"]["reasons"] == {"the cpu backend computes in host memory": 1}
+    assert adapter.counters()["seams"]["cache_inputs"]["reasons"] == {"the cpu backend computes in host memory": 1}
 
 
 one_gpu = pytest.mark.skipif(torch.cuda.device_count() != 1, reason="needs exactly one GPU")
@@ -309,11 +309,11 @@ def test_the_capture_moves_to_the_gpu_once_as_the_same_bytes(gpu_host):
         assert moved.dtype == source.dtype and torch.equal(moved.cpu(), source) and moved.is_inference()
     assert cache.attention_masks == [None] * 4 and cache.layer_input_kwargs[0]["use_cache"] is False
     assert isinstance(cache.layer_input_kwargs[0]["position_embeddings"], tuple)
-    assert adapter.counters()["cache_inputs"]["qlink"] == 1
+    assert adapter.counters()["seams"]["cache_inputs"]["qlink"] == 1
     # A forward's move of a cached tensor then finds it where it goes.
-    staged = adapter.staging_counters()["leaves"]
+    staged = adapter.counters()["staging"]["leaves"]
     assert gpu_host["model"].move_to(cache.position_ids[0], torch.device("cuda:0")) is cache.position_ids[0]
-    assert adapter.staging_counters()["leaves"] == staged
+    assert adapter.counters()["staging"]["leaves"] == staged
 
 
 @one_gpu
@@ -322,12 +322,12 @@ def test_the_capture_moves_to_the_gpu_once_as_the_same_bytes(gpu_host):
     ("cuda:0", 1e-12, r"the cache \(0.00 GiB\) would take more than 0 % of cuda:0's free"),
 ])
 def test_a_cache_that_should_stay_stays_and_says_why(gpu_host, monkeypatch, device, share, reason):
-    from qlink.integrations import gptqmodel_cache
-    monkeypatch.setattr(gptqmodel_cache, "FREE_SHARE", share)
+    from qlink.integrations.gptqmodel import input_cache
+    monkeypatch.setattr(input_cache, "FREE_SHARE", share)
     adapter.install(ctx=gpu_host["ctx"], strict=True)
     cache = _looper(device).loop(0)
     assert all(t.device.type == "cpu" for t in _leaves(cache))
-    (said,) = adapter.counters()["cache_inputs"]["reasons"]
+    (said,) = adapter.counters()["seams"]["cache_inputs"]["reasons"]
     assert re.match(reason, said), said
 
 
@@ -338,14 +338,14 @@ def test_a_failed_move_returns_the_hosts_cache_or_raises_when_strict(gpu_host, m
     def broken(*args, **kwargs):
         raise RuntimeError("injected")
 
-    from qlink.integrations import gptqmodel_cache
-    monkeypatch.setattr(gptqmodel_cache, "_to", broken)
+    from qlink.integrations.gptqmodel import input_cache
+    monkeypatch.setattr(input_cache, "_to", broken)
     adapter.install(ctx=ctx)
     host_cache = _capture(1)
     looper = _looper()
     looper.capture = lambda calibration: host_cache
     assert looper.loop(1) is host_cache
-    assert adapter.counters()["cache_inputs"]["fallback"] == 1
+    assert adapter.counters()["seams"]["cache_inputs"]["fallback"] == 1
     adapter.install(ctx=ctx, strict=True)
     with pytest.raises(FallbackRefused, match="cache_inputs failed and strict=True.*injected"):
         looper.loop(1)

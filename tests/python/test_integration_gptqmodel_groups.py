@@ -10,7 +10,7 @@ import torch
 
 import qlink
 from qlink.integrations import gptqmodel as adapter
-from qlink.integrations import gptqmodel_cache
+from qlink.integrations.gptqmodel import input_cache
 from qlink.integrations.patches import FallbackRefused
 
 from stand_in_hosts import stand_in
@@ -78,12 +78,12 @@ def _looper(capture, processors=None, model_class=None, layers=()):
 
 
 def test_each_sample_gives_in_its_group_what_it_gave_alone(host, monkeypatch):
-    monkeypatch.setattr(gptqmodel_cache, "GROUP_ROWS", 3 * SEQ)  # groups of 3, 3, 2
+    monkeypatch.setattr(input_cache, "GROUP_ROWS", 3 * SEQ)  # groups of 3, 3, 2
     adapter.install(ctx=host, strict=True)
     host_cache = _capture()
     cache = _looper(host_cache).loop(0)
     assert [t[0].shape[0] for t in cache.layer_inputs] == [3, 3, 2]
-    assert adapter.counters()["group_batches"]["qlink"] == 1
+    assert adapter.counters()["seams"]["group_batches"]["qlink"] == 1
     assert all(t[0].is_inference() for t in cache.layer_inputs)
     layer = _Layer()
     with torch.no_grad():
@@ -98,7 +98,7 @@ def test_each_sample_gives_in_its_group_what_it_gave_alone(host, monkeypatch):
 
 
 def test_what_every_batch_holds_alike_stays_one_tensor(host, monkeypatch):
-    monkeypatch.setattr(gptqmodel_cache, "GROUP_ROWS", 4 * SEQ)
+    monkeypatch.setattr(input_cache, "GROUP_ROWS", 4 * SEQ)
     adapter.install(ctx=host, strict=True)
     host_cache = _capture()
     cache = _looper(host_cache).loop(0)
@@ -113,7 +113,7 @@ def test_what_every_batch_holds_alike_stays_one_tensor(host, monkeypatch):
 
 
 def test_a_batch_dimension_is_concatenated_where_batches_differ(host, monkeypatch):
-    monkeypatch.setattr(gptqmodel_cache, "GROUP_ROWS", 4 * SEQ)
+    monkeypatch.setattr(input_cache, "GROUP_ROWS", 4 * SEQ)
     adapter.install(ctx=host, strict=True)
     host_cache = _capture(4)
     for i, kwargs in enumerate(host_cache.layer_input_kwargs):
@@ -172,9 +172,9 @@ def test_a_reason_to_keep_the_batches_is_named_and_the_cache_kept(host, monkeypa
     if case == "unbatched":
         looper.support_batch_quantize = False
     if case == "large":
-        monkeypatch.setattr(gptqmodel_cache, "GROUP_ROWS", SEQ)
+        monkeypatch.setattr(input_cache, "GROUP_ROWS", SEQ)
     assert looper.loop(0) is host_cache
-    (said,) = adapter.counters()["group_batches"]["reasons"]
+    (said,) = adapter.counters()["seams"]["group_batches"]["reasons"]
     assert re.search(reason, said), said
 
 
@@ -182,12 +182,12 @@ def test_a_failed_grouping_keeps_the_hosts_cache_or_raises_when_strict(host, mon
     def broken(*args, **kwargs):
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(gptqmodel_cache, "_build", broken)
+    monkeypatch.setattr(input_cache, "_build", broken)
     adapter.install(ctx=host)
     host_cache = _capture()
     looper = _looper(host_cache)
     assert looper.loop(0) is host_cache
-    assert adapter.counters()["group_batches"]["fallback"] == 1
+    assert adapter.counters()["seams"]["group_batches"]["fallback"] == 1
     adapter.install(ctx=host, strict=True)
     with pytest.raises(FallbackRefused, match="group_batches failed and strict=True.*injected"):
         looper.loop(0)
@@ -196,13 +196,14 @@ def test_a_failed_grouping_keeps_the_hosts_cache_or_raises_when_strict(host, mon
 def test_a_grouped_hook_input_sums_into_gptq_as_its_samples_did(host, monkeypatch):
     """Once the loop's batches are grouped, a hook's (samples, seq, columns) input reaches
     GPTQ's Hessian sample by sample: bit-identical to the samples' own batches."""
-    from gptqmodel.quantization import config, gptq
-    monkeypatch.setattr(gptqmodel_cache, "GROUP_ROWS", 4 * SEQ)
+    from gptqmodel.looper import gptq_processor
+    from gptqmodel.quantization import config
+    monkeypatch.setattr(input_cache, "GROUP_ROWS", 4 * SEQ)
     adapter.install(ctx=host, strict=True)
     assert len(_looper(_capture()).loop(0).layer_inputs) == 2
     gen = torch.Generator().manual_seed(5)
     samples = [torch.randn(1, SEQ, HIDDEN, generator=gen).to(torch.bfloat16) for _ in range(4)]
-    alone, grouped = (gptq.GPTQ(torch.nn.Linear(HIDDEN, 8, bias=False), config.QuantizeConfig()) for _ in range(2))
+    alone, grouped = (gptq_processor.GPTQ(torch.nn.Linear(HIDDEN, 8, bias=False), config.QuantizeConfig()) for _ in range(2))
     for x in samples:
         alone.add_batch(x, None)
     grouped.add_batch(torch.cat(samples), None)

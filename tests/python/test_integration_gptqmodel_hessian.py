@@ -21,9 +21,10 @@ NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_p
 @pytest.fixture
 def host(library):
     with stand_in("gptqmodel", adapter):
+        from gptqmodel.looper import gptq_processor
         from gptqmodel.quantization import config, gptq
         ctx = qlink.load({"backend": "cpu", "cpu_devices": 2, "log_level": "off"}, library=library)
-        yield dict(gptq=gptq, config=config, ctx=ctx, library=library)
+        yield dict(gptq=gptq, gptq_processor=gptq_processor, config=config, ctx=ctx, library=library)
 
 
 class Layer(torch.nn.Module):
@@ -53,7 +54,7 @@ def calibrate(host, dtype=torch.bfloat16, batches=3):
     tasks = {}
     handles = []
     for name in NAMES:
-        g = host["gptq"].GPTQ(getattr(layer, name), host["config"].QuantizeConfig())
+        g = host["gptq_processor"].GPTQ(getattr(layer, name), host["config"].QuantizeConfig())
         g.name = name
         tasks[name] = g
         handles.append(getattr(layer, name).register_forward_hook(
@@ -86,9 +87,9 @@ def test_the_layers_hessians_equal_gptqmodels_own_with_shared_accumulations(host
         assert not mine[name]._hessian_dirty and not mine[name]._device_hessian_partials
     assert torch.equal(mine["q_proj"].H, mine["v_proj"].H) and torch.equal(mine["gate_proj"].H, mine["up_proj"].H)
     # One native call per forward: every module's batch queued, made when the next batch comes.
-    assert adapter.hessian_counters() == {"accumulations": 3 * 4, "shared": 3 * 3, "rows": 3 * 4 * 20, "calls": 3}
-    assert adapter.counters()["add_batch"] == {"qlink": 21, "host": 0, "fallback": 0, "reasons": {}}
-    assert adapter.counters()["materialize_global_hessian"]["qlink"] == 7
+    assert adapter.counters()["hessians"] == {"accumulations": 3 * 4, "shared": 3 * 3, "rows": 3 * 4 * 20, "calls": 3}
+    assert adapter.counters()["seams"]["add_batch"] == {"qlink": 21, "host": 0, "fallback": 0, "reasons": {}}
+    assert adapter.counters()["seams"]["materialize_global_hessian"]["qlink"] == 7
 
 
 class MoE(torch.nn.Module):
@@ -127,7 +128,7 @@ def calibrate_moe(host, batches=3):
     moe, tasks = MoE(), {}
     for i, e in enumerate(moe.experts):
         for name in ("gate_proj", "up_proj", "down_proj"):
-            g = host["gptq"].GPTQ(getattr(e, name), host["config"].QuantizeConfig())
+            g = host["gptq_processor"].GPTQ(getattr(e, name), host["config"].QuantizeConfig())
             g.name = "experts.%d.%s" % (i, name)
             tasks[g.name] = g
             getattr(e, name).register_forward_hook(lambda m, inp, out, g=g: g.add_batch(inp[0].data, out.data))
@@ -160,7 +161,7 @@ def test_an_moe_blocks_experts_land_in_one_native_call_per_forward(host):
             assert torch.allclose(mine[key].H, own[key].H, rtol=1e-5, atol=1e-6), key
     assert mine["experts.5.gate_proj"].nsamples == 0 and not partials["experts.5.down_proj"]
     assert all(mine[key].fwd_counter == own[key].fwd_counter for key in own)
-    counts = adapter.hessian_counters()
+    counts = adapter.counters()["hessians"]
     assert counts["calls"] == 3 and counts["accumulations"] == 3 * 2 * len(routed) == counts["shared"] * 2
 
 
@@ -171,7 +172,7 @@ def test_the_counts_gptqmodel_reads_between_forwards_move_before_the_flush(host)
     moe = MoE()
     tasks = {}
     for i, e in enumerate(moe.experts):
-        g = host["gptq"].GPTQ(e.down_proj, host["config"].QuantizeConfig())
+        g = host["gptq_processor"].GPTQ(e.down_proj, host["config"].QuantizeConfig())
         tasks[i] = g
         e.down_proj.register_forward_hook(lambda m, inp, out, g=g: g.add_batch(inp[0].data, out.data))
     with torch.no_grad():
@@ -181,7 +182,7 @@ def test_the_counts_gptqmodel_reads_between_forwards_move_before_the_flush(host)
     assert not any(tasks[i]._device_hessian_partials for i in reached)  # queued
     adapter.flush_hessians()
     assert all(torch.device("cpu") in tasks[i]._device_hessian_partials for i in reached)
-    assert adapter.hessian_counters()["calls"] == 1
+    assert adapter.counters()["hessians"]["calls"] == 1
 
 
 class Affine(torch.nn.Module):
@@ -194,19 +195,19 @@ class Affine(torch.nn.Module):
 
 def test_what_the_patch_does_not_take_runs_gptqmodels_own_counted(host):
     adapter.install(ctx=host["ctx"])
-    g = host["gptq"].GPTQ(Affine(), host["config"].QuantizeConfig())
+    g = host["gptq_processor"].GPTQ(Affine(), host["config"].QuantizeConfig())
     g.add_batch(torch.randn(5, 16), None)
-    wide = host["gptq"].GPTQ(torch.nn.Linear(16, 8), host["config"].QuantizeConfig())
+    wide = host["gptq_processor"].GPTQ(torch.nn.Linear(16, 8), host["config"].QuantizeConfig())
     wide.add_batch(torch.randn(5, 16, dtype=torch.float64), None)
     assert g.nsamples == wide.nsamples == 5
-    assert adapter.counters()["add_batch"]["reasons"] == {
+    assert adapter.counters()["seams"]["add_batch"]["reasons"] == {
         "a Affine layer (its input is reshaped by GPTQModel)": 1, "a float64 input": 1}
-    assert adapter.hessian_counters()["accumulations"] == 0
+    assert adapter.counters()["hessians"]["accumulations"] == 0
 
 
 def test_strict_raises_naming_the_layer_and_the_reason(host):
     adapter.install(ctx=host["ctx"], strict=True)
-    g = host["gptq"].GPTQ(torch.nn.Linear(16, 8), host["config"].QuantizeConfig())
+    g = host["gptq_processor"].GPTQ(torch.nn.Linear(16, 8), host["config"].QuantizeConfig())
     g.name = "model.layers.0.mlp.down_proj"
     with pytest.raises(FallbackRefused, match="layer 'model.layers.0.mlp.down_proj': a float64 input"):
         g.add_batch(torch.randn(5, 16, dtype=torch.float64), None)
@@ -216,7 +217,7 @@ def test_strict_raises_naming_the_layer_and_the_reason(host):
 def test_a_host_batch_after_shared_ones_does_not_touch_the_other_layers(host):
     """GPTQModel adds in place; a partial q/k/v share is copied first, so only q changes."""
     adapter.install(ctx=host["ctx"])
-    tasks = [host["gptq"].GPTQ(torch.nn.Linear(16, 16), host["config"].QuantizeConfig()) for _ in range(3)]
+    tasks = [host["gptq_processor"].GPTQ(torch.nn.Linear(16, 16), host["config"].QuantizeConfig()) for _ in range(3)]
     x = torch.randn(10, 16)
     for g in tasks:
         g.add_batch(x, None)
@@ -241,13 +242,18 @@ def test_a_failing_accumulation_leaves_the_task_as_it_was(host):
     """The fault backend fails qlink's accumulation (it has no GPTQ engine): strict raises with
     the task's partials, counts and flags as they were; otherwise GPTQModel's own add_batch
     runs, counted as a fallback, on the untouched state."""
-    g = host["gptq"].GPTQ(torch.nn.Linear(16, 8), host["config"].QuantizeConfig())
-    g.name = "q_proj"
     first, second = torch.randn(6, 16), torch.randn(4, 16)
-    g.add_batch(first, None)  # GPTQModel's own, before install
+
+    def task():  # a task the processor builds while installed, with a first batch of GPTQModel's own
+        g = host["gptq_processor"].GPTQ(torch.nn.Linear(16, 8), host["config"].QuantizeConfig())
+        g.name = "q_proj"
+        host["gptq"].GPTQ.add_batch(g, first, None)
+        return g
+
+    adapter.install(ctx=_fault_context(host["library"]), strict=True)
+    g = task()
     partial = g._device_hessian_partials[torch.device("cpu")]
     state = (partial.clone(), dict(g._device_sample_counts), g.nsamples, g._hessian_dirty, g.fwd_counter)
-    adapter.install(ctx=_fault_context(host["library"]), strict=True)
     g.add_batch(second, None)  # queued: made with the forward's other calls, counted at once
     assert g.nsamples == 10 and g.fwd_counter == 2
     with pytest.raises(FallbackRefused, match="layer 'q_proj': UnavailableError: the fault backend has no GPTQ"):
@@ -256,12 +262,13 @@ def test_a_failing_accumulation_leaves_the_task_as_it_was(host):
     assert (torch.equal(partial, state[0]) and g._device_sample_counts == state[1] and g.nsamples == state[2]
             and g._hessian_dirty == state[3] and g.fwd_counter == state[4])
     adapter.install(ctx=_fault_context(host["library"]))
+    g = task()
     g.add_batch(second, None)
     adapter.flush_hessians()
     assert g.nsamples == 10
     assert torch.allclose(g._device_hessian_partials[torch.device("cpu")], first.T @ first + second.T @ second,
                           rtol=1e-5, atol=1e-5)
-    counts = adapter.counters()["add_batch"]
+    counts = adapter.counters()["seams"]["add_batch"]
     assert counts["fallback"] == 1 and counts["qlink"] == 0
     assert list(counts["reasons"]) == ["UnavailableError: the fault backend has no GPTQ engine"]
 
@@ -271,12 +278,12 @@ def test_uninstall_lands_the_queue_and_restores_the_host_even_when_it_fails(host
     fails under strict raises, and GPTQModel's add_batch is its own again all the same."""
     original = host["gptq"].GPTQ.add_batch
     adapter.install(ctx=host["ctx"], strict=True)
-    g = host["gptq"].GPTQ(torch.nn.Linear(16, 8), host["config"].QuantizeConfig())
+    g = host["gptq_processor"].GPTQ(torch.nn.Linear(16, 8), host["config"].QuantizeConfig())
     g.add_batch(torch.randn(5, 16), None)
     adapter.uninstall()
     assert torch.device("cpu") in g._device_hessian_partials and host["gptq"].GPTQ.add_batch is original
     adapter.install(ctx=_fault_context(host["library"]), strict=True)
-    g = host["gptq"].GPTQ(torch.nn.Linear(16, 8), host["config"].QuantizeConfig())
+    g = host["gptq_processor"].GPTQ(torch.nn.Linear(16, 8), host["config"].QuantizeConfig())
     g.name = "o_proj"
     g.add_batch(torch.randn(5, 16), None)
     with pytest.raises(FallbackRefused, match="layer 'o_proj'"):

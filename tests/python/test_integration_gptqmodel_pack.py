@@ -43,7 +43,7 @@ def test_pack_block_runs_through_qlink_with_the_python_packers_buffers(host, bit
     assert host["pack_block_ext"].pack_block_cpu is not original
     through_qlink = packed(host, linear, scales, zeros, g_idx, bits)
     assert same(through_qlink, alone) and {"qweight", "qzeros", "scales", "g_idx", "bias"} <= alone.keys()
-    assert adapter.counters()["pack"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
+    assert adapter.counters()["seams"]["pack"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
     adapter.uninstall()
     assert host["pack_block_ext"].pack_block_cpu is original
 
@@ -54,7 +54,7 @@ def test_a_layer_qlink_refuses_is_packed_by_the_host_or_raises_when_strict(host)
     alone = packed(host, linear, scales, zeros, g_idx)
     adapter.install(ctx=host["ctx"])
     assert same(packed(host, linear, scales, zeros, g_idx), alone)
-    counts = adapter.counters()["pack"]
+    counts = adapter.counters()["seams"]["pack"]
     assert counts["fallback"] == 1 and counts["qlink"] == 0
     assert list(counts["reasons"]) == ["ValueError: scales: a zero or non-finite scale"]
     adapter.install(ctx=host["ctx"], strict=True)
@@ -67,4 +67,4 @@ def test_words_of_another_width_go_to_the_hosts_packer_counted(host):
     adapter.install(ctx=host["ctx"], strict=True)
     with pytest.raises(RuntimeError, match="extension unavailable"):  # the stand-in's absent extension
         host["pack_block_ext"].pack_block_cpu(linear.weight, scales.T, zeros.T, g_idx, 4, 16, 8192, 1)
-    assert adapter.counters()["pack"]["reasons"] == {"16-bit words": 1}
+    assert adapter.counters()["seams"]["pack"]["reasons"] == {"16-bit words": 1}

@@ -17,7 +17,7 @@ import torch
 
 import qlink
 from qlink.integrations import gptqmodel as adapter
-from qlink.integrations import gptqmodel_prefetch as prefetch
+from qlink.integrations.gptqmodel import structure as prefetch
 from qlink.integrations.patches import FallbackRefused
 
 from stand_in_hosts import stand_in
@@ -112,7 +112,7 @@ def test_each_layer_takes_the_tensors_read_ahead_and_its_modules_copies_of_them(
     me = threading.current_thread().name
     assert host_reads(host, 0) == [me] * (6 + 5)  # the first layer's fill read itself, then its modules
     assert all(host_reads(host, index) == [] for index in range(1, LAYERS))
-    counts = adapter.counters()
+    counts = adapter.counters()["seams"]
     assert counts["layer_prefetch"] == {"qlink": LAYERS - 1, "host": 1, "fallback": 0,
                                         "reasons": {"nothing read ahead": 1}}
     assert counts["module_refill"] == {"qlink": 3 * (LAYERS - 1), "host": 3, "fallback": 0,
@@ -137,7 +137,7 @@ def test_a_module_fill_takes_fresh_copies_and_a_fill_to_another_device_reads_for
     assert_filled(host, root, 1)
     assert copies.get(("no shard", "no name")) is None
     host["turtle"].materialize_submodule(target_model=root, target_submodule=up, device=torch.device("meta"))
-    assert adapter.counters()["module_refill"] == {"qlink": 1, "host": 1, "fallback": 0,
+    assert adapter.counters()["seams"]["module_refill"] == {"qlink": 1, "host": 1, "fallback": 0,
                                                    "reasons": {"a fill to meta, not the layer's cpu": 1}}
 
 
@@ -169,7 +169,7 @@ def test_the_last_layers_copies_are_dropped_when_the_loop_returns(host):
     fill(host, root, root.model.layers[2])  # read ahead still, after a loop returned
     assert_filled(host, root, 2)
     assert host_reads(host, 2) == []
-    assert adapter.counters()["layer_prefetch"]["qlink"] == 2
+    assert adapter.counters()["seams"]["layer_prefetch"]["qlink"] == 2
 
 
 def test_a_fill_out_of_order_or_outside_the_layers_reads_for_itself(host):
@@ -182,7 +182,7 @@ def test_a_fill_out_of_order_or_outside_the_layers_reads_for_itself(host):
         assert_filled(host, root, index)
     assert root.model.layers[1].up.weight.is_meta
     assert host_reads(host, 2) == [threading.current_thread().name] * 6
-    assert adapter.counters()["layer_prefetch"]["reasons"] == {"nothing read ahead": 2, "not a numbered module": 1}
+    assert adapter.counters()["seams"]["layer_prefetch"]["reasons"] == {"nothing read ahead": 2, "not a numbered module": 1}
 
 
 def test_a_shard_that_is_not_safetensors_is_read_ahead_by_the_hosts_reader(host, monkeypatch):
@@ -210,7 +210,7 @@ def test_a_failed_read_ahead_falls_back_to_the_hosts_read_or_raises_when_strict(
         return
     fill(host, root, root.model.layers[1])
     assert_filled(host, root, 1)
-    counts = adapter.counters()["layer_prefetch"]
+    counts = adapter.counters()["seams"]["layer_prefetch"]
     assert counts["fallback"] >= 1 and counts["reasons"]["OSError: shard unreadable"] == counts["fallback"]
 
 
@@ -244,7 +244,7 @@ def test_read_ahead_off_leaves_the_fills_alone_and_a_bad_setting_is_named(host):
     fill(host, root, root.model.layers[0])
     fill(host, root, root.model.layers[1])
     assert_filled(host, root, 1)
-    assert adapter.counters()["layer_prefetch"] == {"qlink": 0, "host": 0, "fallback": 0, "reasons": {}}
+    assert adapter.counters()["seams"]["layer_prefetch"] == {"qlink": 0, "host": 0, "fallback": 0, "reasons": {}}
     with pytest.raises(ValueError, match="read_ahead must be one of .*'pinned', 'pageable', 'off'.*got 'eager'"):
         adapter.install(ctx=host["ctx"], read_ahead="eager")
 
@@ -256,7 +256,7 @@ def test_pageable_read_ahead_fills_the_same(host):
     fill(host, root, root.model.layers[1])
     assert_filled(host, root, 1)
     assert host_reads(host, 1) == []
-    assert adapter.counters()["layer_prefetch"]["qlink"] == 1
+    assert adapter.counters()["seams"]["layer_prefetch"]["qlink"] == 1
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -304,7 +304,7 @@ def test_on_a_gpu_the_modules_fills_copy_the_layers_tensors_on_the_device_from_a
     for name, p in root.model.layers[1].named_parameters():
         assert p.is_cuda and torch.equal(p.cpu(), host["weights"]["model.layers.1." + name])
     assert host_reads(host, 1) == []
-    assert adapter.counters()["module_refill"]["qlink"] == 1
+    assert adapter.counters()["seams"]["module_refill"]["qlink"] == 1
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -317,6 +317,6 @@ def test_on_a_gpu_a_layer_too_large_for_the_free_memory_is_not_kept(host, librar
     for index in range(2):
         host["turtle"].materialize_submodule(target_model=root, target_submodule=root.model.layers[index], device=gpu)
     host["turtle"].materialize_submodule(target_model=root, target_submodule=root.model.layers[1].up, device=gpu)
-    assert adapter.counters()["module_refill"]["reasons"] == {
+    assert adapter.counters()["seams"]["module_refill"]["reasons"] == {
         "the layer would take more than 1/4 of the device's free memory": 1}
     assert len(host_reads(host, 1)) == 2  # up's weight and bias, read for themselves

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from qlink.integrations import gptqmodel as adapter
-from qlink.integrations import gptqmodel_cache, gptqmodel_routed
+from qlink.integrations.gptqmodel import defuser_moe, input_cache
 from qlink.integrations.patches import FallbackRefused
 
 from test_defuser_standin import defuser  # noqa: F401 (the fixture: the stand-in importable before qlink installs)
@@ -59,19 +59,20 @@ def test_qlinks_loop_gives_defusers_output_and_hook_inputs_bit_for_bit(defuser, 
     assert torch.equal(mine, theirs)
     assert [k for k, _ in seen] == [k for k, _ in theirs_seen] and "5.gate_proj" not in dict(seen)
     assert all(torch.equal(a, b) for (_, a), (_, b) in zip(seen, theirs_seen))
-    assert adapter.counters()["routed_experts"]["qlink"] == 1
+    assert adapter.counters()["seams"]["routed_experts"]["qlink"] == 1
 
 
 def calibrate(defuser, forwards):  # noqa: F811
     """GPTQ tasks fed by every expert linear's hook, as GPTQModel's loop feeds them; the
     forwards run. Returns each task's (partial after the last forward, rows, reached) and
     each down_proj's inputs as its hook saw them."""
-    from gptqmodel.quantization import config, gptq
+    from gptqmodel.looper import gptq_processor
+    from gptqmodel.quantization import config
     module, tasks, downs = experts(defuser), {}, {}
     for i, expert in enumerate(module):
         for name in ("gate_proj", "up_proj", "down_proj"):
             key = "%d.%s" % (i, name)
-            g = tasks[key] = gptq.GPTQ(getattr(expert, name), config.QuantizeConfig())
+            g = tasks[key] = gptq_processor.GPTQ(getattr(expert, name), config.QuantizeConfig())
 
             def hook(m, inp, out, g=g, key=key):
                 downs.setdefault(key, []).append(inp[0].clone())
@@ -94,7 +95,7 @@ def test_a_grouped_forward_sums_each_samples_rows_as_its_own_forward_did(defuser
     samples = [routing(SEQ, seed=10 + s) for s in range(4)]
     adapter.install(ctx=host, strict=True)
     alone, _ = calibrate(defuser, samples)
-    monkeypatch.setattr(gptqmodel_cache, "GROUP_ROWS", 4 * SEQ)
+    monkeypatch.setattr(input_cache, "GROUP_ROWS", 4 * SEQ)
     assert len(_looper(_capture()).loop(0).layer_inputs) == 2  # the loop's batches grouped four to a forward
     grouped, inputs = calibrate(defuser, [tuple(torch.cat(parts) for parts in zip(*samples))])
     assert alone.keys() == grouped.keys() and alone["5.gate_proj"] == grouped["5.gate_proj"] == (None, 0, False)
@@ -127,15 +128,16 @@ def test_moe_batches_are_grouped_only_where_the_experts_run_qlinks_loop(defuser,
     assert len(_looper(_capture(), model_class=qwen3_moe, layers=[split]).loop(0).layer_inputs) == 1
     host_cache = _capture()
     assert _looper(host_cache, model_class=qwen3_moe, layers=[_moe_layer()]).loop(0) is host_cache
-    (said,) = adapter.counters()["group_batches"]["reasons"]
+    (said,) = adapter.counters()["seams"]["group_batches"]["reasons"]
     assert said == "MoE experts not split by defuser (Module): their loop does not tell each sample's rows"
 
 
 def test_a_grouped_2d_input_whose_samples_are_unknown_takes_gptqmodels_path(defuser, host):  # noqa: F811
-    from gptqmodel.quantization import config, gptq
+    from gptqmodel.looper import gptq_processor
+    from gptqmodel.quantization import config
     adapter.install(ctx=host, strict=True)
     _looper(_capture()).loop(0)
-    g = gptq.GPTQ(torch.nn.Linear(HIDDEN, 8, bias=False), config.QuantizeConfig())
+    g = gptq_processor.GPTQ(torch.nn.Linear(HIDDEN, 8, bias=False), config.QuantizeConfig())
     g.name = "mlp.shared_expert.up_proj"
     with pytest.raises(FallbackRefused, match="mlp.shared_expert.up_proj.*grouped forward's 64-row input whose "
                                               "samples' rows are not known"):
@@ -148,7 +150,7 @@ def test_a_failing_sort_runs_defusers_loop(defuser, host, monkeypatch):  # noqa:
     module = experts(defuser)
     hidden, chosen, weights = routing(SEQ, seed=2)
     theirs = module(hidden, chosen, weights)
-    monkeypatch.setattr(gptqmodel_routed, "_plan", broken)
+    monkeypatch.setattr(defuser_moe, "_plan", broken)
     adapter.install(ctx=host)
     assert torch.equal(module(hidden, chosen, weights), theirs)
-    assert adapter.counters()["routed_experts"]["reasons"] == {"RuntimeError: injected": 1}
+    assert adapter.counters()["seams"]["routed_experts"]["reasons"] == {"RuntimeError: injected": 1}

@@ -10,7 +10,7 @@ import random
 import torch
 
 from qlink.integrations import gptqmodel as adapter
-from qlink.integrations import gptqmodel_solve
+from qlink.integrations.gptqmodel import solve
 from qlink.quant import GPTQLayer
 
 from test_integration_gptqmodel import host  # noqa: F401 (the fixture)
@@ -25,7 +25,7 @@ def subset(host, seed=0):  # noqa: F811 (the fixture's value)
     for count, (out_features, in_features) in ((3, (48, 256)), (2, (32, 128))):
         x = torch.randn(300, 16) @ torch.randn(16, in_features) + 0.1 * torch.randn(300, in_features)
         for _ in range(count):
-            g = host["gptq"].GPTQ(torch.nn.Linear(in_features, out_features), qcfg)
+            g = host["gptq_processor"].GPTQ(torch.nn.Linear(in_features, out_features), qcfg)
             g.quantizer.configure(perchannel=True)
             tasks.append((g, x))
     for g, x in tasks:
@@ -39,20 +39,20 @@ def same(a, b):
 
 
 def test_a_subsets_tasks_are_solved_in_one_call_each_as_alone(host, monkeypatch):  # noqa: F811
-    calls, real = [], gptqmodel_solve.parallel_gptq
+    calls, real = [], solve.parallel_gptq
 
     def recorder(layers, placement, **options):
         calls.append(([(layer.weight.clone(), layer.hessian.clone()) for layer in layers], options, placement.ids))
         return real(layers, placement, **options)
-    monkeypatch.setattr(gptqmodel_solve, "parallel_gptq", recorder)
+    monkeypatch.setattr(solve, "parallel_gptq", recorder)
     adapter.install(ctx=host["ctx"], strict=True)
     tasks = subset(host)
     order = list(range(5))
     random.Random(1).shuffle(order)
     got = {i: tasks[i].quantize() for i in order}
     assert len(calls) == 1 and len(calls[0][0]) == 5
-    assert adapter.solve_counters() == {"calls": 1, "layers": 5, "ahead": 4, "refused": 0, "spread": 1}
-    assert adapter.counters()["quantize"]["qlink"] == 5
+    assert adapter.counters()["solves"] == {"calls": 1, "layers": 5, "ahead": 4, "refused": 0, "spread": 1}
+    assert adapter.counters()["seams"]["quantize"]["qlink"] == 5
     assert not any(hasattr(t, "H") for t in tasks)  # each done with its Hessian at its own call
     # The call's layers: the first asker's, then the rest in the order they were fed. Each
     # solved alone on the same weight and Hessian gives the same result, bit for bit.
@@ -74,33 +74,33 @@ def test_a_task_fed_after_the_call_is_solved_again_alone(host):  # noqa: F811
     tasks[0].quantize()
     tasks[1].add_batch(torch.randn(10, 256), None)  # its Hessian moves on after the call
     tasks[1].quantize()
-    assert adapter.solve_counters() == {"calls": 2, "layers": 6, "ahead": 0, "refused": 0, "spread": 1}
+    assert adapter.counters()["solves"] == {"calls": 2, "layers": 6, "ahead": 0, "refused": 0, "spread": 1}
 
 
 def test_on_one_device_the_call_is_not_spread(host, library):  # noqa: F811
     adapter.install(ctx=qlink.load({"backend": "cpu", "cpu_devices": 1, "log_level": "off"}, library=library),
                     strict=True)
     one = [t.quantize() for t in subset(host)]
-    assert adapter.solve_counters() == {"calls": 1, "layers": 5, "ahead": 4, "refused": 0, "spread": 0}
+    assert adapter.counters()["solves"] == {"calls": 1, "layers": 5, "ahead": 4, "refused": 0, "spread": 0}
     adapter.install(ctx=host["ctx"], strict=True)
     spread = [t.quantize() for t in subset(host)]
-    assert adapter.solve_counters()["spread"] == 1
+    assert adapter.counters()["solves"]["spread"] == 1
     assert all(same(a, b) for a, b in zip(one, spread))
 
 
 def test_a_batch_the_engine_refuses_leaves_each_task_to_its_own_solve(host, monkeypatch):  # noqa: F811
     adapter.install(ctx=host["ctx"], strict=True)
     tasks = subset(host)
-    real, sizes = gptqmodel_solve.parallel_gptq, []
+    real, sizes = solve.parallel_gptq, []
 
     def refusing(layers, placement, **options):
         sizes.append(len(layers))
         if len(layers) > 1:
             raise ValueError("injected")
         return real(layers, placement, **options)
-    monkeypatch.setattr(gptqmodel_solve, "parallel_gptq", refusing)
+    monkeypatch.setattr(solve, "parallel_gptq", refusing)
     for t in tasks:
         t.quantize()
-    counts = adapter.solve_counters()
+    counts = adapter.counters()["solves"]
     assert counts["refused"] == sizes.count(5) + sizes.count(4) + sizes.count(3) + sizes.count(2) >= 1
-    assert counts["ahead"] == 0 and counts["layers"] == 5 and adapter.counters()["quantize"]["qlink"] == 5
+    assert counts["ahead"] == 0 and counts["layers"] == 5 and adapter.counters()["seams"]["quantize"]["qlink"] == 5

@@ -1,7 +1,7 @@
 """What every integration shares: the host it was checked against (HostSpec: its version
-and every private name its patches touch), one installation's state (Installation: the
-context, strict, counters, the guard, the rebindings) and the process's one installation
-per integration (Integration: install, uninstall, counters)."""
+and every name its seams touch, derived from its SeamTable), one installation's state
+(Installation: the context, strict, counters, the guard, the rebindings) and the process's
+one installation per integration (Integration: install, uninstall, counters)."""
 import functools
 import importlib
 import inspect
@@ -112,26 +112,28 @@ def enable_visible_gpus(ctx):
 
 
 class Installation:
-    """One integration installed in its host: subclasses name their PATCHES and HOST and
-    apply() their patches through self.rebindings, each call counted and guarded."""
-    PATCHES = ()
-    HOST = None
+    """One integration installed in its host: its seams (a SeamTable) applied through
+    self.rebindings, each call counted and guarded; HOST is the host as checked."""
 
-    def __init__(self, ctx, strict):
-        self.ctx, self.strict = ctx, strict
-        self.HOST.check_version(strict)
-        self.names = self.HOST.resolve()
-        self.counters = Counters(self.PATCHES)
+    def __init__(self, ctx, strict, seams, host_spec):
+        self.ctx, self.strict, self.seams, self.HOST = ctx, strict, seams, host_spec
+        host_spec.check_version(strict)
+        self.names = host_spec.resolve()
+        self.counters = Counters(seams.counters())
         self.guard = Guard(self.counters, strict)
         self.rebindings = Rebindings()
         self.peer_pairs = []
 
     def apply(self):
-        raise NotImplementedError
+        self.seams.apply(self)
 
     def close(self):
-        """Work the patches still hold (queued, not yet handed to the host) completed before
+        """Work the seams still hold (queued, not yet handed to the host) completed before
         uninstall restores the host's bindings."""
+
+    def counter_sections(self):
+        """Further counters of the installation's own parts, by section ({} here)."""
+        return {}
 
 
 class Integration:
@@ -170,4 +172,9 @@ class Integration:
         return {"kept": kept, "peer_pairs": list(installation.peer_pairs)}
 
     def counters(self):
-        return self.current.counters.snapshot() if self.current is not None else {}
+        """{"seams": per counter, what ran through qlink, the host's by design ("host") or
+        after qlink failed ("fallback"), and why; then the installation's own sections}
+        ({} when not installed)."""
+        if self.current is None:
+            return {}
+        return dict({"seams": self.current.counters.snapshot()}, **self.current.counter_sections())

@@ -122,7 +122,7 @@ class Run:
         for name, state in self.states.items():
             if state["state"] == "installed":
                 module = sys.modules["qlink.integrations." + name]
-                out[name] = module.counters()
+                out[name] = module.counters().get("seams", {})
         return out
 
     def write(self):

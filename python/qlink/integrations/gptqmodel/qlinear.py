@@ -11,17 +11,20 @@ import threading
 
 import torch
 
-from ..quant.pack import gptq_pack
-from .patches import FallbackRefused, like
+from ...quant.pack import gptq_pack
+from ..patches import FallbackRefused, like
 
 PATCH = "pack"
 
 
-def make_pack(installation):
-    """(pack_block_cpu, pack_block) for `installation` (qlink.integrations.gptqmodel's)."""
-    original, original_block = installation.host.pack_block_cpu, installation.host.pack_block
+# The layer a refused pack belongs to is known to pack_block alone: its packer's slot
+# leaves the refusal here, on the finalizer thread, for pack_block to raise.
+_refused = threading.local()
+
+
+def make_pack_block_cpu(installation, original):
+    """pack_block_ext.pack_block_cpu, the native packer's slot, through gptq_pack."""
     counters, guard = installation.counters, installation.guard
-    refused = threading.local()
 
     @like(original)
     def pack_block_cpu(weight, scales, zeros, g_idx, bits, word_bits, block_in, threads):
@@ -34,16 +37,20 @@ def make_pack(installation):
             return guard.attempt(PATCH, lambda: gptq_pack(weight, scales, zeros, g_idx, bits, device=device),
                                  lambda: original(weight, scales, zeros, g_idx, bits, word_bits, block_in, threads))
         except FallbackRefused as error:
-            refused.error = error
+            _refused.error = error
             raise
+    return pack_block_cpu
 
-    @like(original_block)
+
+def make_pack_block(installation, original):
+    """PackableQuantLinear.pack_block raising, under strict, what its packer's slot refused."""
+    @like(original)
     def pack_block(module, *args, **kwargs):
-        refused.error = None
-        result = original_block(module, *args, **kwargs)
-        error, refused.error = refused.error, None
+        _refused.error = None
+        result = original(module, *args, **kwargs)
+        error, _refused.error = _refused.error, None
         if error is not None:  # named here: the packer's slot is not told the layer
             raise FallbackRefused("%s: %s" % (getattr(module, "name", None) or type(module).__name__, error)) \
                 from error
         return result
-    return pack_block_cpu, pack_block
+    return pack_block

@@ -17,8 +17,8 @@ import weakref
 
 import torch
 
-from ..quant.placement import Placement
-from .gptqmodel_solve import options_of, solve, unsupported
+from ...quant.placement import Placement
+from .solve import options_of, solve, unsupported
 
 log = logging.getLogger("qlink")
 

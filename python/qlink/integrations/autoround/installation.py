@@ -1,94 +1,28 @@
-"""AutoRound through qlink:
-
-    import qlink.integrations.autoround as qlink_autoround
-    qlink_autoround.install(parallel_quantization="auto")   # or N, or "off"
-    ... AutoRound(model, tokenizer, ...).quantize() as usual ...
-    qlink_autoround.plans()       # per block: the world, the devices, why others were left out
-    qlink_autoround.counters()    # what ran data-parallel, what ran serial and why
-
-What install() changes (each a patch with its own counters; the same install, uninstall,
-counters and strict as the GPTQModel integration's, integrations/base.py):
-  quantize_block  SignRoundQuantizer.quantize_block, AutoRound's block tuning: data-parallel
-                  over the plan's replicas (autoround_tuning.py; pure SignSGD exchanges
-                  sign(sum of gradients), anything else the fp32 (or bf16) sum), and on
-                  one device qlink's native loop (autoround_native.py: the engine's
-                  quant-dequant and SignSGD step, no host synchronization inside the loop)
-  step_graph      per block of the native loop: its iteration replayed as a CUDA graph
-                  ("qlink"), or eager and why ("host")
-  compiled_loss   per block of the native loop: AutoRound's loss compiled into one kernel, or
-                  why it runs eager
-  v_step          per block of the native loop: the rounding offsets' SignSGD step taken
-                  inside the quant-dequant's backward (one backward an iteration), or why
-                  their gradients are stored and stepped after
-  block_inputs    the move of a block's cached inputs to AutoRound's cache device before its
-                  tuning (preprocess_block_inputs' to_device): host tensors to a GPU all at once
-                  through qlink's moves (a large one-time move streams through page-locked
-                  slots: 2 GiB of the first block's inputs, captured on the CPU, went over as
-                  128 pageable copies with the GPU idle), a per-sample list into one
-                  allocation (its tensors views of it), dicts updated in place as AutoRound's
-                  own to_device does
-  block_dispatch  SignRoundQuantizer.dispatch_block on one device: the block's weights moved to the
-                  tuning GPU through qlink's moves (streamed through page-locked slots) instead
-                  of Module.to's pageable copies, each waited for; AutoRound's own where it
-                  spreads a block over several devices
-  frozen_gc       CompressionOrchestrator.quantize, the whole run: the objects older than the
-                  call frozen out of the garbage collector for its length (host_gc.py), so
-                  AutoRound's gc.collect() between blocks walks only what the run made
-  rtn_layers      iters=0 (RTN and optimized RTN): the block's per-layer searches spread over
-                  the plan's devices, each layer on one device, moved there and back by qlink
-                  (no fallback: AutoRound's own loop has run when qlink's moves start, so a
-                  failure propagates rather than run the block twice)
-
-The plan (qlink.plan) is resolved per block on the context's devices and their free memory:
-an explicit N that cannot engage raises PlanRefused naming every reason; auto with fewer
-than two usable devices runs the native loop on one and says why, once per reason; "off"
-runs AutoRound's own code."""
+"""One installation of qlink in AutoRound: the host names it resolved (_Host), the
+replacements its seams bind (the _make_* methods), the plan per block and the losses of
+the native loop."""
 import importlib
 import logging
 import random
+import threading
 
 import torch
 
-from ..defaults import configure
-from ..host_staging import stageable
-from ..plan import check_setting, resolve_plan
-from ..quant.placement import Placement
-from .autoround_native import NativeTuning, check, unsupported
-from .autoround_tuning import finish_block, make_mirrors, move_tensor_attributes, run_on_replicas, tune_block
-from .base import HostSpec, Installation, Integration
-from .host_gc import frozen_gc
-from .patches import like
+from ...host_staging import stageable
+from ...plan import check_setting, resolve_plan
+from ...quant.placement import Placement
+from ..base import Installation
+from ..patches import like
+from ..process_settings import frozen_gc
+from .native_loop import NativeTuning, check, unsupported
+from .parallel_tuning import finish_block, make_mirrors, move_tensor_attributes, run_on_replicas, tune_block
 
-PATCHES = ("quantize_block", "rtn_layers", "step_graph", "compiled_loss", "v_step", "block_inputs", "block_dispatch",
-           "frozen_gc")
 TRANSPORTS = ("fp32", "bf16")
-
+log = logging.getLogger("qlink")
 _SIGN_ROUND = "auto_round.algorithms.quantization.sign_round.quantizer:SignRoundQuantizer"
 _RTN = "auto_round.algorithms.quantization.rtn.quantizer:"
 _ORCHESTRATOR = "auto_round.compressors.orchestrator:CompressionOrchestrator"
 _INPUTS = "auto_round.calibration.inputs:"
-# Every AutoRound name the patches replace, call or read.
-HOST = HostSpec("AutoRound", "auto_round", "auto_round.version", "0.15", "b9f3d00", [
-    _SIGN_ROUND, _ORCHESTRATOR, _ORCHESTRATOR + ".quantize", _INPUTS + "to_device", _INPUTS + "preprocess_block_inputs",
-    _RTN + "RTNQuantizer", _RTN + "OptimizedRTNQuantizer",
-    _RTN + "RTNQuantizer.quantize_block", _RTN + "OptimizedRTNQuantizer.quantize_block",
-    _RTN + "RTNQuantizer._quantize_layer_via_rtn",
-    "auto_round.algorithms.quantization.sign_round.sign_sgd:SignSGD",
-    "auto_round.compressors.utils:IndexSampler", "auto_round.compressors.utils:collect_best_params",
-    "auto_round.wrapper:unwrapper_block", "auto_round.logger:logger", "auto_round.utils.device_manager:device_manager",
-    "auto_round.utils:get_module", "auto_round.utils:SUPPORTED_LAYER_TYPES",
-    "auto_round.algorithms.block_runner:BlockForwardRunner.select_batch",
-    "auto_round.algorithms.block_runner:BlockForwardRunner._forward_one_batch",
-    "auto_round.algorithms.block_runner:BlockForwardRunner._normalize_output",
-] + [_SIGN_ROUND + "." + name for name in (
-    "quantize_block", "dispatch_block", "_compute_valid_token_mask", "_get_loss", "_scale_loss_and_backward",
-    "_get_non_zero_cnt", "_step", "_maybe_log_low_bit_lr", "wrapper_block", "block_forward", "calibration_context",
-    "compress_context", "enable_quanted_input", "gradient_accumulate_steps", "not_use_best_mse", "dynamic_max_gap",
-    "optimizer", "momentum", "lr_scheduler", "iters", "lr", "minmax_lr", "enable_minmax_tuning",
-    "enable_norm_bias_tuning", "_config")])
-
-log = logging.getLogger("qlink")
-_integration = Integration()
 
 
 class _Host:
@@ -100,7 +34,7 @@ class _Host:
         self.RTNQuantizer = names[_RTN + "RTNQuantizer"]
         self.OptimizedRTNQuantizer = names[_RTN + "OptimizedRTNQuantizer"]
         self.inputs, self.inputs_to_device = importlib.import_module(_INPUTS[:-1]), names[_INPUTS + "to_device"]
-        for name in HOST.names:
+        for name in names:
             short = name.rpartition(":")[2]
             if "." not in short and not hasattr(self, short):
                 setattr(self, short, names[name])
@@ -121,29 +55,19 @@ def _quantized_linears(block):
     return [m for m in block.modules() if isinstance(m, torch.nn.Linear) and getattr(m, "bits", 16) <= 8]
 
 
-class _Installation(Installation):
-    PATCHES, HOST = PATCHES, HOST
-
-    def __init__(self, ctx, strict, parallel, transport, check_replicas):
+class AutoRoundInstallation(Installation):
+    def __init__(self, ctx, strict, seams, host_spec, parallel, transport, check_replicas):
         check_setting(parallel)
         if transport not in TRANSPORTS:
             raise ValueError("transport must be one of %s, got %r" % (TRANSPORTS, transport))
-        super().__init__(ctx, strict)
+        super().__init__(ctx, strict, seams, host_spec)
         self.parallel, self.transport, self.check_replicas = parallel, transport, check_replicas
         self.host = _Host(self.names)
         self.plans = []         # (block name, Plan), in the order the blocks came
         self._placements = {}   # devices -> Placement (its worker threads kept between blocks)
         self._said = set()      # serial reasons already logged
         self.losses = []        # (block name, each iteration's loss) of the native loop
-
-    def apply(self):
-        h, bind = self.host, self.rebindings
-        bind.set(h.SignRoundQuantizer, "quantize_block", self._make_quantize_block(h.SignRoundQuantizer.quantize_block))
-        for cls in (h.RTNQuantizer, h.OptimizedRTNQuantizer):
-            bind.set(cls, "quantize_block", self._make_rtn_quantize_block(vars(cls)["quantize_block"]))
-        bind.set(h.CompressionOrchestrator, "quantize", self._make_quantize(h.CompressionOrchestrator.quantize))
-        bind.set(h.inputs, "to_device", self._make_inputs_to_device(h.inputs_to_device))
-        bind.set(h.SignRoundQuantizer, "dispatch_block", self._make_dispatch_block(h.SignRoundQuantizer.dispatch_block))
+        self._deferring = threading.local()  # (quantizer, [(layer, option)]) while a block's RTN picks layers
 
     def _make_quantize(self, original):
         counters = self.counters
@@ -350,15 +274,25 @@ class _Installation(Installation):
                 self.counters.host("rtn_layers", "; ".join(plan.left_out) or "a block of one layer")
                 return original(q, block, *args, **kwargs)
             deferred = []  # AutoRound's own loop picks the layers; they run spread out below
-            q._quantize_layer_via_rtn = lambda layer, disable_opt_rtn=None: deferred.append((layer, disable_opt_rtn))
+            self._deferring.layers = (q, deferred)
             try:
                 result = original(q, block, *args, **kwargs)
             finally:
-                del q._quantize_layer_via_rtn
+                self._deferring.layers = None
             self._spread_layers(q, deferred, self.placement(plan))
             self.counters.qlink("rtn_layers")
             return result
         return quantize_block
+
+    def _make_quantize_layer_via_rtn(self, original):
+        @like(original)
+        def _quantize_layer_via_rtn(q, layer, disable_opt_rtn=None):
+            deferring = getattr(self._deferring, "layers", None)
+            if deferring is not None and deferring[0] is q:
+                deferring[1].append((layer, disable_opt_rtn))
+                return None
+            return original(q, layer, disable_opt_rtn=disable_opt_rtn)
+        return _quantize_layer_via_rtn
 
     def _spread_layers(self, q, deferred, placement):
         """Each deferred layer quantized by AutoRound's own _quantize_layer_via_rtn on one of
@@ -386,45 +320,3 @@ class _Installation(Installation):
                     self.ctx.move_module_to_device(done, home)
                     move_tensor_attributes(self.ctx, done, home)
         run_on_replicas(placement, run, "the RTN of its layers")
-
-
-def install(parallel_quantization="auto", strict=False, *, config=None, ctx=None, library=None, transport="fp32",
-            check_replicas=False):
-    """Makes this process's AutoRound tune blocks data-parallel (see the module's docstring);
-    a second install replaces the first.
-
-    parallel_quantization: "auto", an int N, or "off" (AutoRound's own serial code).
-    config: the qlink context's config, made the process default context; or ctx: a
-    context to use instead. transport: "fp32" or "bf16" for the gradient exchange.
-    check_replicas: compare every replica's tuning parameters with home's after each step
-    (ReplicaDiverged if they differ; a test aid, it synchronizes every step). strict: a
-    block whose replicas qlink fails to make raises FallbackRefused instead of running
-    AutoRound's serial loop. AutoRound's version is checked against HOST's (another warns
-    once; UnsupportedHost under strict) and every name the patches touch must be where
-    HOST says (HostChanged naming each that moved); nothing is patched otherwise."""
-    uninstall()
-    return _integration.install(_Installation(ctx or configure(config, library), strict, parallel_quantization,
-                                              transport, check_replicas)).ctx
-
-
-def uninstall():
-    """Restores AutoRound's own quantize_block methods where they are still qlink's;
-    returns what it left (Integration.uninstall)."""
-    return _integration.uninstall()
-
-
-def counters():
-    """Per patch: blocks run through qlink, run serial ("host") and why ({} when not
-    installed)."""
-    return _integration.counters()
-
-
-def losses():
-    """(block name, each iteration's loss) for every block the native loop tuned since
-    install(), in order."""
-    return list(_integration.current.losses) if _integration.current is not None else []
-
-
-def plans():
-    """(block name, qlink.plan.Plan) for every block seen since install(), in order."""
-    return list(_integration.current.plans) if _integration.current is not None else []

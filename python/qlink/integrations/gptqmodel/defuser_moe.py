@@ -18,7 +18,7 @@ import threading
 
 import torch
 
-from .patches import like
+from ..patches import like
 
 PATCH = "routed_experts"
 _running = threading.local()  # the per-sample row counts of the expert call on this thread
@@ -31,10 +31,10 @@ def sample_blocks(rows):
     return blocks if blocks is not None and sum(blocks) == rows else None
 
 
-def make_run_routed_experts(installation):
+def make_run_routed_experts(installation, original):
     """defuser's run_routed_experts for `installation` (qlink.integrations.gptqmodel's): its
     original, guard, and the loop's samples per forward (installation.samples_in)."""
-    original, guard = installation.host.run_routed_experts, installation.guard
+    guard = installation.guard
 
     @like(original)
     def run_routed_experts(experts, hidden_states, routing_weights, selected_experts, num_experts):

@@ -30,8 +30,8 @@ import threading
 
 import torch
 
-from . import gptqmodel_routed
-from .patches import FallbackRefused, like
+from . import defuser_moe
+from ..patches import FallbackRefused, like
 
 PATCH = "add_batch"
 _INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -157,13 +157,13 @@ def sample_blocks(installation, inp, rows):
         return 1
     if inp.dim() >= 3:
         return inp.shape[0]
-    return gptqmodel_routed.sample_blocks(rows)
+    return defuser_moe.sample_blocks(rows)
 
 
-def make_add_batch(installation):
+def make_add_batch(installation, original):
     """GPTQ.add_batch for `installation` (qlink.integrations.gptqmodel's): its host,
     counters, strictness, HessianAccumulator and Queue."""
-    original, ctx, queue = installation.host.add_batch, installation.ctx, installation.queue
+    ctx, queue = installation.ctx, installation.queue
 
     @like(original)
     def add_batch(gptq, inp, out, batch_index=None):

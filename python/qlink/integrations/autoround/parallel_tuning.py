@@ -16,9 +16,9 @@ import copy
 
 import torch
 
-from ..collectives import PreparedAllReduce
-from ..quant.placement import shard_sizes
-from ..quant.signround import signsgd_step
+from ...collectives import PreparedAllReduce
+from ...quant.placement import shard_sizes
+from ...quant.signround import signsgd_step
 
 
 class ReplicaFailed(RuntimeError):

@@ -37,8 +37,8 @@ import functools
 
 import torch
 
-from ..quant.signround import VStep, signround_qdq_layers, signsgd_step
-from ..streams import resolved_device
+from ...quant.signround import VStep, signround_qdq_layers, signsgd_step
+from ...streams import resolved_device
 
 try:
     from torch.func import functional_call

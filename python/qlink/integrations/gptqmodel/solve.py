@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from ..quant.gptq import GPTQLayer, parallel_gptq
+from ...quant.gptq import GPTQLayer, parallel_gptq
 
 SUPPORTED_BITS = (2, 3, 4, 8)
 
@@ -16,7 +16,7 @@ def unsupported(gptq, host):
     adapter's view of GPTQModel (its GPTQ and Quantizer classes, should_use_fallback)."""
     qcfg, module, quantizer = gptq.qcfg, gptq.module, getattr(gptq, "quantizer", None)
     checks = [
-        (type(gptq) is not host.GPTQ, "a GPTQ subclass (%s) with its own solve" % type(gptq).__name__),
+        (type(gptq) is not host.task_class, "a GPTQ subclass (%s) with its own solve" % type(gptq).__name__),
         (bool(getattr(qcfg, "mock_quantization", False)), "mock_quantization"),
         (float(getattr(qcfg, "mse", 0.0) or 0.0) > 0.0, "mse > 0 (a scale search per group)"),
         # GPTQModel then takes static ranges by visiting position, not by group: its own solve.

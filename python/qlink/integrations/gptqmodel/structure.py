@@ -38,8 +38,8 @@ import threading
 
 import torch
 
-from ..streams import resolved_device
-from .patches import like
+from ...streams import resolved_device
+from ..patches import like
 
 _NUMBERED = re.compile(r"^(.*\.)(\d+)$")
 _DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,

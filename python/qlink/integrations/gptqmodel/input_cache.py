@@ -21,8 +21,8 @@ import dataclasses
 
 import torch
 
-from ..moves import map_nested, nested_tensors
-from ..streams import resolved_device
+from ...moves import map_nested, nested_tensors
+from ...streams import resolved_device
 
 FREE_SHARE = 0.5  # of the GPU's free memory the cache may take
 

@@ -1,0 +1,106 @@
+"""AutoRound through qlink:
+
+    import qlink.integrations.autoround as qlink_autoround
+    qlink_autoround.install(parallel_quantization="auto")   # or N, or "off"
+    ... AutoRound(model, tokenizer, ...).quantize() as usual ...
+    qlink_autoround.plans()       # per block: the world, the devices, why others were left out
+    qlink_autoround.counters()    # what ran data-parallel, what ran serial and why
+
+SEAMS is the one list of what install() replaces in AutoRound (docs/HOSTS.md shows it as
+a table). The plan (qlink.plan) is resolved per block on the context's devices and their
+free memory: an explicit N that cannot engage raises PlanRefused naming every reason; auto
+with fewer than two usable devices runs the native loop on one and says why, once per
+reason; "off" runs AutoRound's own code."""
+from ...defaults import configure
+from ..base import HostSpec, Integration
+from ..seams import Seam, SeamTable
+from .installation import _INPUTS, _ORCHESTRATOR, _RTN, _SIGN_ROUND, TRANSPORTS, AutoRoundInstallation  # noqa: F401
+
+_QUANTIZER_STATE = [_SIGN_ROUND + "." + name for name in (
+    "_compute_valid_token_mask", "_get_loss", "_scale_loss_and_backward", "_get_non_zero_cnt", "_step",
+    "_maybe_log_low_bit_lr", "wrapper_block", "block_forward", "calibration_context", "compress_context",
+    "enable_quanted_input", "gradient_accumulate_steps", "not_use_best_mse", "dynamic_max_gap", "optimizer",
+    "momentum", "lr_scheduler", "iters", "lr", "minmax_lr", "enable_minmax_tuning", "enable_norm_bias_tuning",
+    "_config", "_cached_valid_token_mask", "_card_0_in_high_risk", "_loss_device")]
+
+
+def _method(name):
+    """make(installation, original) for the installation's _make_<name>."""
+    return lambda installation, original: getattr(installation, "_make_" + name)(original)
+
+
+SEAMS = SeamTable("auto_round", [
+    Seam(_SIGN_ROUND + ".quantize_block", "installation, native_loop, parallel_tuning",
+         "a block's SignRound tuning: data-parallel over replicas, or qlink's native loop on one device",
+         ["quantize_block", "step_graph", "compiled_loss", "v_step"], _method("quantize_block"),
+         reads=[_SIGN_ROUND, "auto_round.algorithms.quantization.sign_round.sign_sgd:SignSGD",
+                "auto_round.compressors.utils:IndexSampler", "auto_round.compressors.utils:collect_best_params",
+                "auto_round.wrapper:unwrapper_block", "auto_round.logger:logger",
+                "auto_round.utils.device_manager:device_manager", "auto_round.utils:SUPPORTED_LAYER_TYPES",
+                "auto_round.algorithms.block_runner:BlockForwardRunner.select_batch",
+                "auto_round.algorithms.block_runner:BlockForwardRunner._forward_one_batch",
+                "auto_round.algorithms.block_runner:BlockForwardRunner._normalize_output"] + _QUANTIZER_STATE),
+    Seam(_SIGN_ROUND + ".dispatch_block", "installation",
+         "a block's weights moved to the tuning GPU by Module.to's pageable copies", ["block_dispatch"],
+         _method("dispatch_block")),
+    Seam(_RTN + "RTNQuantizer.quantize_block", "installation", "iters=0: a block's layers' RTN one after another",
+         ["rtn_layers"], _method("rtn_quantize_block"), reads=[_RTN + "RTNQuantizer", "auto_round.utils:get_module"]),
+    Seam(_RTN + "OptimizedRTNQuantizer.quantize_block", "installation",
+         "iters=0: a block's layers' optimized RTN search one after another", ["rtn_layers"],
+         _method("rtn_quantize_block"), reads=[_RTN + "OptimizedRTNQuantizer"]),
+    Seam("auto_round.algorithms.quantization.base:BaseQuantizer._quantize_layer_via_rtn", "installation",
+         "a layer's RTN: deferred while a block's RTN runs spread over the devices", ["rtn_layers"],
+         _method("quantize_layer_via_rtn")),
+    Seam(_ORCHESTRATOR + ".quantize", "installation",
+         "the whole run: its gc.collect() calls walk every object the process holds", ["frozen_gc"],
+         _method("quantize"), reads=[_ORCHESTRATOR]),
+    Seam(_INPUTS + "to_device", "installation",
+         "a block's cached inputs moved to the cache device tensor by tensor, pageable", ["block_inputs"],
+         _method("inputs_to_device"), reads=[_INPUTS + "preprocess_block_inputs"]),
+])
+HOST = HostSpec("AutoRound", "auto_round", "auto_round.version", "0.15", "b9f3d00", SEAMS.host_names())
+
+_integration = Integration()
+
+
+def install(parallel_quantization="auto", strict=False, *, config=None, ctx=None, library=None, transport="fp32",
+            check_replicas=False):
+    """Makes this process's AutoRound tune blocks data-parallel (see the module's docstring);
+    a second install replaces the first.
+
+    parallel_quantization: "auto", an int N, or "off" (AutoRound's own serial code).
+    config: the qlink context's config, made the process default context; or ctx: a
+    context to use instead. transport: "fp32" or "bf16" for the gradient exchange.
+    check_replicas: compare every replica's tuning parameters with home's after each step
+    (ReplicaDiverged if they differ; a test aid, it synchronizes every step). strict: a
+    block whose replicas qlink fails to make raises FallbackRefused instead of running
+    AutoRound's serial loop. AutoRound's version is checked against HOST's (another warns
+    once; UnsupportedHost under strict) and every name the patches touch must be where
+    HOST says (HostChanged naming each that moved); nothing is patched otherwise."""
+    uninstall()
+    installation = AutoRoundInstallation(ctx or configure(config, library), strict, SEAMS, HOST,
+                                         parallel_quantization, transport, check_replicas)
+    return _integration.install(installation).ctx
+
+
+def uninstall():
+    """Restores AutoRound's own quantize_block methods where they are still qlink's;
+    returns what it left (Integration.uninstall)."""
+    return _integration.uninstall()
+
+
+def counters():
+    """What ran through qlink, by section ({} when not installed): "seams", per counter, the
+    blocks run through qlink, serial ("host") and why."""
+    return _integration.counters()
+
+
+def losses():
+    """(block name, each iteration's loss) for every block the native loop tuned since
+    install(), in order."""
+    return list(_integration.current.losses) if _integration.current is not None else []
+
+
+def plans():
+    """(block name, qlink.plan.Plan) for every block seen since install(), in order."""
+    return list(_integration.current.plans) if _integration.current is not None else []

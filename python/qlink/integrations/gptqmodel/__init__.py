@@ -1,0 +1,151 @@
+"""GPTQModel through qlink:
+
+    import qlink.integrations.gptqmodel as qlink_gptqmodel
+    qlink_gptqmodel.install({"mode": "auto"})     # a P2PConfig, a dict of its fields, or a whole config
+    ... GPTQModel.load(...).quantize(...) as usual ...
+    qlink_gptqmodel.counters()                     # what ran through qlink, what did not and why
+
+SEAMS is the one list of what install() replaces in GPTQModel: each seam's host target,
+the module of this package that implements it, what it replaces and its counters
+(docs/HOSTS.md shows it as a table). GPTQModel swallows clone errors and falls back to
+deepcopy; with strict=True every seam whose qlink path fails raises FallbackRefused
+instead of running the host's code."""
+from ...defaults import configure
+from ..base import HostSpec, Integration
+from ..seams import Seam, SeamTable
+from . import gptq, looper_helpers, model_moves, module_looper, qlinear
+from .defuser_moe import make_run_routed_experts
+from .installation import READ_AHEAD, GPTQModelInstallation  # noqa: F401 (READ_AHEAD: install's choices)
+
+_HELPERS, _MODEL = "gptqmodel.utils.looper_helpers:", "gptqmodel.utils.model:"
+_GPTQ = "gptqmodel.quantization.gptq:GPTQ."
+_LOOPER = "gptqmodel.looper.module_looper:ModuleLooper."
+_STRUCTURE = "gptqmodel.utils.structure:"
+# GPTQ's task state the task class's methods read and write, as GPTQModel's own do.
+_TASK_STATE = [_GPTQ + name for name in (
+    "add_batch", "materialize_global_hessian", "quantize", "finalize_hessian", "_select_hessian_target_device",
+    "lock", "H", "nsamples", "columns", "name", "qcfg", "module", "quantizer", "module_copy", "fallback",
+    "expected_nsamples", "_tp_pad_cols", "fwd_counter", "_device_hessian_partials", "_device_sample_counts",
+    "_hessian_dirty", "_final_hessian_device_hint")]
+
+
+def _reading_ahead(installation):
+    return installation.read_ahead != "off"
+
+
+def _routed(installation, original):
+    installation.host.routed = True
+    return make_run_routed_experts(installation, original)
+
+
+SEAMS = SeamTable("gptqmodel", [
+    Seam(_HELPERS + "clone_module_for_devices", "looper_helpers",
+         "a layer's replicas for the forward workers, {device: replica} in device order",
+         ["clone_module_for_devices"], looper_helpers.make_clone_module_for_devices, how="everywhere",
+         reads=[_HELPERS + "clear_non_picklable_state",
+                "gptqmodel.looper.forward_executor:ForwardExecutor.run_parallel",  # binds the clone as a default
+                "gptqmodel.looper.module_looper:clone_module_for_devices"]),       # imports it by name
+    Seam(_HELPERS + "torch_replicate", "looper_helpers",
+         "torch.nn.parallel.replicate (broadcast_coalesced): qlink's broadcast instead",
+         ["torch_replicate"], looper_helpers.make_torch_replicate, how="everywhere"),
+    Seam(_MODEL + "move_to", "model_moves",
+         "tensor and module moves: host tensors through pinned twins on the target's stream",
+         ["move_to"], model_moves.make_move_to, how="everywhere"),
+    Seam(_MODEL + "nested_move_to", "model_moves", "calibration batches' moves, twins kept for the next subset",
+         ["nested_move_to"], model_moves.make_nested_move_to, how="everywhere"),
+    Seam(_STRUCTURE + "safe_open", "structure", "the checkpoint's shard handles: the next layer's tensors read ahead",
+         ["layer_prefetch", "module_refill"], lambda inst, original: inst.prefetch.make_safe_open(),
+         when=_reading_ahead),
+    Seam(_STRUCTURE + "LazyTurtle.materialize_submodule", "structure",
+         "each layer's fill from the checkpoint (the next read on a helper thread; a layer's modules' second "
+         "fills copied on the device)", ["layer_prefetch", "module_refill"],
+         lambda inst, original: inst.prefetch.make_materialize_submodule(original, inst.host.qualified_name),
+         when=_reading_ahead,
+         reads=[_STRUCTURE + "_get_qualified_name", _STRUCTURE + "LazyTurtle._resolve_checkpoint_module_path",
+                _STRUCTURE + "LazyTurtle._weight_map", _STRUCTURE + "LazyTurtle.model_local_path"]),
+    Seam(_LOOPER + "loop", "module_looper", "the layer loop, run inside the process settings install() asks for",
+         ["switch_interval", "fixed_segments"], module_looper.make_loop),
+    Seam(_LOOPER + "cache_inputs", "module_looper",
+         "the calibration capture's cache: moved to the one GPU once, one-sample batches grouped",
+         ["cache_inputs", "group_batches"], module_looper.make_cache_inputs,
+         reads=[_LOOPER + "gptq_model", _LOOPER + "processors", _LOOPER + "support_batch_quantize",
+                _LOOPER + "moe_routing_override", _LOOPER + "moe_routing_bypass",
+                "gptqmodel.looper.gptq_processor:GPTQProcessor", "gptqmodel.models.base:BaseQModel",
+                "gptqmodel.models.base:BaseQModel.dynamic_expert_index",
+                "gptqmodel.models.base:BaseQModel.prepare_layer_replay_kwargs",
+                "gptqmodel.models.base:BaseQModel.update_layer_replay_kwargs_from_output",
+                "gptqmodel.looper.input_cache:InputCache"]),
+    Seam(_LOOPER + "_rehome_processor_task", "module_looper",
+         "a task's quantizer moved by Module.to's pageable copies before each subset", ["rehome_processor_task"],
+         module_looper.make_rehome_processor_task),
+    Seam("gptqmodel.looper.gptq_processor:GPTQ", "gptq",
+         "the processor's tasks: per-batch Hessians, their merge and the solve (qlink's native engine where it "
+         "covers the options)", ["add_batch", "materialize_global_hessian", "quantize"], gptq.make_task_class,
+         reads=["gptqmodel.quantization.gptq:GPTQ", "gptqmodel.quantization.quantizer:Quantizer",
+                "gptqmodel.quantization.quantizer:Quantizer.requires_groupwise_processing",
+                "gptqmodel.quantization.quantizer:Quantizer.perchannel",
+                "gptqmodel.utils.fallback:should_use_fallback"] + _TASK_STATE),
+    Seam("gptqmodel.nn_modules.qlinear.pack_block_ext:pack_block_cpu", "qlinear",
+         "the native packer's slot: the same int32 words on the GPU", ["pack"], qlinear.make_pack_block_cpu),
+    Seam("gptqmodel.nn_modules.qlinear:PackableQuantLinear.pack_block", "qlinear",
+         "the finalizers' packing, which swallows its packer's errors: a strict refusal raised naming the layer",
+         ["pack"], qlinear.make_pack_block),
+    Seam("defuser.modeling.unfused_moe.common:run_routed_experts", "defuser_moe",
+         "a split MoE block's routed experts' loop: one host read a forward, the same output",
+         ["routed_experts"], _routed, how="everywhere", package="defuser"),
+])
+HOST = HostSpec("GPTQModel", "gptqmodel", "gptqmodel.version", "7.3", "f4c327a", SEAMS.host_names())
+
+_integration = Integration()
+
+
+def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pinned", switch_interval=None,
+            fixed_segments=True):
+    """Routes this process's GPTQModel through qlink (see the module's docstring); a second
+    install replaces the first.
+
+    config: the qlink context's config (a P2PConfig, a dict of its fields, or a whole
+    config), made the process default context; or ctx: a context to use instead. strict:
+    a failing qlink path raises FallbackRefused instead of running GPTQModel's own.
+    read_ahead (layer_prefetch): "pinned" reads the next layer into page-locked memory on
+    a GPU (its fill's copies do not block; page-locking a layer's worth stalls the
+    process's CUDA calls while it runs), "pageable" into pageable memory (the fill's copies
+    block as GPTQModel's own), "off" leaves GPTQModel's fills alone.
+    switch_interval: seconds (1e-4, say) the interpreter's switch interval is shortened to
+    for the layer loop, or None (the default) to leave it: one profiled run with it solved
+    a layer a few units in the last place apart from every other run, unexplained (every
+    run since agrees), so it is asked for rather than assumed.
+    fixed_segments: True (the default) runs the layer loop with PyTorch's CUDA allocator
+    making fixed segments where the process asked for expandable ones (GPTQModel asks as it
+    is imported; docs/HOSTS.md says what that cost); False leaves the allocator as set.
+    GPTQModel's version is checked against HOST's (another warns once; UnsupportedHost
+    under strict) and every name the seams touch must be where HOST says (HostChanged
+    naming each that moved); nothing is replaced otherwise."""
+    uninstall()
+    installation = GPTQModelInstallation(ctx or configure(config, library), strict, SEAMS, HOST, read_ahead,
+                                         switch_interval, fixed_segments)
+    return _integration.install(installation).ctx
+
+
+def uninstall():
+    """Restores every binding install() changed that is still qlink's; returns what it left
+    (Integration.uninstall)."""
+    return _integration.uninstall()
+
+
+def flush_hessians():
+    """Makes the add_batch calls still queued (one native call) and lands them in their
+    tasks. GPTQModel never needs it (it reads the partials through materialize_global_hessian,
+    which flushes first); a caller reading _device_hessian_partials itself does."""
+    current = _integration.current
+    if current is not None:
+        current.queue.flush()
+
+
+def counters():
+    """What ran through qlink, by section ({} when not installed): "seams", per counter, the
+    calls through qlink, through the host by design ("host") or after qlink failed
+    ("fallback"), and why; "hessians", the add_batch accumulations (run, shared, rows,
+    native calls); "solves", the engine calls (made, layers, answered ahead, refused,
+    spread over every device); "staging", the moves' host staging (copies, twins, bytes)."""
+    return _integration.counters()

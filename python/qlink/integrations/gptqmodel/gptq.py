@@ -1,0 +1,103 @@
+"""GPTQModel's per-module task as a subclass of its GPTQ, made where its processor builds
+tasks (gptq_processor.GPTQ): the per-batch Hessian through qlink's accumulator
+(hessian_queue.py), the partials merged in device order by qlink.reduce, the solve by
+qlink's native engine where it covers the task's options (solve.py, solve_ahead.py).
+Each method falls back to GPTQModel's own (super()) with its reason."""
+import torch
+
+from ..patches import like
+from .hessian_queue import make_add_batch
+from .solve import done_with_hessian, unsupported
+
+
+def make_task_class(installation, original):
+    """The GPTQ subclass the processor builds its tasks from while installed."""
+    task_class = type(original.__name__, (original,), {
+        "__module__": __name__, "__qualname__": original.__qualname__,
+        "__doc__": "GPTQModel's GPTQ with qlink's add_batch, merge and solve (qlink.integrations.gptqmodel.gptq).",
+        "add_batch": make_add_batch(installation, original.add_batch),
+        "materialize_global_hessian": make_materialize_global_hessian(installation,
+                                                                      original.materialize_global_hessian),
+        "quantize": make_quantize(installation, original.quantize)})
+    installation.host.task_class = task_class
+    return task_class
+
+
+def _device_order(device):
+    device = torch.device(device)
+    return device.type, -1 if device.index is None else device.index
+
+
+def _merge_refusal(ctx, partials, target):
+    """Why qlink.reduce cannot merge these partials (sorted in device order) into
+    `target`, or None."""
+    tensors = [p for _, p in partials]
+    if any(p.dtype != torch.float32 or not p.is_contiguous() for p in tensors):
+        return "a partial that is not contiguous fp32"
+    if ctx.host_memory:  # the CPU backend's virtual devices stand in for the partials' devices
+        if len(tensors) > ctx.device_count or target.type != "cpu" or any(p.is_cuda for p in tensors):
+            return "partials the %s backend's %d devices cannot hold" % (ctx.backend, ctx.device_count)
+    elif target.type != "cuda" or not all(p.is_cuda for p in tensors):
+        return "a partial or the merged Hessian in host memory"
+    return None
+
+
+def make_materialize_global_hessian(installation, original):
+    ctx, counters, guard = installation.ctx, installation.counters, installation.guard
+    patch = "materialize_global_hessian"
+
+    @like(original)
+    def materialize_global_hessian(gptq, target_device=None):
+        installation.queue.flush()  # the forward's last calls land before the partials are read
+        with gptq.lock:
+            # Device order for whichever sums them, so the merge no longer depends on the
+            # order the partials arrived in.
+            partials = sorted(gptq._device_hessian_partials.items(), key=lambda kv: _device_order(kv[0]))
+            gptq._device_hessian_partials = dict(partials)
+            total = sum(gptq._device_sample_counts.values())
+            target = gptq._select_hessian_target_device(target_device)
+            if not gptq._hessian_dirty or total == 0 or not partials:
+                reason = "nothing to merge"
+            else:
+                reason = _merge_refusal(ctx, partials, target)
+            if reason is None:
+                def merge():
+                    merged = torch.empty(gptq.columns, gptq.columns, dtype=torch.float32, device=target)
+                    ids = list(range(len(partials))) if ctx.host_memory else None
+                    ctx.reduce([p for _, p in partials], merged, 2.0 / total, input_devices=ids,
+                               output_device=0 if ids else None)
+                    return merged
+
+                def commit(merged):
+                    gptq.H, gptq.nsamples, gptq._hessian_dirty = merged, total, False
+                    gptq._final_hessian_device_hint = merged.device
+                    gptq._device_hessian_partials.clear()
+                    gptq._device_sample_counts.clear()
+                    return True
+
+                # A fallback is the host's merge below, once this lock is released.
+                if guard.attempt(patch, merge, lambda: False, commit):
+                    return None
+            else:
+                counters.host(patch, reason)
+        return original(gptq, target_device)  # takes the lock itself
+    return materialize_global_hessian
+
+
+def make_quantize(installation, original):
+    counters, guard = installation.counters, installation.guard
+
+    @like(original)
+    def quantize(gptq, blocksize=128):
+        installation.queue.flush()  # the counts unsupported() reads include the forward's last calls
+        reason = unsupported(gptq, installation.host)
+        if reason:
+            counters.host("quantize", reason)
+            return original(gptq, blocksize)
+        # GPTQModel's solve starts by merging the Hessian; merged here once, outside the
+        # guard (what the host's merge raises is its own), the host's solve finds it
+        # merged if qlink's fails (GPTQModel's merge returns at once when nothing is new).
+        gptq.finalize_hessian(target_device=getattr(gptq.module, "target_device", None))
+        return guard.attempt("quantize", lambda: installation.ahead.result_for(gptq), lambda: original(gptq, blocksize),
+                             commit=lambda result: done_with_hessian(gptq, result))
+    return quantize

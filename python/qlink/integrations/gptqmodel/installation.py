@@ -1,0 +1,76 @@
+"""One installation of qlink in GPTQModel: the host names it resolved (_Host), the state
+its seams share (the Hessian accumulator and queue, the solve-ahead, the layer prefetch,
+the grouped batches' sample length) and the installation's settings."""
+import importlib
+
+import torch
+
+from ...quant.hessian import HessianAccumulator
+from ..base import Installation
+from ..process_settings import check_interval
+from .hessian_queue import Queue
+from .solve_ahead import SolveAhead
+from .structure import LayerPrefetch
+
+READ_AHEAD = ("pinned", "pageable", "off")
+
+
+class _Host:
+    """The GPTQModel objects the seams call besides the ones they replace."""
+
+    def __init__(self, names):
+        self.helpers = importlib.import_module("gptqmodel.utils.looper_helpers")
+        self.GPTQ = names["gptqmodel.quantization.gptq:GPTQ"]
+        self.Quantizer = names["gptqmodel.quantization.quantizer:Quantizer"]
+        self.should_use_fallback = names["gptqmodel.utils.fallback:should_use_fallback"]
+        self.GPTQProcessor = names["gptqmodel.looper.gptq_processor:GPTQProcessor"]
+        self.BaseQModel = names["gptqmodel.models.base:BaseQModel"]
+        self.add_batch = names["gptqmodel.quantization.gptq:GPTQ.add_batch"]
+        self.qualified_name = names["gptqmodel.utils.structure:_get_qualified_name"]
+        self.safe_open = names["gptqmodel.utils.structure:safe_open"]
+        self.task_class = None  # the processor's GPTQ while installed (gptq.make_task_class)
+        self.routed = False     # whether defuser's routed experts' loop is qlink's
+
+
+class GPTQModelInstallation(Installation):
+    def __init__(self, ctx, strict, seams, host_spec, read_ahead="pinned", switch_interval=None,
+                 fixed_segments=True):
+        if read_ahead not in READ_AHEAD:
+            raise ValueError("read_ahead must be one of %s, got %r" % (READ_AHEAD, read_ahead))
+        if not isinstance(fixed_segments, bool):
+            raise ValueError("fixed_segments must be True or False, got %r" % (fixed_segments,))
+        self.switch_interval = check_interval(switch_interval)
+        self.fixed_segments = fixed_segments
+        super().__init__(ctx, strict, seams, host_spec)
+        self.host = _Host(self.names)
+        self.read_ahead = read_ahead
+        self.accumulator = HessianAccumulator(ctx)
+        self.queue = Queue(self)  # add_batch's calls of a forward, made as one native call
+        self.ahead = SolveAhead(self)  # a subset's tasks solved in one engine call
+        pin = read_ahead == "pinned" and not ctx.host_memory and torch.cuda.is_available()
+        self.prefetch = LayerPrefetch(self.host.safe_open, pin, self.counters, self.guard)
+        # Each sample's tokens where the loop's cache holds grouped one-sample batches
+        # (group_batches), None where its batches are GPTQModel's.
+        self.sample_tokens = None
+
+    def close(self):
+        try:
+            self.queue.flush()
+        finally:
+            self.prefetch.close()
+
+    @property
+    def grouped(self):
+        """Whether the loop's forwards hold several one-sample batches (group_batches)."""
+        return self.sample_tokens is not None
+
+    def samples_in(self, tokens):
+        """How many of the loop's samples a forward of `tokens` rows holds: more than one
+        only in grouped forwards."""
+        if self.grouped and tokens % self.sample_tokens == 0:
+            return tokens // self.sample_tokens
+        return 1
+
+    def counter_sections(self):
+        return {"hessians": self.accumulator.counters(), "solves": self.ahead.counters(),
+                "staging": self.ctx.host_staging.counters()}
