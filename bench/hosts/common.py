@@ -1,6 +1,7 @@
 """What the host runs share: the import paths of a prepared folder (prepare.sh), the torch
 guards, the models and the calibration of the issues (LLaMA-7B dimensions, or
-Qwen3-30B-A3B's for the MoE one; random weights, random tokens), and a JSON result."""
+Qwen3-30B-A3B's for the MoE one, or small ones of each architecture of arch_table.py; random
+weights, random tokens), and a JSON result."""
 import contextlib
 import json
 import os
@@ -87,6 +88,53 @@ def make_qwen3_moe(path, layers=2, vocab=32000, seed=0):
             layer.mlp.gate.weight.normal_(0, config.initializer_range, generator=gen)
     model.save_pretrained(path, safe_serialization=True)
     save_tokenizer(path, vocab)
+    return path
+
+
+ARCHS = ("opt", "llama_gqa", "qwen2", "qwen3", "mistral", "gemma2", "mixtral")
+
+
+def arch_config(kind, layers=2, hidden=1024, intermediate=2816, heads=16, kv_heads=4, vocab=32000):
+    """The transformers config of a small model of `kind` (ARCHS: issue 43's item 7): every
+    linear's dimensions multiples of 128 (head_dim 64, intermediate 2816), LLaMA's and the
+    others' key/value heads fewer than the query's (grouped-query attention; OPT has none),
+    Mixtral's 8 experts top-2, bfloat16."""
+    import transformers
+    head_dim = hidden // heads
+    common = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, vocab_size=vocab,
+                  max_position_embeddings=4096, torch_dtype="bfloat16")
+    rotary = dict(common, intermediate_size=intermediate, num_key_value_heads=kv_heads)
+    if kind == "opt":
+        return transformers.OPTConfig(ffn_dim=intermediate, word_embed_proj_dim=hidden, do_layer_norm_before=True,
+                                      enable_bias=True, **common)
+    if kind == "llama_gqa":
+        return transformers.LlamaConfig(**rotary)
+    if kind == "qwen2":
+        return transformers.Qwen2Config(use_sliding_window=False, **rotary)
+    if kind == "qwen3":
+        return transformers.Qwen3Config(head_dim=head_dim, use_sliding_window=False, **rotary)
+    if kind == "mistral":
+        return transformers.MistralConfig(head_dim=head_dim, **rotary)
+    if kind == "gemma2":
+        return transformers.Gemma2Config(head_dim=head_dim, query_pre_attn_scalar=head_dim, **rotary)
+    if kind == "mixtral":
+        return transformers.MixtralConfig(head_dim=head_dim, num_local_experts=8, num_experts_per_tok=2, **rotary)
+    raise ValueError("no architecture %r (one of %s)" % (kind, ", ".join(ARCHS)))
+
+
+def make_arch(path, kind, layers=2, seed=0, device="cuda", **sizes):
+    """A `kind` model (arch_config) with random weights, saved in bfloat16 at path with
+    make_llama's tokenizer (kept if path has one already)."""
+    import torch
+    import transformers
+    if os.path.exists(os.path.join(path, "config.json")):
+        return path
+    torch.manual_seed(seed)
+    config = arch_config(kind, layers, **sizes)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    model.save_pretrained(path, safe_serialization=True)
+    save_tokenizer(path, config.vocab_size)
     return path
 
 

@@ -8,7 +8,7 @@ peak GPU memory (PyTorch's allocator; qlink's scratch is outside it) and qlink's
 Nothing the script records waits on the device or copies to the host inside the timed
 call (device checksums, turned into digests after it).
 
-    python3 gptqmodel_run.py --model DIR [--layers N] [--model-kind llama|qwen3_moe]
+    python3 gptqmodel_run.py --model DIR [--layers N] [--model-kind llama|qwen3_moe|ARCH]
         [--qlink [--strict] [--read-ahead pinned|pageable|off] [--switch-interval S|off]
          [--landing pinned|pageable] [--segments fixed|host] | --guards]
         [--precision ieee_fp32|tensor] [--codes FILE.pt] [--input-digests] [--batch-digests REGEX]
@@ -17,7 +17,8 @@ call (device checksums, turned into digests after it).
 
 --layers: decoder layers of the model made at DIR (if DIR has none yet); --model-kind: a
 LLaMA-7B-shaped one (default) or a Qwen3-30B-A3B-shaped MoE (its experts split by the
-defuser stand-in as GPTQModel loads it). --precision: the
+defuser stand-in as GPTQModel loads it), or a small one of an architecture of
+common.ARCHS (common.make_arch: opt, llama_gqa, ... mixtral; arch_table.py). --precision: the
 qlink config's hessian_precision. --input-digests: digests of each solve's weight and merged
 Hessian beside its result's (where two runs part, which input parted first); --batch-digests:
 digests of every input add_batch (GPTQModel's or qlink's) is given for the layers whose name
@@ -41,8 +42,9 @@ import sys
 import time
 
 import idle
-from common import (busy_shares, install_guards, kernel_table, launch_mark_kernel, make_llama, make_qwen3_moe,
-                    profiler_activities, python_profile, setup_paths, stack_samples, timed, token_batches, write)
+from common import (ARCHS, busy_shares, install_guards, kernel_table, launch_mark_kernel, make_arch, make_llama,
+                    make_qwen3_moe, profiler_activities, python_profile, setup_paths, stack_samples, timed,
+                    token_batches, write)
 
 setup_paths()
 
@@ -196,7 +198,7 @@ def main():
     a.add_argument("--samples", type=int, default=128)
     a.add_argument("--seqlen", type=int, default=2048)
     a.add_argument("--layers", type=int, default=2)
-    a.add_argument("--model-kind", choices=("llama", "qwen3_moe"), default="llama")
+    a.add_argument("--model-kind", choices=("llama", "qwen3_moe") + ARCHS, default="llama")
     a.add_argument("--precision", choices=("ieee_fp32", "tensor"))
     a.add_argument("--stop-at-layer", type=int, help="end the run at this layer's first solve (its time printed)")
     a.add_argument("--group-rows", type=int, help="qlink: tokens per grouped forward (0: GPTQModel's batches kept)")
@@ -226,7 +228,10 @@ def main():
     if args.device_only and (args.idle or args.profile_stacks or not args.profile):
         a.error("--device-only goes with --profile, without --idle and --profile-stacks (they need host events)")
     import torch
-    (make_qwen3_moe if args.model_kind == "qwen3_moe" else make_llama)(args.model, layers=args.layers)
+    if args.model_kind in ARCHS:
+        make_arch(args.model, args.model_kind, layers=args.layers)
+    else:
+        (make_qwen3_moe if args.model_kind == "qwen3_moe" else make_llama)(args.model, layers=args.layers)
     result = {"host": "GPTQModel", "model_kind": args.model_kind, "qlink": args.qlink, "group_rows": args.group_rows,
               "read_ahead": args.read_ahead if args.qlink else None,
               "switch_interval": args.switch_interval if args.qlink else None,

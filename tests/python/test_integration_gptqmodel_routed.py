@@ -133,15 +133,21 @@ def test_moe_batches_are_grouped_only_where_the_experts_run_qlinks_loop(defuser,
 
 
 def test_a_grouped_2d_input_whose_samples_are_unknown_takes_gptqmodels_path(defuser, host):  # noqa: F811
+    """Rows that are not whole samples (some module chose them) outside qlink's loop; whole
+    samples' tokens flattened (a shared expert's input) split into the samples."""
     from gptqmodel.looper import gptq_processor
     from gptqmodel.quantization import config
     adapter.install(ctx=host, strict=True)
     _looper(_capture()).loop(0)
     g = gptq_processor.GPTQ(torch.nn.Linear(HIDDEN, 8, bias=False), config.QuantizeConfig())
-    g.name = "mlp.shared_expert.up_proj"
-    with pytest.raises(FallbackRefused, match="mlp.shared_expert.up_proj.*grouped forward's 64-row input whose "
+    g.name = "mlp.experts.0.up_proj"
+    with pytest.raises(FallbackRefused, match="mlp.experts.0.up_proj.*grouped forward's 40-row input whose "
                                               "samples' rows are not known"):
-        g.add_batch(torch.randn(64, HIDDEN), None)
+        g.add_batch(torch.randn(40, HIDDEN), None)
+    g.name = "mlp.shared_expert.up_proj"
+    g.add_batch(torch.randn(4 * SEQ, HIDDEN), None)
+    adapter.flush_hessians()
+    assert g.nsamples == 4 * SEQ and adapter.counters()["seams"]["add_batch"]["qlink"] == 1
 
 
 def test_a_failing_sort_runs_defusers_loop(defuser, host, monkeypatch):  # noqa: F811

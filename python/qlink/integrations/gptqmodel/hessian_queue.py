@@ -19,8 +19,11 @@ order.
 In grouped forwards (gptqmodel_cache.grouped: several one-sample batches in one forward) each
 sample's rows stay a rank-k update of their own, as GPTQModel added them one sample per
 forward: a (samples, ...) input in equal blocks, a routed expert's 2-D rows by the counts
-qlink's routed experts' loop gives for each sample (gptqmodel_routed); a 2-D input whose
-samples are not known there takes GPTQModel's path.
+qlink's routed experts' loop gives for each sample (gptqmodel_routed), a 2-D input of every
+sample's tokens flattened sample by sample (OPT's fc1 and fc2 read (tokens, hidden)) in
+equal blocks of a sample's tokens; a 2-D input of another count of rows (tokens some module
+chose: only MoE routing, which grouping_refusal keeps from grouped forwards outside qlink's
+loop) takes GPTQModel's path.
 
 What add_batch does not take, it hands to GPTQModel's own add_batch, counted with the
 reason; with strict=True it raises FallbackRefused naming the layer and the reason."""
@@ -150,14 +153,23 @@ def host_path(installation, gptq, inp, out, batch_index, reason, error=None):
 
 def sample_blocks(installation, inp, rows):
     """How add_many splits this input's rows: each sample of a grouped forward
-    (gptqmodel_cache) once a batch of its own, added one by one as GPTQModel added them: a
+    (input_cache) once a batch of its own, added one by one as GPTQModel added them: a
     (samples, ...) input's equal blocks, a routed expert's rows by the counts its loop
-    gives (gptqmodel_routed); 1 outside grouped forwards; None where they are not known."""
+    gives (defuser_moe), a 2-D input of whole samples' tokens (a layer that flattened
+    its (samples, tokens, hidden) states, as OPT's does before fc1) in equal blocks of one
+    sample's tokens; 1 outside grouped forwards; None where they are not known."""
     if not installation.grouped:
         return 1
     if inp.dim() >= 3:
         return inp.shape[0]
-    return defuser_moe.sample_blocks(rows)
+    routed = defuser_moe.sample_blocks(rows)
+    if routed is not None:
+        return routed
+    if rows % installation.sample_tokens == 0:
+        # torch.flatten and reshape of a batch-first tensor keep each sample's rows together,
+        # in sample order: block i is what sample i's own forward gave the hook
+        return rows // installation.sample_tokens
+    return None
 
 
 def make_add_batch(installation, original):

@@ -55,8 +55,8 @@ def make_cache_inputs(installation, original):
             return cache
 
         def commit(grouped):
-            # add_batch: each hook input is one sample per row of dim 0, each sample as
-            # many tokens as every other (grouping_plan)
+            # add_batch: each hook input is one sample per row of dim 0, or flattened to
+            # its samples' tokens, each sample as many tokens as every other (grouping_plan)
             first = cache.layer_inputs[0][0]
             installation.sample_tokens = first.numel() // first.shape[-1]
             return grouped

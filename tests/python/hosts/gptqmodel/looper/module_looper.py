@@ -3,7 +3,8 @@ returns what `capture` (a test's function of the looper) makes, under inference_
 GPTQModel's loop runs it, called by keyword as the host calls it; the looper's processors,
 MoE routing options and the model's batching flag as GPTQModel's __init__ sets them;
 _rehome_processor_task moves a module's task state (its quantizer) to the module's device
-with Module.to, as GPTQModel's does before each subset's forwards."""
+with Module.to, as GPTQModel's does before each subset's forwards; hessians() walks the
+layers as the loop does up to each task's merged Hessian."""
 import torch
 
 from ..utils.looper_helpers import clone_module_for_devices
@@ -34,3 +35,46 @@ class ModuleLooper:
     def loop(self, calibration_data):
         with torch.inference_mode():
             return self.cache_inputs(layers=self.layers, calibration_data=calibration_data, use_cache=False)
+
+    def hessians(self, calibration_data):
+        """The loop's walk over self.layers up to the solve: the cache captured (cache_inputs,
+        under inference_mode), then per layer a GPTQ task per Linear (named
+        "<layer>.<module path>"), a forward hook feeding it (inp[0].data, out.data,
+        batch_index) as GPTQProcessor's hook does, every batch's forward with the kwargs
+        ForwardExecutor gives it (attention_mask and position_ids where the cache holds them,
+        then the batch's layer_input_kwargs), each task's Hessian merged (finalize_hessian) and
+        the layer's outputs the next layer's inputs. Returns {name: the finished task}."""
+        from ..quantization.config import QuantizeConfig
+        from . import gptq_processor  # the name GPTQModel's processor builds its tasks from
+        tasks = {}
+        with torch.inference_mode():
+            cache = self.cache_inputs(layers=self.layers, calibration_data=calibration_data, use_cache=False)
+            inputs = cache.layer_inputs
+            for index, layer in enumerate(self.layers):
+                handles, mine = [], {}
+                for path, module in layer.named_modules():
+                    if isinstance(module, torch.nn.Linear):
+                        task = mine["%d.%s" % (index, path)] = gptq_processor.GPTQ(module, QuantizeConfig())
+                        task.name = "%d.%s" % (index, path)
+                        handles.append(module.register_forward_hook(
+                            lambda m, inp, out, task=task: task.add_batch(inp[0].data, out.data,
+                                                                          batch_index=self._batch)))
+                outputs = []
+                try:
+                    for self._batch, layer_input in enumerate(inputs):
+                        kwargs = {}
+                        if cache.attention_masks[self._batch] is not None:
+                            kwargs["attention_mask"] = cache.attention_masks[self._batch]
+                        if cache.position_ids:
+                            kwargs["position_ids"] = cache.position_ids[self._batch]
+                        kwargs.update(cache.layer_input_kwargs[self._batch])
+                        out = layer(*layer_input, **kwargs)
+                        outputs.append([out if isinstance(out, torch.Tensor) else out[0]])
+                finally:
+                    for handle in handles:
+                        handle.remove()
+                for task in mine.values():
+                    task.finalize_hessian()
+                tasks.update(mine)
+                inputs = outputs
+        return tasks
