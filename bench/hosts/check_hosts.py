@@ -1,5 +1,6 @@
-"""Both integrations against the hosts' real trees (issue 21, item 7): every name the
-patches touch (HostSpec.names) looked up in the tree's source, then, where the host
+"""Both integrations against the hosts' real trees: every name the seams touch
+(HostSpec.names) looked up in the tree's source, every host rule qlink restates
+(the integration's contract) digested from the tree and compared with its pin, then, where the host
 imports (its dependencies present: the GPU machine's image with the stand-ins), each
 integration installed and uninstalled on the CPU backend: install() resolves every name
 (HostChanged otherwise), every patched binding must be qlink's after it and the host's
@@ -22,7 +23,7 @@ setup_paths()
 # Per integration: its module, its install call, and a class method it replaces.
 INTEGRATIONS = {
     "gptqmodel": ("qlink.integrations.gptqmodel", lambda m, ctx: m.install(ctx=ctx),
-                  "gptqmodel.quantization.gptq:GPTQ", "quantize"),
+                  "gptqmodel.looper.module_looper:ModuleLooper", "loop"),
     "auto_round": ("qlink.integrations.autoround", lambda m, ctx: m.install(2, ctx=ctx),
                    "auto_round.algorithms.quantization.sign_round.quantizer:SignRoundQuantizer", "quantize_block"),
 }
@@ -59,7 +60,7 @@ def main():
     args = a.parse_args()
     hosts = os.path.abspath(args.hosts)
     sys.path.insert(0, hosts)
-    from host_sources import SourceTree
+    from host_sources import SourceTree, changed_rules
     tree, failed = SourceTree([hosts]), False
     for package, (module_name, install, owner_name, method) in INTEGRATIONS.items():
         spec = importlib.import_module(module_name).HOST
@@ -67,6 +68,11 @@ def main():
         print("%s: %d names looked up in %s: %s" %
               (spec.title, len(spec.names), hosts, "all found" if not missing else "MOVED: " + "; ".join(missing)))
         failed |= bool(missing)
+        changed = changed_rules(importlib.import_module(module_name + ".contract").CONTRACT, hosts)
+        print("%s: %d restated rules against their host functions: %s" % (
+            spec.title, len(importlib.import_module(module_name + ".contract").CONTRACT.rules),
+            "all as pinned" if not changed else "CHANGED: " + "; ".join(changed)))
+        failed |= bool(changed)
         try:
             importlib.import_module(package)
             version = spec.version()

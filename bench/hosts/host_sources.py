@@ -2,9 +2,12 @@
 host's own dependencies are not installed (this build machine), its tree still says
 whether every name the patches touch is where the integration expects it. Module-level
 definitions, assignments and imports count (star imports and base classes followed);
-a class's "attr" counts as a member or as self.attr set in it or a base class."""
+a class's "attr" counts as a member or as self.attr set in it or a base class. A contract's
+restated rules are digested from the same tree (changed_rules)."""
 import ast
 import os
+
+from qlink.integrations.contracts import source_digest
 
 
 class SourceTree:
@@ -96,3 +99,19 @@ def _absolute(module, is_package, node):
     package = module.split(".") if is_package else module.split(".")[:-1]
     package = package[:len(package) - node.level + 1]
     return ".".join(package + ([node.module] if node.module else []))
+
+
+def changed_rules(contract, root):
+    """The contract's rules whose host function, in the tree at `root`, is gone or digests
+    otherwise than pinned: a line each naming the rule."""
+    out = []
+    for rule in contract.rules:
+        path = os.path.join(root, rule.host_file)
+        digest = None
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                digest = source_digest(f.read(), rule.host_function)
+        if digest != rule.digest:
+            out.append("%s: %s" % (rule.label, "gone" if digest is None else "digest %s, pinned %s" % (
+                digest, rule.digest)))
+    return out

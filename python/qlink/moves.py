@@ -146,7 +146,7 @@ class MoveCalls:
             return out
         target = resolved_device(device)
         if all(t.device == target for t in out):
-            return out  # the forwards' moves of a calibration cache already there (gptqmodel_cache)
+            return out  # the forwards' moves of a calibration cache already there (gptqmodel.input_cache)
         if target.type == "cpu" and not self.host_memory:
             return _to_pinned_host(tensors)
         if target.type != "cuda":

@@ -150,7 +150,8 @@ def test_on_a_gpu_a_loop_makes_fixed_segments_and_expandable_ones_come_back_afte
             assert process_settings._snapshot_settings()["max_split_size"] == 256 << 20
             inside = torch.empty(96 << 20, dtype=torch.uint8, device="cuda")
             made_inside = _segment_of(inside)
-        assert process_settings.expandable_now() and process_settings._snapshot_settings()["max_split_size"] == 256 << 20
+        assert process_settings.expandable_now()
+        assert process_settings._snapshot_settings()["max_split_size"] == 256 << 20
         del inside
         torch.cuda.empty_cache()
         after = torch.empty(96 << 20, dtype=torch.uint8, device="cuda")

@@ -235,7 +235,7 @@ def test_a_failure_mid_block_runs_autorounds_loop_on_the_untouched_block_or_rais
     assert drawn[30:] == own_draws  # after the native loop's own 30 draws, AutoRound's, the same
     assert all(torch.equal(a, b) for a, b in zip(own.block.parameters(), fallen_back.block.parameters()))
     assert adapter.counters()["seams"]["quantize_block"] == {"qlink": 0, "host": 0, "fallback": 1,
-                                                    "reasons": {"RuntimeError: injected at step 10": 1}}
+                                                             "reasons": {"RuntimeError: injected at step 10": 1}}
     calls.clear()
     adapter.install("auto", ctx=ctx, strict=True)
     model, q, inputs, others, outputs = _setup(host, iters=30)
@@ -378,7 +378,7 @@ def test_replicas_qlink_fails_to_make_fall_back_to_autorounds_loop_or_raise_when
     fallen_back, _, _ = _tune(host, iters=5)
     assert all(torch.equal(a, b) for a, b in zip(serial.block.parameters(), fallen_back.block.parameters()))
     assert adapter.counters()["seams"]["quantize_block"] == {"qlink": 0, "host": 0, "fallback": 1,
-                                                    "reasons": {"RuntimeError: injected": 1}}
+                                                             "reasons": {"RuntimeError: injected": 1}}
     adapter.install(2, strict=True, ctx=ctx)
     with pytest.raises(FallbackRefused, match="quantize_block failed and strict=True.*injected"):
         _tune(host, iters=5)

@@ -103,7 +103,7 @@ def test_a_failing_qlink_path_falls_back_counted_or_raises_when_strict(host, mon
     monkeypatch.setattr(ctx, "move_tensors", broken)
     assert torch.equal(host["forward_executor"].move_to(torch.arange(4.0), "cpu"), torch.arange(4.0))
     assert adapter.counters()["seams"]["move_to"] == {"qlink": 0, "host": 0, "fallback": 1,
-                                             "reasons": {"RuntimeError: injected": 1}}
+                                                      "reasons": {"RuntimeError: injected": 1}}
     adapter.install(ctx=ctx, strict=True)
     with pytest.raises(FallbackRefused, match="move_to failed and strict=True.*injected"):
         host["module_looper"].move_to(torch.arange(4.0), "cpu")
@@ -343,7 +343,7 @@ def test_a_failing_engine_falls_back_or_raises_when_strict(host, monkeypatch):
     monkeypatch.setattr(host["ctx"], "gptq_quantize", broken)
     got = _task(host).quantize()
     assert adapter.counters()["seams"]["quantize"] == {"qlink": 0, "host": 0, "fallback": 1,
-                                              "reasons": {"RuntimeError: injected": 1}}
+                                                       "reasons": {"RuntimeError: injected": 1}}
     # The twin's Hessian too: fed before the first solve, it was merged for the same call.
     assert adapter.counters()["seams"]["materialize_global_hessian"]["qlink"] == 2
     adapter.uninstall()

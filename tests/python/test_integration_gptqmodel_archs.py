@@ -103,7 +103,8 @@ def test_a_grouped_input_sums_into_gptq_as_its_samples_did(host, monkeypatch, sh
     assert len(_looper(InputCache(**decoder_layers.capture("llama", BATCHES))).loop(0).layer_inputs) == 3
     gen = torch.Generator().manual_seed(5)
     samples = [torch.randn(1, 16, 32, generator=gen).to(torch.bfloat16) for _ in range(BATCHES)]
-    alone, grouped = (gptq_processor.GPTQ(torch.nn.Linear(32, 8, bias=False), config.QuantizeConfig()) for _ in range(2))
+    alone, grouped = (gptq_processor.GPTQ(torch.nn.Linear(32, 8, bias=False), config.QuantizeConfig())
+                      for _ in range(2))
     for x in samples:
         alone.add_batch(x if shape == "3-D" else x.reshape(-1, 32), None)
     for group in (samples[:3], samples[3:6], samples[6:]):

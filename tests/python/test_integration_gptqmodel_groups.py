@@ -203,7 +203,8 @@ def test_a_grouped_hook_input_sums_into_gptq_as_its_samples_did(host, monkeypatc
     assert len(_looper(_capture()).loop(0).layer_inputs) == 2
     gen = torch.Generator().manual_seed(5)
     samples = [torch.randn(1, SEQ, HIDDEN, generator=gen).to(torch.bfloat16) for _ in range(4)]
-    alone, grouped = (gptq_processor.GPTQ(torch.nn.Linear(HIDDEN, 8, bias=False), config.QuantizeConfig()) for _ in range(2))
+    alone, grouped = (gptq_processor.GPTQ(torch.nn.Linear(HIDDEN, 8, bias=False), config.QuantizeConfig())
+                      for _ in range(2))
     for x in samples:
         alone.add_batch(x, None)
     grouped.add_batch(torch.cat(samples), None)

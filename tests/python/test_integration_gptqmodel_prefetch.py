@@ -138,7 +138,7 @@ def test_a_module_fill_takes_fresh_copies_and_a_fill_to_another_device_reads_for
     assert copies.get(("no shard", "no name")) is None
     host["turtle"].materialize_submodule(target_model=root, target_submodule=up, device=torch.device("meta"))
     assert adapter.counters()["seams"]["module_refill"] == {"qlink": 1, "host": 1, "fallback": 0,
-                                                   "reasons": {"a fill to meta, not the layer's cpu": 1}}
+                                                            "reasons": {"a fill to meta, not the layer's cpu": 1}}
 
 
 def test_the_next_layers_fill_drops_the_layer_befores_copies(host):
@@ -182,7 +182,8 @@ def test_a_fill_out_of_order_or_outside_the_layers_reads_for_itself(host):
         assert_filled(host, root, index)
     assert root.model.layers[1].up.weight.is_meta
     assert host_reads(host, 2) == [threading.current_thread().name] * 6
-    assert adapter.counters()["seams"]["layer_prefetch"]["reasons"] == {"nothing read ahead": 2, "not a numbered module": 1}
+    assert adapter.counters()["seams"]["layer_prefetch"]["reasons"] == {"nothing read ahead": 2,
+                                                                        "not a numbered module": 1}
 
 
 def test_a_shard_that_is_not_safetensors_is_read_ahead_by_the_hosts_reader(host, monkeypatch):

@@ -14,6 +14,7 @@ from ...quant.placement import Placement
 from ..base import Installation
 from ..patches import like
 from ..process_settings import frozen_gc
+from .contract import dispatched, global_batch_size, valid_token_mask
 from .native_loop import NativeTuning, check, unsupported
 from .parallel_tuning import finish_block, make_mirrors, move_tensor_attributes, run_on_replicas, tune_block
 
@@ -126,8 +127,8 @@ class AutoRoundInstallation(Installation):
                 counters.host("block_dispatch", reason)
                 return original(q, block, input_ids, input_others)
 
-            def commit(moved):  # what AutoRound's one-device dispatch leaves on the quantizer
-                q._card_0_in_high_risk, q._loss_device = False, device
+            def commit(moved):
+                dispatched(q, device)
                 return moved
             return guard.attempt("block_dispatch", lambda: ctx.move_module_to_device(block, device),
                                  lambda: original(q, block, input_ids, input_others), commit)
@@ -192,7 +193,7 @@ class AutoRoundInstallation(Installation):
             if reason:
                 self.counters.host("quantize_block", reason)
                 return original(q, *args, input_ids=input_ids, **kwargs)
-            batch = min(len(active), q.calibration_context.batch_size * q.gradient_accumulate_steps)
+            batch = global_batch_size(q, len(active))
             linears = _quantized_linears(block)
             parts = {"block": _nbytes(list(block.parameters()) + list(block.buffers())),
                      "tuning": sum(4 * m.weight.numel() * 5 // 4 for m in linears),
@@ -216,17 +217,13 @@ class AutoRoundInstallation(Installation):
         return quantize_block
 
     def _tune_native(self, q, original, args, active, input_ids, kwargs):
-        """The block on qlink's native loop (autoround_native.py): nothing of the host's
+        """The block on qlink's native loop (native_loop.py): nothing of the host's
         changes until the tuning is done (a failure before runs AutoRound's own loop on the
         untouched block, or raises under strict); then AutoRound's wrappers write the best
         parameters' weights."""
         h = self.host
         block, _, input_others, fp_outputs, _, block_ctx = args
-        mask = None
-        if input_ids is not None:  # as AutoRound's quantize_block derives it, cached on the quantizer
-            if not hasattr(q, "_cached_valid_token_mask"):
-                q._cached_valid_token_mask = q._compute_valid_token_mask(input_ids)
-            mask = q._cached_valid_token_mask
+        mask = valid_token_mask(q, input_ids)
         device = h.device_manager.device
         reason = unsupported(q, h, block, active, device)
         if reason:

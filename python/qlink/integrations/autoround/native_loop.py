@@ -39,6 +39,7 @@ import torch
 
 from ...quant.signround import VStep, signround_qdq_layers, signsgd_step
 from ...streams import resolved_device
+from .contract import global_batch_size, learning_rates
 
 try:
     from torch.func import functional_call
@@ -200,7 +201,7 @@ class NativeTuning:
         gas = q.gradient_accumulate_steps
         self.mse = torch.nn.MSELoss(reduction="mean" if gas == 1 else "sum").to(self.device)
         self.batch_size = q.calibration_context.batch_size
-        global_batch = min(len(active_inputs), self.batch_size * gas)
+        global_batch = global_batch_size(q, len(active_inputs))
         self.v_step_refusal = None if global_batch <= self.batch_size else (
             "%d sub-batches an iteration (gradient_accumulate_steps %d): v's gradients add up before the step" % (
                 -(-global_batch // self.batch_size), gas))
@@ -232,11 +233,7 @@ class NativeTuning:
         q = self.q
         round_groups, minmax_groups = collections.OrderedDict(), collections.OrderedDict()
         for name, m, _ in self.layers:
-            lr = q._config.compute_lr(m.bits)
-            lr = q.lr if lr is None else lr
-            q._maybe_log_low_bit_lr(m.bits)
-            minmax_lr = q._config.compute_minmax_lr(m.bits)
-            minmax_lr = q.minmax_lr if minmax_lr is None else minmax_lr
+            lr, minmax_lr = learning_rates(q, m.bits, log=True)
             v, lo, hi = self.state[name]
             round_groups.setdefault(float(lr), []).append(v)
             if q.enable_minmax_tuning:

@@ -19,6 +19,7 @@ import torch
 from ...collectives import PreparedAllReduce
 from ...quant.placement import shard_sizes
 from ...quant.signround import signsgd_step
+from .contract import global_batch_size, learning_rates, valid_token_mask
 
 
 class ReplicaFailed(RuntimeError):
@@ -49,13 +50,7 @@ def param_groups(quantizer, block, log=False):
     round_groups, minmax_groups, count = {}, {}, 0
     for _n, m in block.named_modules():
         if hasattr(m, "orig_layer"):
-            bits = getattr(m.orig_layer, "bits", None)
-            lr = quantizer._config.compute_lr(bits)
-            lr = quantizer.lr if lr is None else lr
-            if log:
-                quantizer._maybe_log_low_bit_lr(bits)
-            minmax_lr = quantizer._config.compute_minmax_lr(bits)
-            minmax_lr = quantizer.minmax_lr if minmax_lr is None else minmax_lr
+            lr, minmax_lr = learning_rates(quantizer, getattr(m.orig_layer, "bits", None), log)
             for key, p in m.params.items():
                 minmax = "min" in key or "max" in key
                 (minmax_groups if minmax else round_groups).setdefault(float(minmax_lr if minmax else lr), []).append(p)
@@ -192,11 +187,7 @@ def tune_block(quantizer, host, ctx, placement, mirrors, exchange_op, transport,
     mirrors); returns the best parameters as AutoRound's does. exchange_op: "sign" for
     pure SignSGD, else "sum"."""
     q = quantizer
-    valid_token_mask = None
-    if input_ids is not None:
-        if not hasattr(q, "_cached_valid_token_mask"):
-            q._cached_valid_token_mask = q._compute_valid_token_mask(input_ids)
-        valid_token_mask = q._cached_valid_token_mask
+    mask = valid_token_mask(q, input_ids)
     active_inputs = q_inputs if (q_inputs is not None and q.enable_quanted_input) else fp_inputs
     nsamples = len(active_inputs)
 
@@ -221,11 +212,11 @@ def tune_block(quantizer, host, ctx, placement, mirrors, exchange_op, transport,
     mean = q.gradient_accumulate_steps == 1  # AutoRound's MSE: a mean per step, else a sum over the steps
     sum_loss = torch.nn.MSELoss(reduction="sum")
     batch_size = q.calibration_context.batch_size
-    global_batch_size = min(nsamples, batch_size * q.gradient_accumulate_steps)
+    global_batch = global_batch_size(q, nsamples)
     num_elm = 1
-    if not mean and not valid_token_mask:
-        num_elm = sum(active_inputs[i].numel() for i in range(global_batch_size))
-    sampler = host.IndexSampler(nsamples, global_batch_size)
+    if not mean and not mask:
+        num_elm = sum(active_inputs[i].numel() for i in range(global_batch))
+    sampler = host.IndexSampler(nsamples, global_batch)
     best_loss, best_params, last_best_iter, init_loss = torch.finfo(torch.float).max, {}, 0, None
 
     def forward_backward(rank, shard, elements):
@@ -237,7 +228,7 @@ def tune_block(quantizer, host, ctx, placement, mirrors, exchange_op, transport,
             ref = torch.cat([fp_outputs[i] for i in indices], dim=0).to(device)
             pred = reps.runners[rank].forward(reps.blocks[rank], active_inputs, reps.input_others[rank], indices,
                                               device)
-            loss = q._get_loss(pred, ref, indices, sum_loss, device, valid_token_mask)
+            loss = q._get_loss(pred, ref, indices, sum_loss, device, mask)
             total += loss.item()
             q._scale_loss_and_backward(None, loss / elements if mean else loss)
         if exchange is not None:
@@ -246,8 +237,8 @@ def tune_block(quantizer, host, ctx, placement, mirrors, exchange_op, transport,
 
     for i in range(q.iters):
         global_indices = sampler.next_batch()
-        if valid_token_mask:
-            num_elm = q._get_non_zero_cnt(valid_token_mask, global_indices)
+        if mask:
+            num_elm = q._get_non_zero_cnt(mask, global_indices)
         sizes = shard_sizes(len(global_indices), placement.world)
         shards = [global_indices[sum(sizes[:r]):sum(sizes[:r + 1])] for r in range(placement.world)]
         elements = sum(fp_outputs[j].numel() for j in global_indices)  # the serial mean's denominator

@@ -9,7 +9,7 @@ by expert (and by sample, in a grouped forward), reads the counts once, and call
 expert, in ascending order, on its rows taken from the sorted order. In a forward of one
 sample the rows are the eager loop's, in its order (the top-k slots' first, then the
 tokens'), so every expert, hook and index_add_ sees what it saw: the output is the same bit
-for bit. In a grouped forward (gptqmodel_cache.grouped: several one-sample batches in one
+for bit. In a grouped forward (input_cache.grouped: several one-sample batches in one
 forward) each expert's rows come sample by sample, each sample's in the eager loop's order,
 and while the expert runs, sample_blocks() tells add_batch how many rows each sample holds,
 so each sample's rows are still a rank-k update of its own, as GPTQModel adds them one

@@ -7,7 +7,8 @@ import torch
 
 from ..patches import like
 from .hessian_queue import make_add_batch
-from .solve import done_with_hessian, unsupported
+from .contract import merged, solved
+from .solve import unsupported
 
 
 def make_task_class(installation, original):
@@ -68,11 +69,8 @@ def make_materialize_global_hessian(installation, original):
                                output_device=0 if ids else None)
                     return merged
 
-                def commit(merged):
-                    gptq.H, gptq.nsamples, gptq._hessian_dirty = merged, total, False
-                    gptq._final_hessian_device_hint = merged.device
-                    gptq._device_hessian_partials.clear()
-                    gptq._device_sample_counts.clear()
+                def commit(hessian):
+                    merged(gptq, hessian, total)
                     return True
 
                 # A fallback is the host's merge below, once this lock is released.
@@ -99,5 +97,5 @@ def make_quantize(installation, original):
         # merged if qlink's fails (GPTQModel's merge returns at once when nothing is new).
         gptq.finalize_hessian(target_device=getattr(gptq.module, "target_device", None))
         return guard.attempt("quantize", lambda: installation.ahead.result_for(gptq), lambda: original(gptq, blocksize),
-                             commit=lambda result: done_with_hessian(gptq, result))
+                             commit=lambda result: solved(gptq, result))
     return quantize

@@ -16,10 +16,10 @@ partial lands with the flush. A queued call is never half-applied: the whole que
 or each of its calls has its counts taken back and goes to GPTQModel's own add_batch, in
 order.
 
-In grouped forwards (gptqmodel_cache.grouped: several one-sample batches in one forward) each
+In grouped forwards (input_cache.grouped: several one-sample batches in one forward) each
 sample's rows stay a rank-k update of their own, as GPTQModel added them one sample per
 forward: a (samples, ...) input in equal blocks, a routed expert's 2-D rows by the counts
-qlink's routed experts' loop gives for each sample (gptqmodel_routed), a 2-D input of every
+qlink's routed experts' loop gives for each sample (defuser_moe), a 2-D input of every
 sample's tokens flattened sample by sample (OPT's fc1 and fc2 read (tokens, hidden)) in
 equal blocks of a sample's tokens; a 2-D input of another count of rows (tokens some module
 chose: only MoE routing, which grouping_refusal keeps from grouped forwards outside qlink's
@@ -34,6 +34,7 @@ import threading
 import torch
 
 from . import defuser_moe
+from .contract import count_batch
 from ..patches import FallbackRefused, like
 
 PATCH = "add_batch"
@@ -95,7 +96,7 @@ class Queue:
             with gptq.lock:
                 call = _Call(gptq, inp, out, x, blocks, device, batch_index,
                              gptq._device_sample_counts.get(device), gptq._hessian_dirty)
-                _count(gptq, device, rows)
+                count_batch(gptq, device, rows)
             self.items.append(call)
             self.tasks.add(id(gptq))
             self.stream = stream
@@ -114,7 +115,7 @@ class Queue:
             except Exception as error:  # noqa: BLE001 (nothing landed: each call goes to the host's path)
                 for c in items:
                     with c.gptq.lock:  # the counts as they were before the call
-                        _count(c.gptq, c.device, -(c.x.numel() // c.x.shape[-1]), fwd=-1)
+                        count_batch(c.gptq, c.device, -(c.x.numel() // c.x.shape[-1]), fwd=-1)
                         if c.count_before is None:
                             del c.gptq._device_sample_counts[c.device]
                         c.gptq._hessian_dirty = c.dirty_before
@@ -126,14 +127,6 @@ class Queue:
                 with c.gptq.lock:
                     c.gptq._device_hessian_partials[c.device] = after
                 inst.counters.qlink(PATCH)
-
-
-def _count(gptq, device, rows, fwd=1):
-    """GPTQModel's counts of one add_batch (its own order of fields), or taken back."""
-    gptq._device_sample_counts[device] = gptq._device_sample_counts.get(device, 0) + rows
-    gptq.nsamples += rows
-    gptq._hessian_dirty = True
-    gptq.fwd_counter += fwd
 
 
 def host_path(installation, gptq, inp, out, batch_index, reason, error=None):

@@ -5,6 +5,7 @@ its order."""
 import torch
 
 from ..patches import like
+from .contract import replica_ready
 
 
 def make_torch_replicate(installation, original):
@@ -48,9 +49,7 @@ def make_clone_module_for_devices(installation, original):
         notify(0, devices[0], "stage")
         replicas, out = h.helpers.torch_replicate(module, devices), {}
         for i, (device, replica) in enumerate(zip(devices, replicas), start=1):
-            replica.eval()
-            clear(replica)
-            replica._gptqmodule_device_hint = device
+            replica_ready(replica, device, clear)
             out[device] = replica
             notify(i, device, "replica")
         counters.qlink("clone_module_for_devices")

@@ -81,9 +81,3 @@ def solve(tasks, ctx, placement=None):
         q = out.weight.reshape(module.weight.shape).to(dtype=module.weight.dtype, device=module.weight.data.device)
         results.append((q, out.scales, out.zeros, out.g_idx, duration, loss, float(out.damp), task.nsamples))
     return results
-
-
-def done_with_hessian(gptq, result):
-    """solve()'s result made the task's: its Hessian dropped, as GPTQModel's solve drops it."""
-    del gptq.H
-    return result

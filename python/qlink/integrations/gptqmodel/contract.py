@@ -1,0 +1,42 @@
+"""The GPTQModel rules qlink's seams restate, each pinned to the host function it copies
+(qlink.integrations.contracts): what a batch, a merge and a solve leave on a GPTQ task,
+and what GPTQModel's clone does to each replica."""
+from ..contracts import Contract
+
+CONTRACT = Contract("GPTQModel")
+_GPTQ = "gptqmodel/quantization/gptq.py"
+
+
+@CONTRACT.copies(_GPTQ, "GPTQ.add_batch", "38de3a24afaebb90")
+def count_batch(gptq, device, rows, fwd=1):
+    """A batch's counts on the task, in GPTQModel's order of fields (negative rows and fwd
+    take one back)."""
+    gptq._device_sample_counts[device] = gptq._device_sample_counts.get(device, 0) + rows
+    gptq.nsamples += rows
+    gptq._hessian_dirty = True
+    gptq.fwd_counter += fwd
+
+
+@CONTRACT.copies(_GPTQ, "GPTQ.materialize_global_hessian", "1d5edb85a1c2229a")
+def merged(gptq, hessian, total):
+    """The merged Hessian of `total` samples made the task's, its partials dropped."""
+    gptq.H, gptq.nsamples, gptq._hessian_dirty = hessian, total, False
+    gptq._final_hessian_device_hint = hessian.device
+    gptq._device_hessian_partials.clear()
+    gptq._device_sample_counts.clear()
+
+
+@CONTRACT.copies(_GPTQ, "GPTQ.quantize", "5214a139a35b65f1")
+def solved(gptq, result):
+    """A solve's result made the task's: its Hessian dropped, as GPTQModel's solve drops it."""
+    del gptq.H
+    return result
+
+
+@CONTRACT.copies("gptqmodel/utils/looper_helpers.py", "clone_module_for_devices", "75a8e6dcc7ab8dd6")
+def replica_ready(replica, device, clear):
+    """A replica as GPTQModel's clone leaves it: eval mode, its state cleared, its device
+    hinted."""
+    replica.eval()
+    clear(replica)
+    replica._gptqmodule_device_hint = device
