@@ -22,8 +22,8 @@ import logging
 import re
 
 import idle
-from common import (busy_shares, install_guards, kernel_table, make_llama, profiler_activities, python_profile,
-                    setup_paths, timed, token_batches, write)
+from common import (busy_shares, install_guards, kernel_table, make_llama, process_settings, profiler_activities,
+                    python_profile, setup_paths, timed, token_batches, write)
 
 setup_paths()
 
@@ -98,13 +98,13 @@ def quantize_once(args, tokenizer, heldout, reference, profile=False, cprofile=N
         if args.idle:
             mark_tuning(sampler)
         with torch.profiler.profile(**profiler_activities(args.profile_stacks)) as prof:
-            with timed(run, "quantize_s"):
+            with process_settings(args.settings), timed(run, "quantize_s"):
                 ar.quantize()
         if args.idle:
             sampler.stop()
             idle.report(prof, sampler, TUNING_MARK, args.idle)
     else:
-        with python_profile(cprofile), timed(run, "quantize_s"):
+        with python_profile(cprofile), process_settings(args.settings), timed(run, "quantize_s"):
             ar.quantize()
     autoround_log.removeHandler(lines)
     run["tuning_s"], run["block_lines"] = tuning_time(lines.lines), lines.lines
@@ -135,14 +135,18 @@ def main():
     a.add_argument("--seqlen", type=int, default=2048)
     a.add_argument("--heldout", type=int, default=16)
     a.add_argument("--blas", choices=("cublas", "cublaslt"), help="torch.backends.cuda.preferred_blas_library")
+    a.add_argument("--settings", default="", help="qlink's process settings alone, comma-separated: gc, switch, "
+                   "segments (common.process_settings), around the quantize call")
     a.add_argument("--out")
     args = a.parse_args()
+    args.settings = [name for name in args.settings.split(",") if name]
     import torch
     import transformers
     make_llama(args.model)
     if args.blas:
         torch.backends.cuda.preferred_blas_library(args.blas)
-    result = {"host": "AutoRound", "iters": args.iters, "qlink": args.qlink, "gpus": torch.cuda.device_count(),
+    result = {"host": "AutoRound", "iters": args.iters, "qlink": args.qlink, "settings": args.settings,
+              "gpus": torch.cuda.device_count(),
               "blas": str(torch.backends.cuda.preferred_blas_library())}
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
     heldout = token_batches(args.heldout, args.seqlen, seed=2)  # not among the calibration's (seed 1)

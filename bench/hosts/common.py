@@ -157,6 +157,28 @@ def token_batches(samples=128, seqlen=2048, vocab=32000, seed=1):
     return torch.randint(3, vocab, (samples, seqlen), generator=gen)
 
 
+SETTINGS = ("gc", "switch", "segments")
+
+
+@contextlib.contextmanager
+def process_settings(names):
+    """qlink's process settings alone, without qlink installed (the baselines' rows): "gc"
+    the older objects frozen out of the collector, "switch" a 0.1 ms switch interval,
+    "segments" fixed CUDA allocator segments; each as qlink's loops hold them."""
+    from qlink.integrations import process_settings as settings
+    unknown = sorted(set(names) - set(SETTINGS))
+    if unknown:
+        raise ValueError("unknown process settings %s (known: %s)" % (unknown, ", ".join(SETTINGS)))
+    with contextlib.ExitStack() as stack:
+        for name, held in (("gc", settings.frozen_gc), ("switch", lambda: settings.short_switch_interval(1e-4)),
+                           ("segments", settings.fixed_segments)):
+            if name in names:
+                reason = stack.enter_context(held())
+                if reason:
+                    print("process setting %s not held: %s" % (name, reason), file=sys.stderr)
+        yield
+
+
 @contextlib.contextmanager
 def timed(into, key):
     import torch

@@ -43,8 +43,8 @@ import time
 
 import idle
 from common import (ARCHS, busy_shares, install_guards, kernel_table, launch_mark_kernel, make_arch, make_llama,
-                    make_qwen3_moe, profiler_activities, python_profile, setup_paths, stack_samples, timed,
-                    token_batches, write)
+                    make_qwen3_moe, process_settings, profiler_activities, python_profile, setup_paths,
+                    stack_samples, timed, token_batches, write)
 
 setup_paths()
 
@@ -223,10 +223,15 @@ def main():
                         "runs at its own speed); the busy shares from the loop's mark kernel")
     a.add_argument("--profile-stacks", action="store_true", help="--profile with the Python stack behind each operator")
     a.add_argument("--samples-out", help="the main thread's stack sampled every 2 ms; its table to this file")
+    a.add_argument("--settings", default="", help="qlink's process settings alone, comma-separated: gc, switch, "
+                   "segments (common.process_settings), around the quantize call")
     a.add_argument("--out")
     args = a.parse_args()
     if args.device_only and (args.idle or args.profile_stacks or not args.profile):
         a.error("--device-only goes with --profile, without --idle and --profile-stacks (they need host events)")
+    args.settings = [name for name in args.settings.split(",") if name]
+    if args.settings and args.qlink:
+        a.error("--settings is for runs without qlink (qlink's install holds its own)")
     import torch
     if args.model_kind in ARCHS:
         make_arch(args.model, args.model_kind, layers=args.layers)
@@ -239,7 +244,7 @@ def main():
               "segments": args.segments if args.qlink else None, "torch_threads": torch.get_num_threads(),
               "strict": args.strict, "guards": args.qlink or args.guards,
               "gpus": torch.cuda.device_count(), "layers": args.layers, "precision": args.precision,
-              "profiled": bool(args.profile or args.cprofile or args.samples_out)}
+              "profiled": bool(args.profile or args.cprofile or args.samples_out), "settings": args.settings}
     if args.qlink or args.guards:
         install_guards()
     if args.qlink:
@@ -283,7 +288,7 @@ def main():
         if args.idle:
             sampler.start()
         with profile(**profiler_activities(args.profile_stacks, device_only=args.device_only)) as prof:
-            with timed(result, "quantize_s"):
+            with process_settings(args.settings), timed(result, "quantize_s"):
                 model.quantize(calibration, batch_size=1)
         if args.idle:
             sampler.stop()
@@ -293,7 +298,8 @@ def main():
             prof, result["quantize_s"], loop_mark=LOOP_MARK)
         kernel_table(prof, args.profile, stacks=args.profile_stacks)
     else:
-        with python_profile(args.cprofile), stack_samples(args.samples_out), timed(result, "quantize_s"):
+        with python_profile(args.cprofile), stack_samples(args.samples_out), process_settings(args.settings), \
+                timed(result, "quantize_s"):
             model.quantize(calibration, batch_size=1)
     result["peak_torch_gib"] = round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)
     finish_records(layers, codes)

@@ -13,7 +13,7 @@ from .streams import current_streams
 
 def current_stream_list(ctx, devices):
     """The current streams of `devices` as (array, count); none on a host-memory backend."""
-    if ctx.host_memory:
+    if ctx.cpu_memory:
         return None, 0
     return ctx.stream_list(current_streams(ctx, devices))
 

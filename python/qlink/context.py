@@ -88,7 +88,7 @@ class Context(PeerCalls, CopyCalls, MoveCalls, CollectiveCalls, ReplicaCalls, En
         return self._api.abi_major, self._api.abi_minor
 
     @property
-    def host_memory(self):
+    def cpu_memory(self):
         """Whether this backend's devices live in host memory (the CPU and test backends):
         there are no PyTorch GPU streams to order against then."""
         return self.device_type == _abi.KDL_CPU

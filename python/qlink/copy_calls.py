@@ -20,7 +20,7 @@ from .streams import current_streams
 def gpu_bridge(ctx):
     """The torch bridge for ctx's copies, or None: on a host-memory backend there are no
     PyTorch GPU streams to order against, and the bridge may be missing."""
-    return None if ctx.host_memory else _bridge.gpu()
+    return None if ctx.cpu_memory else _bridge.gpu()
 
 
 def bridged_replay(ctx, execute, handle, key):

@@ -6,7 +6,7 @@ import threading
 import torch
 
 from .copy_calls import gpu_bridge
-from .host_staging import HostStaging, stageable
+from .pinned_staging import PinnedStaging, stageable
 from .streams import resolved_device
 
 _staging_lock = threading.Lock()
@@ -121,12 +121,12 @@ class MoveCalls:
     """Moves of modules and nested batches; part of Context."""
 
     @property
-    def host_staging(self):
-        """This context's HostStaging: host tensors to its devices through pinned twins."""
+    def pinned_staging(self):
+        """This context's PinnedStaging: host tensors to its devices through pinned twins."""
         staging = self.__dict__.get("_host_staging")
         if staging is None:
             with _staging_lock:
-                staging = self.__dict__.setdefault("_host_staging", HostStaging(self))
+                staging = self.__dict__.setdefault("_host_staging", PinnedStaging(self))
         return staging
 
     def move_tensors(self, tensors, device, keep_host_copies=False):
@@ -135,7 +135,7 @@ class MoveCalls:
         Through the torch bridge, GPU leaves that are contiguous and share no bytes with
         another leaf move in one call: one new allocation holds all but the largest, one
         copy_batch fills every destination. Contiguous host leaves (no autograd) move to a
-        GPU through pinned twins (host_staging.py), without blocking the calling thread, or,
+        GPU through pinned twins (pinned_staging.py), without blocking the calling thread, or,
         a large one-time move, streamed through the staging's page-locked slots;
         keep_host_copies holds the twins for their sources' next move (data moved again
         and again). GPU leaves going to the host land in page-locked memory, copied
@@ -147,7 +147,7 @@ class MoveCalls:
         target = resolved_device(device)
         if all(t.device == target for t in out):
             return out  # the forwards' moves of a calibration cache already there (gptqmodel.input_cache)
-        if target.type == "cpu" and not self.host_memory:
+        if target.type == "cpu" and not self.cpu_memory:
             return _to_pinned_host(tensors)
         if target.type != "cuda":
             for i, t in enumerate(tensors):
@@ -164,8 +164,8 @@ class MoveCalls:
             if status:
                 self.check(status)
         host = [i for i, m in enumerate(moved) if m is None and stageable(tensors[i]) is None]
-        if host and not self.host_memory:
-            staged = self.host_staging.to_device([tensors[i] for i in host], target, keep=keep_host_copies)
+        if host and not self.cpu_memory:
+            staged = self.pinned_staging.to_device([tensors[i] for i in host], target, keep=keep_host_copies)
             for i, t in zip(host, staged):
                 moved[i] = t
         _move_regular(moved, tensors, [i for i, m in enumerate(moved) if m is None], target)

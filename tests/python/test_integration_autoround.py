@@ -570,10 +570,10 @@ def test_a_blocks_host_inputs_reach_the_gpu_through_qlinks_moves(host, ctx, monk
     own to_device makes, the samples in one allocation, the large move streamed through the
     staging's slots, the others dict updated in place; a failing move falls back to
     AutoRound's, or raises under strict."""
-    from qlink import host_staging
+    from qlink import pinned_staging
     gpu = torch.device("cuda", 0)
     own = _preprocess(gpu)
-    monkeypatch.setattr(host_staging, "STREAM_MIN_BYTES", 4096)
+    monkeypatch.setattr(pinned_staging, "STREAM_MIN_BYTES", 4096)
     adapter.install("auto", ctx=ctx, strict=True)
     from auto_round.calibration import inputs
     cached = _cached_inputs()
@@ -583,12 +583,12 @@ def test_a_blocks_host_inputs_reach_the_gpu_through_qlinks_moves(host, ctx, monk
     assert _same(moved_ids, own[0]) and _same(_preprocess(gpu), own)
     assert len({t.untyped_storage().data_ptr() for t in moved_ids}) == 1  # the samples in one allocation
     assert adapter.counters()["seams"]["block_inputs"]["qlink"] == 4
-    assert ctx.host_staging.counters()["streamed"] > 0
+    assert ctx.pinned_staging.counters()["streamed"] > 0
 
     def broken(*args, **kwargs):
         raise RuntimeError("injected")
     monkeypatch.setattr(ctx, "move_nested_to_device", broken)
-    monkeypatch.setattr(ctx.host_staging, "to_device", broken)
+    monkeypatch.setattr(ctx.pinned_staging, "to_device", broken)
     with pytest.raises(FallbackRefused, match="block_inputs failed.*injected"):
         _preprocess(gpu)
     adapter.install("auto", ctx=ctx)

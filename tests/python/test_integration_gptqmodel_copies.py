@@ -1,4 +1,4 @@
-"""Host tensors to a device through pinned twins (qlink.host_staging, the moves of
+"""Host tensors to a device through pinned twins (qlink.pinned_staging, the moves of
 qlink.integrations.gptqmodel): on the fault backend, whose device 1 stream takes 100 ms per
 operation, a copy that returned before its stream ran would leave wrong bytes; twins kept,
 reused, refreshed after an in-place change and retired when their source dies; refusals
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import qlink
-from qlink import host_staging
-from qlink.host_staging import HostStaging
+from qlink import pinned_staging
+from qlink.pinned_staging import PinnedStaging
 from qlink.integrations import gptqmodel as adapter
 from qlink.integrations.patches import FallbackRefused
 from qlink.moves import nested_tensors
@@ -41,7 +41,7 @@ def _batch(seed):
 
 
 def test_staged_copies_arrive_whole_after_a_slow_stream(slow):
-    staging = HostStaging(slow)
+    staging = PinnedStaging(slow)
     sources = _batch(0)
     start = time.perf_counter()
     moved = staging.to_device(sources, 1, keep=True)
@@ -54,7 +54,7 @@ def test_staged_copies_arrive_whole_after_a_slow_stream(slow):
 
 
 def test_kept_twins_are_reused_refreshed_after_a_change_and_retired_with_their_source(slow):
-    staging = HostStaging(slow)
+    staging = PinnedStaging(slow)
     sources = _batch(1)
     staging.to_device(sources, 1, keep=True)
     again = staging.to_device(sources, 1, keep=True)
@@ -76,7 +76,7 @@ def test_kept_twins_are_reused_refreshed_after_a_change_and_retired_with_their_s
 def test_inference_tensors_arrive_whole_and_keep_no_twin(slow):
     # GPTQModel captures its inputs under inference_mode: no version counter to see a change
     # by, so each move copies afresh (and its twin is retired, not kept).
-    staging = HostStaging(slow)
+    staging = PinnedStaging(slow)
     with torch.inference_mode():
         sources = _batch(3)
     for _ in range(2):
@@ -87,7 +87,7 @@ def test_inference_tensors_arrive_whole_and_keep_no_twin(slow):
 
 
 def test_one_time_moves_keep_no_twin(slow):
-    staging = HostStaging(slow)
+    staging = PinnedStaging(slow)
     sources = _batch(2)
     moved = staging.to_device(sources, 0)
     assert all(torch.equal(s, m) for s, m in zip(sources, moved))
@@ -100,12 +100,12 @@ def test_one_time_moves_keep_no_twin(slow):
 def small_stream(monkeypatch):
     """Streamed moves from 4 KiB on, through slots of 1 KiB: a few tensors stream through
     several turns of the slots."""
-    monkeypatch.setattr(host_staging, "STREAM_MIN_BYTES", 4096)
-    monkeypatch.setattr(host_staging, "SLOT_BYTES", 1024)
+    monkeypatch.setattr(pinned_staging, "STREAM_MIN_BYTES", 4096)
+    monkeypatch.setattr(pinned_staging, "SLOT_BYTES", 1024)
 
 
 def test_a_large_one_time_move_streams_through_the_slots_and_arrives_whole(slow, small_stream):
-    staging = HostStaging(slow)
+    staging = PinnedStaging(slow)
     gen = torch.Generator().manual_seed(4)
     sources = [torch.randn(700, generator=gen), torch.randint(0, 1 << 30, (333,), generator=gen),
                torch.randn(5, generator=gen).half()]  # 2800 + 2664 + 10 bytes: uneven chunks
@@ -119,7 +119,7 @@ def test_a_large_one_time_move_streams_through_the_slots_and_arrives_whole(slow,
 
 
 def test_kept_and_small_moves_keep_their_twins(slow, small_stream):
-    staging = HostStaging(slow)
+    staging = PinnedStaging(slow)
     large = [torch.randn(2048)]
     staging.to_device(large, 1, keep=True)  # kept for the next move: twinned however large
     staging.to_device([torch.randn(100)], 1)  # below STREAM_MIN_BYTES
@@ -128,7 +128,7 @@ def test_kept_and_small_moves_keep_their_twins(slow, small_stream):
 
 
 def test_copies_land_in_the_tensors_given(slow):
-    staging = HostStaging(slow)
+    staging = PinnedStaging(slow)
     sources = [torch.randn(3, 5), torch.randn(3, 5)]
     stacked = torch.zeros(2, 3, 5)
     into = list(stacked.unbind(0))
@@ -144,7 +144,7 @@ def test_copies_land_in_the_tensors_given(slow):
     (lambda: [torch.zeros(3, 5), torch.zeros(5, 3).t()], "into\\[1\\]: contiguous is False"),
 ])
 def test_bad_destinations_are_named_and_nothing_is_copied(slow, into, reason):
-    staging = HostStaging(slow)
+    staging = PinnedStaging(slow)
     with pytest.raises(ValueError, match=reason):
         staging.to_device([torch.randn(3, 5), torch.randn(3, 5)], 1, into=into())
     assert staging.counters()["copies"] == 0 and staging.counters()["twins_made"] == 0
@@ -157,21 +157,21 @@ def test_bad_destinations_are_named_and_nothing_is_copied(slow, into, reason):
     (lambda: 3, "sources\\[1\\] cannot be staged: a int, not a tensor"),
 ])
 def test_a_refused_leaf_is_named_and_nothing_is_copied(slow, bad, reason):
-    staging = HostStaging(slow)
+    staging = PinnedStaging(slow)
     with pytest.raises(ValueError, match=reason):
         staging.to_device([torch.ones(3), bad()], 1)
     assert staging.counters()["copies"] == 0 and staging.counters()["twins_made"] == 0
 
 
 def test_a_device_the_backend_lacks_is_refused(slow):
-    staging = HostStaging(slow)
+    staging = PinnedStaging(slow)
     with pytest.raises(ValueError, match="device 2 does not exist: the fault backend has 2"):
         staging.to_device([torch.ones(3)], 2)
     assert staging.counters()["twins_made"] == 0
 
 
 def test_the_package_context_owns_one_staging(slow):
-    assert slow.host_staging is slow.host_staging
+    assert slow.pinned_staging is slow.pinned_staging
 
 
 # -- with a GPU: the stand-in GPTQModel's loop ---------------------------------------------
@@ -219,7 +219,7 @@ def test_a_failing_staging_falls_back_or_raises_when_strict(gpu_host, monkeypatc
     def broken(*args, **kwargs):
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(ctx.host_staging, "to_device", broken)
+    monkeypatch.setattr(ctx.pinned_staging, "to_device", broken)
     adapter.install(ctx=ctx)
     x = torch.arange(8.0)
     assert torch.equal(gpu_host["model"].move_to(x, torch.device("cuda:0")).cpu(), x)
@@ -240,7 +240,7 @@ def test_a_page_locked_source_is_read_in_place_after_the_work_before_it(gpu_host
     pinned.copy_(produced, non_blocking=True)
     moved = ctx.move_tensors([pinned], "cuda:0", keep_host_copies=True)[0]
     assert torch.equal(moved, produced)
-    assert ctx.host_staging.counters()["pinned_sources"] == 1 and ctx.host_staging.counters()["kept"] == 0
+    assert ctx.pinned_staging.counters()["pinned_sources"] == 1 and ctx.pinned_staging.counters()["kept"] == 0
 
 
 @cuda
@@ -253,7 +253,7 @@ def test_a_streamed_module_move_arrives_whole_behind_the_streams_work(gpu_host):
     torch.cuda._sleep(50_000_000)  # the stream is busy when the move starts
     ctx.move_module_to_device(module, "cuda:0")
     assert all(p.is_cuda and torch.equal(p.cpu(), w) for p, w in zip(module.parameters(), want))
-    counts = ctx.host_staging.counters()
+    counts = ctx.pinned_staging.counters()
     assert counts["streamed"] == 4 and counts["twins_made"] == 0 and counts["bytes_streamed"] >= 96 << 20
 
 

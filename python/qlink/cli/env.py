@@ -71,9 +71,9 @@ def collect(config, library):
     with Context(config, library) as ctx:
         info["qlink"]["library_abi"] = "%d.%d" % ctx.abi_version
         devices = ctx.devices()
-        matrix = ctx.enable_peer_access() if len(devices) > 1 and not ctx.host_memory else ctx.peer_matrix()
+        matrix = ctx.enable_peer_access() if len(devices) > 1 and not ctx.cpu_memory else ctx.peer_matrix()
         info["backend"] = {"chosen": ctx.backend, "why": _choice(config, library, tried), "gpu_backends": tried,
-                           "host_memory": ctx.host_memory}
+                           "cpu_memory": ctx.cpu_memory}
         info["devices"] = [{"index": d.index, "name": d.name, "total_bytes": d.total_bytes, "free_bytes": d.free_bytes}
                            for d in devices]
         info["peers"] = [{"src": s, "dst": d, "state": st.state, "reason": st.reason}
@@ -104,7 +104,7 @@ def text(info):
            "backend: %s (%s)" % (b["chosen"], b["why"])]
     out += ["  %s: %s" % (n, "%d device(s)" % r["devices"] if "devices" in r else "refused: " + r["refused"])
             for n, r in b["gpu_backends"].items()]
-    out.append("devices: %d%s" % (len(info["devices"]), " (virtual, in host memory)" if b["host_memory"] else ""))
+    out.append("devices: %d%s" % (len(info["devices"]), " (virtual, in CPU memory)" if b["cpu_memory"] else ""))
     out += ["  %d: %s, %s total, %s free" % (d["index"], d["name"], _gib(d["total_bytes"]), _gib(d["free_bytes"]))
             for d in info["devices"]]
     groups = {}

@@ -105,7 +105,7 @@ def enable_visible_gpus(ctx):
     config): the hosts never ask for it, and qlink's copies and collectives between them
     would otherwise be staged through host memory. Returns the pairs enabled."""
     torch = sys.modules.get("torch")
-    if torch is None or ctx.host_memory or not torch.cuda.is_available():
+    if torch is None or ctx.cpu_memory or not torch.cuda.is_available():
         return []
     matrix = ctx.enable_for_devices(range(min(torch.cuda.device_count(), ctx.device_count)))
     return sorted(pair for pair, status in matrix.items() if status.enabled)

@@ -56,7 +56,7 @@ def group_count(columns, group_size):
 
 def _streams(ctx, tensors):
     gpus = {t.device.index for t in tensors if t.device.type == "cuda"}
-    return current_streams(ctx, gpus) if gpus and not ctx.host_memory else None
+    return current_streams(ctx, gpus) if gpus and not ctx.cpu_memory else None
 
 
 def parallel_gptq(layers, placement=None, **options):

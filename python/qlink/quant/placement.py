@@ -28,7 +28,7 @@ class Placement:
 
     def __init__(self, devices, ctx=None):
         self.ctx = ctx or default_context()
-        self.cpu = self.ctx.host_memory
+        self.cpu = self.ctx.cpu_memory
         if self.cpu:
             self.ids = [int(d) for d in devices]
             self.torch_devices = [torch.device("cpu")] * len(self.ids)

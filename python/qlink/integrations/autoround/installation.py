@@ -8,7 +8,7 @@ import threading
 
 import torch
 
-from ...host_staging import stageable
+from ...pinned_staging import stageable
 from ...plan import check_setting, resolve_plan
 from ...quant.placement import Placement
 from ..base import Installation
@@ -97,7 +97,7 @@ class AutoRoundInstallation(Installation):
                     # emptied the allocator's cache, a GPU allocation each (128 x 16 MiB) took
                     # 0.15 s of the first block's move.
                     rows = torch.empty((len(input),) + tuple(input[0].shape), dtype=input[0].dtype, device=target)
-                    return ctx.host_staging.to_device(input, target, into=list(rows.unbind(0)))
+                    return ctx.pinned_staging.to_device(input, target, into=list(rows.unbind(0)))
                 moved = ctx.move_nested_to_device(input, target)
                 if isinstance(input, dict):  # AutoRound's to_device updates a dict in place
                     input.update(moved)
@@ -109,7 +109,7 @@ class AutoRoundInstallation(Installation):
     def _not_a_gpu(self, target, asked):
         """Why qlink's moves do not take a move to `target` (the torch device `asked` for, or
         None), or None."""
-        if self.ctx.host_memory or target is None or target.type != "cuda":
+        if self.ctx.cpu_memory or target is None or target.type != "cuda":
             return "not a GPU of a GPU backend (%s, %s)" % (asked, self.ctx.backend)
         return None
 
@@ -139,7 +139,7 @@ class AutoRoundInstallation(Installation):
     def _devices(self):
         """(visible devices, home, {device: free bytes}, whether home is an accelerator)."""
         info = {d.index: d.free_bytes for d in self.ctx.devices()}
-        if self.ctx.host_memory:  # the CPU backend's virtual devices stand in for GPUs
+        if self.ctx.cpu_memory:  # the CPU backend's virtual devices stand in for GPUs
             return sorted(info), 0, info, True
         visible = [d for d in sorted(info) if d < torch.cuda.device_count()]
         home = torch.device(self.host.device_manager.device)
@@ -229,7 +229,7 @@ class AutoRoundInstallation(Installation):
         if reason:
             self.counters.host("quantize_block", reason)
             return original(q, *args, input_ids=input_ids, **kwargs)
-        qlink_device = 0 if self.ctx.host_memory else None
+        qlink_device = 0 if self.ctx.cpu_memory else None
         name = getattr(block_ctx, "block_name", "")
 
         def tune():

@@ -35,7 +35,7 @@ def _merge_refusal(ctx, partials, target):
     tensors = [p for _, p in partials]
     if any(p.dtype != torch.float32 or not p.is_contiguous() for p in tensors):
         return "a partial that is not contiguous fp32"
-    if ctx.host_memory:  # the CPU backend's virtual devices stand in for the partials' devices
+    if ctx.cpu_memory:  # the CPU backend's virtual devices stand in for the partials' devices
         if len(tensors) > ctx.device_count or target.type != "cpu" or any(p.is_cuda for p in tensors):
             return "partials the %s backend's %d devices cannot hold" % (ctx.backend, ctx.device_count)
     elif target.type != "cuda" or not all(p.is_cuda for p in tensors):
@@ -64,7 +64,7 @@ def make_materialize_global_hessian(installation, original):
             if reason is None:
                 def merge():
                     merged = torch.empty(gptq.columns, gptq.columns, dtype=torch.float32, device=target)
-                    ids = list(range(len(partials))) if ctx.host_memory else None
+                    ids = list(range(len(partials))) if ctx.cpu_memory else None
                     ctx.reduce([p for _, p in partials], merged, 2.0 / total, input_devices=ids,
                                output_device=0 if ids else None)
                     return merged

@@ -69,9 +69,9 @@ def unsupported(gptq, inp, host, ctx):
     staging = getattr(getattr(gptq.qcfg, "hessian", None), "staging_dtype", torch.float32)
     if staging not in (torch.float32, inp.dtype) and inp.dtype != torch.float32:
         return "hessian.staging_dtype %s rounds the %s input" % (staging, inp.dtype)
-    if ctx.host_memory and inp.device.type != "cpu":
+    if ctx.cpu_memory and inp.device.type != "cpu":
         return "a %s input on the %s backend" % (inp.device.type, ctx.backend)
-    if not ctx.host_memory and inp.device.type != "cuda":
+    if not ctx.cpu_memory and inp.device.type != "cuda":
         return "an input in host memory"
     return None
 

@@ -33,7 +33,7 @@ def _fields(cache):
 
 def placement(ctx, quantize_device, cache):
     """(the GPU the cache should move to, None), or (None, why it stays)."""
-    if ctx.host_memory:
+    if ctx.cpu_memory:
         return None, "the %s backend computes in host memory" % ctx.backend
     if not dataclasses.is_dataclass(cache) or isinstance(cache, type):
         return None, "a cache of type %s, not GPTQModel's InputCache" % type(cache).__name__

@@ -47,7 +47,7 @@ class GPTQModelInstallation(Installation):
         self.accumulator = HessianAccumulator(ctx)
         self.queue = Queue(self)  # add_batch's calls of a forward, made as one native call
         self.ahead = SolveAhead(self)  # a subset's tasks solved in one engine call
-        pin = read_ahead == "pinned" and not ctx.host_memory and torch.cuda.is_available()
+        pin = read_ahead == "pinned" and not ctx.cpu_memory and torch.cuda.is_available()
         self.prefetch = LayerPrefetch(self.host.safe_open, pin, self.counters, self.guard)
         # Each sample's tokens where the loop's cache holds grouped one-sample batches
         # (group_batches), None where its batches are GPTQModel's.
@@ -73,4 +73,4 @@ class GPTQModelInstallation(Installation):
 
     def counter_sections(self):
         return {"hessians": self.accumulator.counters(), "solves": self.ahead.counters(),
-                "staging": self.ctx.host_staging.counters()}
+                "staging": self.ctx.pinned_staging.counters()}

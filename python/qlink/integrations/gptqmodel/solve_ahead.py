@@ -83,7 +83,7 @@ class SolveAhead:
     def _spread(self, gptq):
         """Every device of the context, gptq's first, or None where there is one."""
         ctx = self.installation.ctx
-        if ctx.host_memory:  # the CPU backend's virtual devices; the tasks' tensors are on device 0
+        if ctx.cpu_memory:  # the CPU backend's virtual devices; the tasks' tensors are on device 0
             count, home = ctx.device_count, 0
         else:
             count, home = min(ctx.device_count, torch.cuda.device_count()), _device(gptq).index

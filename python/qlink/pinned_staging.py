@@ -76,7 +76,7 @@ class _Twin:
         self.buffer, self.version, self.data, self.ticket, self.kept = buffer, version, data, None, False
 
 
-class HostStaging:
+class PinnedStaging:
     """Pinned twins of host tensors and the device copies from them, for one Context.
     Thread-safe."""
 
@@ -113,7 +113,7 @@ class HostStaging:
             if reason:
                 raise ValueError("sources[%d] cannot be staged: %s" % (i, reason))
         ctx = self._ctx
-        if ctx.host_memory:
+        if ctx.cpu_memory:
             index = int(device)
             if not 0 <= index < ctx.device_count:
                 raise ValueError("device %d does not exist: the %s backend has %d" % (
@@ -132,14 +132,14 @@ class HostStaging:
         self._sweep()
         streamed = self._to_stream(sources, keep)
         twinned = [i for i in range(len(sources)) if i not in streamed]
-        streams = None if ctx.host_memory else current_streams(ctx, [index])
+        streams = None if ctx.cpu_memory else current_streams(ctx, [index])
         if twinned:
             twins = [self._twin(sources[i], keep) for i in twinned]
             # The twins were written by this thread before the call (ready) and stay untouched
             # until their ticket says the copy is done (held): only the target's stream orders it.
             self._copy([tw.data for tw in twins], [targets[i].data_ptr() for i in twinned],
                        [sources[i].numel() * sources[i].element_size() for i in twinned], index, streams)
-            ticket = None if ctx.host_memory else _event_after_copy(index)
+            ticket = None if ctx.cpu_memory else _event_after_copy(index)
             with self._lock:
                 for tw in twins:
                     tw.ticket = ticket
@@ -159,7 +159,7 @@ class HostStaging:
         src = byte_vectors(np.array(src_pointers, dtype=np.uint64), nbytes, ctx.device_type, index)
         dst = byte_vectors(np.array(dst_pointers, dtype=np.uint64), nbytes, ctx.device_type, index)
         args = _abi.CopyArgs(ctypes.sizeof(_abi.CopyArgs), src.pointer, dst.pointer, src.count,
-                             *ctx.stream_list(streams), _abi.copy_flags(True, True, ctx.host_memory))
+                             *ctx.stream_list(streams), _abi.copy_flags(True, True, ctx.cpu_memory))
         ctx.invoke("copy_batch", ctypes.byref(args))
         with self._lock:
             self._counts["copies"] += 1
@@ -177,7 +177,7 @@ class HostStaging:
         copy that last read it has completed, and copied at once."""
         with self._stream_lock:
             if not self._slots:
-                pinned = not self._ctx.host_memory
+                pinned = not self._ctx.cpu_memory
                 self._slots = [_Slot(torch.empty(SLOT_BYTES, dtype=torch.uint8, pin_memory=pinned))
                                for _ in range(SLOTS)]
             turn = 0
@@ -190,7 +190,7 @@ class HostStaging:
                     size = min(SLOT_BYTES, data.numel() - offset)
                     slot.buffer[:size].copy_(data[offset:offset + size])
                     self._copy([slot.buffer.data_ptr()], [base + offset], [size], index, streams)
-                    slot.ticket = None if self._ctx.host_memory else _event_after_copy(index)
+                    slot.ticket = None if self._ctx.cpu_memory else _event_after_copy(index)
         with self._lock:
             self._counts["streamed"] += len(sources)
             self._counts["bytes_streamed"] += sum(t.numel() * t.element_size() for t in sources)
@@ -220,7 +220,7 @@ class HostStaging:
         if version is None:
             with self._lock:
                 self._counts["inference_sources"] += 1
-        buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=not self._ctx.host_memory)
+        buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=not self._ctx.cpu_memory)
         buffer.copy_(source.reshape(-1).view(torch.uint8))
         twin = _Twin(buffer, version, buffer.data_ptr())
         with self._lock:
@@ -233,7 +233,7 @@ class HostStaging:
 
     def _read_in_place(self, source):
         """Whether a copy reads `source` itself: page-locked memory on a GPU backend."""
-        return not self._ctx.host_memory and source.is_pinned()
+        return not self._ctx.cpu_memory and source.is_pinned()
 
     def _source_died(self, key):
         def retire(ref):
