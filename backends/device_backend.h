@@ -28,10 +28,13 @@
 
 // The version of this interface. Core and backend objects meet through a C++ vtable and
 // C++ types (Status, DeviceProperties), so a backend is used only when it was built with
-// exactly this version: bump it with every change to this file or to backends/status.h
-// that a built backend would see (a method added, removed, reordered or retyped, a struct
-// or a limit changed). tests/backend_interface_pin_test fails until the bump is made.
-#define QLINK_BACKEND_INTERFACE_VERSION 4
+// exactly this version: bump it with every change a built backend would see (a method
+// added, removed, reordered or retyped, a struct or a limit changed) to this file,
+// backends/status.h, or the engines' per-vendor interfaces handed out below
+// (quant/quant_math.h; quant/signround/signround_math_api.h with the SignRoundConfig of
+// quant/kernels/signround_math.h). tests/backend_interface_pin_test fails until the bump
+// is made.
+#define QLINK_BACKEND_INTERFACE_VERSION 5
 
 namespace qlink {
 

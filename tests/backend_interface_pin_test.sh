@@ -1,9 +1,11 @@
 #!/bin/bash
 # Backends built with another QLINK_BACKEND_INTERFACE_VERSION are refused; that protects
 # only if the version moves whenever the interface does. Fails when any file of the
-# interface (backends/device_backend.h, backends/status.h, and quant/quant_math.h, the GPTQ
-# engine's per-vendor part, which crosses the same library boundary) changed since
-# tests/backend_interface_pin.txt was written.
+# interface changed since tests/backend_interface_pin.txt was written:
+# backends/device_backend.h, backends/status.h, and the engines' per-vendor parts, which
+# cross the same library boundary (DeviceBackend::GetQuantMath, GetSignRoundMath):
+# quant/quant_math.h for GPTQ, quant/signround/signround_math_api.h for SignRound, with
+# quant/kernels/signround_math.h, whose SignRoundConfig its calls take.
 # Arguments: tests/backend_interface_pin.txt, then the interface's files, device_backend.h first.
 set -uo pipefail
 pin=$1

@@ -40,7 +40,8 @@ QLINK_HD float RoundSte(float x) { return Add(Sub(rintf(x), x), x); }
 // torch.clamp with NaN kept.
 QLINK_HD float Clamp(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
 
-// What one call's arithmetic depends on.
+// What one call's arithmetic depends on. SignRoundMath's calls take it across the backend
+// library boundary: a change to it (or to Fmt) moves QLINK_BACKEND_INTERFACE_VERSION.
 struct SignRoundConfig {
   int32_t bits = 4;
   int32_t sym = 1;

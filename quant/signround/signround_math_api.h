@@ -1,7 +1,9 @@
 // SignRound's per-vendor part: the fused quant-dequant forward and backward of AutoRound's
 // WrapperLinear and the SignSGD step, one kernel pass each, on the devices of one backend
 // (the CPU backend's loops, the GPU backend's kernels in quant/kernels). The ABI's entry
-// points (quant/signround/signround.cc) check every argument, then call these.
+// points (quant/signround/signround.cc) check every argument, then call these. Part of the
+// backend interface (DeviceBackend::GetSignRoundMath): a change here, or to the
+// SignRoundConfig of quant/kernels/signround_math.h, moves QLINK_BACKEND_INTERFACE_VERSION.
 //
 // Conventions: pointers are in `device`'s memory; every call enqueues on `stream` of
 // `device` (making it current) and returns without waiting.

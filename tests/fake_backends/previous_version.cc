@@ -1,6 +1,6 @@
-// A backend library built against the interface version before this build's (its QuantMath,
-// say, still scattering where this core's gathers): core must refuse it from the version
-// alone, never calling its factory.
+// A backend library built against the interface version before this build's (its
+// SignRoundLayer, say, ending before the SignSGD step fields this core's backward passes):
+// core must refuse it from the version alone, never calling its factory.
 #include <cstdlib>
 
 #include "backends/device_backend.h"
