@@ -9,7 +9,7 @@ hosts' code is never committed and CI has no network: CI runs the same lookups a
 the stand-ins (tests/python/test_integration_base.py).
 
     python3 check_hosts.py [--hosts DIR] [--library libqlink.so]
-    (DIR: the hosts folder prepare.sh lays out, by default the one beside this folder)
+    (DIR: the hosts folder tools/pack.sh lays out, by default the one beside this folder)
 """
 import argparse
 import importlib

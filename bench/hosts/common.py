@@ -1,4 +1,4 @@
-"""What the host runs share: the import paths of a prepared folder (prepare.sh), the torch
+"""What the host runs share: the import paths of a packed folder (tools/pack.sh), the torch
 guards, the models and the calibration of the issues (LLaMA-7B dimensions, or
 Qwen3-30B-A3B's for the MoE one, or small ones of each architecture of arch_table.py; random
 weights, random tokens), and a JSON result."""
@@ -13,7 +13,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def setup_paths():
     """qlink's package, the hosts' package trees and the stand-ins, from a folder laid out
-    by prepare.sh (python/, hosts/, bench/hosts/standins/)."""
+    by tools/pack.sh (python/, hosts/, bench/hosts/standins/)."""
     root = os.environ.get("QLINK_HOSTS_ROOT", os.path.join(HERE, "..", ".."))
     for path in (os.path.join(root, "python"), os.path.join(root, "hosts"), os.path.join(HERE, "standins")):
         sys.path.insert(0, os.path.abspath(path))

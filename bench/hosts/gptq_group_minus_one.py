@@ -1,5 +1,5 @@
 """group_size -1 against GPTQModel's own GPTQ.quantize (issue 21, item 1), on one GPU, from a
-folder laid out by prepare.sh: a linear layer whose dead input columns (no calibration
+folder laid out by tools/pack.sh: a linear layer whose dead input columns (no calibration
 token reaches them: zero Hessian diagonal) hold each row's extreme. GPTQModel takes each
 row's range before zeroing the dead columns, so those extremes set the scales; qlink's
 solve, installed strict, must give the same scales and zeros bit for bit and the same

@@ -1,4 +1,4 @@
-"""The host runs' JSON files (run_all.sh) as the tables of bench/RESULTS.md.
+"""The host runs' JSON files (tools/device.sh) as the tables of bench/RESULTS.md.
 
     python3 summarize.py OUTDIR
 """
@@ -49,7 +49,7 @@ def slope(points):
 
 
 def loop(out):
-    """Issue 23: GPTQModel's loop at 2/4/8 layers alone and with qlink (run_all.sh loop)."""
+    """Issue 23: GPTQModel's loop at 2/4/8 layers alone and with qlink (tools/device.sh OUT loop)."""
     runs = {os.path.basename(p)[len("loop_"):-len(".json")]: load(p)
             for p in sorted(glob.glob(os.path.join(out, "loop_*.json")))}
     runs = {k: v for k, v in runs.items() if v}

@@ -7,7 +7,7 @@
 # prepared folder's python/ is kept off the path. Writes OUTDIR/{env.txt, install*.json,
 # run*.json, run*_report.json, compare.txt}.
 #   bash bench/hosts/wheel_run.sh PREPARED_DIR OUTDIR [WHEEL]
-#   PREPARED_DIR: laid out by bench/hosts/prepare.sh (its hosts/ holds GPTQModel's tree)
+#   PREPARED_DIR: laid out by tools/pack.sh (its hosts/ holds GPTQModel's tree)
 #   WHEEL_RUNS: how many pairs (default 2)
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

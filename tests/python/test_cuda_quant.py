@@ -111,7 +111,7 @@ def test_a_failed_library_setup_leaves_no_half_made_state_and_names_the_status(l
     # and status; the next one makes all of the device's handles afresh and solves as usual.
     fake = os.path.join(os.path.dirname(library), "libfake_cusolver.so")
     if not os.path.exists(fake):
-        pytest.skip("libfake_cusolver.so is not beside the library (tools/dist.sh puts it there)")
+        pytest.skip("libfake_cusolver.so is not beside the library (tools/pack.sh puts it there)")
     w, h = _problem()
     with qlink.load({"backend": "cuda", "log_level": "off"}, library=library) as plain:
         want = gptq_quantize(w, h, ctx=plain)

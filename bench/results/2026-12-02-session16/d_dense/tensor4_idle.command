@@ -1,1 +1,0 @@
-python3 gptqmodel_run.py --model /tmp/llama7b-4layers --layers 4 --qlink --strict --precision tensor --profile tensor4_ops.txt --idle tensor4_idle.txt --out tensor4_idle.json  (run alone on the same lease after call.sh, whose own tensor4_idle run was cut at its 70 s limit)

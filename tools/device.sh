@@ -1,0 +1,289 @@
+#!/bin/bash
+# The accelerator machine's one runner, from a folder laid out by tools/pack.sh (its
+# tools/device.sh is this script): each named part runs its commands one after another, each
+# in its own process under a time limit, its output in OUTDIR/NAME.log; what the runner says
+# goes to OUTDIR/run.txt (and stdout). At the end OUTDIR is packed into OUTDIR.tar.xz (beside
+# it, members under OUTDIR's name; the same files give the same bytes): the run's archive, to
+# be committed as bench/results/<run>.tar.xz.
+#   bash tools/device.sh OUTDIR PART...     bash tools/device.sh --list
+# Parts (a group's name stands for its parts):
+#   GPU tests and benchmarks (group gpu, all of them):
+#     pytest     the Python tests, their GPU half included (the first 30 FAILED/ERROR lines in run.txt)
+#     conf       conformance_test against the CUDA backend
+#     stress     stress_test on the CUDA backend
+#     over       abi_overhead: a prepared plan through the ABI, C++
+#     raw        bench/baselines/p2p_bench.cu built with nvcc and run (raw CUDA copy paths)
+#     copy plain copy_bench.py (plain: --plain-python), raw_pull.cu built with nvcc
+#     coll       collectives_bench.py           nccl  bench/baselines/nccl_bench.py
+#     probe      qlink probe --bytes 268435456  quant quant_bench.py
+#   Host runs, GPTQModel's and AutoRound's (group hosts: pytest plan stress_moves gptq ar ar0 gptq3):
+#     models     the LLaMA models at 7B dimensions, /tmp/llama7b-<N>layers for N in LAYERS
+#     moe_models the Qwen3-MoE models, /tmp/qwen3moe-<N>layers for N in MOE_LAYERS
+#     plan       qlink plan, --parallel auto and 2
+#     stress_moves  stress_moves.py, STRESS_RUNS times
+#     gptq       GPTQModel alone, then with qlink (strict) GPTQ_QLINK_RUNS times; gptq3 one more
+#     hprec      hessian_precision.py: qlink and PyTorch, IEEE and tensor cores, vs float64
+#     loop       GPTQModel's loop alone at 2/4 layers, qlink ieee_fp32 and tensor at 2, levels compared
+#     loop_slope qlink ieee_fp32 at 2 layers sampled and profiled, PRECISIONS at SLOPE_LAYERS
+#     loop_host8 GPTQModel alone at 8 layers
+#     ar ar0 ar_stacks  AutoRound alone and with qlink at AR_ITERS (ar0: iters 0; ar_stacks: profiled)
+#     moe_check moe_solve moe moe_samples  the Qwen3-MoE runs (issue 20)
+#   Groups: gpu, hosts, issue20 (moe_check moe_solve moe), issue22 (ar ar0), issue23 (hprec loop loop_slope)
+# Environment: BUDGET (seconds for the whole run, 540 by default, 0 for none: a command's
+# limit is cut to what is left, and one with less than 10 s left is skipped, so the archive is
+# always made), DRY_RUN=1 (say each command, run none), KEEP_RAW=0 (remove OUTDIR once packed),
+# ARCH (nvcc's -arch, sm_90), BUILD_DIR (nvcc's outputs, /tmp/qlink_device), MODEL
+# (/tmp/llama7b-2layers), CODES (the loops' 4-bit levels, hundreds of MB, kept out of OUTDIR:
+# /tmp/qlink_codes), LAYERS ("2 4 8"), MOE_LAYERS ("2 4"), SLOPE_LAYERS ("4 8"), PRECISIONS
+# ("ieee_fp32 tensor"), STRESS_RUNS (3), GPTQ_QLINK_RUNS (2), AR_ITERS (200), AR_HOST_PROFILE
+# (set: AutoRound alone profiled too). NVLink multicast stays off (NCCL, symmetric memory,
+# NVSHMEM). Exits 0 when every command exited 0, 1 naming those that did not, 2 on a bad part.
+set -uo pipefail
+P=$(cd "$(dirname "$0")/.." && pwd)
+
+usage() {
+  sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+  exit "${1:-2}"
+}
+
+declare -A groups=(
+  [gpu]="pytest conf stress over raw copy plain coll nccl probe quant"
+  [hosts]="pytest plan stress_moves gptq ar ar0 gptq3"
+  [issue20]="moe_check moe_solve moe"
+  [issue22]="ar ar0"
+  [issue23]="hprec loop loop_slope"
+)
+
+lib=$P/python/qlink/lib/libqlink.so
+build=${BUILD_DIR:-/tmp/qlink_device}
+arch=${ARCH:-sm_90}
+model=${MODEL:-/tmp/llama7b-2layers}
+codes=${CODES:-/tmp/qlink_codes}
+hosts_dir=$P/bench/hosts
+cwd=$P   # where run() starts a command; the host parts run in bench/hosts
+failed=()
+
+# run NAME LIMIT COMMAND...: COMMAND in $cwd, its output in $out/NAME.log, for at most LIMIT
+# seconds and never past the deadline; says its exit status, its time and its log's last lines.
+run() {
+  local name=$1 limit=$2 left start rc
+  shift 2
+  if [ "$deadline" -gt 0 ]; then
+    left=$((deadline - $(date +%s)))
+    if [ "$left" -lt 10 ]; then
+      echo "=== $name skipped: the budget is spent"
+      failed+=("$name(skipped)")
+      return
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
+  fi
+  echo "=== $name (at most $limit s): $*"
+  [ -n "${DRY_RUN:-}" ] && return
+  start=$(date +%s%N)
+  (cd "$cwd" && exec timeout "$limit" "$@") >"$out/$name.log" 2>&1
+  rc=$?
+  echo "=== $name rc=$rc $(awk "BEGIN {printf \"%.1f\", ($(date +%s%N) - $start) / 1e9}") s"
+  tail -n 4 "$out/$name.log"
+  [ $rc -eq 0 ] || failed+=("$name")
+}
+
+nvcc_once() {  # NAME OUTPUT NVCC_ARGS...: builds OUTPUT unless it is there
+  local name=$1 output=$2
+  shift 2
+  [ -f "$output" ] && [ -z "${DRY_RUN:-}" ] && return
+  mkdir -p "$build"
+  run "$name" 300 nvcc -O3 -arch="$arch" -o "$output" "$@"
+}
+
+# The GPU tests and benchmarks.
+part_pytest() {
+  run pytest 400 python3 -m pytest -q -rf -p no:cacheprovider "$P/tests/python" --qlink-library "$lib"
+  [ -f "$out/pytest.log" ] && grep -E "^(FAILED|ERROR) " "$out/pytest.log" | head -n 30  # the counts: run's tail
+}
+part_conf() { run conf 300 "$P/bin/conformance_test" --backend="$P/python/qlink/lib/libqlink_backend_cuda.so"; }
+part_stress() { run stress 300 env TEST_SRCDIR="$P/rf" "$P/bin/stress_test" --config='{"backend": "cuda"}'; }
+part_over() { run over 120 "$P/bin/abi_overhead" "$lib"; }
+part_raw() {
+  nvcc_once raw_build "$build/p2p_bench" -std=c++20 "$P/bench/baselines/p2p_bench.cu"
+  run raw 300 "$build/p2p_bench"
+}
+copy_bench() {  # NAME [FLAG]
+  nvcc_once raw_pull_build "$build/raw_pull.so" -shared -Xcompiler -fPIC "$P/bench/raw_pull.cu"
+  run "$1" 300 python3 "$P/bench/copy_bench.py" --library "$lib" --raw-pull "$build/raw_pull.so" ${2:+"$2"} \
+    --markdown "$out/$1.md"
+}
+part_copy() { copy_bench copy; }
+part_plain() { copy_bench plain --plain-python; }
+part_coll() { run coll 300 python3 "$P/bench/collectives_bench.py" --library "$lib" --markdown "$out/collectives.md"; }
+part_nccl() {
+  local cwd=$P/bench/baselines
+  run nccl 200 python3 nccl_bench.py
+}
+part_probe() { run probe 120 "$P/python/qlink/lib/qlink" probe --bytes 268435456; }
+part_quant() { run quant 300 python3 "$P/bench/quant_bench.py" --library "$lib" --markdown "$out/quant.md"; }
+
+# The host runs (bench/hosts): GPTQModel's and AutoRound's trees from hosts/, the stand-ins.
+part_models() {  # each model made in a process of its own, before the runs that time it
+  local n
+  for n in ${LAYERS:-2 4 8}; do
+    run make_llama$n 300 python3 -c "import sys; sys.path.insert(0, '$hosts_dir'); from common import make_llama; \
+make_llama('/tmp/llama7b-${n}layers', layers=$n)"
+  done
+}
+part_moe_models() {
+  local n
+  for n in ${MOE_LAYERS:-2 4}; do
+    run make_qwen3moe$n 300 python3 -c "import sys; sys.path.insert(0, '$hosts_dir'); \
+from common import make_qwen3_moe; make_qwen3_moe('/tmp/qwen3moe-${n}layers', layers=$n)"
+  done
+}
+part_plan() {
+  run plan 60 python3 -m qlink plan --parallel auto --iters 200 --batch-size 8 --config '{"backend": "cuda"}'
+  run plan2 60 python3 -m qlink plan --parallel 2 --iters 200 --batch-size 8 --config '{"backend": "cuda"}'
+}
+part_stress_moves() {
+  local r
+  for r in $(seq 1 "${STRESS_RUNS:-3}"); do run stress_moves$r 120 python3 stress_moves.py; done
+}
+gptqmodel_run() {  # NAME LIMIT ARGS...: gptqmodel_run.py, its JSON in $out/NAME.json
+  local name=$1 limit=$2
+  shift 2
+  run "$name" "$limit" python3 gptqmodel_run.py "$@" --out "$out/$name.json"
+}
+part_gptq() {  # GPTQModel alone, then with qlink (strict) GPTQ_QLINK_RUNS times
+  local r
+  gptqmodel_run gptq_host 300 --model "$model"
+  for r in $(seq 1 "${GPTQ_QLINK_RUNS:-2}"); do gptqmodel_run gptq_qlink$r 300 --model "$model" --qlink --strict; done
+}
+part_gptq3() { gptqmodel_run gptq_qlink3 300 --model "$model" --qlink --strict; }  # its tensors against gptq's
+part_hprec() {
+  run hprec 240 python3 ../hessian_precision.py --library "$lib" --json "$out/hprec.json" --markdown "$out/hprec.md"
+}
+part_loop() {  # the levels kept in $codes and compared: tensor vs ieee_fp32 vs GPTQModel alone
+  mkdir -p "$codes"
+  gptqmodel_run loop_host2 300 --model /tmp/llama7b-2layers --layers 2 --codes "$codes/host2.pt"
+  gptqmodel_run loop_host4 300 --model /tmp/llama7b-4layers --layers 4
+  gptqmodel_run loop_qlink2 200 --model /tmp/llama7b-2layers --layers 2 --qlink --strict --precision ieee_fp32 \
+    --codes "$codes/qlink2.pt"
+  gptqmodel_run loop_qlink2_tensor 200 --model /tmp/llama7b-2layers --layers 2 --qlink --strict --precision tensor \
+    --codes "$codes/qlink2_tensor.pt"
+  run codes_ieee_vs_host 60 python3 compare_codes.py "$out/loop_host2.json" "$codes/host2.pt" \
+    "$out/loop_qlink2.json" "$codes/qlink2.pt" "$out/codes_ieee_vs_host.json"
+  run codes_tensor_vs_ieee 60 python3 compare_codes.py "$out/loop_qlink2.json" "$codes/qlink2.pt" \
+    "$out/loop_qlink2_tensor.json" "$codes/qlink2_tensor.pt" "$out/codes_tensor_vs_ieee.json"
+}
+part_loop_slope() {  # the main thread sampled in one run, torch.profiler over another (GPU busy)
+  local n p
+  gptqmodel_run loop_qlink2_run2 200 --model /tmp/llama7b-2layers --layers 2 --qlink --strict --precision ieee_fp32 \
+    --samples-out "$out/loop_qlink2_samples.txt"
+  gptqmodel_run loop_qlink2_profile 200 --model /tmp/llama7b-2layers --layers 2 --qlink --strict \
+    --precision ieee_fp32 --profile "$out/loop_qlink2_ops.txt"
+  for n in ${SLOPE_LAYERS:-4 8}; do
+    for p in ${PRECISIONS:-ieee_fp32 tensor}; do
+      gptqmodel_run loop_qlink${n}_$p 200 --model /tmp/llama7b-${n}layers --layers "$n" --qlink --strict --precision "$p"
+    done
+  done
+}
+part_loop_host8() { gptqmodel_run loop_host8 420 --model /tmp/llama7b-8layers --layers 8; }
+autoround_run() {  # NAME LIMIT ARGS...: autoround_run.py, its JSON in $out/NAME.json
+  local name=$1 limit=$2
+  shift 2
+  run "$name" "$limit" python3 autoround_run.py --model "$model" "$@" --out "$out/$name.json"
+}
+part_ar() {  # each a warm-up run, a timed run and a profiled one (AutoRound's with AR_HOST_PROFILE)
+  autoround_run ar_qlink 240 --iters "${AR_ITERS:-200}" --qlink auto --profile "$out/ar_qlink_ops.txt"
+  autoround_run ar_host 330 --iters "${AR_ITERS:-200}" ${AR_HOST_PROFILE:+--profile "$out/ar_host_ops.txt"}
+}
+part_ar0() {
+  autoround_run ar0_host 150 --iters 0
+  autoround_run ar0_qlink 150 --iters 0 --qlink auto
+}
+part_ar_stacks() {  # the Python stack behind each operator of qlink's profiled run
+  autoround_run ar_stacks 300 --iters "${AR_ITERS:-200}" --qlink auto --profile "$out/ar_qlink_stacks.txt" \
+    --profile-stacks
+}
+part_moe_check() { run moe_check 300 python3 check_defuser.py --model /tmp/qwen3moe-2layers; }
+part_moe_solve() {  # one layer's routed Hessians and 384 expert solves, qlink vs GPTQModel's own
+  run moe_solve 400 python3 ../moe_solve_bench.py --library "$lib" --gptqmodel "$P/hosts:$hosts_dir/standins" --check-alone 24 \
+    --markdown "$out/moe_solve.md"
+}
+part_moe() {  # qlink at MOE_LAYERS (and 2 with GPTQModel's batches kept), GPTQModel alone to layer 1's first solve
+  local n
+  for n in ${MOE_LAYERS:-2 4}; do
+    gptqmodel_run moe_qlink$n 240 --model /tmp/qwen3moe-${n}layers --layers "$n" --model-kind qwen3_moe --qlink --strict
+  done
+  gptqmodel_run moe_qlink2_ungrouped 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink \
+    --strict --group-rows 0
+  gptqmodel_run moe_host2 420 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --stop-at-layer 1
+  [ -n "${DRY_RUN:-}" ] || grep -H "first solve" "$out"/moe_*.log
+}
+part_moe_samples() {  # every thread sampled (the sampling stretches the run)
+  gptqmodel_run moe_samples 300 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink --strict \
+    --samples-out "$out/moe_samples.txt"
+}
+host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks \
+moe_check moe_solve moe moe_samples "
+
+[ $# -ge 1 ] || usage
+case $1 in
+  -h | --help) usage 0 ;;
+  --list)
+    declare -F | sed -n 's/^declare -f part_//p' | tr '\n' ' '
+    echo
+    for g in "${!groups[@]}"; do echo "$g: ${groups[$g]}"; done
+    exit 0
+    ;;
+  -*) usage ;;
+esac
+out=$1
+shift
+[ $# -ge 1 ] || { echo "device.sh: name at least one part (--list)" >&2; exit 2; }
+parts=()
+for arg in "$@"; do
+  for p in ${groups[$arg]:-$arg}; do
+    if ! declare -F "part_$p" >/dev/null; then
+      echo "device.sh: unknown part '$p' (--list names them)" >&2
+      exit 2
+    fi
+    [[ " ${parts[*]} " == *" $p "* ]] || parts+=("$p")
+  done
+done
+budget=${BUDGET:-540}
+deadline=0
+[ "$budget" -gt 0 ] && deadline=$(($(date +%s) + budget))
+mkdir -p "$out" && out=$(cd "$out" && pwd)
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH=$P/python QLINK_HOSTS_ROOT=$P
+
+main() {
+  local p
+  echo "=== device.sh ${parts[*]} into $out, budget ${budget} s, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  cat "$P/PACKED.txt" 2>/dev/null
+  if [ -z "${DRY_RUN:-}" ]; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+    python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda)"
+  fi
+  for p in "${parts[@]}"; do
+    echo "=== part $p"
+    if [[ "$host_parts" == *" $p "* ]]; then
+      cwd=$hosts_dir "part_$p"
+    else
+      "part_$p"
+    fi
+  done
+  if [ -z "${DRY_RUN:-}" ] && compgen -G "$out/*.json" >/dev/null; then
+    python3 "$hosts_dir/summarize.py" "$out" >"$out/summary.md" 2>&1 && cat "$out/summary.md"
+  fi
+  if [ ${#failed[@]} -gt 0 ]; then
+    echo "=== not passed: ${failed[*]}"
+    return 1
+  fi
+  echo "=== every command exited 0"
+}
+main 2>&1 | tee "$out/run.txt"
+rc=${PIPESTATUS[0]}
+archive=$out.tar.xz
+tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cJf "$archive" -C "$(dirname "$out")" \
+  "$(basename "$out")" && echo "=== archive $archive ($(du -k "$archive" | cut -f1) KiB)"
+[ "${KEEP_RAW:-1}" = 0 ] && rm -rf "$out"
+exit "$rc"
