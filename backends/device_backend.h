@@ -31,7 +31,7 @@
 // exactly this version: bump it with every change to this file or to backends/status.h
 // that a built backend would see (a method added, removed, reordered or retyped, a struct
 // or a limit changed). tests/backend_interface_pin_test fails until the bump is made.
-#define QLINK_BACKEND_INTERFACE_VERSION 4
+#define QLINK_BACKEND_INTERFACE_VERSION 5
 
 namespace qlink {
 
