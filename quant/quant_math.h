@@ -64,6 +64,14 @@ struct BlockArgs {
 
 constexpr int64_t kBlockColumns = 128;  // GPTQ's lazy batch (blocksize)
 
+// The engine splits a layer's rows over devices only at multiples of kRowTile, so a math
+// whose library may round a row by the product's row count (OpenBLAS's Haswell and Zen
+// kernels do) can issue each product in calls of kRowTile rows from the first: a row then
+// takes part in the same calls in every world (the CPU's Gemm). A multiple of the row
+// panels BLAS kernels walk (12, 16, 24, 32): on the kernels measured the calls round as
+// one whole call does (docs/TESTING.md).
+constexpr int64_t kRowTile = 96;
+
 class QuantMath {
  public:
   virtual ~QuantMath() = default;

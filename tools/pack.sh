@@ -6,6 +6,7 @@
 #   bin/                   conformance_test, stress_test, abi_overhead
 #   rf/qlink               stress_test's runfiles (TEST_SRCDIR=rf): a link to ../python/qlink/lib
 #   tests/python/          the Python tests (their GPU half checks the package's GPU paths)
+#   docs/HOSTS.md          the seam tables a Python test compares with the code
 #   bench/                 the bench, baseline and host-run scripts (not results/)
 #   tools/device.sh        the runner: bash tools/device.sh OUTDIR PART... from this folder
 #   hosts/                 GPTQModel's package tree with gptqmodel_ext/ (its C++ sources,
@@ -65,14 +66,16 @@ bazel build -c opt //:plugin //:qlink //:libqlink_backend_fault.so //tests/pytho
 # Only what this script lays out is replaced: DEST may hold other things (a wheel, a runner's output).
 [ -n "$dest" ] || usage
 mkdir -p "$dest"
-rm -rf "${dest:?}/python" "${dest:?}/bin" "$dest/rf" "$dest/tests" "$dest/bench" "$dest/tools" "$dest/hosts" "$dest/PACKED.txt"
-mkdir -p "$dest/python/qlink/lib" "$dest/bin" "$dest/rf" "$dest/tests" "$dest/bench" "$dest/tools"
+rm -rf "${dest:?}/python" "${dest:?}/bin" "$dest/rf" "$dest/tests" "$dest/docs" "$dest/bench" "$dest/tools" \
+  "$dest/hosts" "$dest/PACKED.txt"
+mkdir -p "$dest/python/qlink/lib" "$dest/bin" "$dest/rf" "$dest/tests" "$dest/docs" "$dest/bench" "$dest/tools"
 cp -r python/qlink "$dest/python/"
 cp -f bazel-bin/libqlink*.so bazel-bin/qlink bazel-bin/tests/python/libfake_torch_shim.so \
   bazel-bin/tests/python/libfake_cusolver.so "$dest/python/qlink/lib/"
 cp -f bazel-bin/tests/conformance_test bazel-bin/tests/stress_test bazel-bin/bench/abi_overhead "$dest/bin/"
 ln -s ../python/qlink/lib "$dest/rf/qlink"  # stress_test loads qlink/libqlink.so from its runfiles
 cp -r tests/python "$dest/tests/"
+cp docs/HOSTS.md "$dest/docs/"
 cp bench/*.py bench/*.cu "$dest/bench/"
 cp -r bench/baselines bench/hosts "$dest/bench/"
 cp tools/device.sh "$dest/tools/"

@@ -33,27 +33,35 @@ class CpuQuantMath final : public QuantMath {
     return Status::Ok();
   }
 
-  // Row-major C = A B is column-major C^T = B^T A^T: the operands swap. With beta != 0 the
-  // product is rounded on its own before it is added, as GPTQModel's W -= E @ U: a BLAS may
-  // accumulate the product into C term by term (the reference BLAS does), and with -1 and 1
-  // the two roundings then differ from GPTQModel's on every library but OpenBLAS.
+  // Row-major C = A B is column-major C^T = B^T A^T: the operands swap, and C's rows are
+  // the BLAS's columns, given in calls of kRowTile rows (quant_math.h): a BLAS may round a
+  // column by where it falls in the call's panels, and a row's bits would then depend on
+  // how many rows its device solves. With beta != 0 the product is rounded on its own
+  // before it is added, as GPTQModel's W -= E @ U: a BLAS may accumulate the product into C
+  // term by term (the reference BLAS does), and with -1 and 1 the two roundings then differ
+  // from GPTQModel's on every library but OpenBLAS.
   Status Gemm(int, Stream, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
               int64_t ldb, float beta, float* c, int64_t ldc, bool) override {
     if (m == 0 || n == 0) return Status::Ok();
-    const int mm = Int(n), nn = Int(m), kk = Int(k), la = Int(ldb), lb = Int(lda);
-    if (beta == 0.0f) {
-      const int lc = Int(ldc);
-      const SerialBlas serial(api_);
-      api_.sgemm("N", "N", &mm, &nn, &kk, &alpha, b, &la, a, &lb, &beta, c, &lc, 1, 1);
-      return Status::Ok();
-    }
+    const int mm = Int(n), kk = Int(k), la = Int(ldb), lb = Int(lda);
+    const bool direct = beta == 0.0f;
     thread_local std::vector<float> product;  // one per virtual device's thread, kept
-    product.resize(static_cast<size_t>(m * n));
+    if (!direct) product.resize(static_cast<size_t>(m * n));
     const float one = 1.0f, zero = 0.0f;
     {
       const SerialBlas serial(api_);
-      api_.sgemm("N", "N", &mm, &nn, &kk, &one, b, &la, a, &lb, &zero, product.data(), &mm, 1, 1);
+      for (int64_t r = 0; r < m; r += kRowTile) {
+        const int nn = Int(std::min(kRowTile, m - r));
+        const float* rows = a + r * lda;
+        if (direct) {
+          const int lc = Int(ldc);
+          api_.sgemm("N", "N", &mm, &nn, &kk, &alpha, b, &la, rows, &lb, &beta, c + r * ldc, &lc, 1, 1);
+        } else {
+          api_.sgemm("N", "N", &mm, &nn, &kk, &one, b, &la, rows, &lb, &zero, product.data() + r * n, &mm, 1, 1);
+        }
+      }
     }
+    if (direct) return Status::Ok();
     for (int64_t r = 0; r < m; ++r) {
       float* row = c + r * ldc;
       const float* p = product.data() + r * n;

@@ -4,6 +4,8 @@
 #include <map>
 #include <numeric>
 
+#include "quant/quant_math.h"
+
 namespace qlink {
 namespace quant {
 namespace {
@@ -51,28 +53,33 @@ Assignment Place(const std::vector<LayerShape>& layers, size_t groups, const std
   }
 
   // Shares per layer: one each, then, while devices are left over, one more for the layer
-  // whose shares are the costliest.
+  // whose shares are the costliest; a share is whole tiles of kRowTile rows (the layer's
+  // last tile may be short), so a row's products are the same calls in every world.
   std::vector<double> cost(layers.size());
-  for (size_t i = 0; i < layers.size(); ++i) cost[i] = RowsCost(layers[i].rows, layers[i].cols);
+  std::vector<int64_t> tiles(layers.size());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    cost[i] = RowsCost(layers[i].rows, layers[i].cols);
+    tiles[i] = (layers[i].rows + kRowTile - 1) / kRowTile;
+  }
   std::vector<int64_t> shares(layers.size(), 1);
   for (size_t total = layers.size(); total < d; ++total) {
     size_t best = 0;
     for (size_t i = 1; i < layers.size(); ++i) {
       if (cost[i] / shares[i] > cost[best] / shares[best]) best = i;
     }
-    if (shares[best] >= layers[best].rows) break;
+    if (shares[best] >= tiles[best]) break;
     ++shares[best];
   }
   std::vector<RowsPart> parts;
   std::vector<double> part_cost;
   for (size_t i = 0; i < layers.size(); ++i) {
-    const int64_t rows = layers[i].rows, k = shares[i];
+    const int64_t rows = layers[i].rows, t = tiles[i], k = shares[i];
     int64_t begin = 0;
-    for (int64_t s = 0; s < k; ++s) {  // contiguous rows, the remainder on the earlier shares
-      const int64_t n = rows / k + (s < rows % k ? 1 : 0);
-      parts.push_back({i, begin, begin + n, 0});
-      part_cost.push_back(RowsCost(n, layers[i].cols));
-      begin += n;
+    for (int64_t s = 0; s < k; ++s) {  // contiguous tiles, the remainder on the earlier shares
+      const int64_t end = std::min(rows, begin + (t / k + (s < t % k ? 1 : 0)) * kRowTile);
+      parts.push_back({i, begin, end, 0});
+      part_cost.push_back(RowsCost(end - begin, layers[i].cols));
+      begin = end;
     }
   }
   std::vector<size_t> slot_of(parts.size());

@@ -1,7 +1,8 @@
 // Where a multi-layer GPTQ call runs: each Hessian's inverse on one device, each layer
-// (or, when devices outnumber layers, each share of a layer's rows) on one device, by a
-// longest-processing-time-first split of the work's cost. A pure function of the shapes
-// and the device list, so every run of the same call is placed the same way.
+// (or, when devices outnumber layers, each share of a layer's rows, in whole tiles of
+// kRowTile rows: quant/quant_math.h) on one device, by a longest-processing-time-first
+// split of the work's cost. A pure function of the shapes and the device list, so every
+// run of the same call is placed the same way.
 #pragma once
 
 #include <cstddef>

@@ -137,9 +137,8 @@ def test_gptq_beats_round_to_nearest(cpu8):
     assert q.codes.max() <= 15
 
 
-# The reference BLAS sums every element of a product in one order whatever the matrices'
-# sizes; OpenBLAS takes other kernels for small products (on AVX-512 machines, below about
-# 64^3), so a layer whose rows are split over 8 devices can round apart from the whole one.
+# Worlds on the reference BLAS, the fallback's library (tests/quant:gptq_engine_test runs
+# them on OpenBLAS's kernels: the machine's own and Haswell's).
 REFERENCE_BLAS = {"blas_library": "/usr/lib/x86_64-linux-gnu/blas/libblas.so.3",
                   "solver_library": "/usr/lib/x86_64-linux-gnu/lapack/liblapack.so.3"}
 

@@ -1,8 +1,11 @@
 // The GPTQ engine through the C ABI on the CPU backend, without LibTorch (so it runs under
 // every sanitizer): results independent of the world size and of the arrival order of
 // Hessian partials, every refusal named and writing nothing, concurrent calls.
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -116,6 +119,8 @@ class Gptq : public ::testing::Test {
 };
 
 // The 7 linears of a decoder layer, scaled down: q/k/v share one Hessian, gate/up another.
+// down_proj, the costliest, is what an eighth device splits: 200 rows, two row tiles
+// (quant_math.h's kRowTile) on one device and the short third on another.
 struct Block {
   explicit Block(int device = 0) {
     std::mt19937 gen(42);
@@ -127,8 +132,8 @@ struct Block {
       const char* name;
       int64_t rows;
       size_t h;
-    } shapes[] = {{"q_proj", 64, 0},     {"k_proj", 64, 0},   {"v_proj", 64, 0},   {"o_proj", 64, 1},
-                  {"gate_proj", 160, 2}, {"up_proj", 160, 2}, {"down_proj", 64, 3}};
+    } shapes[] = {{"q_proj", 64, 0},     {"k_proj", 64, 0},   {"v_proj", 64, 0},    {"o_proj", 64, 1},
+                  {"gate_proj", 160, 2}, {"up_proj", 160, 2}, {"down_proj", 200, 3}};
     for (const auto& s : shapes) {
       const int64_t cols = hessians[s.h].shape[0];
       layers.emplace_back(s.rows, cols, cols / 32, device);
@@ -176,6 +181,21 @@ TEST_F(Gptq, ResultsAreBitIdenticalAcrossWorldsOneToEight) {
       EXPECT_EQ(specs[i].loss, it->second[i].second) << "world " << world << ", " << block.names[i];
     }
   }
+}
+
+// The OpenBLAS kernels this target chose (QLINK_TEST_EXPECT_OPENBLAS_CORE, set by the BUILD
+// file with the OPENBLAS_CORETYPE that forces them) are the ones the engine's library runs:
+// the engine loads libopenblas.so.0 by name, and its kernels are chosen once per process.
+TEST(Blas, OpenBlasRunsTheKernelsThisTargetChose) {
+  const char* expect = std::getenv("QLINK_TEST_EXPECT_OPENBLAS_CORE");
+  if (expect == nullptr) GTEST_SKIP() << "this target runs the machine's own kernels";
+  void* library = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(library, nullptr) << dlerror();
+  using Name = const char*();
+  auto* core = reinterpret_cast<Name*>(dlsym(library, "openblas_get_corename"));
+  ASSERT_NE(core, nullptr);
+  EXPECT_STRCASEEQ(core(), expect);
+  dlclose(library);
 }
 
 TEST_F(Gptq, LayersOnTheirOwnDevicesMatchAPlacedSolve) {
@@ -276,7 +296,8 @@ TEST_F(Gptq, RefusalsNameTheArgumentAndWriteNothing) {
     bad[0].hessian = &narrow.dl;
     refused(Options(), "layers[0] 'q_proj': hessian has dtype uint8, expected float32", &bad);
     bad = specs;
-    Matrix codes(64, 160, kF32, 0);
+    const int64_t* down = block.layers[6].weight.shape;
+    Matrix codes(down[0], down[1], kF32, 0);
     bad[6].codes = &codes.dl;
     refused(Options(), "layers[6] 'down_proj': codes has dtype float32, expected uint8", &bad);
     bad = specs;

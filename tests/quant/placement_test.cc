@@ -50,19 +50,21 @@ TEST(PlaceTest, Table) {
        {0, 1},
        {0},
        {{1, 0, 64, 0}, {0, 0, 64, 1}}},
-      {"one layer over three devices: its rows split, the remainder on the first share, which avoids the "
-       "inverse's device",
-       {{10, 64, 0, 0}},
+      // 1000 rows: 10 tiles of 96 and one of 40.
+      {"one layer over three devices: its rows split in whole tiles, the remainder on the first shares, the "
+       "shortest share on the inverse's device",
+       {{1000, 64, 0, 0}},
        1,
        {0, 1, 2},
        {0},
-       {{0, 7, 10, 0}, {0, 0, 4, 1}, {0, 4, 7, 2}}},
-      {"more devices than rows: one share per row, the inverse's device taking none",
-       {{2, 64, 0, 0}},
+       {{0, 768, 1000, 0}, {0, 0, 384, 1}, {0, 384, 768, 2}}},
+      {"more devices than tiles: one share per tile, the last one short, the inverse's device taking none",
+       {{100, 64, 0, 0}},
        1,
        {0, 1, 2},
        {0},
-       {{0, 0, 1, 1}, {0, 1, 2, 2}}},
+       {{0, 0, 96, 1}, {0, 96, 100, 2}}},
+      {"a layer of one tile is not split, however many devices", {{96, 64, 0, 0}}, 1, {0, 1, 2}, {0}, {{0, 0, 96, 1}}},
       // Inverses 256^3 on 0 and 128^3 on 1; layers 2.1M and 0.5M: load balance (17.2M / 4.2M)
       // beats keeping each layer beside its inverse (18.8M / 2.6M).
       {"two Hessians on two devices: the costlier inverse first, the costlier layer on the less loaded device",
