@@ -59,6 +59,7 @@ def main():
     import qlink.integrations.gptqmodel as qlink_gptqmodel
     import qlink.quant
     from gptqmodel.quantization.config import QuantizeConfig
+    from gptqmodel.looper import gptq_processor
     from gptqmodel.quantization.gptq import GPTQ
 
     ok = True
@@ -71,7 +72,7 @@ def main():
         nsamples = reference.nsamples
 
         ctx = qlink_gptqmodel.install({"backend": "cuda", "log_level": "warn"}, strict=True)
-        q, scale, zero, gidx = gptq_task(GPTQ, layer, x, qcfg).quantize()[:4]
+        q, scale, zero, gidx = gptq_task(gptq_processor.GPTQ, layer, x, qcfg).quantize()[:4]  # qlink's task class
         counted = qlink_gptqmodel.counters()["seams"]["quantize"]
         qlink_gptqmodel.uninstall()
 

@@ -1,7 +1,8 @@
 """A user's quantization script against the stand-in GPTQModel, with no qlink line in it:
 what `qlink run` must take over unchanged (tests/python/test_wheel.sh). A forward pass of
 a layer over calibration batches, then two layer solves: one with GPTQModel's defaults
-(qlink's native engine covers it) and one with mse (it does not: GPTQModel's own solve).
+(qlink's native engine covers it) and one with mse (it does not: GPTQModel's own solve),
+each task built as GPTQModel's processor builds them.
 Prints a digest of the solves; exits with --exit-code.
 
     python quantize_standin.py [--exit-code N]
@@ -13,13 +14,13 @@ import torch
 
 from gptqmodel.looper.forward_executor import ForwardExecutor
 from gptqmodel.quantization.config import QuantizeConfig
-from gptqmodel.quantization.gptq import GPTQ
+from gptqmodel.looper import gptq_processor
 
 
 def solve(config, seed):
     torch.manual_seed(seed)
     layer = torch.nn.Linear(256, 48)
-    g = GPTQ(layer, config)
+    g = gptq_processor.GPTQ(layer, config)  # as GPTQModel's processor builds its tasks
     g.quantizer.configure(perchannel=True)
     g.add_batch(torch.randn(300, 32) @ torch.randn(32, 256), None)
     return g.quantize()
