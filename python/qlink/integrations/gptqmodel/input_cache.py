@@ -65,7 +65,7 @@ def on_device(cache, device):
     twice, moved once, as move_nested_to_device moves it). Moved once, before the
     first layer, with the GPU idle: PyTorch's pageable copies (the driver streams them
     through its own pinned buffers) beat pinned twins here, which would page-lock the whole
-    cache anew (measured: 2.7 GB in 2.1 s through twins)."""
+    cache anew."""
     return dataclasses.replace(cache, **map_nested(_fields(cache), lambda tensors: _to(tensors, device)))
 
 

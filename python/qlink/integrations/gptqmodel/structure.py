@@ -1,34 +1,18 @@
-"""The next layer's checkpoint tensors read ahead of GPTQModel's loop.
-
-GPTQModel builds its model as an empty shell and fills each decoder layer from the
-checkpoint when its loop reaches it (LazyTurtle.materialize_submodule): the main thread
-reads every tensor from its safetensors shard into pageable memory and copies it to the
-GPU, each copy blocking, while the GPU waits (0.6 s of the 4-layer LLaMA-7B loop's 3.1 s of
-idle GPU time on an H200).
-
-Here each fill of a numbered module ("model.layers.3") starts, once it is done, reading its
-next sibling ("model.layers.4") on a helper thread, straight from the shard file into
-page-locked buffers where a GPU backend takes them (FileIO.readinto: no GIL held while it
-reads, so the loop's threads run on; a shard that is not safetensors, or a dtype PyTorch
-lacks, is read through GPTQModel's own reader). The sibling's fill takes them: the shard
-handles GPTQModel opens during that fill (its module's `safe_open`) answer from them, and
-the fill copies them without blocking, on the caller's current stream, as GPTQModel copies
-any page-locked source when asked not to block; PyTorch keeps a page-locked block from
-reuse until the copies that read it have completed, so the buffers go back to its pool as
-the fill returns, for the next layer's read and the finished layers' landings.
+"""GPTQModel's layer fills from the checkpoint (LazyTurtle.materialize_submodule), read
+ahead: each fill of a numbered module ("model.layers.3"), once done, reads its next
+sibling's tensors on a helper thread straight from the shard into page-locked buffers on a
+GPU backend (no GIL held while it reads; a shard that is not safetensors, or a dtype
+PyTorch lacks, goes through GPTQModel's own reader). The sibling's fill takes them through
+the shard handles it opens (safe_open) and copies them without blocking on the caller's
+stream; PyTorch keeps a page-locked block until the copies that read it are done.
 
 GPTQModel fills each of a layer's linears again before replaying its forwards (the same
-bytes): read for themselves, those fills' pageable reads and blocking copies left the GPU
-idle about 0.3 s of the 4-layer loop (the eighteenth session's idle table). Keeping the
-layer's page-locked buffers for them (measured on the GPU machine) made the process
-page-lock a second layer's worth of memory, and page-locking new memory stalls every
-thread's CUDA calls while it runs (the forwards' idle time at 4 layers rose from 0.5 s to
-2.1 s). So the layer's tensors read ahead are copied once more, to the layer's device,
-after its fill, and its modules' fills take copies of those (device to device, ordered
-after that upload on whatever stream they run): the module_refill patch. The copies are
-dropped at the next layer's fill or when the loop returns; they are not made where they
-would take more than a quarter of the device's free memory (an MoE layer's experts), nor
-for a layer not read ahead (the first), whose modules read for themselves."""
+bytes): those fills (module_refill) take device-to-device copies of the layer's tensors
+read ahead, uploaded once after the layer's fill and kept until the next layer's fill or
+the loop's end, not where they would take more than a quarter of the device's free memory,
+nor for a layer not read ahead (the first). Keeping page-locked buffers for them instead
+would page-lock a second layer's worth, which stalls every thread's CUDA calls
+(docs/HOSTS.md has what each step cost)."""
 import concurrent.futures
 import contextlib
 import json
