@@ -49,7 +49,7 @@ def run(arch, args, qlink):
 
 
 # The patches whose host counts say the calibration's Hessians, solves or packs were
-# GPTQModel's (the others' host counts are by design: moves of host tensors, settings).
+# GPTQModel's (the others' host counts are by design: moves of CPU tensors, settings).
 WORK = ("group_batches", "add_batch", "materialize_global_hessian", "quantize", "routed_experts", "pack")
 
 

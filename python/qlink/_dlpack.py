@@ -66,7 +66,7 @@ class Packed:
 
 def pack(tensors, device_ids=None, exact=False):
     """tensors as DLTensors; device_ids overrides each tensor's device index (the CPU
-    backend's virtual devices all live in host memory). exact keeps dtypes and shapes
+    backend's virtual devices all live in CPU memory). exact keeps dtypes and shapes
     (for calls that compute, not copy)."""
     n = len(tensors)
     if n == 0:

@@ -89,7 +89,7 @@ class Context(PeerCalls, CopyCalls, MoveCalls, CollectiveCalls, ReplicaCalls, En
 
     @property
     def cpu_memory(self):
-        """Whether this backend's devices live in host memory (the CPU and test backends):
+        """Whether this backend's devices live in CPU memory (the CPU and test backends):
         there are no PyTorch GPU streams to order against then."""
         return self.device_type == _abi.KDL_CPU
 

@@ -8,7 +8,7 @@ there next sees the data; later work on the source's current stream waits for th
 so the caching allocator, which reuses a freed source in that stream's order, cannot hand
 it out while it is still being read (no record_stream per leaf). Nothing blocks the host.
 
-Only GPU-to-GPU leaves go through the plugin in peer_copy_batch; host tensors take
+Only GPU-to-GPU leaves go through the plugin in peer_copy_batch; CPU tensors take
 PyTorch's regular path (P2P is an accelerator concept)."""
 import ctypes
 

@@ -39,7 +39,7 @@ PINNED_MIN_BYTES = 1 << 20  # below it, page-locking a landing costs more than i
 
 
 def _to_pinned_host(tensors):
-    """Copies of `tensors` in host memory. The contiguous GPU tensors that need no autograd
+    """Copies of `tensors` in CPU memory. The contiguous GPU tensors that need no autograd
     and share no storage with another of them, when they add up to PINNED_MIN_BYTES, land in
     page-locked memory, each copied asynchronously on its device's current stream, the
     streams waited for once at the end (PyTorch's pageable copy waits for each tensor, at a
@@ -122,7 +122,7 @@ class MoveCalls:
 
     @property
     def pinned_staging(self):
-        """This context's PinnedStaging: host tensors to its devices through pinned twins."""
+        """This context's PinnedStaging: CPU tensors to its devices through pinned twins."""
         staging = self.__dict__.get("_host_staging")
         if staging is None:
             with _staging_lock:

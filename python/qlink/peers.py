@@ -32,7 +32,7 @@ class DeviceInfo:
 
 def accelerator_index(device):
     """The GPU index a device names (an int, "cuda:1", a torch.device), or None for a host
-    device: P2P is an accelerator concept, host memory takes the regular path."""
+    device: P2P is an accelerator concept, CPU memory takes the regular path."""
     if isinstance(device, int) and not isinstance(device, bool):
         return device
     text = str(device)

@@ -1,6 +1,6 @@
 """Host tensors to a device through pinned memory: the Context's host staging.
 
-A copy from pageable host memory blocks the calling thread and runs at a fraction of the
+A copy from pageable CPU memory blocks the calling thread and runs at a fraction of the
 link's speed (the runtime stages it through its own pinned buffer, chunk by chunk). Here
 each host source gets a pinned twin (its bytes copied once by the CPU), and the device copy
 is one qlink copy_batch from the twins, enqueued on the device's current stream: the
@@ -24,7 +24,7 @@ so it returns once the last chunk is enqueued.
 
 On the GPU backends the twins live in page-locked memory, which the device addresses at
 the same pointer (unified addressing): the copy plan reads them as the target device's
-memory. On the host-memory backends (CPU, the test backends) a twin is plain host memory
+memory. On the host-memory backends (CPU, the test backends) a twin is plain CPU memory
 described as the target's virtual device, and every call waits for its copy (the host
 itself reads the result)."""
 import ctypes
@@ -45,7 +45,7 @@ def stageable(t):
     if not isinstance(t, torch.Tensor):
         return "a %s, not a tensor" % type(t).__name__
     if t.device.type != "cpu":
-        return "not in host memory"
+        return "not in CPU memory"
     if t.requires_grad:
         return "a tensor that requires grad (autograd records the move)"
     if not t.is_contiguous():
@@ -77,7 +77,7 @@ class _Twin:
 
 
 class PinnedStaging:
-    """Pinned twins of host tensors and the device copies from them, for one Context.
+    """Pinned twins of CPU tensors and the device copies from them, for one Context.
     Thread-safe."""
 
     def __init__(self, ctx):
@@ -103,7 +103,7 @@ class PinnedStaging:
             return dict(self._counts, kept=len(self._twins), retiring=len(self._retiring))
 
     def to_device(self, sources, device, keep=False, into=None):
-        """Copies of the host tensors `sources` (each stageable) on `device` (a torch
+        """Copies of the CPU tensors `sources` (each stageable) on `device` (a torch
         device on the GPU backends, a virtual device index on the host-memory ones), in
         order. keep: hold each source's pinned twin for its next move. into: the tensors
         the copies go to (each contiguous, its source's shape and dtype, on `device`; host

@@ -3,7 +3,7 @@
 once per process, and a process bound to the fake must never hand it real tensors (so
 this one keeps the package from binding the real shim, and builds its DLTensors itself).
 
-Fake tensors live in host memory and claim GPU indices; the copies run on the CPU
+Fake tensors live in CPU memory and claim GPU indices; the copies run on the CPU
 backend's virtual devices. Usage: fake_bridge_scenarios.py LIBQLINK FAKE_SHIM SCENARIO"""
 import ctypes
 import os

@@ -1,5 +1,5 @@
 // Test only: the slice of PyTorch's stable C shim the torch bridge looks up, over tensors
-// in host memory that claim any device, so the bridge's own logic (leaf reading, ties,
+// in CPU memory that claim any device, so the bridge's own logic (leaf reading, ties,
 // placement, handle ownership) runs where no PyTorch has the shim (CI's is 1.13). Every
 // handle and storage is counted: a test ends by checking nothing is left alive.
 #include <atomic>

@@ -138,7 +138,7 @@ def test_gptq_pack_on_the_gpu_gives_the_cpus_words(bits, dtype):
 
 
 def test_gptq_pack_of_host_tensors_does_not_wait_for_the_callers_stream():
-    """A finalizer packs host tensors while the layer loop's kernels are queued: the pack
+    """A finalizer packs CPU tensors while the layer loop's kernels are queued: the pack
     returns (with the CPU's words) before the current stream's work is done; given the same
     tensors on the GPU, written on that stream, it packs what the stream wrote."""
     from qlink.quant import gptq_pack

@@ -528,7 +528,7 @@ def test_the_graph_is_captured_with_the_warm_up_still_queued(host, ctx, monkeypa
 
 
 def _cached_inputs(nsamples=6):
-    """A block's inputs as AutoRound's capture leaves them in host memory: a list of one-sample
+    """A block's inputs as AutoRound's capture leaves them in CPU memory: a list of one-sample
     hidden states, per-sample lists of the others, a shared tensor and a flag."""
     gen = torch.Generator().manual_seed(5)
     return {"input_ids": [torch.randn(1, SEQ, HIDDEN, generator=gen) for _ in range(nsamples)],

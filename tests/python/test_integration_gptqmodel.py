@@ -83,7 +83,7 @@ def test_a_forward_pass_runs_its_moves_through_qlink(host):
     assert counts["move_to"]["qlink"] == 4 and counts["nested_move_to"]["qlink"] == 8
     # Host memory: the clone is the host's own (P2P is an accelerator concept), said so.
     assert counts["clone_module_for_devices"]["host"] == 1
-    assert counts["clone_module_for_devices"]["reasons"] == {"host devices: P2P is an accelerator concept": 1}
+    assert counts["clone_module_for_devices"]["reasons"] == {"CPU devices: P2P is an accelerator concept": 1}
 
 
 def test_moves_the_engine_does_not_cover_go_to_the_host_counted(host):

@@ -259,7 +259,7 @@ def test_a_streamed_module_move_arrives_whole_behind_the_streams_work(gpu_host):
 
 def _capture(calibration):
     """A capture as GPTQModel's: per batch its hidden states, kwargs (rotary tables as a
-    tuple), position ids and mask (None where sdpa needs none), in host memory."""
+    tuple), position ids and mask (None where sdpa needs none), in CPU memory."""
     from gptqmodel.looper.input_cache import InputCache
     gen = torch.Generator().manual_seed(calibration)
     hidden = [[torch.randn(1, 16, 64, generator=gen).to(torch.bfloat16)] for _ in range(4)]
@@ -288,7 +288,7 @@ def test_on_the_cpu_backend_the_capture_stays_in_host_memory(host, library):
     adapter.install(ctx=qlink.load({"backend": "cpu", "cpu_devices": 2, "log_level": "off"}, library=library))
     cache = _looper().loop(0)
     assert all(t.device.type == "cpu" for t in _leaves(cache))
-    assert adapter.counters()["seams"]["cache_inputs"]["reasons"] == {"the cpu backend computes in host memory": 1}
+    assert adapter.counters()["seams"]["cache_inputs"]["reasons"] == {"the cpu backend computes in CPU memory": 1}
 
 
 one_gpu = pytest.mark.skipif(torch.cuda.device_count() != 1, reason="needs exactly one GPU")

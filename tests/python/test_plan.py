@@ -93,7 +93,7 @@ def test_the_plan_command_prints_the_world_the_devices_and_every_reason(library)
     run = _qlink_plan(library, "--parallel", "auto", "--iters", "200", "--batch-size", "2")
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines() == [
-        "backend: cpu, 5 device(s): virtual, in host memory",
+        "backend: cpu, 5 device(s): virtual, in CPU memory",
         "parallel_quantization=auto, iters=200, batch_size=2",
         "world: 2",
         "devices: 0 (home), 1",

@@ -31,7 +31,7 @@ def _plan(a):
     with Context(json.loads(a.config), a.library) as ctx:
         devices = ctx.devices()
         print("backend: %s, %d device(s)%s" %
-              (ctx.backend, len(devices), ": virtual, in host memory" if ctx.cpu_memory else ""))
+              (ctx.backend, len(devices), ": virtual, in CPU memory" if ctx.cpu_memory else ""))
         try:
             resolved = resolve_plan(a.parallel, [d.index for d in devices], a.iters, a.batch_size,
                                     free_bytes={d.index: d.free_bytes for d in devices},

@@ -103,7 +103,7 @@ def _source(cls):
 def enable_visible_gpus(ctx):
     """Peer access between every pair of the GPUs PyTorch sees (per the context's p2p
     config): the hosts never ask for it, and qlink's copies and collectives between them
-    would otherwise be staged through host memory. Returns the pairs enabled."""
+    would otherwise be staged through CPU memory. Returns the pairs enabled."""
     torch = sys.modules.get("torch")
     if torch is None or ctx.cpu_memory or not torch.cuda.is_available():
         return []

@@ -5,7 +5,7 @@ module that imported it by name, and wherever it was bound as a default argument
 function or method was defined; undone in reverse order by undo().
 
 Counters, per patch: "qlink" (the call ran through qlink), "host" (the host's own code
-ran by design: host memory, options qlink does not cover; the reason is counted) and
+ran by design: CPU memory, options qlink does not cover; the reason is counted) and
 "fallback" (qlink's path failed before changing anything the host can see, and the
 host's ran instead; with strict=True that raises FallbackRefused instead). The host's own
 errors, raised by its callbacks on qlink's path, propagate as they are (Guard.attempt)."""

@@ -29,7 +29,7 @@ class GPTQResult:
 @dataclasses.dataclass
 class GPTQLayer:
     """One linear layer to quantize. Layers given the same hessian tensor share its inverse.
-    device: the qlink device id on the CPU backend (virtual devices share host memory)."""
+    device: the qlink device id on the CPU backend (virtual devices share CPU memory)."""
     weight: torch.Tensor
     hessian: torch.Tensor
     name: str = ""

@@ -1,5 +1,5 @@
 """Where the replicas of a data-parallel engine live: GPUs, or the CPU backend's virtual
-devices (one host memory, a qlink device id per replica) so CI runs every engine at any
+devices (one CPU memory, a qlink device id per replica) so CI runs every engine at any
 world size."""
 import concurrent.futures
 

@@ -14,7 +14,7 @@ reason; "off" runs AutoRound's own code."""
 from ...defaults import configure
 from ..base import HostSpec, Integration
 from ..seams import Seam, SeamTable
-from .installation import _INPUTS, _ORCHESTRATOR, _RTN, _SIGN_ROUND, TRANSPORTS, AutoRoundInstallation  # noqa: F401
+from .installation import _INPUTS, _ORCHESTRATOR, _RTN, _SIGN_ROUND, AutoRoundInstallation
 
 _QUANTIZER_STATE = [_SIGN_ROUND + "." + name for name in (
     "_compute_valid_token_mask", "_get_loss", "_scale_loss_and_backward", "_get_non_zero_cnt", "_step",

@@ -46,7 +46,7 @@ def _nbytes(tensors):
 
 
 def _one_per_sample(value):
-    """Whether `value` is a list of host tensors of one shape and dtype, each stageable
+    """Whether `value` is a list of CPU tensors of one shape and dtype, each stageable
     (AutoRound's per-sample cache of a block's first input)."""
     return (isinstance(value, list) and len(value) > 1 and all(stageable(t) is None for t in value)
             and len({(tuple(t.shape), t.dtype) for t in value}) == 1)

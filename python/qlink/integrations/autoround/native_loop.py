@@ -362,7 +362,7 @@ class NativeTuning:
         try:
             # torch.cuda.graph's capture without what its __enter__ does first: a device
             # synchronize and the allocator's caches emptied (the device's and the page-locked
-            # host memory's). Those leave the GPU idle from the moment the warm-up iterations
+            # CPU memory's). Those leave the GPU idle from the moment the warm-up iterations
             # still queued on `stream` finish until the host has captured and instantiated the
             # graph; without them the queued iterations run while the host captures (capturing
             # records work and runs none), and the first replay follows them on `stream`. The

@@ -73,7 +73,7 @@ def move_tensor_attributes(ctx, block, device):
 def make_mirrors(ctx, placement, block):
     """The block's mirrors for ranks 1.., their tensor attributes on their devices: new
     modules of qlink's, nothing of the block's changed."""
-    if placement.cpu:  # one host memory: the CPU backend's virtual devices stand in for GPUs
+    if placement.cpu:  # one CPU memory: the CPU backend's virtual devices stand in for GPUs
         mirrors = [ctx.mirror_module(block, ["cpu"])[0] for _ in range(1, placement.world)]
     else:
         mirrors = ctx.mirror_module(block, placement.torch_devices[1:])

@@ -15,7 +15,7 @@ from ..base import HostSpec, Integration
 from ..seams import Seam, SeamTable
 from . import gptq, looper_helpers, model_moves, module_looper, qlinear
 from .defuser_moe import make_run_routed_experts
-from .installation import READ_AHEAD, GPTQModelInstallation  # noqa: F401 (READ_AHEAD: install's choices)
+from .installation import GPTQModelInstallation
 
 _HELPERS, _MODEL = "gptqmodel.utils.looper_helpers:", "gptqmodel.utils.model:"
 _GPTQ = "gptqmodel.quantization.gptq:GPTQ."
@@ -49,7 +49,7 @@ SEAMS = SeamTable("gptqmodel", [
          "torch.nn.parallel.replicate (broadcast_coalesced): qlink's broadcast instead",
          ["torch_replicate"], looper_helpers.make_torch_replicate, how="everywhere"),
     Seam(_MODEL + "move_to", "model_moves",
-         "tensor and module moves: host tensors through pinned twins on the target's stream",
+         "tensor and module moves: CPU tensors through pinned twins on the target's stream",
          ["move_to"], model_moves.make_move_to, how="everywhere"),
     Seam(_MODEL + "nested_move_to", "model_moves", "calibration batches' moves, twins kept for the next subset",
          ["nested_move_to"], model_moves.make_nested_move_to, how="everywhere"),

@@ -39,7 +39,7 @@ def _merge_refusal(ctx, partials, target):
         if len(tensors) > ctx.device_count or target.type != "cpu" or any(p.is_cuda for p in tensors):
             return "partials the %s backend's %d devices cannot hold" % (ctx.backend, ctx.device_count)
     elif target.type != "cuda" or not all(p.is_cuda for p in tensors):
-        return "a partial or the merged Hessian in host memory"
+        return "a partial or the merged Hessian in CPU memory"
     return None
 
 

@@ -72,7 +72,7 @@ def unsupported(gptq, inp, host, ctx):
     if ctx.cpu_memory and inp.device.type != "cpu":
         return "a %s input on the %s backend" % (inp.device.type, ctx.backend)
     if not ctx.cpu_memory and inp.device.type != "cuda":
-        return "an input in host memory"
+        return "an input in CPU memory"
     return None
 
 

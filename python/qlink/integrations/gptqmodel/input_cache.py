@@ -34,7 +34,7 @@ def _fields(cache):
 def placement(ctx, quantize_device, cache):
     """(the GPU the cache should move to, None), or (None, why it stays)."""
     if ctx.cpu_memory:
-        return None, "the %s backend computes in host memory" % ctx.backend
+        return None, "the %s backend computes in CPU memory" % ctx.backend
     if not dataclasses.is_dataclass(cache) or isinstance(cache, type):
         return None, "a cache of type %s, not GPTQModel's InputCache" % type(cache).__name__
     if torch.cuda.device_count() != 1:
@@ -48,7 +48,7 @@ def placement(ctx, quantize_device, cache):
     device = resolved_device(device)
     nbytes = sum(t.numel() * t.element_size() for t in nested_tensors(_fields(cache)) if t.device.type == "cpu")
     if nbytes == 0:
-        return None, "nothing of the cache is in host memory"
+        return None, "nothing of the cache is in CPU memory"
     free = torch.cuda.mem_get_info(device)[0]
     if nbytes > FREE_SHARE * free:
         return None, "the cache (%.2f GiB) would take more than %d %% of %s's free %.2f GiB" % (

@@ -30,7 +30,7 @@ def make_clone_module_for_devices(installation, original):
             return original(module, devices, clear_state_fn=clear, progress_callback=progress_callback)
 
         if not devices or all(torch.device(d).type == "cpu" for d in devices):
-            counters.host("clone_module_for_devices", "host devices: P2P is an accelerator concept")
+            counters.host("clone_module_for_devices", "CPU devices: P2P is an accelerator concept")
             return host()
 
         def notify(index, device, step):  # GPTQModel ignores a failing progress callback

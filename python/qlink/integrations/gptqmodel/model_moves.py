@@ -1,5 +1,5 @@
 """GPTQModel's tensor, module and calibration moves (gptqmodel.utils.model's move_to and
-nested_move_to) through qlink's moves: host tensors reach the GPU through pinned twins
+nested_move_to) through qlink's moves: CPU tensors reach the GPU through pinned twins
 on the device's current stream (qlink/pinned_staging.py), no thread blocked; what the
 moves do not take (dtype conversions, meta tensors, other objects) stays GPTQModel's."""
 import torch

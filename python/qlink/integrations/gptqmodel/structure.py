@@ -109,7 +109,7 @@ class _Handle:
 
 
 class LayerPrefetch:
-    """One installation's read-ahead: one layer at a time in host memory, read by one
+    """One installation's read-ahead: one layer at a time in CPU memory, read by one
     helper thread."""
 
     def __init__(self, safe_open, pin, counters, guard, patch="layer_prefetch", refill="module_refill"):
