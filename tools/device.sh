@@ -28,6 +28,8 @@
 #     loop_host8 GPTQModel alone at 8 layers
 #     ar ar0 ar_stacks  AutoRound alone and with qlink at AR_ITERS (ar0: iters 0; ar_stacks: profiled)
 #     moe_check moe_solve moe moe_samples  the Qwen3-MoE runs (issue 20)
+#     archs      arch_table.py: GPTQModel alone and qlink strict on each architecture's small model
+#     trained    trained_model.py: the model trained on corpus/ and its quantizations' perplexity
 #   Groups: gpu, hosts, issue20 (moe_check moe_solve moe), issue22 (ar ar0), issue23 (hprec loop loop_slope)
 # Environment: BUDGET (seconds for the whole run, 540 by default, 0 for none: a command's
 # limit is cut to what is left, and one with less than 10 s left is skipped, so the archive is
@@ -216,6 +218,14 @@ part_moe() {  # qlink at MOE_LAYERS (and 2 with GPTQModel's batches kept), GPTQM
     --strict --group-rows 0
   gptqmodel_run moe_host2 420 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --stop-at-layer 1
   [ -n "${DRY_RUN:-}" ] || grep -H "first solve" "$out"/moe_*.log
+}
+part_archs() {
+  local cwd=$hosts_dir
+  run archs 540 python3 arch_table.py --dir /tmp/arch_models --samples 64 --seqlen 512 --out "$out/arch_table.json"
+}
+part_trained() {  # issue 40: corpus/ is tools/pack.sh's (python3.11-doc's sources, corpus.py's split)
+  local cwd=$hosts_dir
+  run trained 560 python3 trained_model.py --corpus "$P/corpus" --dir /tmp/trained --out "$out/trained.json"
 }
 part_moe_samples() {  # every thread sampled (the sampling stretches the run)
   gptqmodel_run moe_samples 300 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink --strict \

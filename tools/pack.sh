@@ -7,6 +7,8 @@
 #   rf/qlink               stress_test's runfiles (TEST_SRCDIR=rf): a link to ../python/qlink/lib
 #   tests/python/          the Python tests (their GPU half checks the package's GPU paths)
 #   docs/HOSTS.md          the seam tables a Python test compares with the code
+#   corpus/                the trained model's text (bench/hosts/corpus.py), where this machine
+#                          has python3.11-doc's sources (apt-get install python3.11-doc)
 #   bench/                 the bench, baseline and host-run scripts (not results/)
 #   tools/device.sh        the runner: bash tools/device.sh OUTDIR PART... from this folder
 #   hosts/                 GPTQModel's package tree with gptqmodel_ext/ (its C++ sources,
@@ -67,7 +69,7 @@ bazel build -c opt //:plugin //:qlink //:libqlink_backend_fault.so //tests/pytho
 [ -n "$dest" ] || usage
 mkdir -p "$dest"
 rm -rf "${dest:?}/python" "${dest:?}/bin" "$dest/rf" "$dest/tests" "$dest/docs" "$dest/bench" "$dest/tools" \
-  "$dest/hosts" "$dest/PACKED.txt"
+  "$dest/hosts" "$dest/corpus" "$dest/PACKED.txt"
 mkdir -p "$dest/python/qlink/lib" "$dest/bin" "$dest/rf" "$dest/tests" "$dest/docs" "$dest/bench" "$dest/tools"
 cp -r python/qlink "$dest/python/"
 cp -f bazel-bin/libqlink*.so bazel-bin/qlink bazel-bin/tests/python/libfake_torch_shim.so \
@@ -76,6 +78,11 @@ cp -f bazel-bin/tests/conformance_test bazel-bin/tests/stress_test bazel-bin/ben
 ln -s ../python/qlink/lib "$dest/rf/qlink"  # stress_test loads qlink/libqlink.so from its runfiles
 cp -r tests/python "$dest/tests/"
 cp docs/HOSTS.md "$dest/docs/"
+if [ -d /usr/share/doc/python3.11/html/_sources ]; then
+  python3 bench/hosts/corpus.py "$dest/corpus"
+else
+  echo "pack.sh: no python3.11-doc sources here: corpus/ left out (apt-get install python3.11-doc)" >&2
+fi
 cp bench/*.py bench/*.cu "$dest/bench/"
 cp -r bench/baselines bench/hosts "$dest/bench/"
 cp tools/device.sh "$dest/tools/"

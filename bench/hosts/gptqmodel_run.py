@@ -75,7 +75,7 @@ def _task_name(task):
     return getattr(getattr(task, "_named_module", None), "full_name", task.name)  # layer index included
 
 
-def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batches=None):
+def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batches=None, dequantized=None):
     """Wraps GPTQ.quantize (as installed: GPTQModel's own or qlink's) to record each layer's
     result: device checksums of what the solve returns (Q, scales, zeros, g_idx) and its
     loss; its levels (on the device) where `codes` is a dict. Nothing waits on the device
@@ -85,7 +85,9 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
     checksums of what each solve reads, its weight as the solve starts and its merged Hessian
     (GPTQ.finalize_hessian's, the last before the solve): where two runs' solves differ,
     which input differed first. batches: a regex; checksums of each input add_batch is given
-    for the layers it matches, into into[name]["batch_sums"] (GPTQ.add_batch as installed)."""
+    for the layers it matches, into into[name]["batch_sums"] (GPTQ.add_batch as installed).
+    dequantized: a dict that receives each layer's quant-dequantized weight (the solve's Q),
+    on its device."""
     import torch
     solve = GPTQ.quantize
     start, layers_seen, hessians, fed = time.perf_counter(), set(), {}, {}
@@ -125,6 +127,8 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
             into[name]["batch_sums"] = fed.pop(name)
         if codes is not None:
             codes[name] = levels(*out[:4])
+        if dequantized is not None:
+            dequantized[name] = out[0].detach().clone()
         return out
     GPTQ.quantize = recording
 
@@ -203,6 +207,9 @@ def main():
     a.add_argument("--stop-at-layer", type=int, help="end the run at this layer's first solve (its time printed)")
     a.add_argument("--group-rows", type=int, help="qlink: tokens per grouped forward (0: GPTQModel's batches kept)")
     a.add_argument("--codes")
+    a.add_argument("--bits", type=int, default=4, help="GPTQModel's bits (group size 128)")
+    a.add_argument("--calibration", help="a .pt tensor of token ids (samples, seqlen) instead of random tokens")
+    a.add_argument("--dequantized", help="each layer's quant-dequantized weight (bf16), as a .pt {name: tensor}")
     a.add_argument("--input-digests", action="store_true",
                    help="digests of each solve's weight and merged Hessian too (which input two runs differ in)")
     a.add_argument("--batch-digests", metavar="REGEX",
@@ -244,7 +251,8 @@ def main():
               "segments": args.segments if args.qlink else None, "torch_threads": torch.get_num_threads(),
               "strict": args.strict, "guards": args.qlink or args.guards,
               "gpus": torch.cuda.device_count(), "layers": args.layers, "precision": args.precision,
-              "profiled": bool(args.profile or args.cprofile or args.samples_out), "settings": args.settings}
+              "profiled": bool(args.profile or args.cprofile or args.samples_out), "settings": args.settings,
+              "bits": args.bits, "calibration": args.calibration}
     if args.qlink or args.guards:
         install_guards()
     if args.qlink:
@@ -265,13 +273,15 @@ def main():
     from gptqmodel.looper import gptq_processor
     GPTQ = gptq_processor.GPTQ  # the class the processor builds its tasks from (qlink's where installed)
     layers, codes = {}, {} if args.codes else None
-    record_solves(GPTQ, layers, codes, args.stop_at_layer, inputs=args.input_digests, batches=args.batch_digests)
+    dequantized = {} if args.dequantized else None
+    record_solves(GPTQ, layers, codes, args.stop_at_layer, inputs=args.input_digests, batches=args.batch_digests,
+                  dequantized=dequantized)
     packs = {}
     record_packs(packs)
     if args.profile:
         mark_layer_loop()
     # GPTQModel's defaults otherwise: its group-aware reordering (act_group_aware) is on.
-    config = QuantizeConfig(bits=4, group_size=128, desc_act=False)
+    config = QuantizeConfig(bits=args.bits, group_size=128, desc_act=False)
     result["act_group_aware"] = bool(config.act_group_aware)
     result["alloc_conf"] = os.environ.get("PYTORCH_ALLOC_CONF")  # GPTQModel sets it on import where unset
     # What the allocator does: one started before the variable was set (this process made the model first) makes
@@ -279,7 +289,7 @@ def main():
     from qlink.integrations.process_settings import expandable_now
     result["allocator_expandable"] = expandable_now()
     model = GPTQModel.load(args.model, config)
-    ids = token_batches(args.samples, args.seqlen)
+    ids = torch.load(args.calibration) if args.calibration else token_batches(args.samples, args.seqlen)
     calibration = [{"input_ids": row, "attention_mask": torch.ones_like(row)} for row in ids]
     torch.cuda.reset_peak_memory_stats()
     if args.profile:
@@ -320,6 +330,8 @@ def main():
     result["qlink_package"] = getattr(sys.modules.get("qlink"), "__file__", None)
     if codes is not None:
         torch.save(codes, args.codes)
+    if dequantized is not None:
+        torch.save({name: q.to("cpu", torch.bfloat16) for name, q in dequantized.items()}, args.dequantized)
     write(result, args.out)
 
 
