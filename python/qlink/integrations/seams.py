@@ -88,9 +88,7 @@ class SeamTable:
                 if original is None:
                     continue
             else:
-                original = installation.names.get(seam.target)
-                if original is None:
-                    original = getattr(seam.resolve_owner(), seam.owner_and_name[1])
+                original = installation.names[seam.target]  # resolved by HostSpec at install
             out.append((seam, original))
         return out
 
