@@ -29,7 +29,18 @@
 #     ar ar0 ar_stacks  AutoRound alone and with qlink at AR_ITERS (ar0: iters 0; ar_stacks: profiled)
 #     moe_check moe_solve moe moe_samples  the Qwen3-MoE runs (issue 20)
 #     archs      arch_table.py: GPTQModel alone and qlink strict on each architecture's small model
+#     archs_ref  arch_table.py --references on Qwen3 and Mixtral (alone reversed, alone in float64)
 #     trained    trained_model.py: the model trained on corpus/ and its quantizations' perplexity
+#     attn       attention_determinism.py: each SDPA backend's bytes over 12 fresh processes
+#     worlds     the GPTQ engine's worlds test on this machine's CPU (bin/, blas.tar.xz's OpenBLAS), on
+#                the kernels it picks and on its Haswell, SkylakeX and Cooperlake ones
+#     speed_models  the 7B-shaped models of 2, 4 and 32 layers and a 70B-shaped layer; GPTQModel's
+#                packer built beside them (so no timed run builds it)
+#     speed      GPTQModel alone at 2 and 4 layers and the 70B-shaped layer; qlink's defaults
+#                (install(strict=True), no other argument) at 2, 4 and 32 layers and the 70B layer;
+#                the defaults with a 1e-4 s switch interval at 2 and 4, then with ieee_fp32 Hessians
+#     breakdown  GPTQModel alone with each of qlink's process settings (gc, switch, segments) at
+#                2 and 4 layers; AutoRound alone with each (AR_ITERS)
 #   Groups: gpu, hosts, issue20 (moe_check moe_solve moe), issue22 (ar ar0), issue23 (hprec loop loop_slope)
 # Environment: BUDGET (seconds for the whole run, 540 by default, 0 for none: a command's
 # limit is cut to what is left, and one with less than 10 s left is skipped, so the archive is
@@ -225,14 +236,71 @@ part_archs() {
 }
 part_trained() {  # issue 40: corpus/ is tools/pack.sh's (python3.11-doc's sources, corpus.py's split)
   local cwd=$hosts_dir
-  run trained 560 python3 trained_model.py --corpus "$P/corpus" --dir /tmp/trained --out "$out/trained.json"
+  run trained 480 python3 trained_model.py --corpus "$P/corpus" --dir /tmp/trained --out "$out/trained.json"
+}
+part_archs_ref() {
+  local cwd=$hosts_dir
+  run archs_ref 420 python3 arch_table.py --dir /tmp/arch_models --archs qwen3,mixtral --samples 64 --seqlen 512 \
+    --references --out "$out/arch_ref.json"
+}
+part_attn() { run attn 200 python3 "$P/bench/attention_determinism.py" --processes 12; }
+part_worlds() {  # on OpenBLAS's kernels for this processor, then on its Haswell, SkylakeX, Cooperlake ones
+  local blas=$build/blas core
+  mkdir -p "$blas" && tar -xJf "$P/blas.tar.xz" -C "$blas"
+  run cpu 10 lscpu
+  for core in "" Haswell SkylakeX Cooperlake; do
+    run worlds${core:+_$core} 240 env TEST_SRCDIR="$P/rf" LD_LIBRARY_PATH="$blas/openblas-pthread:$blas" \
+      OPENBLAS_VERBOSE=2 ${core:+OPENBLAS_CORETYPE=$core} "$P/bin/gptq_engine_test" --gtest_filter='Gptq.*Worlds*'
+  done
+}
+part_speed_models() {
+  local n
+  run packer 240 python3 -c "import common; common.setup_paths(); from gptqmodel.utils.cpp import \
+load_pack_block_extension as load; assert load() is not None" &
+  for n in 2 4 32; do
+    run make_llama$n 300 python3 -c "import sys; sys.path.insert(0, '$hosts_dir'); from common import make_llama; \
+make_llama('/tmp/llama7b-${n}layers', layers=$n)"
+  done
+  run make_llama70b 300 python3 -c "import sys; sys.path.insert(0, '$hosts_dir'); from common import make_llama, \
+LLAMA_70B; make_llama('/tmp/llama70b-1layer', layers=1, **LLAMA_70B)"
+  wait
+}
+part_speed() {
+  local n
+  for n in 2 4; do gptqmodel_run speed_host$n 300 --model /tmp/llama7b-${n}layers --layers $n; done
+  gptqmodel_run speed70_host 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b
+  for n in 2 4 32; do
+    gptqmodel_run speed_qlink$n 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict --defaults
+  done
+  gptqmodel_run speed70_qlink 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \
+    --defaults
+  for n in 2 4; do  # what the switch interval would add (not a default), and the former default's Hessians
+    gptqmodel_run speed_qlink${n}_switch 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict \
+      --switch-interval 1e-4
+  done
+  for n in 2 4; do
+    gptqmodel_run speed_qlink${n}_ieee 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict \
+      --precision ieee_fp32
+  done
+}
+part_breakdown() {
+  local n s
+  for n in 2 4; do
+    for s in gc switch segments gc,switch,segments; do
+      gptqmodel_run bd_host${n}_${s//,/+} 300 --model /tmp/llama7b-${n}layers --layers $n --settings $s
+    done
+  done
+  autoround_run bd_ar_host 330 --iters "${AR_ITERS:-200}"
+  for s in gc switch segments gc,switch,segments; do
+    autoround_run bd_ar_${s//,/+} 330 --iters "${AR_ITERS:-200}" --settings $s
+  done
 }
 part_moe_samples() {  # every thread sampled (the sampling stretches the run)
   gptqmodel_run moe_samples 300 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink --strict \
     --samples-out "$out/moe_samples.txt"
 }
 host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks \
-moe_check moe_solve moe moe_samples "
+moe_check moe_solve moe moe_samples speed_models speed breakdown "
 
 [ $# -ge 1 ] || usage
 case $1 in

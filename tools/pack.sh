@@ -3,7 +3,9 @@
 #   python/qlink/          qlink's Python package, with lib/ holding the optimized (-c opt)
 #                          libqlink.so, its backends, the torch bridge, the qlink CLI (it loads
 #                          the libqlink.so beside it) and the fake torch shim and cuSOLVER
-#   bin/                   conformance_test, stress_test, abi_overhead
+#   bin/                   conformance_test, stress_test, abi_overhead, gptq_engine_test
+#   blas.tar.xz            this machine's OpenBLAS (pthread) with its Fortran runtime, for
+#                          gptq_engine_test's worlds test on the other machine's processor
 #   rf/qlink               stress_test's runfiles (TEST_SRCDIR=rf): a link to ../python/qlink/lib
 #   tests/python/          the Python tests (their GPU half checks the package's GPU paths)
 #   docs/HOSTS.md          the seam tables a Python test compares with the code
@@ -63,18 +65,22 @@ if [ "$hosts" != none ]; then
 fi
 
 bazel build -c opt //:plugin //:qlink //:libqlink_backend_fault.so //tests/python:libfake_torch_shim.so \
-  //tests/python:libfake_cusolver.so //tests:conformance_test //tests:stress_test //bench:abi_overhead
+  //tests/python:libfake_cusolver.so //tests:conformance_test //tests:stress_test //bench:abi_overhead \
+  //tests/quant:gptq_engine_test
 
 # Only what this script lays out is replaced: DEST may hold other things (a wheel, a runner's output).
 [ -n "$dest" ] || usage
 mkdir -p "$dest"
 rm -rf "${dest:?}/python" "${dest:?}/bin" "$dest/rf" "$dest/tests" "$dest/docs" "$dest/bench" "$dest/tools" \
-  "$dest/hosts" "$dest/corpus" "$dest/PACKED.txt"
+  "$dest/hosts" "$dest/corpus" "$dest/PACKED.txt" "$dest/blas.tar.xz"
 mkdir -p "$dest/python/qlink/lib" "$dest/bin" "$dest/rf" "$dest/tests" "$dest/docs" "$dest/bench" "$dest/tools"
 cp -r python/qlink "$dest/python/"
 cp -f bazel-bin/libqlink*.so bazel-bin/qlink bazel-bin/tests/python/libfake_torch_shim.so \
   bazel-bin/tests/python/libfake_cusolver.so "$dest/python/qlink/lib/"
-cp -f bazel-bin/tests/conformance_test bazel-bin/tests/stress_test bazel-bin/bench/abi_overhead "$dest/bin/"
+cp -f bazel-bin/tests/conformance_test bazel-bin/tests/stress_test bazel-bin/bench/abi_overhead \
+  bazel-bin/tests/quant/gptq_engine_test "$dest/bin/"
+blas=/usr/lib/x86_64-linux-gnu
+tar -cJhf "$dest/blas.tar.xz" -C "$blas" openblas-pthread/libopenblas.so.0 libgfortran.so.5 libquadmath.so.0
 ln -s ../python/qlink/lib "$dest/rf/qlink"  # stress_test loads qlink/libqlink.so from its runfiles
 cp -r tests/python "$dest/tests/"
 cp docs/HOSTS.md "$dest/docs/"

@@ -8,7 +8,12 @@ fallbacks), whether the batches were grouped, the largest relative loss differen
 issue's bar: within 0.5 %), whether the solves' digests agree, the wall times.
 
     python3 bench/hosts/arch_table.py --dir MODELS [--archs opt,mixtral] [--layers 2]
-        [--samples 128] [--seqlen 2048] [--out TABLE.json]
+        [--samples 128] [--seqlen 2048] [--references] [--out TABLE.json]
+
+--references: two more GPTQModel-alone runs per architecture, its samples in reverse order
+(the same sums in another order: how far alone is from itself) and its X^T X products in
+float64 (near the exact Hessian: which of alone and qlink is nearer it), and qlink with
+hessian_precision ieee_fp32 (install's default is tensor).
 
 MODELS: where each architecture's model is made (MODELS/<arch>, kept for the next run) and
 each run's JSON written (MODELS/<arch>.<alone|qlink>.json)."""
@@ -26,13 +31,17 @@ from common import ARCHS  # noqa: E402 (beside this script)
 BAR = 0.005  # the issue's: per-layer losses within 0.5 %
 
 
-def run(arch, args, qlink):
-    """One gptqmodel_run.py process: its JSON result, or {"error": its last lines}."""
-    mode = "qlink" if qlink else "alone"
+MODES = {"alone": [], "qlink": ["--qlink", "--strict"], "alone_reversed": ["--reversed"],
+         "alone_f64": ["--hessian-f64"], "qlink_ieee_fp32": ["--qlink", "--strict", "--precision", "ieee_fp32"]}
+REFERENCES = ("alone_reversed", "alone_f64", "qlink_ieee_fp32")
+
+
+def run(arch, args, mode):
+    """One gptqmodel_run.py process in one of MODES: its JSON result, or {"error": its last lines}."""
     out = os.path.join(args.dir, "%s.%s.json" % (arch, mode))
     cmd = [sys.executable, os.path.join(HERE, "gptqmodel_run.py"), "--model", os.path.join(args.dir, arch),
            "--model-kind", arch, "--layers", str(args.layers), "--samples", str(args.samples),
-           "--seqlen", str(args.seqlen), "--out", out] + (["--qlink", "--strict"] if qlink else [])
+           "--seqlen", str(args.seqlen), "--out", out] + MODES[mode]
     if os.path.exists(out):
         os.remove(out)
     start = time.perf_counter()
@@ -87,6 +96,7 @@ def main():
     a.add_argument("--layers", type=int, default=2)
     a.add_argument("--samples", type=int, default=128)
     a.add_argument("--seqlen", type=int, default=2048)
+    a.add_argument("--references", action="store_true", help="alone reversed and alone in float64 too")
     a.add_argument("--out", help="the table and every run's result as JSON")
     args = a.parse_args()
     archs = [x for x in args.archs.split(",") if x]
@@ -96,9 +106,10 @@ def main():
     os.makedirs(args.dir, exist_ok=True)
     table = {}
     for arch in archs:
-        alone = run(arch, args, qlink=False)  # first: it makes the model
-        mine = run(arch, args, qlink=True)
+        alone = run(arch, args, "alone")  # first: it makes the model
+        mine = run(arch, args, "qlink")
         rows, worst = compare(alone, mine)
+        references = {mode: run(arch, args, mode) for mode in REFERENCES if args.references}
         grouped = mine.get("counters", {}).get("group_batches", {})
         table[arch] = {
             "alone_error": alone.get("error"), "qlink_error": mine.get("error"), "left_to_host": left_to_host(mine),
@@ -108,7 +119,14 @@ def main():
             "digests_equal": "digest" in alone and alone.get("digest") == mine.get("digest"),
             "alone_s": alone.get("quantize_s"), "qlink_s": mine.get("quantize_s"),
             "alone_process_s": alone["process_s"], "qlink_process_s": mine["process_s"],
-            "runs": {"alone": alone, "qlink": mine}}
+            "runs": dict(references, alone=alone, qlink=mine)}
+        if references:
+            exact = references["alone_f64"]
+            table[arch]["max_rel"] = {"alone_reversed vs alone": compare(alone, references["alone_reversed"])[1],
+                                      "alone vs alone_f64": compare(exact, alone)[1],
+                                      "qlink vs alone_f64": compare(exact, mine)[1],
+                                      "qlink_ieee_fp32 vs alone": compare(alone, references["qlink_ieee_fp32"])[1],
+                                      "qlink_ieee_fp32 vs alone_f64": compare(exact, references["qlink_ieee_fp32"])[1]}
         print("== %s" % arch, flush=True)
         for name, x, y, rel in rows:
             shown = ["-" if v is None else "%.6g" % v for v in (x, y)]
@@ -127,6 +145,8 @@ def main():
                 print("    %s: %s" % (what, t[what]))
         if t["grouped"] not in (True, None):
             print("    not grouped: %s" % t["grouped"])
+        for what, rel in t.get("max_rel", {}).items():
+            print("    %s: max rel %.4f%%" % (what, 100 * rel))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(table, f, indent=1, sort_keys=True, default=str)

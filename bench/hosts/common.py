@@ -45,22 +45,25 @@ def install_guards():
     torch.distributed.all_reduce = forbid("torch.distributed.all_reduce")
 
 
-def make_llama(path, layers=2, hidden=4096, intermediate=11008, heads=32, vocab=32000, seed=0):
-    """A LLaMA with `layers` decoder layers at 7B dimensions and random weights, saved with
-    a word-level tokenizer of `vocab` tokens."""
+def make_llama(path, layers=2, hidden=4096, intermediate=11008, heads=32, kv_heads=None, vocab=32000, seed=0):
+    """A LLaMA with `layers` decoder layers at 7B dimensions (or those given: LLAMA_70B's)
+    and random weights, saved with a word-level tokenizer of `vocab` tokens."""
     import torch
     import transformers
     if os.path.exists(os.path.join(path, "config.json")):
         return path
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-                                      num_attention_heads=heads, num_key_value_heads=heads, vocab_size=vocab,
-                                      max_position_embeddings=4096, torch_dtype="bfloat16")
+                                      num_attention_heads=heads, num_key_value_heads=kv_heads or heads,
+                                      vocab_size=vocab, max_position_embeddings=4096, torch_dtype="bfloat16")
     with torch.device("cuda"):
         model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(path, safe_serialization=True)
     save_tokenizer(path, vocab)
     return path
+
+
+LLAMA_70B = dict(hidden=8192, intermediate=28672, heads=64, kv_heads=8)  # LLaMA-2/3-70B's layer
 
 
 def make_qwen3_moe(path, layers=2, vocab=32000, seed=0):

@@ -8,31 +8,33 @@ peak GPU memory (PyTorch's allocator; qlink's scratch is outside it) and qlink's
 Nothing the script records waits on the device or copies to the host inside the timed
 call (device checksums, turned into digests after it).
 
-    python3 gptqmodel_run.py --model DIR [--layers N] [--model-kind llama|qwen3_moe|ARCH]
-        [--qlink [--strict] [--read-ahead pinned|pageable|off] [--switch-interval S|off]
+    python3 gptqmodel_run.py --model DIR [--layers N] [--model-kind llama|llama70b|qwen3_moe|ARCH]
+        [--qlink [--strict] [--defaults] [--read-ahead pinned|pageable|off] [--switch-interval S|off]
          [--landing pinned|pageable] [--segments fixed|host] | --guards]
-        [--precision ieee_fp32|tensor] [--codes FILE.pt] [--input-digests] [--batch-digests REGEX]
+        [--precision ieee_fp32|tensor] [--reversed] [--hessian-f64] [--codes FILE.pt]
+        [--input-digests] [--batch-digests REGEX]
         [--profile OPS.txt [--profile-stacks] [--idle IDLE.txt] | --profile OPS.txt --device-only]
         [--cprofile FILE | --samples-out FILE] [--out FILE]
 
 --layers: decoder layers of the model made at DIR (if DIR has none yet); --model-kind: a
-LLaMA-7B-shaped one (default) or a Qwen3-30B-A3B-shaped MoE (its experts split by the
-defuser stand-in as GPTQModel loads it), or a small one of an architecture of
-common.ARCHS (common.make_arch: opt, llama_gqa, ... mixtral; arch_table.py). --precision: the
-qlink config's hessian_precision. --input-digests: digests of each solve's weight and merged
-Hessian beside its result's (where two runs part, which input parted first); --batch-digests:
-digests of every input add_batch (GPTQModel's or qlink's) is given for the layers whose name
-matches REGEX, in order (whether the forwards or the accumulation made two Hessians
-differ). --codes: every
-layer's 4-bit levels saved (torch.save of
-{layer: uint8 codes}) for compare_codes.py. --profile: torch.profiler over the quantize
-call; the share of its wall time with a kernel running (GPU busy), and with a kernel or
-a copy; its operator table to OPS.txt (--profile-stacks: with the Python code behind each
-operator); --idle: the GPU's idle time over the layer loop charged to the host threads'
-stacks and the main thread's operators (idle.py); --device-only: the device's activity alone
-recorded (the host free of the profiler's per-operator cost: the busy share to report).
---cprofile, --samples-out: the host's time by function (cProfile; the main thread's stack
-sampled every 2 ms). --landing pageable: qlink's finished layers moved by PyTorch's copy.
+LLaMA-7B-shaped one (default), a LLaMA-70B-shaped one (llama70b), a Qwen3-30B-A3B-shaped MoE
+(its experts split by the defuser stand-in as GPTQModel loads it), or a small one of an
+architecture of common.ARCHS (common.make_arch: opt, llama_gqa, ... mixtral; arch_table.py).
+--precision: install's hessian_precision (its default where not given). --input-digests:
+digests of each solve's weight and merged Hessian beside its result's (where two runs part,
+which input parted first); --batch-digests: digests of every input add_batch (GPTQModel's or
+qlink's) is given for the layers whose name matches REGEX, in order (whether the forwards or
+the accumulation made two Hessians differ). --codes: every layer's 4-bit levels saved
+(torch.save of {layer: uint8 codes}) for compare_codes.py. --profile: torch.profiler over
+the quantize call; the share of its wall time with a kernel running (GPU busy), and with a
+kernel or a copy; its operator table to OPS.txt (--profile-stacks: with the Python code
+behind each operator); --idle: the GPU's idle time over the layer loop charged to the host
+threads' stacks and the main thread's operators (idle.py); --device-only: the device's
+activity alone recorded (the host free of the profiler's per-operator cost: the busy share
+to report). --cprofile, --samples-out: the host's time by function (cProfile; the main
+thread's stack sampled every 2 ms). --landing pageable: qlink's finished layers moved by
+PyTorch's copy. --reversed, --hessian-f64: the references arch_table.py --references
+compares with (the samples' order GPTQModel's sums follow; its products in float64).
 """
 import argparse
 import hashlib
@@ -42,8 +44,8 @@ import sys
 import time
 
 import idle
-from common import (ARCHS, busy_shares, install_guards, kernel_table, launch_mark_kernel, make_arch, make_llama,
-                    make_qwen3_moe, process_settings, profiler_activities, python_profile, setup_paths,
+from common import (ARCHS, LLAMA_70B, busy_shares, install_guards, kernel_table, launch_mark_kernel, make_arch,
+                    make_llama, make_qwen3_moe, process_settings, profiler_activities, python_profile, setup_paths,
                     stack_samples, timed, token_batches, write)
 
 setup_paths()
@@ -133,6 +135,15 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
     GPTQ.quantize = recording
 
 
+def products_in_f64(GPTQ):
+    """GPTQModel's per-batch X^T X (GPTQ.compute_hessian_xtx) in float64, returned in its
+    float32: what it then sums and scales is its own, each product exact to float32's rounding."""
+    def xtx(self, matrix):
+        wide = matrix.double()
+        return (wide.T @ wide).float()
+    GPTQ.compute_hessian_xtx = xtx
+
+
 def finish_records(into, codes=None):
     """The records' checksums as one sha256 per layer, losses as floats, codes on the host."""
     for record in into.values():
@@ -198,11 +209,13 @@ def main():
     a.add_argument("--model", required=True)
     a.add_argument("--qlink", action="store_true")
     a.add_argument("--strict", action="store_true")
+    a.add_argument("--defaults", action="store_true",
+                   help="with --qlink: install(config, strict) and nothing else (what a user gets)")
     a.add_argument("--guards", action="store_true", help="the torch guards without installing qlink (qlink run)")
     a.add_argument("--samples", type=int, default=128)
     a.add_argument("--seqlen", type=int, default=2048)
     a.add_argument("--layers", type=int, default=2)
-    a.add_argument("--model-kind", choices=("llama", "qwen3_moe") + ARCHS, default="llama")
+    a.add_argument("--model-kind", choices=("llama", "llama70b", "qwen3_moe") + ARCHS, default="llama")
     a.add_argument("--precision", choices=("ieee_fp32", "tensor"))
     a.add_argument("--stop-at-layer", type=int, help="end the run at this layer's first solve (its time printed)")
     a.add_argument("--group-rows", type=int, help="qlink: tokens per grouped forward (0: GPTQModel's batches kept)")
@@ -210,6 +223,10 @@ def main():
     a.add_argument("--bits", type=int, default=4, help="GPTQModel's bits (group size 128)")
     a.add_argument("--calibration", help="a .pt tensor of token ids (samples, seqlen) instead of random tokens")
     a.add_argument("--dequantized", help="each layer's quant-dequantized weight (bf16), as a .pt {name: tensor}")
+    a.add_argument("--reversed", action="store_true",
+                   help="the calibration samples in reverse order (the same sums in another order: rounding noise)")
+    a.add_argument("--hessian-f64", action="store_true",
+                   help="alone: GPTQModel's X^T X products in float64 (a reference near the exact Hessian)")
     a.add_argument("--input-digests", action="store_true",
                    help="digests of each solve's weight and merged Hessian too (which input two runs differ in)")
     a.add_argument("--batch-digests", metavar="REGEX",
@@ -239,30 +256,41 @@ def main():
     args.settings = [name for name in args.settings.split(",") if name]
     if args.settings and args.qlink:
         a.error("--settings is for runs without qlink (qlink's install holds its own)")
+    if args.defaults and (args.precision or args.switch_interval != "off" or args.read_ahead != "pinned"
+                          or args.segments != "fixed"):
+        a.error("--defaults takes none of --precision, --switch-interval, --read-ahead, --segments")
+    if args.hessian_f64 and args.qlink:
+        a.error("--hessian-f64 is for GPTQModel alone (qlink's Hessians are its own)")
     import torch
     if args.model_kind in ARCHS:
         make_arch(args.model, args.model_kind, layers=args.layers)
+    elif args.model_kind == "qwen3_moe":
+        make_qwen3_moe(args.model, layers=args.layers)
     else:
-        (make_qwen3_moe if args.model_kind == "qwen3_moe" else make_llama)(args.model, layers=args.layers)
+        make_llama(args.model, layers=args.layers, **(LLAMA_70B if args.model_kind == "llama70b" else {}))
     result = {"host": "GPTQModel", "model_kind": args.model_kind, "qlink": args.qlink, "group_rows": args.group_rows,
               "read_ahead": args.read_ahead if args.qlink else None,
-              "switch_interval": args.switch_interval if args.qlink else None,
+              "switch_interval": args.switch_interval if args.qlink and not args.defaults else None,
+              "defaults": args.defaults,
               "landing": args.landing if args.qlink else None,
               "segments": args.segments if args.qlink else None, "torch_threads": torch.get_num_threads(),
               "strict": args.strict, "guards": args.qlink or args.guards,
               "gpus": torch.cuda.device_count(), "layers": args.layers, "precision": args.precision,
               "profiled": bool(args.profile or args.cprofile or args.samples_out), "settings": args.settings,
-              "bits": args.bits, "calibration": args.calibration}
+              "bits": args.bits, "calibration": args.calibration, "reversed": args.reversed,
+              "hessian_f64": args.hessian_f64}
     if args.qlink or args.guards:
         install_guards()
     if args.qlink:
         import qlink.integrations.gptqmodel as qlink_gptqmodel
         config = {"backend": "cuda", "log_level": "warn"}
-        if args.precision:
-            config["hessian_precision"] = args.precision
-        qlink_gptqmodel.install(config, strict=args.strict, read_ahead=args.read_ahead,
-                                switch_interval=None if args.switch_interval == "off" else float(args.switch_interval),
-                                fixed_segments=args.segments == "fixed")
+        if args.defaults:
+            qlink_gptqmodel.install(config, strict=args.strict)
+        else:
+            interval = None if args.switch_interval == "off" else float(args.switch_interval)
+            qlink_gptqmodel.install(config, strict=args.strict, read_ahead=args.read_ahead, switch_interval=interval,
+                                    fixed_segments=args.segments == "fixed",
+                                    **({"hessian_precision": args.precision} if args.precision else {}))
         if args.landing == "pageable":
             import qlink.moves as qlink_moves
             qlink_moves.PINNED_MIN_BYTES = float("inf")
@@ -272,6 +300,8 @@ def main():
     from gptqmodel import GPTQModel, QuantizeConfig
     from gptqmodel.looper import gptq_processor
     GPTQ = gptq_processor.GPTQ  # the class the processor builds its tasks from (qlink's where installed)
+    if args.hessian_f64:
+        products_in_f64(GPTQ)
     layers, codes = {}, {} if args.codes else None
     dequantized = {} if args.dequantized else None
     record_solves(GPTQ, layers, codes, args.stop_at_layer, inputs=args.input_digests, batches=args.batch_digests,
@@ -291,6 +321,8 @@ def main():
     model = GPTQModel.load(args.model, config)
     ids = torch.load(args.calibration) if args.calibration else token_batches(args.samples, args.seqlen)
     calibration = [{"input_ids": row, "attention_mask": torch.ones_like(row)} for row in ids]
+    if args.reversed:
+        calibration.reverse()
     torch.cuda.reset_peak_memory_stats()
     if args.profile:
         from torch.profiler import profile

@@ -6,13 +6,16 @@ a gptqmodel_run.py process of its own (GPTQModel alone, qlink ieee_fp32, qlink t
 4-bit and 3-bit g128, each with two calibration seeds (the noise), and RTN (GPTQModel's
 symmetric min-max, no calibration); every quantized model's held-out perplexity from the
 solves' quant-dequantized weights written into a bf16 copy. Prints the table, writes JSON.
+The quantizations after the first run --parallel at a time (quality is the point here; their
+times share the GPU).
 
     python3 bench/hosts/trained_model.py --corpus CORPUS --dir WORK [--steps 1500]
-        [--samples 128] [--seqlen 512] [--out RESULT.json]
+        [--samples 128] [--seqlen 512] [--bits 4,3] [--parallel 4] [--out RESULT.json]
 
 CORPUS: corpus.py's output (train.txt, heldout.txt). Deterministic: seeded weights and
 batches, eager attention, torch's deterministic algorithms."""
 import argparse
+import concurrent.futures
 import json
 import math
 import os
@@ -139,7 +142,8 @@ def with_weights(path, weights):
 
 
 def quantize(args, model_dir, calibration, bits, variant, seed):
-    """One gptqmodel_run.py process; (its JSON result, the dequantized weights' file)."""
+    """One gptqmodel_run.py process: (its JSON result, the dequantized weights' file), or
+    ({"error": its last line}, None)."""
     tag = "%s.%d.%d" % (variant.replace(" ", "_"), bits, seed)
     out, weights = os.path.join(args.dir, tag + ".json"), os.path.join(args.dir, tag + ".pt")
     cmd = [sys.executable, os.path.join(HERE, "gptqmodel_run.py"), "--model", model_dir, "--layers",
@@ -147,9 +151,26 @@ def quantize(args, model_dir, calibration, bits, variant, seed):
            "--out", out] + VARIANTS[variant]
     done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if done.returncode != 0:
-        raise RuntimeError("%s failed: %s" % (tag, done.stderr.strip().splitlines()[-1:]))
+        return {"error": (done.stderr.strip().splitlines() or ["exit status %d" % done.returncode])[-1][-400:]}, None
     with open(out) as f:
         return json.load(f), weights
+
+
+def quantizations(args, model_dir, calibrations, log):
+    """Every (variant, bits, seed)'s run, the first alone (it builds GPTQModel's C++ packer),
+    the rest --parallel at a time (their quantize_s are then shared-GPU times, not speeds)."""
+    jobs = [(variant, bits, seed) for bits in args.bits for variant in VARIANTS for seed in calibrations]
+
+    def one(job):
+        variant, bits, seed = job
+        outcome = quantize(args, model_dir, calibrations[seed], bits, variant, seed)
+        log("quantized %s %d-bit seed %d" % job)
+        return outcome
+
+    done = {jobs[0]: one(jobs[0])}
+    with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
+        done.update(zip(jobs[1:], pool.map(one, jobs[1:])))
+    return [(job, done[job]) for job in jobs]
 
 
 def main():
@@ -162,8 +183,10 @@ def main():
     a.add_argument("--samples", type=int, default=128)
     a.add_argument("--seqlen", type=int, default=512)
     a.add_argument("--bits", default="4,3")
+    a.add_argument("--parallel", type=int, default=4, help="quantization processes at once (after the first)")
     a.add_argument("--out")
     args = a.parse_args()
+    args.bits = [int(b) for b in args.bits.split(",")]
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     import torch
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -189,20 +212,23 @@ def main():
     for seed in (1, 2):
         calibrations[seed] = os.path.join(args.dir, "calibration.%d.pt" % seed)
         torch.save(windows(train_ids, args.samples, args.seqlen, seed=seed), calibrations[seed])
-    for bits in [int(b) for b in args.bits.split(",")]:
+    for bits in args.bits:
         rows["RTN %d-bit" % bits] = {"ppl": perplexity(with_weights(model_dir, {
             name: rtn(w, bits) for name, w in reference.items()}), heldout_ids, args.seqlen)}
-        for variant in VARIANTS:
-            for seed in (1, 2):
-                run, weights = quantize(args, model_dir, calibrations[seed], bits, variant, seed)
-                ppl = perplexity(with_weights(model_dir, torch.load(weights)), heldout_ids, args.seqlen)
-                rows["%s %d-bit seed %d" % (variant, bits, seed)] = {"ppl": ppl, "quantize_s": run["quantize_s"],
-                                                                     "digest": run["digest"][:8]}
-                log("%s %d-bit seed %d: perplexity %.3f (%.1f s)" % (variant, bits, seed, ppl, run["quantize_s"]))
+    for (variant, bits, seed), (run, weights) in quantizations(args, model_dir, calibrations, log):
+        name = "%s %d-bit seed %d" % (variant, bits, seed)
+        if weights is None:
+            rows[name] = {"error": run["error"]}
+            log("%s: %s" % (name, run["error"]))
+            continue
+        ppl = perplexity(with_weights(model_dir, torch.load(weights)), heldout_ids, args.seqlen)
+        rows[name] = {"ppl": ppl, "quantize_s": run["quantize_s"], "digest": run["digest"][:8]}
+        log("%s: perplexity %.3f" % (name, ppl))
     result["rows"] = rows
     print("\n| model | held-out perplexity | quantize |\n|---|---|---|")
     for name, row in rows.items():
-        print("| %s | %.3f | %s |" % (name, row["ppl"], "%.1f s" % row["quantize_s"] if "quantize_s" in row else ""))
+        shown = row["error"] if "error" in row else "%.3f" % row["ppl"]
+        print("| %s | %s | %s |" % (name, shown, "%.1f s" % row["quantize_s"] if "quantize_s" in row else ""))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
