@@ -92,6 +92,24 @@ def test_the_layers_hessians_equal_gptqmodels_own_with_shared_accumulations(host
     assert adapter.counters()["seams"]["materialize_global_hessian"]["qlink"] == 7
 
 
+@pytest.mark.parametrize("asked, sent", [({}, "tensor"), ({"hessian_precision": "ieee_fp32"}, "ieee_fp32"),
+                                         ({"hessian_precision": None}, None)])
+def test_the_loops_hessians_take_installs_precision(host, monkeypatch, asked, sent):
+    """install's hessian_precision (tensor unless asked) reaches every native call."""
+    seen = []
+    accumulate = host["ctx"].hessian_accumulate
+
+    def spying(*args, **kwargs):
+        seen.append(kwargs["precision"])
+        return accumulate(*args, **kwargs)
+    monkeypatch.setattr(host["ctx"], "hessian_accumulate", spying)
+    adapter.install(ctx=host["ctx"], strict=True, **asked)
+    calibrate(host, torch.bfloat16)
+    assert seen and set(seen) == {sent}
+    with pytest.raises(ValueError, match="hessian_precision must be one of .*got 'fp64'"):
+        adapter.install(ctx=host["ctx"], hessian_precision="fp64")
+
+
 class MoE(torch.nn.Module):
     """An MoE block as GPTQModel calibrates it once split (transformers' eager experts loop):
     a router's top-2 per token, each routed expert's gate/up on its rows, down on theirs;

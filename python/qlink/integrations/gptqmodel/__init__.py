@@ -100,7 +100,7 @@ _integration = Integration()
 
 
 def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pinned", switch_interval=None,
-            fixed_segments=True):
+            fixed_segments=True, hessian_precision="tensor"):
     """Routes this process's GPTQModel through qlink (see the module's docstring); a second
     install replaces the first.
 
@@ -112,18 +112,21 @@ def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pi
     process's CUDA calls while it runs), "pageable" into pageable memory (the fill's copies
     block as GPTQModel's own), "off" leaves GPTQModel's fills alone.
     switch_interval: seconds (1e-4, say) the interpreter's switch interval is shortened to
-    for the layer loop, or None (the default) to leave it: one profiled run with it solved
-    a layer a few units in the last place apart from every other run, unexplained (every
-    run since agrees), so it is asked for rather than assumed.
+    for the layer loop, or None (the default) to leave it: with the tensor-core Hessians it
+    buys a few percent of a loop (bench/RESULTS.md), too little to assume.
     fixed_segments: True (the default) runs the layer loop with PyTorch's CUDA allocator
     making fixed segments where the process asked for expandable ones (GPTQModel asks as it
     is imported; docs/HOSTS.md says what that cost); False leaves the allocator as set.
+    hessian_precision: how the loop's Hessians sum 16-bit activations' products: "tensor"
+    (the default: on the tensor cores where the backend has them, IEEE elsewhere; its
+    perplexity on a trained model is within calibration noise of GPTQModel's own, docs/HOSTS.md),
+    "ieee_fp32", or None for the context config's hessian_precision.
     GPTQModel's version is checked against HOST's (another warns once; UnsupportedHost
     under strict) and every name the seams touch must be where HOST says (HostChanged
     naming each that moved); nothing is replaced otherwise."""
     uninstall()
     installation = GPTQModelInstallation(ctx or configure(config, library), strict, SEAMS, HOST, read_ahead,
-                                         switch_interval, fixed_segments)
+                                         switch_interval, fixed_segments, hessian_precision)
     return _integration.install(installation).ctx
 
 

@@ -13,6 +13,7 @@ from .solve_ahead import SolveAhead
 from .structure import LayerPrefetch
 
 READ_AHEAD = ("pinned", "pageable", "off")
+HESSIAN_PRECISIONS = ("tensor", "ieee_fp32", None)
 
 
 class _Host:
@@ -34,9 +35,11 @@ class _Host:
 
 class GPTQModelInstallation(Installation):
     def __init__(self, ctx, strict, seams, host_spec, read_ahead="pinned", switch_interval=None,
-                 fixed_segments=True):
+                 fixed_segments=True, hessian_precision="tensor"):
         if read_ahead not in READ_AHEAD:
             raise ValueError("read_ahead must be one of %s, got %r" % (READ_AHEAD, read_ahead))
+        if hessian_precision not in HESSIAN_PRECISIONS:
+            raise ValueError("hessian_precision must be one of %s, got %r" % (HESSIAN_PRECISIONS, hessian_precision))
         if not isinstance(fixed_segments, bool):
             raise ValueError("fixed_segments must be True or False, got %r" % (fixed_segments,))
         self.switch_interval = check_interval(switch_interval)
@@ -44,7 +47,7 @@ class GPTQModelInstallation(Installation):
         super().__init__(ctx, strict, seams, host_spec)
         self.host = _Host(self.names)
         self.read_ahead = read_ahead
-        self.accumulator = HessianAccumulator(ctx)
+        self.accumulator = HessianAccumulator(ctx, precision=hessian_precision)
         self.queue = Queue(self)  # add_batch's calls of a forward, made as one native call
         self.ahead = SolveAhead(self)  # a subset's tasks solved in one engine call
         pin = read_ahead == "pinned" and not ctx.cpu_memory and torch.cuda.is_available()
