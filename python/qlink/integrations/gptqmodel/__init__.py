@@ -13,7 +13,7 @@ instead of running the host's code."""
 from ...defaults import configure
 from ..base import HostSpec, Integration
 from ..seams import Seam, SeamTable
-from . import gptq, looper_helpers, model_moves, module_looper, qlinear
+from . import expert_stage, gptq, looper_helpers, model_moves, module_looper, qlinear
 from .defuser_moe import make_run_routed_experts
 from .installation import GPTQModelInstallation
 
@@ -93,6 +93,13 @@ SEAMS = SeamTable("gptqmodel", [
     Seam("defuser.modeling.unfused_moe.common:run_routed_experts", "defuser_moe",
          "a split MoE block's routed experts' loop: one host read a forward, the same output",
          ["routed_experts"], _routed, how="everywhere", package="defuser"),
+    Seam("gptqmodel.looper.stage_subset:run_subset_stage", "expert_stage",
+         "an MoE block's expert subsets: a hooked forward per batch calling each expert's linears, "
+         "per-expert add_batch: qlink's grouped pass over every batch, a Hessian per expert",
+         ["expert_stage"], expert_stage.make_run_subset_stage, how="everywhere",
+         reads=["gptqmodel.looper.stage_layer:run_subset_stage",  # imports it by name
+                "gptqmodel.looper.stage_subset:SubsetPlan", "gptqmodel.looper.stage_subset:SubsetStageResult",
+                "gptqmodel.looper.gptq_processor:GPTQProcessor.tasks"]),
 ])
 HOST = HostSpec("GPTQModel", "gptqmodel", "gptqmodel.version", "7.3", "f4c327a", SEAMS.host_names())
 
@@ -100,7 +107,7 @@ _integration = Integration()
 
 
 def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pinned", switch_interval=None,
-            fixed_segments=True):
+            fixed_segments=True, expert_budget=None):
     """Routes this process's GPTQModel through qlink (see the module's docstring); a second
     install replaces the first.
 
@@ -118,12 +125,14 @@ def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pi
     fixed_segments: True (the default) runs the layer loop with PyTorch's CUDA allocator
     making fixed segments where the process asked for expandable ones (GPTQModel asks as it
     is imported; docs/HOSTS.md says what that cost); False leaves the allocator as set.
+    expert_budget (expert_stage): bytes one chunk of an MoE block's expert Hessians and
+    their rows may take, or None for half the GPU's free memory (no bound in CPU memory).
     GPTQModel's version is checked against HOST's (another warns once; UnsupportedHost
     under strict) and every name the seams touch must be where HOST says (HostChanged
     naming each that moved); nothing is replaced otherwise."""
     uninstall()
     installation = GPTQModelInstallation(ctx or configure(config, library), strict, SEAMS, HOST, read_ahead,
-                                         switch_interval, fixed_segments)
+                                         switch_interval, fixed_segments, expert_budget)
     return _integration.install(installation).ctx
 
 
@@ -147,5 +156,7 @@ def counters():
     calls through qlink, through the host by design ("host") or after qlink failed
     ("fallback"), and why; "hessians", the add_batch accumulations (run, shared, rows,
     native calls); "solves", the engine calls (made, layers, answered ahead, refused,
-    spread over every device); "staging", the moves' host staging (copies, twins, bytes)."""
+    spread over every device); "staging", the moves' host staging (copies, twins, bytes);
+    "experts", the expert stage's blocks, experts, experts no token reached ("empty") or
+    below their fallback threshold ("few"), rows and Hessian chunks."""
     return _integration.counters()
