@@ -13,7 +13,7 @@ instead of running the host's code."""
 from ...defaults import configure
 from ..base import HostSpec, Integration
 from ..seams import Seam, SeamTable
-from . import gptq, looper_helpers, model_moves, module_looper, qlinear
+from . import expert_stage, gptq, looper_helpers, model_moves, module_looper, qlinear
 from .defuser_moe import make_run_routed_experts
 from .installation import GPTQModelInstallation
 
@@ -93,6 +93,13 @@ SEAMS = SeamTable("gptqmodel", [
     Seam("defuser.modeling.unfused_moe.common:run_routed_experts", "defuser_moe",
          "a split MoE block's routed experts' loop: one host read a forward, the same output",
          ["routed_experts"], _routed, how="everywhere", package="defuser"),
+    Seam("gptqmodel.looper.stage_subset:run_subset_stage", "expert_stage",
+         "an MoE block's expert subsets: a hooked forward per batch calling each expert's linears, "
+         "per-expert add_batch: qlink's grouped pass over every batch, a Hessian per expert",
+         ["expert_stage"], expert_stage.make_run_subset_stage, how="everywhere",
+         reads=["gptqmodel.looper.stage_layer:run_subset_stage",  # imports it by name
+                "gptqmodel.looper.stage_subset:SubsetPlan", "gptqmodel.looper.stage_subset:SubsetStageResult",
+                "gptqmodel.looper.gptq_processor:GPTQProcessor.tasks"]),
 ])
 HOST = HostSpec("GPTQModel", "gptqmodel", "gptqmodel.version", "7.3", "f4c327a", SEAMS.host_names())
 
@@ -100,7 +107,7 @@ _integration = Integration()
 
 
 def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pinned", switch_interval=None,
-            fixed_segments=True, hessian_precision="tensor"):
+            fixed_segments=True, hessian_precision="tensor", expert_stage=False, expert_budget=None):
     """Routes this process's GPTQModel through qlink (see the module's docstring); a second
     install replaces the first.
 
@@ -121,12 +128,17 @@ def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pi
     (the default: on the tensor cores where the backend has them, IEEE elsewhere; its
     perplexity on a trained model is within calibration noise of GPTQModel's own, docs/HOSTS.md),
     "ieee_fp32", or None for the context config's hessian_precision.
+    expert_stage: True runs an MoE block's expert subsets through qlink's owned stage
+    (docs/MOE.md); False (the default until it is measured on a GPU) leaves them to GPTQModel.
+    expert_budget: bytes one chunk of that stage's expert Hessians and their rows may take,
+    or None for half the GPU's free memory (no bound in CPU memory).
     GPTQModel's version is checked against HOST's (another warns once; UnsupportedHost
     under strict) and every name the seams touch must be where HOST says (HostChanged
     naming each that moved); nothing is replaced otherwise."""
     uninstall()
     installation = GPTQModelInstallation(ctx or configure(config, library), strict, SEAMS, HOST, read_ahead,
-                                         switch_interval, fixed_segments, hessian_precision)
+                                         switch_interval, fixed_segments, hessian_precision, expert_stage,
+                                         expert_budget)
     return _integration.install(installation).ctx
 
 
@@ -150,5 +162,7 @@ def counters():
     calls through qlink, through the host by design ("host") or after qlink failed
     ("fallback"), and why; "hessians", the add_batch accumulations (run, shared, rows,
     native calls); "solves", the engine calls (made, layers, answered ahead, refused,
-    spread over every device); "staging", the moves' host staging (copies, twins, bytes)."""
+    spread over every device); "staging", the moves' host staging (copies, twins, bytes);
+    "experts", the expert stage's blocks, experts, experts no token reached ("empty") or
+    below their fallback threshold ("few"), rows and Hessian chunks."""
     return _integration.counters()

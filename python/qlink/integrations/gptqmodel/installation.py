@@ -1,6 +1,6 @@
 """One installation of qlink in GPTQModel: the host names it resolved (_Host), the state
 its seams share (the Hessian accumulator and queue, the solve-ahead, the layer prefetch,
-the grouped batches' sample length) and the installation's settings."""
+the grouped batches' sample length, the expert stage's counts) and the installation's settings."""
 import importlib
 
 import torch
@@ -8,6 +8,7 @@ import torch
 from ...quant.hessian import HessianAccumulator
 from ..base import Installation
 from ..process_settings import check_interval
+from .expert_stage import ExpertCounts
 from .hessian_queue import Queue
 from .solve_ahead import SolveAhead
 from .structure import LayerPrefetch
@@ -35,14 +36,18 @@ class _Host:
 
 class GPTQModelInstallation(Installation):
     def __init__(self, ctx, strict, seams, host_spec, read_ahead="pinned", switch_interval=None,
-                 fixed_segments=True, hessian_precision="tensor"):
+                 fixed_segments=True, hessian_precision="tensor", expert_stage=False, expert_budget=None):
         if read_ahead not in READ_AHEAD:
             raise ValueError("read_ahead must be one of %s, got %r" % (READ_AHEAD, read_ahead))
         if hessian_precision not in HESSIAN_PRECISIONS:
             raise ValueError("hessian_precision must be one of %s, got %r" % (HESSIAN_PRECISIONS, hessian_precision))
-        if not isinstance(fixed_segments, bool):
-            raise ValueError("fixed_segments must be True or False, got %r" % (fixed_segments,))
+        for name, value in (("fixed_segments", fixed_segments), ("expert_stage", expert_stage)):
+            if not isinstance(value, bool):
+                raise ValueError("%s must be True or False, got %r" % (name, value))
+        if expert_budget is not None and (not isinstance(expert_budget, int) or expert_budget <= 0):
+            raise ValueError("expert_budget must be a positive number of bytes or None, got %r" % (expert_budget,))
         self.switch_interval = check_interval(switch_interval)
+        self.expert_stage, self.expert_budget = expert_stage, expert_budget
         self.fixed_segments = fixed_segments
         super().__init__(ctx, strict, seams, host_spec)
         self.host = _Host(self.names)
@@ -50,6 +55,7 @@ class GPTQModelInstallation(Installation):
         self.accumulator = HessianAccumulator(ctx, precision=hessian_precision)
         self.queue = Queue(self)  # add_batch's calls of a forward, made as one native call
         self.ahead = SolveAhead(self)  # a subset's tasks solved in one engine call
+        self.expert_counts = ExpertCounts()  # the expert stage's blocks, experts and rows
         pin = read_ahead == "pinned" and not ctx.cpu_memory and torch.cuda.is_available()
         self.prefetch = LayerPrefetch(self.host.safe_open, pin, self.counters, self.guard)
         # Each sample's tokens where the loop's cache holds grouped one-sample batches
@@ -76,4 +82,4 @@ class GPTQModelInstallation(Installation):
 
     def counter_sections(self):
         return {"hessians": self.accumulator.counters(), "solves": self.ahead.counters(),
-                "staging": self.ctx.pinned_staging.counters()}
+                "staging": self.ctx.pinned_staging.counters(), "experts": self.expert_counts.snapshot()}

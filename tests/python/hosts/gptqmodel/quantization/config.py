@@ -15,3 +15,4 @@ class QuantizeConfig:
     act_group_aware: bool = False
     mock_quantization: bool = False
     fallback: object = None
+    dynamic: object = None

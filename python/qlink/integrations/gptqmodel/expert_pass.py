@@ -1,0 +1,93 @@
+"""The routed forwards of one MoE block's experts over every calibration batch, run by
+qlink's expert stage: while installed on the block's experts module, each forward sorts
+the router's choices by expert once (defuser_moe's plan: one host read a forward), runs
+every expert's linears on its contiguous slice of the sorted rows straight from the
+weights (a grouped GEMM: no module call, hook or host read per expert) and keeps, per
+forward, the rows the stage's Hessians need: the gathered inputs (gate/up) or the
+experts' intermediates (down).
+
+Invariant: an expert's rows and the arithmetic on them are the eager loop's (defuser's
+run_routed_experts), experts added in ascending order, so the block's output equals the
+host's loop's bit for bit on the same weights. rows(e) concatenates expert e's rows of every
+forward, in forward order, for one Hessian product per expert."""
+import contextlib
+import threading
+
+import torch
+import torch.nn.functional as F
+
+from . import defuser_moe
+
+RECORDS = ("inputs", "intermediates")
+
+
+class ExpertPass:
+    """One block's routed forwards (see the module's docstring). record: "inputs" (the rows
+    gate and up read) or "intermediates" (the rows down reads). Thread-safe: forwards on
+    several threads append under one lock."""
+
+    def __init__(self, weights, record):
+        if record not in RECORDS:
+            raise ValueError("record must be one of %s, got %r" % (RECORDS, record))
+        self.weights, self.record = weights, record
+        self.lock = threading.Lock()
+        self.kept = []       # per forward: the recorded rows, sorted by expert
+        self.counts = []     # per forward: rows per expert
+        self.starts = []     # per forward: where each expert's rows start in its kept rows
+        self.forwards = 0
+
+    @contextlib.contextmanager
+    def installed_on(self, experts):
+        """experts (the module the block calls as experts(hidden, top_k_index, top_k_weights))
+        runs this pass's forward inside; its own forward back after."""
+        experts.forward = self.forward
+        try:
+            yield self
+        finally:
+            del experts.forward
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        tokens, num = hidden_states.shape[0], self.weights.num_experts
+        order, counts = defuser_moe._plan(top_k_index, tokens, 1, num)
+        counts = [c[0] for c in counts]
+        token = order % tokens
+        slot = torch.div(order, tokens, rounding_mode="floor")
+        x = hidden_states[token]
+        out, inter, at = torch.empty_like(x), [], 0
+        for expert, rows in enumerate(counts):
+            if rows == 0:
+                continue
+            part = slice(at, at + rows)
+            at += rows
+            gate, up = self.weights.gate_up(expert)
+            h = self.weights.act(expert, F.linear(x[part], gate)) * F.linear(x[part], up)
+            inter.append(h)
+            out[part] = F.linear(h, self.weights.down(expert))
+        out = out * top_k_weights[token, slot, None]
+        final = torch.zeros_like(hidden_states)
+        final.index_add_(0, token, out.to(final.dtype))
+        kept = x if self.record == "inputs" else (torch.cat(inter) if inter else x[:0, :0])
+        with self.lock:
+            self.kept.append(kept)
+            self.counts.append(counts)
+            self.starts.append([sum(counts[:e]) for e in range(num)])
+            self.forwards += 1
+        return final
+
+    def rows(self, expert):
+        """Expert's rows of every forward, concatenated in forward order (0 rows: None)."""
+        with self.lock:
+            parts = []
+            for kept, counts, starts in zip(self.kept, self.counts, self.starts):
+                if counts[expert]:
+                    parts.append(kept[starts[expert]:starts[expert] + counts[expert]])
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def totals(self):
+        """(rows, forwards reached) per expert over every forward so far."""
+        with self.lock:
+            rows = [sum(c[e] for c in self.counts) for e in range(self.weights.num_experts)]
+            reached = [sum(1 for c in self.counts if c[e]) for e in range(self.weights.num_experts)]
+        return rows, reached

@@ -1,0 +1,324 @@
+"""qlink's owned MoE expert stage (the expert_stage seam over the stand-in GPTQModel's
+run_subset_stage, and its pieces) on the CPU backend: the layer's expert subsets through
+qlink equal GPTQModel's own path (block outputs bit for bit, per-expert Hessians within fp32
+rounding of a sum's order, row counts, which experts no token reached, the solved codes);
+a fused block (transformers 5's 3-D experts) gives what its defused copy gives, without per-
+expert modules; chunked Hessians and Hessians placed over two devices equal one chunk's;
+what the stage does not cover runs GPTQModel's stage with the reason named."""
+import copy
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import qlink
+from qlink.integrations import gptqmodel as adapter
+from qlink.integrations.gptqmodel import expert_stage
+from qlink.integrations.gptqmodel.expert_layout import ExpertWeights, refusal
+from qlink.integrations.gptqmodel.expert_pass import ExpertPass
+from qlink.integrations.patches import FallbackRefused
+from qlink.quant import HessianAccumulator
+
+from stand_in_hosts import stand_in
+from test_defuser_standin import Config, Experts, defuser  # noqa: F401 (the fixture)
+
+HIDDEN, INTER, EXPERTS, TOP_K, SEQ, BATCHES = 32, 24, 8, 2, 16, 4
+
+
+@pytest.fixture
+def host(library):
+    with stand_in("gptqmodel", adapter):
+        yield qlink.load({"backend": "cpu", "cpu_devices": 2, "log_level": "off"}, library=library)
+
+
+class Block(nn.Module):
+    """An MoE block as transformers' (router, softmax, top-k, renormalised) whose last
+    expert no token is routed to."""
+
+    def __init__(self, experts, router):
+        super().__init__()
+        self.experts, self.router = experts, router
+
+    def forward(self, hidden_states):
+        flat = hidden_states.reshape(-1, HIDDEN)
+        logits = self.router(flat)
+        logits[:, -1] = -float("inf")
+        weights, chosen = torch.topk(F.softmax(logits, dim=-1), TOP_K, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        return self.experts(flat, chosen, weights).reshape(hidden_states.shape)
+
+
+class Layer(nn.Module):
+    def __init__(self, block):
+        super().__init__()
+        self.mlp = block
+
+    def forward(self, hidden_states, **kwargs):
+        return (hidden_states + self.mlp(hidden_states),)
+
+
+def fused_layer(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    experts = Experts(Config(hidden=HIDDEN, inter=INTER, experts=EXPERTS, top_k=TOP_K))
+    with torch.no_grad():
+        experts.gate_up_proj.copy_(torch.randn(experts.gate_up_proj.shape, generator=gen) / 4)
+        experts.down_proj.copy_(torch.randn(experts.down_proj.shape, generator=gen) / 4)
+    router = nn.Linear(HIDDEN, EXPERTS, bias=False)
+    router.weight.data = torch.randn(EXPERTS, HIDDEN, generator=gen)
+    return Layer(Block(experts, router))
+
+
+def defused(layer, defuser):  # noqa: F811
+    """The layer with its experts split as defuser splits them (copies of the slices)."""
+    split = copy.deepcopy(layer)
+    fused = split.mlp.experts
+    split.mlp.experts = defuser.DefusedExperts([
+        defuser.DefusedExpert(fused.gate_up_proj[e, :INTER], fused.gate_up_proj[e, INTER:], fused.down_proj[e],
+                              fused.act_fn) for e in range(EXPERTS)])
+    return split
+
+
+def batches(seed=1):
+    """The calibration batches: one sample of SEQ tokens each."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, SEQ, HIDDEN, generator=gen) for _ in range(BATCHES)]
+
+
+def cache():
+    from gptqmodel.looper.input_cache import InputCache
+    return InputCache([[x] for x in batches()], [{} for _ in range(BATCHES)], [], [None] * BATCHES)
+
+
+def subsets(layer, processor):
+    """GPTQModel's two expert subsets of the layer (gate/up, then down) as plans, each
+    module's task made by the processor."""
+    from gptqmodel.looper.named_module import NamedModule
+    from gptqmodel.looper.stage_subset import SubsetPlan
+    plans = []
+    for projections in (("gate_proj", "up_proj"), ("down_proj",)):
+        modules = {}
+        for proj in projections:
+            for e in range(EXPERTS):
+                name = "mlp.experts.%d.%s" % (e, proj)
+                modules[name] = NamedModule(layer.get_submodule(name), name, "model.layers.0." + name, 0)
+                processor.preprocess(modules[name])
+        plans.append(SubsetPlan(modules, len(plans), 2, True, True, BATCHES, [modules]))
+    return plans
+
+
+def run_layer(layer, monkeypatch):
+    """The layer's expert subsets through the stand-in's layer stage; returns each task's
+    (Hessian, rows) as its solve found them, the solves' results, the dynamic exclusions."""
+    from gptqmodel.looper import gptq_processor, stage_layer
+    seen, process = {}, gptq_processor.GPTQProcessor.process
+
+    def recording(processor, module):
+        task = processor.tasks[module.name]
+        seen[module.name] = (task.finalize_hessian().clone(), task.nsamples)
+        return process(processor, module)
+    monkeypatch.setattr(gptq_processor.GPTQProcessor, "process", recording)
+    processor = gptq_processor.GPTQProcessor()
+    plans = subsets(layer, processor)
+    looper = type("Looper", (), {"gptq_model": _model()})()
+    stage_layer.run_layer_stage(looper, plans=plans, processor=processor, module=layer, cache=cache(),
+                                layer_index=0)
+    return seen, processor.results, processor.qcfg.dynamic
+
+
+def _model():
+    from gptqmodel.models.base import BaseQModel
+    return type("Qwen3MoeQModel", (BaseQModel,), {"dynamic_expert_index": "num_experts"})()
+
+
+def test_the_owned_stage_gives_gptqmodels_hessians_counts_and_exclusions(host, defuser, monkeypatch):  # noqa: F811
+    """GPTQModel's own path (qlink not installed: its hooks and add_batch per expert) against
+    qlink's stage: the gate/up Hessians (GPTQModel's own solve in both) within the rounding
+    of a sum's order, the rows equal, the never-routed expert pruned in both."""
+    layer = defused(fused_layer(), defuser)
+    theirs, _, their_dynamic = run_layer(copy.deepcopy(layer), monkeypatch)
+    adapter.install(ctx=host, strict=True, expert_stage=True)
+    mine, _, my_dynamic = run_layer(copy.deepcopy(layer), monkeypatch)
+    counts = adapter.counters()
+    assert counts["seams"]["expert_stage"]["qlink"] == 2
+    assert my_dynamic == their_dynamic and len(my_dynamic) == 3  # expert 7's gate, up and down
+    gate_up = [k for k in theirs if not k.endswith("down_proj")]
+    assert sorted(mine) == sorted(theirs) and len(gate_up) == 2 * (EXPERTS - 1)
+    for name in theirs:
+        (h, rows), (other, other_rows) = theirs[name], mine[name]
+        assert rows == other_rows, name
+        tolerance = 1e-5 if name in gate_up else 2e-2  # down reads the solved gate/up, solved apart
+        torch.testing.assert_close(other, h, rtol=tolerance, atol=tolerance, msg=name)
+    assert counts["experts"] == {"blocks": 2, "experts": 2 * EXPERTS, "empty": 2, "few": 0,
+                                 "rows": 2 * BATCHES * SEQ * TOP_K, "chunks": 2}
+
+
+def test_the_stage_is_gptqmodels_unless_asked_for(host, defuser, monkeypatch):  # noqa: F811
+    """install() without expert_stage=True leaves every subset to GPTQModel's stage, counted."""
+    adapter.install(ctx=host, strict=True)
+    run_layer(defused(fused_layer(), defuser), monkeypatch)
+    counts = adapter.counters()
+    assert counts["seams"]["expert_stage"]["qlink"] == 0
+    assert counts["seams"]["expert_stage"]["reasons"] == {"expert_stage=False": counts["seams"]["expert_stage"]["host"]}
+    assert counts["experts"]["blocks"] == 0
+    with pytest.raises(ValueError, match="expert_stage must be True or False, got 'yes'"):
+        adapter.install(ctx=host, expert_stage="yes")
+
+
+def test_the_owned_stage_solves_what_gptqmodels_forwards_would(host, defuser, monkeypatch):  # noqa: F811
+    """Both through qlink (its add_batch and engine), GPTQModel's forwards against the owned
+    stage: every Hessian, gate/up's and down's, within a sum's rounding, codes equal."""
+    layer = defused(fused_layer(), defuser)
+    adapter.install(ctx=host, strict=True, expert_stage=True)
+    monkeypatch.setattr(expert_stage, "expert_subset", lambda names: (None, "off for the reference"))
+    theirs, their_results, _ = run_layer(copy.deepcopy(layer), monkeypatch)
+    monkeypatch.undo()
+    mine, my_results, _ = run_layer(copy.deepcopy(layer), monkeypatch)
+    assert adapter.counters()["seams"]["expert_stage"]["qlink"] == 2
+    for name in theirs:
+        torch.testing.assert_close(mine[name][0], theirs[name][0], rtol=1e-5, atol=1e-5, msg=name)
+        assert mine[name][1] == theirs[name][1], name
+    codes = [(my_results[n][0] == their_results[n][0]).float().mean().item() for n in theirs]
+    assert min(codes) >= 0.99, codes
+
+
+def test_the_pass_gives_defusers_output_bit_for_bit_and_fused_gives_defused(defuser):  # noqa: F811
+    fused = fused_layer()
+    split = defused(fused, defuser)
+    x = batches()[0]
+    with torch.no_grad():
+        eager = split.mlp(x)
+        passes = {}
+        for name, layer in (("fused", fused), ("split", split)):
+            routed = passes[name] = ExpertPass(ExpertWeights(layer.mlp.experts), "inputs")
+            with routed.installed_on(layer.mlp.experts):
+                out = layer.mlp(x)
+            assert torch.equal(out, eager), name
+            assert "forward" not in vars(layer.mlp.experts)
+    assert passes["fused"].totals() == passes["split"].totals()
+    rows, _ = passes["fused"].totals()
+    assert rows[-1] == 0 and sum(rows) == SEQ * TOP_K
+    for e in range(EXPERTS - 1):
+        assert torch.equal(passes["fused"].rows(e), passes["split"].rows(e)), e
+    assert passes["fused"].rows(EXPERTS - 1) is None
+    assert not any(isinstance(m, nn.Linear) for m in fused.mlp.experts.modules())
+
+
+def _pass(layer, record, count=BATCHES):
+    routed = ExpertPass(ExpertWeights(layer.mlp.experts), record)
+    with torch.no_grad(), routed.installed_on(layer.mlp.experts):
+        for x in batches()[:count]:
+            layer.mlp(x)
+    return routed
+
+
+@pytest.mark.parametrize("record", ["inputs", "intermediates"])
+def test_fused_hessians_equal_defused_and_chunked_equal_one_chunk(host, defuser, record):  # noqa: F811
+    fused = fused_layer()
+    accumulator = HessianAccumulator(host)
+    whole = expert_stage.hessians(accumulator, _pass(fused, record))
+    split = expert_stage.hessians(accumulator, _pass(defused(fused, defuser), record))
+    columns = HIDDEN if record == "inputs" else INTER
+    rows, _ = _pass(fused, record).totals()
+    budget = 2 * (4 * columns ** 2 + 4 * columns * max(rows))  # two experts a chunk at most
+    assert len(expert_stage.expert_chunks(rows, columns, budget)) >= 4
+    chunked = expert_stage.hessians(HessianAccumulator(host), _pass(fused, record), budget=budget, devices=[0, 1])
+    assert sorted(whole) == sorted(split) == sorted(chunked) == list(range(EXPERTS - 1))
+    for e, h in whole.items():
+        x = _pass(fused, record).rows(e).double()
+        assert torch.equal(split[e], h) and torch.equal(chunked[e], h), e
+        torch.testing.assert_close(h.double(), x.t() @ x, rtol=1e-5, atol=1e-5)
+
+
+def test_chunks_fit_the_budget_and_go_round_the_devices():
+    rows = [5, 0, 3, 7, 1]
+    assert expert_stage.expert_chunks(rows, 4, None) == [[0, 2, 3, 4]]
+    # an expert takes 4 * 4^2 bytes of Hessian and 4 * 4 bytes a row: 144, 112, 176, 80
+    assert expert_stage.expert_chunks(rows, 4, 256) == [[0, 2], [3, 4]]
+    assert expert_stage.expert_chunks(rows, 4, 176) == [[0], [2], [3], [4]]
+    with pytest.raises(ValueError, match=r"memory_budget 10 bytes does not hold expert 0's Hessian and rows \(144"):
+        expert_stage.expert_chunks(rows, 4, 10)
+    chunks = [[0], [1], [2], [3], [4]]
+    assert expert_stage.placement(chunks, ["a", "b", "c"]) == [
+        ("a", [0]), ("b", [1]), ("c", [2]), ("a", [3]), ("b", [4])]
+    with pytest.raises(ValueError, match="devices must name at least one device"):
+        expert_stage.placement(chunks, [])
+
+
+def _plan_case(case, layer, processor):
+    from gptqmodel.looper.gptq_processor import GPTQProcessor
+    from gptqmodel.looper.named_module import NamedModule
+    if case == "processor":
+        processor = type("AWQProcessor", (GPTQProcessor,), {})()
+    plan = subsets(layer, processor)[0]
+    if case == "no_replay":
+        return processor, dataclasses.replace(plan, replay_after_process=False)
+    if case == "chunks":
+        names = list(plan.modules)
+        return processor, dataclasses.replace(plan, module_chunks=[{n: plan.modules[n]} for n in names[:2]])
+    if case == "bias":
+        layer.mlp.experts[0].gate_proj.bias = nn.Parameter(torch.zeros(INTER))
+    if case == "dense":
+        router = NamedModule(layer.mlp.router, "mlp.router", "model.layers.0.mlp.router", 0)
+        processor.preprocess(router)
+        return processor, plan.for_modules({"mlp.router": router})
+    return processor, plan
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("processor", "a AWQProcessor processor"),
+    ("no_replay", "the subset's forward outputs are the next layer's inputs (no replay after process)"),
+    ("chunks", "the subset runs in module chunks (MoE routing bypass)"),
+    ("bias", "expert 0's gate_proj is not a Linear without bias"),
+    ("dense", "not an MoE expert subset"),
+    ("routing", "MoE routing options"),
+])
+def test_what_the_stage_does_not_cover_runs_gptqmodels_stage_named(host, defuser, case, reason):  # noqa: F811
+    from gptqmodel.looper import gptq_processor, stage_layer
+    adapter.install(ctx=host, strict=True, expert_stage=True)
+    layer = defused(fused_layer(), defuser)
+    processor = gptq_processor.GPTQProcessor()
+    processor, plan = _plan_case(case, layer, processor)
+    looper = type("Looper", (), {"gptq_model": _model(), "moe_routing_bypass": case == "routing"})()
+    data = cache()
+    stage_layer.run_subset_stage(looper, plan=plan, processor=processor, module=layer,
+                                 layer_inputs=data.layer_inputs, layer_input_kwargs=data.layer_input_kwargs,
+                                 position_ids=data.position_ids, attention_masks=data.attention_masks,
+                                 cur_layer_device=torch.device("cpu"), layer_index=0)
+    said = adapter.counters()["seams"]["expert_stage"]
+    assert said["qlink"] == 0 and list(said["reasons"]) == [reason]
+
+
+def test_a_failing_pass_falls_back_for_the_whole_block(host, defuser, monkeypatch):  # noqa: F811
+    from gptqmodel.looper import gptq_processor, stage_layer
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected")
+    monkeypatch.setattr(expert_stage, "hessians", broken)
+    for strict in (False, True):
+        adapter.install(ctx=host, strict=strict, expert_stage=True)
+        layer = defused(fused_layer(), defuser)
+        processor = gptq_processor.GPTQProcessor()
+        (plan, _), data = subsets(layer, processor), cache()
+        looper = type("Looper", (), {"gptq_model": _model()})()
+        args = dict(plan=plan, processor=processor, module=layer, layer_inputs=data.layer_inputs,
+                    layer_input_kwargs=data.layer_input_kwargs, position_ids=data.position_ids,
+                    attention_masks=data.attention_masks, cur_layer_device=torch.device("cpu"), layer_index=0)
+        if strict:
+            with pytest.raises(FallbackRefused, match="expert_stage.*RuntimeError: injected"):
+                stage_layer.run_subset_stage(looper, **args)
+            continue
+        result = stage_layer.run_subset_stage(looper, **args)
+        assert len(result.processed_subset) == 2 * (EXPERTS - 1)  # GPTQModel's forward fed every task
+        assert adapter.counters()["seams"]["expert_stage"]["reasons"] == {"RuntimeError: injected": 1}
+
+
+def test_layouts_the_stage_does_not_read_are_named():
+    experts = Experts(Config(hidden=HIDDEN, inter=INTER, experts=EXPERTS, top_k=TOP_K))
+    assert refusal(experts) is None
+    experts.has_bias = True
+    assert refusal(experts) == "fused experts with a bias or a transposed layout"
+    assert refusal(nn.Linear(2, 2)) == "experts that are neither split per expert nor fused (Linear)"
+    with pytest.raises(ValueError, match=r"experts: experts that are neither split per expert nor fused \(Linear\)"):
+        ExpertWeights(nn.Linear(2, 2))
