@@ -39,6 +39,9 @@
 #     speed      GPTQModel alone at 2 and 4 layers and the 70B-shaped layer; qlink's defaults
 #                (install(strict=True), no other argument) at 2, 4 and 32 layers and the 70B layer;
 #                the defaults with a 1e-4 s switch interval at 2 and 4, then with ieee_fp32 Hessians
+#     divergence DIV_RUNS (15) 2-layer qlink ieee_fp32 runs (the divergence's likelier precision) with
+#                layer 0's o_proj inputs digested, compared by compare_runs.py (where a divergent run parts)
+#     moe_stage  the Qwen3-MoE models at MOE_LAYERS with install(expert_stage=True), and alone at 2
 #     breakdown  GPTQModel alone with each of qlink's process settings (gc, switch, segments) at
 #                2 and 4 layers; AutoRound alone with each (AR_ITERS)
 #   Groups: gpu, hosts, issue20 (moe_check moe_solve moe), issue22 (ar ar0), issue23 (hprec loop loop_slope)
@@ -283,6 +286,22 @@ part_speed() {
       --precision ieee_fp32
   done
 }
+part_divergence() {
+  local r
+  for r in $(seq 1 "${DIV_RUNS:-15}"); do
+    gptqmodel_run div$r 120 --model /tmp/llama7b-2layers --layers 2 --qlink --strict --precision ieee_fp32 \
+      --input-digests --batch-digests 'layers\.0\.self_attn\.o_proj$'
+  done
+  run div_compare 60 python3 compare_runs.py "$out"/div[0-9]*.json --out "$out/o_proj_runs.json"
+}
+part_moe_stage() {
+  local n
+  for n in ${MOE_LAYERS:-2 4}; do
+    gptqmodel_run moe_stage$n 240 --model /tmp/qwen3moe-${n}layers --layers "$n" --model-kind qwen3_moe --qlink \
+      --strict --defaults --expert-stage
+  done
+  gptqmodel_run moe_stage_host2 420 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe
+}
 part_breakdown() {
   local n s
   for n in 2 4; do
@@ -300,7 +319,7 @@ part_moe_samples() {  # every thread sampled (the sampling stretches the run)
     --samples-out "$out/moe_samples.txt"
 }
 host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks \
-moe_check moe_solve moe moe_samples speed_models speed breakdown "
+moe_check moe_solve moe moe_samples speed_models speed breakdown divergence moe_stage "
 
 [ $# -ge 1 ] || usage
 case $1 in

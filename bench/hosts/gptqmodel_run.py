@@ -9,7 +9,7 @@ Nothing the script records waits on the device or copies to the host inside the 
 call (device checksums, turned into digests after it).
 
     python3 gptqmodel_run.py --model DIR [--layers N] [--model-kind llama|llama70b|qwen3_moe|ARCH]
-        [--qlink [--strict] [--defaults] [--read-ahead pinned|pageable|off] [--switch-interval S|off]
+        [--qlink [--strict] [--defaults] [--expert-stage] [--read-ahead pinned|pageable|off] [--switch-interval S|off]
          [--landing pinned|pageable] [--segments fixed|host] | --guards]
         [--precision ieee_fp32|tensor] [--reversed] [--hessian-f64] [--codes FILE.pt]
         [--input-digests] [--batch-digests REGEX]
@@ -211,6 +211,8 @@ def main():
     a.add_argument("--strict", action="store_true")
     a.add_argument("--defaults", action="store_true",
                    help="with --qlink: install(config, strict) and nothing else (what a user gets)")
+    a.add_argument("--expert-stage", action="store_true",
+                   help="with --qlink: install(expert_stage=True), qlink's owned MoE expert stage")
     a.add_argument("--guards", action="store_true", help="the torch guards without installing qlink (qlink run)")
     a.add_argument("--samples", type=int, default=128)
     a.add_argument("--seqlen", type=int, default=2048)
@@ -271,7 +273,7 @@ def main():
     result = {"host": "GPTQModel", "model_kind": args.model_kind, "qlink": args.qlink, "group_rows": args.group_rows,
               "read_ahead": args.read_ahead if args.qlink else None,
               "switch_interval": args.switch_interval if args.qlink and not args.defaults else None,
-              "defaults": args.defaults,
+              "defaults": args.defaults, "expert_stage": args.expert_stage,
               "landing": args.landing if args.qlink else None,
               "segments": args.segments if args.qlink else None, "torch_threads": torch.get_num_threads(),
               "strict": args.strict, "guards": args.qlink or args.guards,
@@ -285,11 +287,11 @@ def main():
         import qlink.integrations.gptqmodel as qlink_gptqmodel
         config = {"backend": "cuda", "log_level": "warn"}
         if args.defaults:
-            qlink_gptqmodel.install(config, strict=args.strict)
+            qlink_gptqmodel.install(config, strict=args.strict, expert_stage=args.expert_stage)
         else:
             interval = None if args.switch_interval == "off" else float(args.switch_interval)
             qlink_gptqmodel.install(config, strict=args.strict, read_ahead=args.read_ahead, switch_interval=interval,
-                                    fixed_segments=args.segments == "fixed",
+                                    fixed_segments=args.segments == "fixed", expert_stage=args.expert_stage,
                                     **({"hessian_precision": args.precision} if args.precision else {}))
         if args.landing == "pageable":
             import qlink.moves as qlink_moves
@@ -358,6 +360,7 @@ def main():
         result["hessian_counters"] = qlink_gptqmodel.counters()["hessians"]
         result["staging_counters"] = qlink_gptqmodel.counters()["staging"]
         result["solve_counters"] = qlink_gptqmodel.counters()["solves"]
+        result["expert_counters"] = qlink_gptqmodel.counters()["experts"]
     # Which qlink ran (the wheel's or a source tree's), however it was loaded; not an import.
     result["qlink_package"] = getattr(sys.modules.get("qlink"), "__file__", None)
     if codes is not None:

@@ -1,0 +1,63 @@
+"""Where repeated runs of one gptqmodel_run.py command part (issue 40's rare divergence:
+about one 4-layer run in 12 solved layer 0's o_proj differently): for each layer, in
+solve order, how many distinct losses, weight digests and merged-Hessian digests the runs
+gave (--input-digests), and for the layers whose add_batch inputs were digested
+(--batch-digests) the first batch whose input differs between runs. A layer whose inputs
+agree but whose Hessian does not points at the accumulation; one whose batch inputs
+differ, at the forwards.
+
+    python3 bench/hosts/compare_runs.py RUN.json... [--out REPORT.json]
+"""
+import argparse
+import json
+
+
+def first_difference(sequences):
+    """The first index where the sequences (lists of digests) differ, or None."""
+    for i, values in enumerate(zip(*sequences)):
+        if len(set(values)) > 1:
+            return i
+    return None if len({len(s) for s in sequences}) == 1 else min(len(s) for s in sequences)
+
+
+def compare(runs):
+    """{layer: {"losses", "weights", "hessians": distinct counts, "first_batch": index}}
+    over every layer all the runs solved, in the first run's order."""
+    report = {}
+    for name in runs[0]["losses"]:
+        if not all(name in r["losses"] for r in runs):
+            continue
+        inputs = [r.get("input_digests", {}).get(name, {}) for r in runs]
+        row = {"losses": len({r["losses"][name] for r in runs}),
+               "weights": len({i.get("weight") for i in inputs}),
+               "hessians": len({i.get("hessian") for i in inputs})}
+        batches = [r.get("batch_digests", {}).get(name) for r in runs]
+        if all(b is not None for b in batches):
+            row["first_batch"] = first_difference(batches)
+        report[name] = row
+    return report
+
+
+def main():
+    a = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    a.add_argument("runs", nargs="+")
+    a.add_argument("--out")
+    args = a.parse_args()
+    runs = []
+    for path in args.runs:
+        with open(path) as f:
+            runs.append(json.load(f))
+    report = compare(runs)
+    digests = sorted({r["digest"][:8] for r in runs})
+    print("%d runs, %d distinct digests: %s" % (len(runs), len(digests), " ".join(digests)))
+    for name, row in report.items():
+        if max(row["losses"], row["weights"], row["hessians"]) > 1 or row.get("first_batch") is not None:
+            print("  %-40s losses %d, weights %d, Hessians %d, first differing batch %s" % (
+                name, row["losses"], row["weights"], row["hessians"], row.get("first_batch", "-")))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"digests": digests, "layers": report}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
