@@ -394,8 +394,8 @@ __global__ void SignSgdKernel(float* param, const float* grad, float* best, int6
 }
 
 // SignSGD over a block's experts' tensors in one launch: tensor blockIdx.y of the table
-// (expert-major, per_expert a expert), grid-strided along x; a tensor of an expert without
-// tokens is only kept as best.
+// (expert-major, per_expert tensors an expert), grid-strided along x; a tensor of an expert
+// without tokens is only kept as best.
 template <int kCapacity>
 struct StepTable {
   SignSgdTensor tensors[kCapacity];
@@ -485,6 +485,7 @@ constexpr int kExpertsPerLaunch = 224;
 constexpr int kStepTensorsPerLaunch = 768;
 constexpr size_t kParamBytes = 32764;
 #endif
+constexpr int64_t kStepBlocks = 16384;  // blocks of one experts' step launch, over all its tensors
 using Experts = ExpertTable<kExpertsPerLaunch>;
 using StepTensors = StepTable<kStepTensorsPerLaunch>;
 static_assert(sizeof(SignRoundConfig) + sizeof(Experts) + sizeof(bool) <= kParamBytes, "experts' launch parameters");
@@ -582,7 +583,12 @@ gpuError_t LaunchSignSgdExperts(const SignSgdStep& s, size_t num_experts, const 
   int64_t longest = 0;
   for (size_t t = 0; t < s.num_tensors; ++t) longest = std::max(longest, s.tensors[t].count);
   if (longest == 0) return gpuSuccess;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((longest + kThreads - 1) / kThreads, 4096));
+  // Every tensor gets the longest one's blocks, within a budget for the launch: a block's
+  // experts mix v (as large as the weight) with range factors a group_len of it, whose
+  // blocks past their end exit at once.
+  const int64_t budget =
+      std::max<int64_t>(1, kStepBlocks / static_cast<int64_t>(std::min<size_t>(s.num_tensors, kStepTensorsPerLaunch)));
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>({(longest + kThreads - 1) / kThreads, 4096, budget}));
   auto table = std::make_unique<StepTensors>();
   table->tokens = tokens;
   table->per_expert = static_cast<uint32_t>(s.num_tensors / num_experts);
