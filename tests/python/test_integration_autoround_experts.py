@@ -111,25 +111,25 @@ CASES = {"sym int4": dict(iters=30), "asym, a minmax lr of its own": dict(iters=
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_experts_tuned_together_equal_autorounds_per_expert_tuning(host, library, case):  # noqa: F811
+def test_experts_tuned_together_equal_autorounds_per_expert_tuning(host, library, monkeypatch, case):  # noqa: F811
     config = dict(CASES[case], layers={"experts.%d.%s" % (e, p): {"sym": "asym" not in case}
                                        for e in range(EXPERTS) for p in ("up", "down")})
     own, own_best, own_losses = _tune(host, **config)
     assert min(own_losses) < own_losses[0]
     assert not own_best["experts.%d.up" % (EXPERTS - 1)]["value"].any()  # never routed: never stepped
-    calls = []
-    original = native_loop.signround_qdq_experts
-    native_loop.signround_qdq_experts = lambda experts, **kw: calls.append([n for n, *_ in experts]) or original(
-        experts, **kw)
-    try:
-        adapter.install("auto", ctx=cpu(library, 1), strict=True)
-        tuned, best, _ = _tune(host, **config)
-    finally:
-        native_loop.signround_qdq_experts = original
+    calls, steps = [], []
+    qdq, step = native_loop.signround_qdq_experts, native_loop.signsgd_experts_step
+    monkeypatch.setattr(native_loop, "signround_qdq_experts",
+                        lambda experts, **kw: calls.append([n for n, *_ in experts]) or qdq(experts, **kw))
+    monkeypatch.setattr(native_loop, "signsgd_experts_step",
+                        lambda experts, *a, **kw: steps.append(len(experts)) or step(experts, *a, **kw))
+    adapter.install("auto", ctx=cpu(library, 1), strict=True)
+    tuned, best, _ = _tune(host, **config)
     counters = adapter.counters()["seams"]
     assert counters["quantize_block"]["qlink"] == 1
     assert counters["grouped_experts"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
     assert calls[:2] == [["experts.%d.%s" % (e, p) for e in range(EXPERTS)] for p in ("up", "down")]
+    assert steps == [1] * config["iters"]  # every tensor of the step in one call
     (_, losses), = adapter.losses()
     assert losses == own_losses
     _assert_equal_tuning(own, tuned, own_best, best, clamp=True)

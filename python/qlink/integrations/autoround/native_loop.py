@@ -25,7 +25,9 @@ per-iteration host work.
   engine call per pass (signround_qdq_experts, ABI 1.10: one launch on a GPU), bit for bit
   what the per-layer calls make. Where one projection's experts differ (shape, dtype,
   options), the whole block's experts go layer by layer, the reason counted (the
-  installation's "grouped_experts" counter). The iterations'
+  installation's "grouped_experts" counter). Such a block's step is one engine call of
+  every tensor as one expert (signsgd_experts_step): one launch on a GPU, where
+  signsgd_step launches once per tensor. The iterations'
   losses are written into a device tensor at the step counter's index: the host reads
   them once, after the loop.
 - On a GPU the iteration (forward, backward, step) is captured once warm and replayed as
@@ -44,7 +46,8 @@ import re
 
 import torch
 
-from ...quant.signround import VStep, signround_qdq_experts, signround_qdq_layers, signsgd_step
+from ...quant.signround import (VStep, signround_qdq_experts, signround_qdq_layers, signsgd_experts_step,
+                                signsgd_step)
 from ...streams import resolved_device
 from .contract import global_batch_size, learning_rates
 
@@ -373,9 +376,13 @@ class NativeTuning:
             q._scale_loss_and_backward(None, loss)
         self.losses.index_copy_(0, self.epoch, total)
         at = sorted(self.stepped + self._unreached())
-        signsgd_step([self.params[i] for i in at], self.lrs, lr_groups=[self.lr_groups[i] for i in at],
-                     epoch=self.epoch, total_iters=q.iters, loss=self.key, best_loss=self.best_loss,
-                     best=[self.best[i] for i in at], ctx=self.ctx, device=self.qlink_device)
+        params, groups, best = ([xs[i] for i in at] for xs in (self.params, self.lr_groups, self.best))
+        schedule = dict(epoch=self.epoch, total_iters=q.iters, loss=self.key, best_loss=self.best_loss, ctx=self.ctx,
+                        device=self.qlink_device)
+        if self.expert_groups:  # every tensor in one launch on a GPU (one per tensor: two per expert and linear)
+            signsgd_experts_step([params], self.lrs, lr_groups=[groups], best=[best], **schedule)
+        else:
+            signsgd_step(params, self.lrs, lr_groups=groups, best=best, **schedule)
         for p in self.params:
             p.grad = None
 
