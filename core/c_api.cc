@@ -12,6 +12,7 @@
 #include "quant/gptq/gptq_quantize.h"
 #include "quant/gptq/hessian_accumulate.h"
 #include "quant/signround/signround.h"
+#include "quant/signround/signround_experts.h"
 
 namespace qlink {
 namespace {
@@ -266,6 +267,20 @@ qlink_status SignSgdStepEntry(qlink_context* ctx, const qlink_signsgd_args* args
   return OnContext(ctx, [&](Context& c) { return quant::SignSgd(c, args); });
 }
 
+qlink_status SignRoundExpertsQdqEntry(qlink_context* ctx, const qlink_signround_experts_args* args) {
+  return OnContext(ctx,
+                   [&](Context& c) { return quant::SignRoundExpertsQdq(c, args, quant::SignRoundPass::kForward); });
+}
+
+qlink_status SignRoundExpertsQdqBackwardEntry(qlink_context* ctx, const qlink_signround_experts_args* args) {
+  return OnContext(ctx,
+                   [&](Context& c) { return quant::SignRoundExpertsQdq(c, args, quant::SignRoundPass::kBackward); });
+}
+
+qlink_status SignSgdExpertsStepEntry(qlink_context* ctx, const qlink_signsgd_experts_args* args) {
+  return OnContext(ctx, [&](Context& c) { return quant::SignSgdExperts(c, args); });
+}
+
 const char* LastError() { return LastErrorOfThread().c_str(); }
 
 const qlink_api kApi = {
@@ -307,6 +322,9 @@ const qlink_api kApi = {
     &SignRoundQdqEntry,
     &SignRoundQdqBackwardEntry,
     &SignSgdStepEntry,
+    &SignRoundExpertsQdqEntry,
+    &SignRoundExpertsQdqBackwardEntry,
+    &SignSgdExpertsStepEntry,
 };
 
 }  // namespace

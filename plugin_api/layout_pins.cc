@@ -257,6 +257,21 @@ QLINK_PIN(qlink_signround_args, loss, 56);
 QLINK_PIN(qlink_signround_args, best_loss, 64);
 static_assert(QLINK_SIGNROUND_ARGS_STRUCT_SIZE_1_9 == 72, "qlink_signround_args 1.9 size");
 static_assert(QLINK_API_STRUCT_SIZE_1_9 == QLINK_API_STRUCT_SIZE_1_8, "qlink_api 1.9 size");
+
+// ---- 1.10: a block's experts -----------------------------------------------------------------
+QLINK_PIN(qlink_signround_experts_args, struct_size, 0);
+QLINK_PIN(qlink_signround_experts_args, layers, 8);
+QLINK_PIN(qlink_signround_experts_args, tokens, 16);
+static_assert(QLINK_SIGNROUND_EXPERTS_ARGS_STRUCT_SIZE_1_10 == 24, "qlink_signround_experts_args 1.10 size");
+QLINK_PIN(qlink_signsgd_experts_args, struct_size, 0);
+QLINK_PIN(qlink_signsgd_experts_args, step, 8);
+QLINK_PIN(qlink_signsgd_experts_args, num_experts, 16);
+QLINK_PIN(qlink_signsgd_experts_args, tokens, 24);
+static_assert(QLINK_SIGNSGD_EXPERTS_ARGS_STRUCT_SIZE_1_10 == 32, "qlink_signsgd_experts_args 1.10 size");
+QLINK_SLOT(signround_experts_qdq, 35);
+QLINK_SLOT(signround_experts_qdq_backward, 36);
+QLINK_SLOT(signsgd_experts_step, 37);
+static_assert(QLINK_API_STRUCT_SIZE_1_10 == 16 + 38 * 8, "qlink_api 1.10 size");
 #endif
 
 // Every current *_STRUCT_SIZE covers its struct's last field, on every platform.

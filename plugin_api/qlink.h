@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 #define QLINK_ABI_MAJOR 1
-#define QLINK_ABI_MINOR 9
+#define QLINK_ABI_MINOR 10
 
 /* Size of a struct up to and including `last_field`: what a host built against the
  * minor that introduced `last_field` passes as struct_size.
@@ -489,6 +489,41 @@ typedef struct qlink_signsgd_args {
 #define QLINK_SIGNSGD_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_signsgd_args, num_streams)
 #define QLINK_SIGNSGD_ARGS_STRUCT_SIZE_1_7 QLINK_SIGNSGD_ARGS_STRUCT_SIZE
 
+/* 1.10. A block's experts (same-shaped layers, AutoRound wrapping each its own linear)
+ * through one call per pass instead of one per layer: on a GPU each pass is one kernel
+ * launch over every expert. `tokens` says which experts the router gave tokens this
+ * iteration; one without is skipped as AutoRound skips it (its wrapper is not called, so
+ * its parameters get no gradient and SignSGD leaves them): its qdq, range factors and
+ * gradients are not written and it takes no step, but its best copy is kept with the
+ * others' (AutoRound's collect_best_params copies every wrapper). Results equal the 1.7 /
+ * 1.9 calls made for each expert with tokens, bit for bit. */
+typedef struct qlink_signround_experts_args {
+  size_t struct_size;
+  /* borrowed: options, the experts as layers, streams and 1.9's step, read as
+   * signround_qdq / signround_qdq_backward read them; every layer's weight of layers[0]'s
+   * shape and dtype, on its device */
+  const qlink_signround_args* layers;
+  /* borrowed: (num_layers,) int32 or int64 on the layers' device, each expert's routed
+   * tokens this iteration (0: none); read on the device, never by the host, so a loop
+   * may capture the call in a graph. NULL: every expert has tokens. */
+  const DLTensor* tokens;
+} qlink_signround_experts_args;
+#define QLINK_SIGNROUND_EXPERTS_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_signround_experts_args, tokens)
+#define QLINK_SIGNROUND_EXPERTS_ARGS_STRUCT_SIZE_1_10 QLINK_SIGNROUND_EXPERTS_ARGS_STRUCT_SIZE
+
+/* 1.10. SignSGD's step of a block's experts: step->params expert-major (params[e *
+ * per_expert + k] is expert e's k-th tensor, per_expert = num_params / num_experts, the
+ * k-th of one shape and lr_group for every expert); an expert without tokens is not
+ * updated but kept as best with the rest; the schedule and best_loss advance once. */
+typedef struct qlink_signsgd_experts_args {
+  size_t struct_size;
+  const qlink_signsgd_args* step; /* borrowed; read as signsgd_step reads it */
+  size_t num_experts;             /* >= 1, dividing step->num_params */
+  const DLTensor* tokens;         /* borrowed: (num_experts,) int32 or int64, as above; NULL: all */
+} qlink_signsgd_experts_args;
+#define QLINK_SIGNSGD_EXPERTS_ARGS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_signsgd_experts_args, tokens)
+#define QLINK_SIGNSGD_EXPERTS_ARGS_STRUCT_SIZE_1_10 QLINK_SIGNSGD_EXPERTS_ARGS_STRUCT_SIZE
+
 typedef struct qlink_api {
   size_t struct_size;
   uint32_t abi_major;
@@ -589,6 +624,11 @@ typedef struct qlink_api {
   qlink_status (*signround_qdq)(qlink_context* ctx, const qlink_signround_args* args);
   qlink_status (*signround_qdq_backward)(qlink_context* ctx, const qlink_signround_args* args);
   qlink_status (*signsgd_step)(qlink_context* ctx, const qlink_signsgd_args* args);
+
+  /* 1.10. A block's experts (see qlink_signround_experts_args, qlink_signsgd_experts_args). */
+  qlink_status (*signround_experts_qdq)(qlink_context* ctx, const qlink_signround_experts_args* args);
+  qlink_status (*signround_experts_qdq_backward)(qlink_context* ctx, const qlink_signround_experts_args* args);
+  qlink_status (*signsgd_experts_step)(qlink_context* ctx, const qlink_signsgd_experts_args* args);
 } qlink_api;
 #define QLINK_API_STRUCT_SIZE_1_0 QLINK_STRUCT_SIZE(qlink_api, stream_synchronize)
 #define QLINK_API_STRUCT_SIZE_1_1 QLINK_STRUCT_SIZE(qlink_api, comm_reduce)
@@ -600,7 +640,8 @@ typedef struct qlink_api {
 #define QLINK_API_STRUCT_SIZE_1_7 QLINK_STRUCT_SIZE(qlink_api, signsgd_step)
 #define QLINK_API_STRUCT_SIZE_1_8 QLINK_API_STRUCT_SIZE_1_7 /* 1.8 added a field, no entry */
 #define QLINK_API_STRUCT_SIZE_1_9 QLINK_API_STRUCT_SIZE_1_8 /* 1.9 added fields, no entry */
-#define QLINK_API_STRUCT_SIZE QLINK_API_STRUCT_SIZE_1_9
+#define QLINK_API_STRUCT_SIZE_1_10 QLINK_STRUCT_SIZE(qlink_api, signsgd_experts_step)
+#define QLINK_API_STRUCT_SIZE QLINK_API_STRUCT_SIZE_1_10
 
 /* The one exported symbol. Returns the table of ABI `major` if this library provides
  * at least `min_minor`, else NULL with *error (when error is non-NULL) pointing at a

@@ -43,8 +43,8 @@ TEST_F(BackendInterface, RefusesAnotherInterfaceVersion) {
   EXPECT_THAT(error, HasSubstr(Mismatch(QLINK_BACKEND_INTERFACE_VERSION + 1)));
 }
 
-// A backend built before the last bump (at interface 5, one of interface 4, whose
-// SignRoundLayer ends before the fields this core's SignRound backward reads).
+// A backend built before the last bump (at interface 6, one of interface 5, whose
+// SignRoundMath has no experts' calls for this core's ABI 1.10 entry points to make).
 TEST_F(BackendInterface, RefusesAnOlderInterfaceVersion) {
   const std::string error = Refusal("tests/fake_backends/libfake_backend_previous_version.so");
   EXPECT_THAT(error, HasSubstr(Mismatch(QLINK_BACKEND_INTERFACE_VERSION - 1)));

@@ -4,7 +4,7 @@ from ctypes import (POINTER, c_char, c_char_p, c_double, c_int32, c_size_t, c_ui
                     c_void_p)
 
 ABI_MAJOR = 1
-ABI_MINOR = 9
+ABI_MINOR = 10
 
 OK, INVALID_ARGUMENT, UNAVAILABLE, VERSION_MISMATCH, OUT_OF_MEMORY, RUNTIME_ERROR, INTERNAL = range(7)
 
@@ -136,6 +136,15 @@ class SignSgdArgs(ctypes.Structure):  # 1.7
                 ("best_loss", c_void_p), ("streams", POINTER(Stream)), ("num_streams", c_size_t)]
 
 
+class SignRoundExpertsArgs(ctypes.Structure):  # 1.10
+    _fields_ = [("struct_size", c_size_t), ("layers", POINTER(SignRoundArgs)), ("tokens", c_void_p)]
+
+
+class SignSgdExpertsArgs(ctypes.Structure):  # 1.10
+    _fields_ = [("struct_size", c_size_t), ("step", POINTER(SignSgdArgs)), ("num_experts", c_size_t),
+                ("tokens", c_void_p)]
+
+
 class UniqueId(ctypes.Structure):
     _fields_ = [("bytes", c_char * 128)]
 
@@ -188,6 +197,10 @@ _TABLE = [
     ("signround_qdq", _S, [c_void_p, POINTER(SignRoundArgs)]),
     ("signround_qdq_backward", _S, [c_void_p, POINTER(SignRoundArgs)]),
     ("signsgd_step", _S, [c_void_p, POINTER(SignSgdArgs)]),
+    # 1.10
+    ("signround_experts_qdq", _S, [c_void_p, POINTER(SignRoundExpertsArgs)]),
+    ("signround_experts_qdq_backward", _S, [c_void_p, POINTER(SignRoundExpertsArgs)]),
+    ("signsgd_experts_step", _S, [c_void_p, POINTER(SignSgdExpertsArgs)]),
 ]
 
 

@@ -1,5 +1,6 @@
 """The Context's calls into qlink's native quantization engines: Hessian accumulation and
-GPTQ (ABI 1.4), SignRound's quant-dequant, its backward and SignSGD's step (ABI 1.7);
+GPTQ (ABI 1.4), SignRound's quant-dequant, its backward and SignSGD's step (ABI 1.7), for a block's
+experts in one call each (ABI 1.10);
 qlink.quant builds on them."""
 import ctypes
 
@@ -100,6 +101,22 @@ class EngineCalls:
         scale_dtype a torch dtype. step (the backward, ABI 1.9): {"step_lrs", and optionally
         "loss" and "best_loss"} tensors, each layer's v then taking SignSGD's step in place of
         a grad_v. Stream-ordered: enqueued on each layer's device stream."""
+        keep, args = self._signround_args(layers, options, streams, step)
+        self.invoke("signround_qdq_backward" if backward else "signround_qdq", ctypes.byref(args))
+
+    def signround_experts_qdq(self, layers, options, tokens=None, backward=False, streams=None, step=None):
+        """signround_qdq of a block's experts (ABI 1.10): layers as signround_qdq takes them,
+        one shape, dtype and device, in one call per pass (one launch on a GPU). tokens: None
+        or an (experts,) int32 / int64 tensor on their device, each expert's routed tokens;
+        an expert with 0 is skipped (nothing of it written but its best_v)."""
+        keep, args = self._signround_args(layers, options, streams, step)
+        device = layers[0].get("device") if layers else None
+        tokens_array, (tokens_at,) = _described([{"tokens": tokens, "device": device}], ("tokens",))
+        experts = _abi.SignRoundExpertsArgs(ctypes.sizeof(_abi.SignRoundExpertsArgs), ctypes.pointer(args), *tokens_at)
+        self.invoke("signround_experts_qdq_backward" if backward else "signround_experts_qdq", ctypes.byref(experts))
+
+    def _signround_args(self, layers, options, streams, step):
+        """The qlink_signround_args of signround_qdq's arguments, and what must outlive it."""
         array, names, specs = _layer_specs(layers, _SIGNROUND_TENSORS, _abi.SignRoundLayer)
         for spec, layer in zip(specs, layers):
             spec.lr_group = int(layer.get("lr_group", 0))
@@ -114,7 +131,7 @@ class EngineCalls:
         o.q_scale_thresh = float(options["q_scale_thresh"])
         args = _abi.SignRoundArgs(ctypes.sizeof(_abi.SignRoundArgs), ctypes.pointer(o), specs, len(layers),
                                   *self.stream_list(streams), *step_at)
-        self.invoke("signround_qdq_backward" if backward else "signround_qdq", ctypes.byref(args))
+        return (array, names, specs, step_array, o), args
 
     def signsgd_step(self, params, lrs, epoch=None, total_iters=0, loss=None, best_loss=None, streams=None,
                      device=None):
@@ -123,6 +140,23 @@ class EngineCalls:
         fp32 tensor); epoch ((1,) int64) with total_iters advances LinearLR's schedule; loss
         and best_loss ((1,) fp32) keep the best parameters. device: the qlink device id where
         the tensors do not say."""
+        keep, args = self._signsgd_args(params, lrs, epoch, total_iters, loss, best_loss, streams, device)
+        self.invoke("signsgd_step", ctypes.byref(args))
+
+    def signsgd_experts_step(self, params, num_experts, lrs, tokens=None, epoch=None, total_iters=0, loss=None,
+                             best_loss=None, streams=None, device=None):
+        """signsgd_step of a block's experts (ABI 1.10): params as signsgd_step takes them,
+        expert-major (num_experts of len(params) / num_experts each, the k-th of one size
+        for every expert); tokens as for signround_experts_qdq: an expert with 0 is not
+        updated, but kept as best with the rest."""
+        keep, args = self._signsgd_args(params, lrs, epoch, total_iters, loss, best_loss, streams, device)
+        tokens_array, (tokens_at,) = _described([{"tokens": tokens, "device": device}], ("tokens",))
+        experts = _abi.SignSgdExpertsArgs(ctypes.sizeof(_abi.SignSgdExpertsArgs), ctypes.pointer(args),
+                                          int(num_experts), *tokens_at)
+        self.invoke("signsgd_experts_step", ctypes.byref(experts))
+
+    def _signsgd_args(self, params, lrs, epoch, total_iters, loss, best_loss, streams, device):
+        """The qlink_signsgd_args of signsgd_step's arguments, and what must outlive it."""
         records = [dict(p, device=device) if device is not None else p for p in params]
         singles = {"lrs": lrs, "epoch": epoch, "loss": loss, "best_loss": best_loss}
         present = {k: t for k, t in singles.items() if t is not None}
@@ -137,4 +171,4 @@ class EngineCalls:
         lrs_at, epoch_at, loss_at, best_loss_at = addresses[-1][k:]
         args = _abi.SignSgdArgs(ctypes.sizeof(_abi.SignSgdArgs), specs, len(params), lrs_at, epoch_at,
                                 int(total_iters), loss_at, best_loss_at, *self.stream_list(streams))
-        self.invoke("signsgd_step", ctypes.byref(args))
+        return (array, specs), args

@@ -95,10 +95,46 @@ class CpuSignRoundMath final : public SignRoundMath {
   }
 
   Status Step(int, void*, const SignSgdStep& s) override {
+    StepWhere(s, [](size_t) { return true; });
+    return Status::Ok();
+  }
+
+  // Each expert with tokens through the one-layer pass, in order: on the CPU a group of
+  // experts is the loop over them. Without tokens only its best_v is kept (Backward's copy).
+  Status ForwardExperts(int device, void* stream, const SignRoundConfig& c, const SignRoundExperts& e) override {
+    for (size_t i = 0; i < e.count; ++i) {
+      if (e.tokens.Has(i)) QLINK_RETURN_IF_ERROR(Forward(device, stream, c, e.layers[i]));
+    }
+    return Status::Ok();
+  }
+
+  Status BackwardExperts(int device, void* stream, const SignRoundConfig& c, const SignRoundExperts& e) override {
+    for (size_t i = 0; i < e.count; ++i) {
+      const SignRoundLayer& l = e.layers[i];
+      if (e.tokens.Has(i)) {
+        QLINK_RETURN_IF_ERROR(Backward(device, stream, c, l));
+      } else if (l.step_v != nullptr && l.best_v != nullptr && LossImproved(l.loss, l.best_loss)) {
+        std::memcpy(l.best_v, l.v, sizeof(float) * l.rows * l.cols);
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status StepExperts(int, void*, const SignSgdStep& s, size_t num_experts, const ExpertTokens& tokens) override {
+    const size_t per_expert = s.num_tensors / num_experts;
+    StepWhere(s, [&](size_t t) { return tokens.Has(t / per_expert); });
+    return Status::Ok();
+  }
+
+ private:
+  // Step with the update of tensor t only where updated(t); every tensor kept as best.
+  template <typename Updated>
+  static void StepWhere(const SignSgdStep& s, Updated updated) {
     const bool improved = LossImproved(s.loss, s.best_loss);
     for (size_t t = 0; t < s.num_tensors; ++t) {
       const SignSgdTensor& x = s.tensors[t];
       if (improved && x.best != nullptr) std::memcpy(x.best, x.param, sizeof(float) * x.count);
+      if (!updated(t)) continue;
       const float lr = s.lrs[x.lr_group];
       for (int64_t i = 0; i < x.count; ++i) x.param[i] = SignSgdUpdate(x.param[i], x.grad[i], lr);
     }
@@ -107,7 +143,6 @@ class CpuSignRoundMath final : public SignRoundMath {
       ++*s.epoch;
       for (size_t k = 0; k < s.num_lrs; ++k) s.lrs[k] = LinearLrNext(s.lrs[k], *s.epoch, s.total_iters);
     }
-    return Status::Ok();
   }
 };
 

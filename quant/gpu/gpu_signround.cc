@@ -32,6 +32,28 @@ class GpuSignRoundMath final : public SignRoundMath {
     return Check(gpu::LaunchSignSgdSchedule(step, S(stream)), "signsgd schedule kernel");
   }
 
+  Status ForwardExperts(int device, void* stream, const SignRoundConfig& config,
+                        const SignRoundExperts& experts) override {
+    QLINK_RETURN_IF_ERROR(Activate(device));
+    return Check(gpu::LaunchSignRoundExpertsForward(Reciprocal(config), experts, S(stream)),
+                 "signround experts forward kernel");
+  }
+
+  Status BackwardExperts(int device, void* stream, const SignRoundConfig& config,
+                         const SignRoundExperts& experts) override {
+    QLINK_RETURN_IF_ERROR(Activate(device));
+    return Check(gpu::LaunchSignRoundExpertsBackward(Reciprocal(config), experts, S(stream)),
+                 "signround experts backward kernel");
+  }
+
+  Status StepExperts(int device, void* stream, const SignSgdStep& step, size_t num_experts,
+                     const ExpertTokens& tokens) override {
+    QLINK_RETURN_IF_ERROR(Activate(device));
+    QLINK_RETURN_IF_ERROR(
+        Check(gpu::LaunchSignSgdExperts(step, num_experts, tokens, S(stream)), "signsgd experts kernel"));
+    return Check(gpu::LaunchSignSgdSchedule(step, S(stream)), "signsgd schedule kernel");
+  }
+
  private:
   // PyTorch divides a GPU tensor by a Python number as a product with its reciprocal.
   static SignRoundConfig Reciprocal(SignRoundConfig c) {

@@ -1,6 +1,7 @@
 #include "quant/kernels/signround_kernels.h"
 
 #include <algorithm>
+#include <memory>
 
 #include "backends/gpu/gpu_device.h"
 #include "quant/kernels/gpu_team.h"
@@ -111,7 +112,7 @@ __device__ SignRoundGroup GroupOf(const SignRoundConfig& c, const SignRoundLayer
 }
 
 template <Fmt W>
-__global__ void __launch_bounds__(kThreads) ForwardKernel(SignRoundConfig c, SignRoundLayer l, bool vec) {
+__device__ void ForwardGroups(const SignRoundConfig& c, const SignRoundLayer& l, bool vec) {
   const int lane = threadIdx.x % kSignRoundLanes;
   const int64_t g = int64_t(blockIdx.x) * kGroupsPerBlock + threadIdx.x / kSignRoundLanes;
   if (g >= l.groups()) return;  // the whole warp: a group is one warp's
@@ -148,7 +149,7 @@ struct VStepOf {
 };
 
 template <Fmt W>
-__global__ void __launch_bounds__(kThreads) BackwardKernel(SignRoundConfig c, SignRoundLayer l, bool vec) {
+__device__ void BackwardGroups(const SignRoundConfig& c, const SignRoundLayer& l, bool vec) {
   const int lane = threadIdx.x % kSignRoundLanes;
   const int64_t g = int64_t(blockIdx.x) * kGroupsPerBlock + threadIdx.x / kSignRoundLanes;
   if (g >= l.groups()) return;
@@ -258,8 +259,7 @@ template <bool kBackward>
 constexpr int kTeamBlocksPerSm = kBackward ? 3 : 4;
 
 template <Fmt W, int kTeam, bool kBackward, bool kSym>
-__global__ void __launch_bounds__(kThreads, kTeamBlocksPerSm<kBackward>)
-    TeamKernel(SignRoundConfig config, SignRoundLayer l) {
+__device__ __forceinline__ void TeamGroups(const SignRoundConfig& config, const SignRoundLayer& l) {
   // Known here: the roundings to the weight's format inline without a branch, and a
   // symmetric range holds no registers for the zero point's sums.
   SignRoundConfig c = config;
@@ -323,6 +323,65 @@ __global__ void __launch_bounds__(kThreads, kTeamBlocksPerSm<kBackward>)
   }
 }
 
+// One layer's pass: the generic kernels' groups (a warp each) or a team kernel's.
+template <Fmt W>
+__global__ void __launch_bounds__(kThreads) ForwardKernel(SignRoundConfig c, SignRoundLayer l, bool vec) {
+  ForwardGroups<W>(c, l, vec);
+}
+
+template <Fmt W>
+__global__ void __launch_bounds__(kThreads) BackwardKernel(SignRoundConfig c, SignRoundLayer l, bool vec) {
+  BackwardGroups<W>(c, l, vec);
+}
+
+template <Fmt W, int kTeam, bool kBackward, bool kSym>
+__global__ void __launch_bounds__(kThreads, kTeamBlocksPerSm<kBackward>)
+    TeamKernel(SignRoundConfig config, SignRoundLayer l) {
+  TeamGroups<W, kTeam, kBackward, kSym>(config, l);
+}
+
+// A block's experts in one launch: expert blockIdx.y of the table, in its kernel parameters
+// (up to kCapacity; 32 KiB of them on CUDA, 4 KiB on HIP), the groups along x as for one
+// layer. Experts without tokens return at once, but for a backward's best_v: the block
+// copies v there for the groups it would have taken (groups_per_block each).
+template <int kCapacity>
+struct ExpertTable {
+  SignRoundLayer layers[kCapacity];
+  ExpertTokens tokens;
+  uint32_t first = 0;  // the table's first expert in the call (its tokens index)
+};
+
+template <int kCapacity>
+__device__ __forceinline__ bool ExpertHasTokens(const ExpertTable<kCapacity>& t, int64_t groups_per_block,
+                                                bool backward) {
+  if (t.tokens.Has(t.first + blockIdx.y)) return true;
+  const SignRoundLayer& l = t.layers[blockIdx.y];
+  if (backward && l.step_v != nullptr && l.best_v != nullptr && LossImproved(l.loss, l.best_loss)) {
+    const int64_t lo = int64_t(blockIdx.x) * groups_per_block;
+    const int64_t hi = lo + groups_per_block < l.groups() ? lo + groups_per_block : l.groups();
+    for (int64_t i = lo * l.group_len + threadIdx.x; i < hi * l.group_len; i += blockDim.x) l.best_v[i] = l.v[i];
+  }
+  return false;
+}
+
+template <Fmt W, bool kBackward, int kCapacity>
+__global__ void __launch_bounds__(kThreads)
+    ExpertsKernel(SignRoundConfig c, const QLINK_GRID_CONSTANT ExpertTable<kCapacity> t, bool vec) {
+  if (!ExpertHasTokens(t, kGroupsPerBlock, kBackward)) return;
+  if (kBackward) {
+    BackwardGroups<W>(c, t.layers[blockIdx.y], vec);
+  } else {
+    ForwardGroups<W>(c, t.layers[blockIdx.y], vec);
+  }
+}
+
+template <Fmt W, int kTeam, bool kBackward, bool kSym, int kCapacity>
+__global__ void __launch_bounds__(kThreads, kTeamBlocksPerSm<kBackward>)
+    ExpertsTeamKernel(SignRoundConfig c, const QLINK_GRID_CONSTANT ExpertTable<kCapacity> t) {
+  if (!ExpertHasTokens(t, kThreads / kTeam, kBackward)) return;
+  TeamGroups<W, kTeam, kBackward, kSym>(c, t.layers[blockIdx.y]);
+}
+
 __global__ void SignSgdKernel(float* param, const float* grad, float* best, int64_t count, const float* lr,
                               const float* loss, const float* best_loss) {
   const bool keep = best != nullptr && LossImproved(loss, best_loss);
@@ -331,6 +390,31 @@ __global__ void SignSgdKernel(float* param, const float* grad, float* best, int6
     const float p = param[i];
     if (keep) best[i] = p;
     param[i] = SignSgdUpdate(p, grad[i], rate);
+  }
+}
+
+// SignSGD over a block's experts' tensors in one launch: tensor blockIdx.y of the table
+// (expert-major, per_expert tensors an expert), grid-strided along x; a tensor of an expert
+// without tokens is only kept as best.
+template <int kCapacity>
+struct StepTable {
+  SignSgdTensor tensors[kCapacity];
+  ExpertTokens tokens;
+  uint32_t first = 0;  // the table's first tensor in the call
+  uint32_t per_expert = 1;
+};
+
+template <int kCapacity>
+__global__ void SignSgdExpertsKernel(const QLINK_GRID_CONSTANT StepTable<kCapacity> t, const float* lrs,
+                                     const float* loss, const float* best_loss) {
+  const SignSgdTensor& x = t.tensors[blockIdx.y];
+  const bool keep = x.best != nullptr && LossImproved(loss, best_loss);
+  const bool update = t.tokens.Has((t.first + blockIdx.y) / t.per_expert);
+  const float rate = lrs[x.lr_group];
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < x.count; i += int64_t(gridDim.x) * blockDim.x) {
+    const float p = x.param[i];
+    if (keep) x.best[i] = p;
+    if (update) x.param[i] = SignSgdUpdate(p, x.grad[i], rate);
   }
 }
 
@@ -390,6 +474,83 @@ gpuError_t LaunchPass(const SignRoundConfig& c, const SignRoundLayer& l, gpuStre
   return LaunchPass<Fmt::kF16, kBackward>(c, l, stream);
 }
 
+// How many experts (tensors, for a step) one launch's parameters hold: HIP takes 4 KiB of
+// them, CUDA 32764 bytes (sm_70 on, CUDA 12.1 on, as the pull kernel's).
+#if defined(QLINK_GPU_HIP)
+constexpr int kExpertsPerLaunch = 24;
+constexpr int kStepTensorsPerLaunch = 96;
+constexpr size_t kParamBytes = 4096;
+#else
+constexpr int kExpertsPerLaunch = 224;
+constexpr int kStepTensorsPerLaunch = 768;
+constexpr size_t kParamBytes = 32764;
+#endif
+constexpr int64_t kStepBlocks = 16384;  // blocks of one experts' step launch, over all its tensors
+using Experts = ExpertTable<kExpertsPerLaunch>;
+using StepTensors = StepTable<kStepTensorsPerLaunch>;
+static_assert(sizeof(SignRoundConfig) + sizeof(Experts) + sizeof(bool) <= kParamBytes, "experts' launch parameters");
+static_assert(sizeof(StepTensors) + 3 * sizeof(void*) <= kParamBytes, "step tensors' launch parameters");
+
+template <Fmt W, int kTeam, bool kBackward>
+void LaunchExpertsTeam(const SignRoundConfig& c, const Experts& t, dim3 grid, gpuStream_t stream) {
+  if (c.sym) {
+    ExpertsTeamKernel<W, kTeam, kBackward, true, kExpertsPerLaunch><<<grid, kThreads, 0, stream>>>(c, t);
+  } else {
+    ExpertsTeamKernel<W, kTeam, kBackward, false, kExpertsPerLaunch><<<grid, kThreads, 0, stream>>>(c, t);
+  }
+}
+
+// The experts' pass as one layer's would run (the same kernel body, team or generic, so
+// each expert's result is the one-layer launch's), kExpertsPerLaunch experts a launch.
+template <Fmt W, bool kBackward>
+gpuError_t LaunchExpertsPass(const SignRoundConfig& c, const SignRoundExperts& e, gpuStream_t stream) {
+  const SignRoundLayer& first = e.layers[0];
+  bool vec = true;
+  for (size_t i = 0; i < e.count; ++i) vec = vec && Vectorizable(e.layers[i], W);
+  int team = 0;
+  if (vec) {
+    for (int k : {2, 4, 8, 16, 32}) team = first.group_len == int64_t(kHeld) * k * kChunk ? k : team;
+  }
+  auto table = std::make_unique<Experts>();  // 30 KiB on CUDA: not on the stack
+  table->tokens = e.tokens;
+  for (size_t at = 0; at < e.count; at += kExpertsPerLaunch) {
+    const size_t n = std::min<size_t>(e.count - at, kExpertsPerLaunch);
+    std::copy(e.layers + at, e.layers + at + n, table->layers);
+    table->first = static_cast<uint32_t>(at);
+    const dim3 grid(Blocks(first.groups(), team != 0 ? kThreads / team : kGroupsPerBlock), static_cast<unsigned>(n));
+    switch (team) {
+      case 2:
+        LaunchExpertsTeam<W, 2, kBackward>(c, *table, grid, stream);
+        break;
+      case 4:
+        LaunchExpertsTeam<W, 4, kBackward>(c, *table, grid, stream);
+        break;
+      case 8:
+        LaunchExpertsTeam<W, 8, kBackward>(c, *table, grid, stream);
+        break;
+      case 16:
+        LaunchExpertsTeam<W, 16, kBackward>(c, *table, grid, stream);
+        break;
+      case 32:
+        LaunchExpertsTeam<W, 32, kBackward>(c, *table, grid, stream);
+        break;
+      default:
+        ExpertsKernel<W, kBackward, kExpertsPerLaunch><<<grid, kThreads, 0, stream>>>(c, *table, vec);
+    }
+    const gpuError_t error = gpuGetLastError();
+    if (error != gpuSuccess) return error;
+  }
+  return gpuSuccess;
+}
+
+template <bool kBackward>
+gpuError_t LaunchExpertsPass(const SignRoundConfig& c, const SignRoundExperts& e, gpuStream_t stream) {
+  if (e.count == 0) return gpuSuccess;
+  if (c.weight == Fmt::kF32) return LaunchExpertsPass<Fmt::kF32, kBackward>(c, e, stream);
+  if (c.weight == Fmt::kBf16) return LaunchExpertsPass<Fmt::kBf16, kBackward>(c, e, stream);
+  return LaunchExpertsPass<Fmt::kF16, kBackward>(c, e, stream);
+}
+
 }  // namespace
 
 gpuError_t LaunchSignRoundForward(const SignRoundConfig& c, const SignRoundLayer& l, gpuStream_t stream) {
@@ -406,6 +567,41 @@ gpuError_t LaunchSignSgdTensor(const SignSgdStep& s, const SignSgdTensor& t, gpu
   SignSgdKernel<<<blocks, kThreads, 0, stream>>>(t.param, t.grad, t.best, t.count, s.lrs + t.lr_group, s.loss,
                                                  s.best_loss);
   return gpuGetLastError();
+}
+
+gpuError_t LaunchSignRoundExpertsForward(const SignRoundConfig& c, const SignRoundExperts& e, gpuStream_t stream) {
+  return LaunchExpertsPass<false>(c, e, stream);
+}
+
+gpuError_t LaunchSignRoundExpertsBackward(const SignRoundConfig& c, const SignRoundExperts& e, gpuStream_t stream) {
+  return LaunchExpertsPass<true>(c, e, stream);
+}
+
+gpuError_t LaunchSignSgdExperts(const SignSgdStep& s, size_t num_experts, const ExpertTokens& tokens,
+                                gpuStream_t stream) {
+  if (s.num_tensors == 0) return gpuSuccess;
+  int64_t longest = 0;
+  for (size_t t = 0; t < s.num_tensors; ++t) longest = std::max(longest, s.tensors[t].count);
+  if (longest == 0) return gpuSuccess;
+  // Every tensor gets the longest one's blocks, within a budget for the launch: a block's
+  // experts mix v (as large as the weight) with range factors a group_len of it, whose
+  // blocks past their end exit at once.
+  const int64_t budget =
+      std::max<int64_t>(1, kStepBlocks / static_cast<int64_t>(std::min<size_t>(s.num_tensors, kStepTensorsPerLaunch)));
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>({(longest + kThreads - 1) / kThreads, 4096, budget}));
+  auto table = std::make_unique<StepTensors>();
+  table->tokens = tokens;
+  table->per_expert = static_cast<uint32_t>(s.num_tensors / num_experts);
+  for (size_t at = 0; at < s.num_tensors; at += kStepTensorsPerLaunch) {
+    const size_t n = std::min<size_t>(s.num_tensors - at, kStepTensorsPerLaunch);
+    std::copy(s.tensors + at, s.tensors + at + n, table->tensors);
+    table->first = static_cast<uint32_t>(at);
+    SignSgdExpertsKernel<kStepTensorsPerLaunch>
+        <<<dim3(blocks, static_cast<unsigned>(n)), kThreads, 0, stream>>>(*table, s.lrs, s.loss, s.best_loss);
+    const gpuError_t error = gpuGetLastError();
+    if (error != gpuSuccess) return error;
+  }
+  return gpuSuccess;
 }
 
 gpuError_t LaunchSignSgdSchedule(const SignSgdStep& s, gpuStream_t stream) {

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "core/stream_list.h"
-#include "quant/signround/signround_math_api.h"
+#include "quant/signround/signround_checks.h"
 #include "quant/tensor_args.h"
 
 namespace qlink {
@@ -58,12 +58,6 @@ Status ReadOptions(const qlink_signround_options* o, Options* out) {
   return Status::Ok();
 }
 
-struct Checked {
-  int device = 0;
-  SignRoundConfig config;
-  SignRoundLayer layer;
-};
-
 // A layer's part of a backward with a step: no grad_v, its best_v like v, its lr_group in
 // range, on the step's device. like_v checks a tensor as v is checked.
 template <typename LikeV>
@@ -86,7 +80,7 @@ Status ReadStep(const qlink_signround_layer& l, const std::string& who, const VS
 }
 
 Status ReadLayer(const Context& ctx, const qlink_signround_layer& l, size_t index, const Options& options,
-                 SignRoundPass pass, const VStep& step, Checked* out) {
+                 SignRoundPass pass, const VStep& step, CheckedLayer* out) {
   const std::string at = "layers[" + std::to_string(index) + "]";
   QLINK_RETURN_IF_ERROR(CheckStructSize(l.struct_size, QLINK_SIGNROUND_LAYER_STRUCT_SIZE_1_7, at.c_str(), "1.7"));
   const std::string who = LayerName(index, l.name);
@@ -212,7 +206,8 @@ Status ReadVStep(const Context& ctx, const qlink_signround_args& args, SignRound
 
 }  // namespace
 
-Status SignRoundQdq(Context& ctx, const qlink_signround_args* args, SignRoundPass pass) {
+Status CheckSignRoundArgs(const Context& ctx, const qlink_signround_args* args, SignRoundPass pass,
+                          std::vector<CheckedLayer>* out) {
   if (args == nullptr) return InvalidArgument("args is NULL");
   QLINK_RETURN_IF_ERROR(CheckStructSize(args->struct_size, QLINK_SIGNROUND_ARGS_STRUCT_SIZE_1_7, "args", "1.7"));
   Options options;
@@ -222,14 +217,20 @@ Status SignRoundQdq(Context& ctx, const qlink_signround_args* args, SignRoundPas
   QLINK_RETURN_IF_ERROR(CheckStreams(ctx, args->streams, args->num_streams));
   VStep step;
   QLINK_RETURN_IF_ERROR(ReadVStep(ctx, *args, pass, &step));
-  std::vector<Checked> layers(args->num_layers);
+  out->assign(args->num_layers, CheckedLayer{});
   for (size_t i = 0; i < args->num_layers; ++i) {
-    QLINK_RETURN_IF_ERROR(ReadLayer(ctx, args->layers[i], i, options, pass, step, &layers[i]));
+    QLINK_RETURN_IF_ERROR(ReadLayer(ctx, args->layers[i], i, options, pass, step, &(*out)[i]));
   }
+  return Status::Ok();
+}
+
+Status SignRoundQdq(Context& ctx, const qlink_signround_args* args, SignRoundPass pass) {
+  std::vector<CheckedLayer> layers;
+  QLINK_RETURN_IF_ERROR(CheckSignRoundArgs(ctx, args, pass, &layers));
   if (layers.empty()) return Status::Ok();
   SignRoundMath* math = nullptr;
   QLINK_RETURN_IF_ERROR(ctx.backend().GetSignRoundMath(&math));
-  for (const Checked& l : layers) {
+  for (const CheckedLayer& l : layers) {
     const Stream stream = StreamFor(l.device, args->streams, args->num_streams);
     QLINK_RETURN_IF_ERROR(pass == SignRoundPass::kForward ? math->Forward(l.device, stream, l.config, l.layer)
                                                           : math->Backward(l.device, stream, l.config, l.layer));
@@ -237,17 +238,18 @@ Status SignRoundQdq(Context& ctx, const qlink_signround_args* args, SignRoundPas
   return Status::Ok();
 }
 
-Status SignSgd(Context& ctx, const qlink_signsgd_args* args) {
+Status CheckSignSgdArgs(const Context& ctx, const qlink_signsgd_args* args, CheckedStep* out) {
   if (args == nullptr) return InvalidArgument("args is NULL");
   QLINK_RETURN_IF_ERROR(CheckStructSize(args->struct_size, QLINK_SIGNSGD_ARGS_STRUCT_SIZE_1_7, "args", "1.7"));
   if (args->num_params > 0 && args->params == nullptr)
     return InvalidArgument("args->params is NULL with num_params > 0");
   QLINK_RETURN_IF_ERROR(CheckStreams(ctx, args->streams, args->num_streams));
-  int device = 0;
+  int& device = out->device;
   int64_t num_lrs = 0;
   QLINK_RETURN_IF_ERROR(ReadLrs(ctx, args->lrs, "args->lrs", &device, &num_lrs));
   uint64_t bytes = 0;
-  SignSgdStep step;
+  SignSgdStep& step = out->step;
+  step = SignSgdStep{};
   step.lrs = static_cast<float*>(DataOf(args->lrs));
   step.num_lrs = static_cast<size_t>(num_lrs);
   if (args->epoch != nullptr) {
@@ -259,7 +261,8 @@ Status SignSgd(Context& ctx, const qlink_signsgd_args* args) {
     step.total_iters = args->total_iters;
   }
   QLINK_RETURN_IF_ERROR(ReadLossPair(ctx, args->loss, args->best_loss, device, &step.loss, &step.best_loss));
-  std::vector<SignSgdTensor> tensors(args->num_params);
+  std::vector<SignSgdTensor>& tensors = out->tensors;
+  tensors.assign(args->num_params, SignSgdTensor{});
   for (size_t i = 0; i < args->num_params; ++i) {
     const qlink_signsgd_param& p = args->params[i];
     const std::string at = "params[" + std::to_string(i) + "]";
@@ -299,11 +302,17 @@ Status SignSgd(Context& ctx, const qlink_signsgd_args* args) {
     tensors[i] = SignSgdTensor{static_cast<float*>(DataOf(p.param)), static_cast<const float*>(DataOf(p.grad)),
                                static_cast<float*>(DataOf(p.best)), count, p.lr_group};
   }
-  SignRoundMath* math = nullptr;
-  QLINK_RETURN_IF_ERROR(ctx.backend().GetSignRoundMath(&math));
   step.tensors = tensors.data();
   step.num_tensors = tensors.size();
-  return math->Step(device, StreamFor(device, args->streams, args->num_streams), step);
+  return Status::Ok();
+}
+
+Status SignSgd(Context& ctx, const qlink_signsgd_args* args) {
+  CheckedStep checked;
+  QLINK_RETURN_IF_ERROR(CheckSignSgdArgs(ctx, args, &checked));
+  SignRoundMath* math = nullptr;
+  QLINK_RETURN_IF_ERROR(ctx.backend().GetSignRoundMath(&math));
+  return math->Step(checked.device, StreamFor(checked.device, args->streams, args->num_streams), checked.step);
 }
 
 }  // namespace quant

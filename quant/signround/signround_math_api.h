@@ -61,6 +61,26 @@ struct SignSgdStep {
   float* best_loss = nullptr;   // device: the lowest loss so far, lowered to `loss` when it improved
 };
 
+// Which experts of a block's grouped calls have routed tokens this iteration: `counts`
+// (device memory, one per expert, int32 or int64 as `bits` says) nonzero; NULL: every one.
+// An expert without tokens is skipped as AutoRound skips an expert its router gave none
+// (its wrapper not called, its parameters without a gradient for SignSGD to take).
+struct ExpertTokens {
+  const void* counts = nullptr;
+  int32_t bits = 64;
+  QLINK_HD bool Has(size_t e) const {
+    if (counts == nullptr) return true;
+    return bits == 32 ? static_cast<const int32_t*>(counts)[e] != 0 : static_cast<const int64_t*>(counts)[e] != 0;
+  }
+};
+
+// A block's experts: `count` layers of one shape and format (host memory), on one device.
+struct SignRoundExperts {
+  const SignRoundLayer* layers = nullptr;
+  size_t count = 0;
+  ExpertTokens tokens;
+};
+
 class SignRoundMath {
  public:
   virtual ~SignRoundMath() = default;
@@ -74,6 +94,19 @@ class SignRoundMath {
   // tensor, then the schedule: best_loss lowered, epoch advanced, each lr multiplied by
   // LinearLR's factor.
   virtual Status Step(int device, void* stream, const SignSgdStep& step) = 0;
+  // Forward and Backward of every expert with tokens, one kernel pass over them all. An
+  // expert without tokens is left as it is (qdq, its range factors and gradients not
+  // written; v not stepped), but for best_v: the best copy covers every expert, as
+  // AutoRound's collect_best_params does.
+  virtual Status ForwardExperts(int device, void* stream, const SignRoundConfig& config,
+                                const SignRoundExperts& experts) = 0;
+  virtual Status BackwardExperts(int device, void* stream, const SignRoundConfig& config,
+                                 const SignRoundExperts& experts) = 0;
+  // Step over tensors laid out expert-major (tensor e * per_expert + k is expert e's k-th,
+  // of one count for every e; per_expert = num_tensors / num_experts): an expert without
+  // tokens is not updated, but kept as best with the rest; the schedule advances once.
+  virtual Status StepExperts(int device, void* stream, const SignSgdStep& step, size_t num_experts,
+                             const ExpertTokens& tokens) = 0;
 };
 
 }  // namespace quant

@@ -236,6 +236,15 @@ int main() {
   FIELD(qlink_signsgd_args, best_loss);
   FIELD(qlink_signsgd_args, streams);
   FIELD(qlink_signsgd_args, num_streams);
+  STRUCT(qlink_signround_experts_args, QLINK_SIGNROUND_EXPERTS_ARGS_STRUCT_SIZE);
+  FIELD(qlink_signround_experts_args, struct_size);
+  FIELD(qlink_signround_experts_args, layers);
+  FIELD(qlink_signround_experts_args, tokens);
+  STRUCT(qlink_signsgd_experts_args, QLINK_SIGNSGD_EXPERTS_ARGS_STRUCT_SIZE);
+  FIELD(qlink_signsgd_experts_args, struct_size);
+  FIELD(qlink_signsgd_experts_args, step);
+  FIELD(qlink_signsgd_experts_args, num_experts);
+  FIELD(qlink_signsgd_experts_args, tokens);
   STRUCT(qlink_unique_id, sizeof(qlink_unique_id));
   FIELD(qlink_unique_id, bytes);
   STRUCT(qlink_api, QLINK_API_STRUCT_SIZE);
@@ -285,6 +294,9 @@ int main() {
   SLOT(signround_qdq);
   SLOT(signround_qdq_backward);
   SLOT(signsgd_step);
+  SLOT(signround_experts_qdq);
+  SLOT(signround_experts_qdq_backward);
+  SLOT(signsgd_experts_step);
 #undef SLOT
 
   std::vector<std::string> enums;

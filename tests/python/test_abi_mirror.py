@@ -32,6 +32,8 @@ MIRRORS = {
     "qlink_signround_args": _abi.SignRoundArgs,
     "qlink_signsgd_param": _abi.SignSgdParam,
     "qlink_signsgd_args": _abi.SignSgdArgs,
+    "qlink_signround_experts_args": _abi.SignRoundExpertsArgs,
+    "qlink_signsgd_experts_args": _abi.SignSgdExpertsArgs,
     "qlink_unique_id": _abi.UniqueId,
     "qlink_api": _abi.Api,
 }

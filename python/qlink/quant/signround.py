@@ -108,35 +108,56 @@ class VStep:
 
 
 class _SignRoundQdqLayers(torch.autograd.Function):
-    """Several layers of one options set in one engine call forward and one backward."""
+    """Several layers of one options set in one engine call forward and one backward; with
+    experts ({"tokens": a tensor or None}) through the experts' calls (ABI 1.10)."""
 
     @staticmethod
     def forward(ctx, spec, *tuned):
-        layers, options, qctx, _ = spec
+        layers, options, qctx, _, experts = spec
         records = []
         for k, layer in enumerate(layers):
             v, lo, hi = (t.detach() for t in tuned[3 * k:3 * k + 3])
             records.append(dict(layer, v=v, min_scale=lo, max_scale=hi, qdq=torch.empty_like(layer["weight"])))
-        qctx.signround_qdq(records, options, streams=_streams(qctx, [r["weight"] for r in records]))
+        streams = _streams(qctx, [r["weight"] for r in records])
+        if experts is None:
+            qctx.signround_qdq(records, options, streams=streams)
+        else:
+            qctx.signround_experts_qdq(records, options, tokens=experts["tokens"], streams=streams)
         ctx.spec, ctx.records = spec, records
         return tuple(r["qdq"] for r in records)
 
     @staticmethod
     def backward(ctx, *grads):
-        _, options, qctx, step = ctx.spec
+        _, options, qctx, step, experts = ctx.spec
+        # An expert without tokens gets no gradient written: zeros, which SignSGD steps by nothing.
+        empty = torch.empty_like if experts is None or experts["tokens"] is None else torch.zeros_like
         # With a step each v steps in the engine's backward: no gradient is made for autograd to hand on.
         records = [dict(r, qdq=None, grad_qdq=g.contiguous().to(r["weight"].dtype),
-                        grad_v=torch.empty_like(r["v"]) if step is None else None,
-                        grad_min_scale=torch.empty_like(r["min_scale"]),
-                        grad_max_scale=torch.empty_like(r["max_scale"])) for r, g in zip(ctx.records, grads)]
+                        grad_v=empty(r["v"]) if step is None else None,
+                        grad_min_scale=empty(r["min_scale"]), grad_max_scale=empty(r["max_scale"]))
+                   for r, g in zip(ctx.records, grads)]
         fields = None
         if step is not None:
             fields = {"step_lrs": step.lrs, "loss": step.loss, "best_loss": step.best_loss}
             for i, r in enumerate(records):
                 r.update(lr_group=step.lr_groups[i], best_v=None if step.best is None else step.best[i])
-        qctx.signround_qdq(records, options, backward=True, streams=_streams(qctx, [r["weight"] for r in records]),
-                           step=fields)
+        streams = _streams(qctx, [r["weight"] for r in records])
+        if experts is None:
+            qctx.signround_qdq(records, options, backward=True, streams=streams, step=fields)
+        else:
+            qctx.signround_experts_qdq(records, options, tokens=experts["tokens"], backward=True, streams=streams,
+                                       step=fields)
         return (None,) + tuple(t for r in records for t in (r["grad_v"], r["grad_min_scale"], r["grad_max_scale"]))
+
+
+def _layers_call(layers, bits, group_size, sym, scale_dtype, q_scale_thresh, ctx, device, step, experts):
+    qctx = ctx or default_context()
+    options = {"bits": bits, "group_size": group_size, "sym": sym, "scale_dtype": scale_dtype,
+               "q_scale_thresh": q_scale_thresh}
+    specs = [{"name": name, "weight": weight.detach(), **({} if device is None else {"device": device})}
+             for name, weight, _, _, _ in layers]
+    tuned = [t for _, _, v, lo, hi in layers for t in (v, lo, hi)]
+    return list(_SignRoundQdqLayers.apply((specs, options, qctx, step, experts), *tuned))
 
 
 def signround_qdq_layers(layers, bits=4, group_size=128, sym=True, scale_dtype=torch.float16, q_scale_thresh=1e-5,
@@ -147,13 +168,28 @@ def signround_qdq_layers(layers, bits=4, group_size=128, sym=True, scale_dtype=t
     the layers' quant-dequantized weights, differentiable in each v, min_scale, max_scale;
     with step (a VStep, its lists in the layers' order) each v instead takes SignSGD's step
     in the backward and gets no gradient."""
-    qctx = ctx or default_context()
-    options = {"bits": bits, "group_size": group_size, "sym": sym, "scale_dtype": scale_dtype,
-               "q_scale_thresh": q_scale_thresh}
-    specs = [{"name": name, "weight": weight.detach(), **({} if device is None else {"device": device})}
-             for name, weight, _, _, _ in layers]
-    tuned = [t for _, _, v, lo, hi in layers for t in (v, lo, hi)]
-    return list(_SignRoundQdqLayers.apply((specs, options, qctx, step), *tuned))
+    return _layers_call(layers, bits, group_size, sym, scale_dtype, q_scale_thresh, ctx, device, step, None)
+
+
+def signround_qdq_experts(experts, tokens=None, bits=4, group_size=128, sym=True, scale_dtype=torch.float16,
+                          q_scale_thresh=1e-5, ctx=None, device=None, step=None):
+    """signround_qdq_layers of a block's experts (one shape, dtype and device) through the
+    experts' calls (ABI 1.10): one launch a pass on a GPU. tokens: None, or (experts,) int32
+    / int64 on their device, each expert's routed tokens this iteration; an expert with 0 is
+    skipped as AutoRound skips it: its returned weight is not written (its wrapper would
+    not run), its gradients are zeros, its v takes no step (but is kept as best with step)."""
+    return _layers_call(experts, bits, group_size, sym, scale_dtype, q_scale_thresh, ctx, device, step,
+                        {"tokens": tokens})
+
+
+def _signsgd_records(params, lr_groups, best):
+    records = []
+    for i, p in enumerate(params):
+        if p.grad is None:
+            raise ValueError("params[%d] has no gradient" % i)
+        records.append({"param": p.detach(), "grad": p.grad, "best": None if best is None else best[i],
+                        "lr_group": lr_groups[i]})
+    return records
 
 
 def signsgd_step(params, lrs, lr_groups=None, epoch=None, total_iters=0, loss=None, best_loss=None, best=None,
@@ -165,15 +201,27 @@ def signsgd_step(params, lrs, lr_groups=None, epoch=None, total_iters=0, loss=No
     total_iters, LinearLR(start_factor=1, end_factor=0, total_iters) then advances: epoch
     += 1, each lr multiplied by its factor. Nothing is read back to the host."""
     qctx = ctx or default_context()
-    lr_groups = lr_groups or [0] * len(params)
-    records = []
-    for i, p in enumerate(params):
-        if p.grad is None:
-            raise ValueError("params[%d] has no gradient" % i)
-        records.append({"param": p.detach(), "grad": p.grad, "best": None if best is None else best[i],
-                        "lr_group": lr_groups[i]})
+    records = _signsgd_records(params, lr_groups or [0] * len(params), best)
     qctx.signsgd_step(records, lrs, epoch, total_iters, loss, best_loss, streams=_streams(qctx, [lrs]),
                       device=device)
+
+
+def signsgd_experts_step(experts, lrs, tokens=None, lr_groups=None, epoch=None, total_iters=0, loss=None,
+                         best_loss=None, best=None, ctx=None, device=None):
+    """signsgd_step of a block's experts in one engine call (ABI 1.10, one launch on a GPU):
+    experts is a list per expert of its params (the k-th of one size for every expert),
+    lr_groups and best lists of the same shape. tokens as for signround_qdq_experts: an
+    expert with 0 is not updated (AutoRound's SignSGD skips a parameter without a gradient:
+    one here may have none), but kept as best with the rest; the schedule advances once."""
+    qctx = ctx or default_context()
+    flat = [p for ps in experts for p in ps]
+    groups = [g for gs in lr_groups for g in gs] if lr_groups is not None else [0] * len(flat)
+    bests = [b for bs in best for b in bs] if best is not None else None
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in flat]
+    records = [{"param": p.detach(), "grad": g, "best": None if bests is None else bests[i], "lr_group": groups[i]}
+               for i, (p, g) in enumerate(zip(flat, grads))]
+    qctx.signsgd_experts_step(records, len(experts), lrs, tokens, epoch, total_iters, loss, best_loss,
+                              streams=_streams(qctx, [lrs]), device=device)
 
 
 class _RoundSte(torch.autograd.Function):

@@ -32,7 +32,7 @@ def _method(name):
 SEAMS = SeamTable("auto_round", [
     Seam(_SIGN_ROUND + ".quantize_block", "installation, native_loop, parallel_tuning",
          "a block's SignRound tuning: data-parallel over replicas, or qlink's native loop on one device",
-         ["quantize_block", "step_graph", "compiled_loss", "v_step"], _method("quantize_block"),
+         ["quantize_block", "step_graph", "compiled_loss", "v_step", "grouped_experts"], _method("quantize_block"),
          reads=[_SIGN_ROUND, "auto_round.algorithms.quantization.sign_round.sign_sgd:SignSGD",
                 "auto_round.compressors.utils:IndexSampler", "auto_round.compressors.utils:collect_best_params",
                 "auto_round.wrapper:unwrapper_block", "auto_round.logger:logger",

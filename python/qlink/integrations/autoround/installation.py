@@ -240,6 +240,8 @@ class AutoRoundInstallation(Installation):
                                       device, qlink_device)
                 self.counters.record("compiled_loss", tuning.loss_refusal)
                 self.counters.record("v_step", tuning.v_step_refusal)
+                if tuning.has_experts:
+                    self.counters.record("grouped_experts", tuning.experts_refusal)
                 return tuning.run(lambda why: self.counters.record("step_graph", why))
             except Exception:
                 random.setstate(sampler_state)  # AutoRound's loop, if it runs instead, draws as it would have

@@ -19,7 +19,15 @@ per-iteration host work.
   offsets take their step inside the quant-dequant's backward (VStep, ABI 1.9: their
   gradients, as large as the weights in fp32, never stored and read back), the range
   factors' step after it; otherwise every tensor's gradient, then one step (the
-  installation's "v_step" counter says which and why). The iterations'
+  installation's "v_step" counter says which and why).
+- An MoE block's experts (AutoRound wraps each its own linear: "<...>.experts.<i>.<proj>")
+  take their quant-dequant and its backward together, each projection's experts in one
+  engine call per pass (signround_qdq_experts, ABI 1.10: one launch on a GPU), bit for bit
+  what the per-layer calls make. Where one projection's experts differ (shape, dtype,
+  options), the whole block's experts go layer by layer, the reason counted (the
+  installation's "grouped_experts" counter). Such a block's step is one engine call of
+  every tensor as one expert (signsgd_experts_step): one launch on a GPU, where
+  signsgd_step launches once per tensor. The iterations'
   losses are written into a device tensor at the step counter's index: the host reads
   them once, after the loop.
 - On a GPU the iteration (forward, backward, step) is captured once warm and replayed as
@@ -34,10 +42,12 @@ naming the layer and the field; unsupported() names the options this loop does n
 (AutoRound's own loop runs those)."""
 import collections
 import functools
+import re
 
 import torch
 
-from ...quant.signround import VStep, signround_qdq_layers, signsgd_step
+from ...quant.signround import (VStep, signround_qdq_experts, signround_qdq_layers, signsgd_experts_step,
+                                signsgd_step)
 from ...streams import resolved_device
 from .contract import global_batch_size, learning_rates
 
@@ -51,6 +61,7 @@ WARMUP = 3  # eager iterations before the capture: compiled code and autograd's 
 _SCALE_DTYPES = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16,
                  "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
 _WEIGHT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_EXPERT = re.compile(r"^(?:(.*)\.)?experts\.(\d+)\.(.+)$")  # "<moe>.experts.<i>.<proj>", as HF names them
 
 
 def _masked_mse(pred, ref, mask, reduction):
@@ -168,6 +179,33 @@ def check(host, block, device):
     return layers
 
 
+def expert_groups(layers):
+    """The block's experts as the engine takes them together: ([names of one projection's
+    experts, by expert index], ...), and None; or ([], why not) where one projection's
+    experts differ in weight shape, dtype or options (then every expert goes layer by
+    layer); ([], None) for a block without experts."""
+    by_projection = collections.OrderedDict()
+    for name, m, options in layers:
+        match = _EXPERT.match(name)
+        if match:
+            moe, index, projection = match.groups()
+            by_projection.setdefault((moe, projection), []).append((int(index), name, m, options))
+    groups = []
+    for (moe, projection), members in by_projection.items():
+        members.sort(key=lambda member: member[0])
+        first_index, _, first, first_options = members[0]
+        for index, name, m, options in members[1:]:
+            unlike = [what for what, differs in (
+                ("weight shape %s" % (tuple(m.weight.shape),), m.weight.shape != first.weight.shape),
+                ("weight dtype %s" % (m.weight.dtype,), m.weight.dtype != first.weight.dtype),
+                ("options %s" % (options,), options != first_options)) if differs]
+            if unlike:
+                return [], "experts %s: expert %d has %s, unlike expert %d's" % (
+                    (moe + "." if moe else "") + "experts.*." + projection, index, ", ".join(unlike), first_index)
+        groups.append([name for _, name, _, _ in members])
+    return groups, None
+
+
 class NativeTuning:
     """One block's tuning state and loop; run() returns AutoRound's best_params."""
 
@@ -182,6 +220,8 @@ class NativeTuning:
         self.targets = torch.cat([y.to(self.device) for y in fp_outputs], dim=dim)
         self.input_words, self.target_words = _as_words(self.inputs, dim), _as_words(self.targets, dim)
         self.layers = layers
+        self.expert_groups, self.experts_refusal = expert_groups(layers)
+        self.has_experts = bool(self.expert_groups) or self.experts_refusal is not None
         self.state = {}  # layer name -> [v, min_scale, max_scale]
         for name, m, (_, group_size, _, _, _) in layers:
             rows, cols = m.weight.shape
@@ -246,22 +286,57 @@ class NativeTuning:
         return params, groups, lrs
 
     def _quant_dequant(self):
-        """{"<layer>.weight": its quant-dequantized weight}, one engine call per options set."""
+        """{"<layer>.weight": its quant-dequantized weight}: each projection's experts in
+        one engine call, the other layers in one call per options set."""
+        grouped = {name for names in self.expert_groups for name in names}
         by_options = collections.OrderedDict()
         for name, m, options in self.layers:
-            by_options.setdefault(options, []).append((name, m))
+            if name not in grouped:
+                by_options.setdefault(options, []).append((name, m))
+        options_of = {name: options for name, _, options in self.layers}
+        modules = {name: m for name, m, _ in self.layers}
+        calls = [(signround_qdq_layers, options, members) for options, members in by_options.items()]
+        calls += [(signround_qdq_experts, options_of[names[0]], [(name, modules[name]) for name in names])
+                  for names in self.expert_groups]
         weights = {}
-        for (bits, group_size, sym, scale_dtype, thresh), members in by_options.items():
+        self.ran = []  # per engine call: whether its backward ran (a gradient reached one of its weights)
+        self.call_layers = [[name for name, _ in members] for _, _, members in calls]
+        for qdq_call, (bits, group_size, sym, scale_dtype, thresh), members in calls:
             step = None
             if self.v_step_refusal is None:
                 at = [self.index_of[id(self.state[name][0])] for name, _ in members]
                 step = VStep(self.lrs, [self.lr_groups[i] for i in at], self.key, self.best_loss,
                              [self.best[i] for i in at])
-            qdq = signround_qdq_layers([(name, m.weight, *self.state[name]) for name, m in members], bits=bits,
-                                       group_size=group_size, sym=sym, scale_dtype=scale_dtype,
-                                       q_scale_thresh=thresh, ctx=self.ctx, device=self.qlink_device, step=step)
+            qdq = qdq_call([(name, m.weight, *self.state[name]) for name, m in members], bits=bits,
+                           group_size=group_size, sym=sym, scale_dtype=scale_dtype, q_scale_thresh=thresh,
+                           ctx=self.ctx, device=self.qlink_device, step=step)
             weights.update({"block." + name + ".weight": w for (name, _), w in zip(members, qdq)})
+            self.ran.append(False)
+            for w in qdq:
+                w.register_hook(functools.partial(self._mark_ran, len(self.ran) - 1))
         return weights
+
+    def _mark_ran(self, call, grad):
+        self.ran[call] = True
+
+    def _unreached(self):
+        """The tensors to step beyond self.stepped where an engine call's backward did not
+        run (its layers, experts the router gave no tokens, were not called this iteration):
+        AutoRound's wrappers of them did not run, so their parameters have no gradient and
+        SignSGD does not step them, but they are kept as best with the rest. Zero gradients
+        step by nothing; v, stepped in the backward that did not run, joins the step."""
+        extra = []
+        for call, names in enumerate(self.call_layers):
+            if self.ran[call]:
+                continue
+            for name in names:
+                for t in self.state[name]:
+                    if id(t) in self.index_of and t.grad is None:
+                        t.grad = torch.zeros_like(t)
+                v = self.index_of.get(id(self.state[name][0]))
+                if v is not None and v not in self.stepped:
+                    extra.append(v)
+        return extra
 
     def iteration(self):
         """One iteration, on the device only: the batch at self.index in AutoRound's
@@ -300,10 +375,14 @@ class NativeTuning:
             self.key.copy_(-self.epoch.float() if q.not_use_best_mse else total.float())
             q._scale_loss_and_backward(None, loss)
         self.losses.index_copy_(0, self.epoch, total)
-        at = self.stepped
-        signsgd_step([self.params[i] for i in at], self.lrs, lr_groups=[self.lr_groups[i] for i in at],
-                     epoch=self.epoch, total_iters=q.iters, loss=self.key, best_loss=self.best_loss,
-                     best=[self.best[i] for i in at], ctx=self.ctx, device=self.qlink_device)
+        at = sorted(self.stepped + self._unreached())
+        params, groups, best = ([xs[i] for i in at] for xs in (self.params, self.lr_groups, self.best))
+        schedule = dict(epoch=self.epoch, total_iters=q.iters, loss=self.key, best_loss=self.best_loss, ctx=self.ctx,
+                        device=self.qlink_device)
+        if self.expert_groups:  # every tensor in one launch on a GPU (one per tensor: two per expert and linear)
+            signsgd_experts_step([params], self.lrs, lr_groups=[groups], best=[best], **schedule)
+        else:
+            signsgd_step(params, self.lrs, lr_groups=groups, best=best, **schedule)
         for p in self.params:
             p.grad = None
 

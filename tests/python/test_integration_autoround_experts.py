@@ -1,0 +1,171 @@
+"""The native loop on an MoE block on the AutoRound stand-in (CPU backend): each projection's
+experts tuned together through the experts calls (ABI 1.10), against AutoRound's own loop,
+which wraps and steps every expert on its own and never calls an expert its router gave no
+tokens; and the whole block's fallback to layer-by-layer calls, with its reason."""
+import random
+import types
+
+import pytest
+import torch
+
+from qlink.integrations import autoround as adapter
+from qlink.integrations.autoround import native_loop
+
+from test_integration_autoround import HIDDEN, SEQ, cpu, host  # noqa: F401 (host: the stand-in's fixture)
+
+EXPERTS = 4
+
+
+class Expert(torch.nn.Module):
+    def __init__(self, index):
+        super().__init__()
+        self.up = torch.nn.Linear(HIDDEN, 2 * HIDDEN)
+        self.down = torch.nn.Linear(2 * HIDDEN, HIDDEN)
+        for name, m in (("up", self.up), ("down", self.down)):
+            m.bits, m.group_size, m.global_name = 4, 32, "block.experts.%d.%s" % (index, name)
+            m.data_type, m.act_bits, m.super_bits, m.super_group_size = "int", 16, None, None
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.silu(self.up(x)))
+
+
+class MoeBlock(torch.nn.Module):
+    """Top-1 routing as HF's sparse MoE blocks run it: only experts with tokens are called.
+    The router (not quantized) never picks the last expert and seldom the one before it,
+    which many batches leave without tokens."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = torch.nn.Linear(HIDDEN, EXPERTS)
+        with torch.no_grad():
+            self.gate.bias[-1] = -100.0
+            self.gate.bias[-2] = -1.5
+        self.experts = torch.nn.ModuleList(Expert(i) for i in range(EXPERTS))
+
+    def forward(self, hidden_states, scale=None, shift=None):
+        flat = hidden_states.reshape(-1, HIDDEN)
+        logits = self.gate(flat)
+        top = logits.argmax(-1)
+        weight = torch.softmax(logits, -1).gather(1, top[:, None])
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            idx = (top == e).nonzero().squeeze(-1)
+            if idx.numel() == 0:
+                continue
+            out = out.index_add(0, idx, expert(flat[idx]) * weight[idx])
+        out = out.reshape(hidden_states.shape) * scale
+        return out if shift is None else out + shift
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = MoeBlock()
+
+
+def _tune(host, seed=0, nsamples=16, batch_size=4, layers=None, **config):  # noqa: F811
+    """The MoE block tuned from one start and AutoRound's draws: (model, best_params, the
+    stand-in loop's losses or None)."""
+    torch.manual_seed(seed)
+    model = Model()
+    for name, options in (layers or {}).items():
+        for key, value in options.items():
+            setattr(model.block.get_submodule(name), key, value)
+    inputs = [torch.randn(1, SEQ, HIDDEN) for _ in range(nsamples)]
+    others = {"scale": torch.tensor(1.5), "shift": [torch.randn(1, 1, HIDDEN) * 0.1 for _ in range(nsamples)]}
+    with torch.no_grad():
+        outputs = [model.block(x, scale=others["scale"], shift=s) for x, s in zip(inputs, others["shift"])]
+    q = host.sign_round.SignRoundQuantizer(host.sign_round.SignRoundConfig(**config))
+    q.model = model
+    q.block_forward = host.block_runner.BlockForwardRunner(batch_size=batch_size, device="cpu", cache_device="cpu")
+    q.calibration_context.batch_size = batch_size
+    random.seed(seed)
+    block_ctx = types.SimpleNamespace(block_name="block", block_index=0, block_cnt=2)
+    best = q.quantize_block(model.block, inputs, others, outputs, None, block_ctx)
+    return model, best, getattr(q, "losses", None)
+
+
+def _clamped(best):
+    """Best parameters with the range factors clamped to [0, 1], as every use reads them:
+    AutoRound's wrapper clamps them in its forward, which an expert without tokens skips
+    (a factor stepped past 1 stays there, and is kept as best so), and its unwrapper before
+    writing the weights; the native loop quant-dequantizes, so clamps, every expert each
+    iteration."""
+    return {layer: {k: t.clamp(0, 1) if k != "value" else t for k, t in params.items()}
+            for layer, params in best.items()}
+
+
+def _assert_equal_tuning(a, b, a_best, b_best, clamp):
+    if clamp:
+        a_best, b_best = _clamped(a_best), _clamped(b_best)
+    assert set(a_best) == set(b_best)
+    for layer in a_best:
+        for key, t in a_best[layer].items():
+            assert torch.equal(t, b_best[layer][key]), (layer, key)
+    for (n, x), y in zip(a.block.named_parameters(), b.block.parameters()):
+        assert torch.equal(x, y), n
+
+
+CASES = {"sym int4": dict(iters=30), "asym, a minmax lr of its own": dict(iters=20, minmax_lr=0.01),
+         "gradient_accumulate_steps=2 (no v step in the backward)": dict(iters=12, gradient_accumulate_steps=2)}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_experts_tuned_together_equal_autorounds_per_expert_tuning(host, library, monkeypatch, case):  # noqa: F811
+    config = dict(CASES[case], layers={"experts.%d.%s" % (e, p): {"sym": "asym" not in case}
+                                       for e in range(EXPERTS) for p in ("up", "down")})
+    own, own_best, own_losses = _tune(host, **config)
+    assert min(own_losses) < own_losses[0]
+    assert not own_best["experts.%d.up" % (EXPERTS - 1)]["value"].any()  # never routed: never stepped
+    calls, steps = [], []
+    qdq, step = native_loop.signround_qdq_experts, native_loop.signsgd_experts_step
+    monkeypatch.setattr(native_loop, "signround_qdq_experts",
+                        lambda experts, **kw: calls.append([n for n, *_ in experts]) or qdq(experts, **kw))
+    monkeypatch.setattr(native_loop, "signsgd_experts_step",
+                        lambda experts, *a, **kw: steps.append(len(experts)) or step(experts, *a, **kw))
+    adapter.install("auto", ctx=cpu(library, 1), strict=True)
+    tuned, best, _ = _tune(host, **config)
+    counters = adapter.counters()["seams"]
+    assert counters["quantize_block"]["qlink"] == 1
+    assert counters["grouped_experts"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
+    assert calls[:2] == [["experts.%d.%s" % (e, p) for e in range(EXPERTS)] for p in ("up", "down")]
+    assert steps == [1] * config["iters"]  # every tensor of the step in one call
+    (_, losses), = adapter.losses()
+    assert losses == own_losses
+    _assert_equal_tuning(own, tuned, own_best, best, clamp=True)
+
+
+def test_the_grouped_calls_equal_the_per_layer_native_loop(host, library, monkeypatch):  # noqa: F811
+    """Bit for bit, best parameters unclamped included: grouping changes no arithmetic."""
+    adapter.install("auto", ctx=cpu(library, 1), strict=True)
+    grouped, grouped_best, _ = _tune(host, iters=20)
+    monkeypatch.setattr(native_loop, "expert_groups", lambda layers: ([], "forced"))
+    adapter.install("auto", ctx=cpu(library, 1), strict=True)
+    single, single_best, _ = _tune(host, iters=20)
+    assert adapter.counters()["seams"]["grouped_experts"]["reasons"] == {"forced": 1}
+    _assert_equal_tuning(grouped, single, grouped_best, single_best, clamp=False)
+
+
+def test_experts_unlike_each_other_send_the_whole_block_layer_by_layer(host, library):  # noqa: F811
+    config = dict(iters=12, layers={"experts.2.up": {"group_size": 16}})
+    own, own_best, own_losses = _tune(host, **config)
+    adapter.install("auto", ctx=cpu(library, 1), strict=True)
+    tuned, best, _ = _tune(host, **config)
+    counters = adapter.counters()["seams"]
+    assert counters["quantize_block"]["qlink"] == 1
+    assert counters["grouped_experts"]["reasons"] == {
+        "experts experts.*.up: expert 2 has options (4, 16, True, torch.float16, 1e-05), unlike expert 0's": 1}
+    (_, losses), = adapter.losses()
+    assert losses == own_losses
+    _assert_equal_tuning(own, tuned, own_best, best, clamp=True)
+
+
+def test_expert_groups_reads_hf_names():
+    def layer(name, rows=8, options=(4, 32, True, torch.float16, 1e-5)):
+        return name, torch.nn.Linear(32, rows), options
+    groups, reason = native_loop.expert_groups(
+        [layer("mlp.experts.10.up"), layer("mlp.experts.2.up"), layer("mlp.gate"), layer("self_attn.q_proj")])
+    assert (groups, reason) == ([["mlp.experts.2.up", "mlp.experts.10.up"]], None)
+    assert native_loop.expert_groups([layer("self_attn.q_proj")]) == ([], None)
+    groups, reason = native_loop.expert_groups([layer("mlp.experts.0.up"), layer("mlp.experts.1.up", rows=4)])
+    assert groups == [] and reason == "experts mlp.experts.*.up: expert 1 has weight shape (4, 32), unlike expert 0's"
