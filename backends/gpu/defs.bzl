@@ -82,6 +82,17 @@ _VENDORS = {
                   kernels = _KERNELS, deps = ["@local_hip//:hip_runtime"]),
 }
 
+def _exec_objects_impl(ctx):
+    return [DefaultInfo(files = depset(ctx.files.srcs))]
+
+# The kernels' objects taken from the exec configuration: their nvcc/hipcc flags are fixed,
+# so one build serves every target configuration (the sanitizer runs, -c opt) instead of a
+# compile per configuration's output folder.
+_exec_objects = rule(
+    implementation = _exec_objects_impl,
+    attrs = {"srcs": attr.label_list(cfg = "exec", allow_files = [".o"])},
+)
+
 def gpu_backend(vendor):
     """cc_library `<vendor>_backend`: the shared host code plus the vendor's kernel objects."""
     v = _VENDORS[vendor]
@@ -96,9 +107,10 @@ def gpu_backend(vendor):
             # listed because a genrule has no include scanning.
             cmd = "%s -c -I. %s $(location %s) -o $@" % (v.compiler, " ".join(v.flags), src),
         )
+    _exec_objects(name = vendor + "_kernel_objects", srcs = [":%s_%s" % (vendor, k) for k in v.kernels])
     native.cc_library(
         name = vendor + "_backend",
-        srcs = ["//backends/gpu:gpu_backend.cc"] + _QUANT_SRCS + [":%s_%s" % (vendor, k) for k in v.kernels],
+        srcs = ["//backends/gpu:gpu_backend.cc"] + _QUANT_SRCS + [":%s_kernel_objects" % vendor],
         hdrs = _HDRS + _QUANT_HDRS,
         local_defines = [v.define],
         deps = ["//backends:device_backend", "//backends:vendor_library", "//quant:quant_math"] + v.deps,
