@@ -217,13 +217,15 @@ def _pass(layer, record, count=BATCHES):
 def test_fused_hessians_equal_defused_and_chunked_equal_one_chunk(host, defuser, record):  # noqa: F811
     fused = fused_layer()
     accumulator = HessianAccumulator(host)
-    whole = expert_stage.hessians(accumulator, _pass(fused, record))
-    split = expert_stage.hessians(accumulator, _pass(defused(fused, defuser), record))
+    whole, _ = expert_stage.hessians(accumulator, _pass(fused, record))
+    split, _ = expert_stage.hessians(accumulator, _pass(defused(fused, defuser), record))
     columns = HIDDEN if record == "inputs" else INTER
     rows, _ = _pass(fused, record).totals()
     budget = 2 * (4 * columns ** 2 + 4 * columns * max(rows))  # two experts a chunk at most
     assert len(expert_stage.expert_chunks(rows, columns, budget)) >= 4
-    chunked = expert_stage.hessians(HessianAccumulator(host), _pass(fused, record), budget=budget, devices=[0, 1])
+    chunked, count = expert_stage.hessians(HessianAccumulator(host), _pass(fused, record), budget=budget,
+                                           devices=[0, 1])
+    assert count == len(expert_stage.expert_chunks(rows, columns, budget))
     assert sorted(whole) == sorted(split) == sorted(chunked) == list(range(EXPERTS - 1))
     for e, h in whole.items():
         x = _pass(fused, record).rows(e).double()

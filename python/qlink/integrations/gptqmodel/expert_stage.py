@@ -78,16 +78,16 @@ def placement(chunks, devices):
 
 
 def hessians(accumulator, routed, budget=None, devices=None):
-    """{expert: fp32 X^T X of its rows over every forward} of an ExpertPass, one product
-    per expert, a chunk's in one native call on its device. devices: qlink device ids
-    (None: the rows' own); a CUDA chunk's rows move to its GPU."""
+    """({expert: fp32 X^T X of its rows over every forward}, the count of chunks) of an
+    ExpertPass, one product per expert, a chunk's in one native call on its device.
+    devices: qlink device ids (None: the rows' own); a CUDA chunk's rows move to its GPU."""
     rows, _ = routed.totals()
     sample = next((k for k in routed.kept if k.numel()), None)
     if sample is None:
-        return {}
+        return {}, 0
     out = {}
-    for device, chunk in placement(expert_chunks(rows, sample.shape[-1], budget, sample.element_size()),
-                                   devices or [None]):
+    chunks = expert_chunks(rows, sample.shape[-1], budget, sample.element_size())
+    for device, chunk in placement(chunks, devices or [None]):
         items = []
         for expert in chunk:
             x = routed.rows(expert)
@@ -96,7 +96,7 @@ def hessians(accumulator, routed, budget=None, devices=None):
             items.append((x.contiguous(), None))
         for expert, partial in zip(chunk, accumulator.add_many(items, device=device)):
             out[expert] = partial
-    return out
+    return out, len(chunks)
 
 
 class ExpertCounts:
@@ -198,9 +198,8 @@ def make_run_subset_stage(installation, original):
                     why = unsupported(processor.tasks[name], x, installation.host, installation.ctx)
                     if why:
                         raise ValueError("%s: %s" % (name, why))
-            limit, kept = budget(installation, layer_inputs), routed.kept[0]
-            chunks = expert_chunks(rows, kept.shape[-1], limit, kept.element_size())
-            return routed, rows, reached, hessians(installation.accumulator, routed, limit), len(chunks)
+            made, chunks = hessians(installation.accumulator, routed, budget(installation, layer_inputs))
+            return routed, rows, reached, made, chunks
 
         def commit(result):
             routed, rows, reached, made, chunks = result
