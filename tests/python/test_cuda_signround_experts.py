@@ -4,9 +4,9 @@ bit for bit, experts without tokens left as they were; skipped where PyTorch see
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+from test_signround_experts import _backward_layers, _forward_layers
 
-SENTINEL = 7.0
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def _experts(count, rows, cols, group_size, dtype, seed):
@@ -23,20 +23,7 @@ def _experts(count, rows, cols, group_size, dtype, seed):
 
 
 def _layers(experts, backward, step):
-    layers = []
-    for i, (w, v, lo, hi, g) in enumerate(experts):
-        layer = {"name": "e%d" % i, "weight": w, "v": v.clone(), "min_scale": lo.clone(), "max_scale": hi.clone()}
-        if not backward:
-            layer["qdq"] = torch.full_like(w, SENTINEL)
-        else:
-            layer.update(grad_qdq=g, grad_min_scale=torch.full_like(lo, SENTINEL),
-                         grad_max_scale=torch.full_like(hi, SENTINEL))
-            if step:
-                layer.update(lr_group=i % 2, best_v=torch.full_like(v, SENTINEL))
-            else:
-                layer["grad_v"] = torch.full_like(v, SENTINEL)
-        layers.append(layer)
-    return layers
+    return _backward_layers(experts, step) if backward else _forward_layers(experts)
 
 
 # Team kernels (group lengths 128, 32 with vector loads) and the generic one (-1 over 384).
