@@ -257,13 +257,9 @@ part_worlds() {  # on OpenBLAS's kernels for this processor, then on its Haswell
   done
 }
 part_speed_models() {
-  local n
   run packer 240 python3 -c "import common; common.setup_paths(); from gptqmodel.utils.cpp import \
 load_pack_block_extension as load; assert load() is not None" &
-  for n in 2 4 32; do
-    run make_llama$n 300 python3 -c "import sys; sys.path.insert(0, '$hosts_dir'); from common import make_llama; \
-make_llama('/tmp/llama7b-${n}layers', layers=$n)"
-  done
+  LAYERS="2 4 32" part_models
   run make_llama70b 300 python3 -c "import sys; sys.path.insert(0, '$hosts_dir'); from common import make_llama, \
 LLAMA_70B; make_llama('/tmp/llama70b-1layer', layers=1, **LLAMA_70B)"
   wait
