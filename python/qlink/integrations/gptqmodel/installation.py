@@ -5,6 +5,7 @@ import importlib
 
 import torch
 
+from ... import _abi
 from ...quant.hessian import HessianAccumulator
 from ..base import Installation
 from ..process_settings import check_interval
@@ -14,7 +15,8 @@ from .solve_ahead import SolveAhead
 from .structure import LayerPrefetch
 
 READ_AHEAD = ("pinned", "pageable", "off")
-HESSIAN_PRECISIONS = ("tensor", "ieee_fp32", None)
+# The engine's precisions by name, None for the context config's.
+HESSIAN_PRECISIONS = tuple(name for name in _abi.HESSIAN_PRECISIONS if name != "default") + (None,)
 
 
 class _Host:
