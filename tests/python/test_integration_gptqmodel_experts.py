@@ -108,8 +108,9 @@ def subsets(layer, processor):
     return plans
 
 
-def run_layer(layer, monkeypatch):
-    """The layer's expert subsets through the stand-in's layer stage; returns each task's
+def run_layer(layer, monkeypatch, qcfg=None):
+    """The layer's expert subsets through the stand-in's layer stage (qcfg: the processor's
+    QuantizeConfig, its tasks' quantizers configured per channel); returns each task's
     (Hessian, rows) as its solve found them, the solves' results, the dynamic exclusions."""
     from gptqmodel.looper import gptq_processor, stage_layer
     seen, process = {}, gptq_processor.GPTQProcessor.process
@@ -119,8 +120,10 @@ def run_layer(layer, monkeypatch):
         seen[module.name] = (task.finalize_hessian().clone(), task.nsamples)
         return process(processor, module)
     monkeypatch.setattr(gptq_processor.GPTQProcessor, "process", recording)
-    processor = gptq_processor.GPTQProcessor()
+    processor = gptq_processor.GPTQProcessor(qcfg)
     plans = subsets(layer, processor)
+    for task in processor.tasks.values() if qcfg is not None else ():
+        task.quantizer.configure(perchannel=True)  # as GPTQModel configures it: the engine covers the tasks
     looper = type("Looper", (), {"gptq_model": _model()})()
     stage_layer.run_layer_stage(looper, plans=plans, processor=processor, module=layer, cache=cache(),
                                 layer_index=0)
@@ -168,14 +171,19 @@ def test_the_stage_is_gptqmodels_unless_asked_for(host, defuser, monkeypatch):  
 
 def test_the_owned_stage_solves_what_gptqmodels_forwards_would(host, defuser, monkeypatch):  # noqa: F811
     """Both through qlink (its add_batch and engine), GPTQModel's forwards against the owned
-    stage: every Hessian, gate/up's and down's, within a sum's rounding, codes equal."""
-    layer = defused(fused_layer(), defuser)
+    stage: every Hessian, gate/up's and down's, within a sum's rounding, codes equal; each
+    subset's solves in one engine call, as after GPTQModel's forwards."""
+    from gptqmodel.quantization.config import QuantizeConfig
+    layer, qcfg = defused(fused_layer(), defuser), QuantizeConfig(group_size=8)  # one the engine covers
     adapter.install(ctx=host, strict=True, expert_stage=True)
     monkeypatch.setattr(expert_stage, "expert_subset", lambda names: (None, "off for the reference"))
-    theirs, their_results, _ = run_layer(copy.deepcopy(layer), monkeypatch)
+    theirs, their_results, _ = run_layer(copy.deepcopy(layer), monkeypatch, qcfg)
     monkeypatch.undo()
-    mine, my_results, _ = run_layer(copy.deepcopy(layer), monkeypatch)
+    before = adapter.counters()["solves"]
+    mine, my_results, _ = run_layer(copy.deepcopy(layer), monkeypatch, qcfg)
     assert adapter.counters()["seams"]["expert_stage"]["qlink"] == 2
+    solves = {k: v - before[k] for k, v in adapter.counters()["solves"].items()}
+    assert solves["calls"] == 2 and solves["layers"] == 3 * (EXPERTS - 1)  # one engine call a subset
     for name in theirs:
         torch.testing.assert_close(mine[name][0], theirs[name][0], rtol=1e-5, atol=1e-5, msg=name)
         assert mine[name][1] == theirs[name][1], name
@@ -324,3 +332,30 @@ def test_layouts_the_stage_does_not_read_are_named():
     assert refusal(nn.Linear(2, 2)) == "experts that are neither split per expert nor fused (Linear)"
     with pytest.raises(ValueError, match=r"experts: experts that are neither split per expert nor fused \(Linear\)"):
         ExpertWeights(nn.Linear(2, 2))
+
+
+def test_hooked_linears_are_read_and_rotated_inputs_refused(defuser):  # noqa: F811
+    class HookedLinear(nn.Linear):  # GPTQModel's: an nn.Linear subclass with a forward hook and Hadamard flags
+        forward_hook, online_full_had, online_partial_had = None, False, False
+
+    split = defused(fused_layer(), defuser).mlp.experts
+    for expert in split:
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            linear = getattr(expert, name)
+            hooked = HookedLinear(linear.in_features, linear.out_features, bias=False)
+            hooked.weight = linear.weight
+            setattr(expert, name, hooked)
+    assert refusal(split) is None
+    split[3].up_proj.online_partial_had = True
+    assert refusal(split) == "expert 3's up_proj rotates its input (online Hadamard)"
+
+
+def test_only_modules_not_on_the_layers_device_are_filled_again():
+    filled = []
+    looper = type("Looper", (), {"_prepare_named_module_for_forward": lambda self, named_module, fallback_device:
+                                 filled.append((named_module.name, fallback_device))})()
+    named = [type("Named", (), {"name": n, "module": nn.Linear(2, 2, bias=False, device=d)})()
+             for n, d in (("on_cpu", "cpu"), ("shell", "meta"))]
+    plan = type("Plan", (), {"modules": {n.name: n for n in named}})()
+    expert_stage._fill(looper, plan, torch.device("cpu"))
+    assert filled == [("shell", torch.device("cpu"))]

@@ -1,16 +1,18 @@
 """An MoE block's routed experts as the weights qlink's expert stage reads: defuser's split
-experts (a list of modules, each with gate_proj, up_proj and down_proj nn.Linear without
-bias, and an act_fn) or transformers 5's fused experts (gate_up_proj (experts, 2 * inter,
-hidden), down_proj (experts, hidden, inter), act_fn and transformers' default gate).
+experts (a list of modules, each with gate_proj, up_proj and down_proj linears without bias,
+nn.Linear or GPTQModel's HookedLinear subclass of it, and an act_fn) or transformers 5's
+fused experts (gate_up_proj (experts, 2 * inter, hidden), down_proj (experts, hidden,
+inter), act_fn and transformers' default gate).
 
-Invariant: both layouts are read as per-expert views of the block's own tensors (never
-copied), gate and up as two (inter, hidden) matrices, so a fused block goes through the
-very arithmetic its defused copy does: equal results, no per-expert modules made.
-refusal() names what the stage does not cover; the caller leaves the whole block to the
-host then."""
+Invariant: both layouts are read as per-expert views of the block's own tensors, gate and
+up as two (inter, hidden) matrices, so a fused block goes through the very arithmetic its
+defused copy does: equal results, no per-expert modules made (the grouped GEMM's stacked
+weights are the one copy, of split experts, once a pass). refusal() names what the stage
+does not cover; the caller leaves the whole block to the host then."""
 import torch
 
 _PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+_ONLINE_HADAMARD = ("online_full_had", "online_partial_had")  # GPTQModel's HookedLinear flags
 
 
 def refusal(experts):
@@ -27,8 +29,10 @@ def refusal(experts):
     for index, expert in enumerate(experts):
         for name in _PROJECTIONS:
             linear = getattr(expert, name, None)
-            if type(linear) is not torch.nn.Linear or linear.bias is not None:
+            if not isinstance(linear, torch.nn.Linear) or linear.bias is not None:
                 return "expert %d's %s is not a Linear without bias" % (index, name)
+            if any(getattr(linear, flag, False) for flag in _ONLINE_HADAMARD):
+                return "expert %d's %s rotates its input (online Hadamard)" % (index, name)
         if not callable(getattr(expert, "act_fn", None)):
             return "expert %d has no act_fn" % index
     return None
@@ -71,3 +75,18 @@ class ExpertWeights:
 
     def act(self, expert, gate):
         return (self.experts[expert].act_fn if not self.fused else self.act_fn)(gate)
+
+    def one_act(self):
+        """The activation every expert applies, or None where split experts' differ."""
+        if self.fused:
+            return self.act_fn
+        kinds = {(type(e.act_fn), getattr(e.act_fn, "__name__", None)) for e in self.experts}
+        return self.act_fn if len(kinds) == 1 else None
+
+    def stacked(self):
+        """(gate_up (experts, 2 * inter, hidden), down (experts, hidden, inter)): the fused
+        block's own tensors, or split experts' weights stacked once (a copy)."""
+        if self.fused:
+            return self.experts.gate_up_proj, self.experts.down_proj
+        gate_up = torch.stack([torch.cat([e.gate_proj.weight, e.up_proj.weight]) for e in self.experts])
+        return gate_up, torch.stack([e.down_proj.weight for e in self.experts])

@@ -6,11 +6,14 @@ weights (a grouped GEMM: no module call, hook or host read per expert) and keeps
 forward, the rows the stage's Hessians need: the gathered inputs (gate/up) or the
 experts' intermediates (down).
 
-Invariant: an expert's rows and the arithmetic on them are the eager loop's (defuser's
-run_routed_experts), experts added in ascending order, so the block's output equals the
-host's loop's bit for bit on the same weights. rows(e) concatenates expert e's rows of every
-forward, in forward order, for one Hessian product per expert."""
+Invariant: an expert's rows are the eager loop's (defuser's run_routed_experts), experts
+added in ascending order. On a GPU with PyTorch's grouped GEMM (bf16, sm90+) every expert's
+linears run as one grouped product each: the block's output equals the host's loop's within
+bf16 rounding. Elsewhere each expert's linears run in turn, the loop's arithmetic: equal bit
+for bit. rows(e) concatenates expert e's rows of every forward, in forward order, for one
+Hessian product per expert."""
 import contextlib
+import itertools
 import threading
 
 import torch
@@ -19,6 +22,11 @@ import torch.nn.functional as F
 from . import defuser_moe
 
 RECORDS = ("inputs", "intermediates")
+GROUPED_MM = hasattr(torch, "_grouped_mm")  # PyTorch 2.8+; its fast path is bf16 on sm90 and later
+
+
+def _grouped_mm_fits(x):
+    return GROUPED_MM and x.is_cuda and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device)[0] >= 9
 
 
 class ExpertPass:
@@ -35,6 +43,7 @@ class ExpertPass:
         self.counts = []     # per forward: rows per expert
         self.starts = []     # per forward: where each expert's rows start in its kept rows
         self.forwards = 0
+        self.grouped = None  # (gate_up, down) stacked, once a forward takes the grouped path
 
     @contextlib.contextmanager
     def installed_on(self, experts):
@@ -53,6 +62,21 @@ class ExpertPass:
         token = order % tokens
         slot = torch.div(order, tokens, rounding_mode="floor")
         x = hidden_states[token]
+        act = self.weights.one_act() if _grouped_mm_fits(x) else None
+        out, inter = self._grouped(x, counts, act) if act is not None else self._looped(x, counts)
+        out = out * top_k_weights[token, slot, None]
+        final = torch.zeros_like(hidden_states)
+        final.index_add_(0, token, out.to(final.dtype))
+        kept = x if self.record == "inputs" else inter
+        with self.lock:
+            self.kept.append(kept)
+            self.counts.append(counts)
+            self.starts.append([sum(counts[:e]) for e in range(num)])
+            self.forwards += 1
+        return final
+
+    def _looped(self, x, counts):
+        """(output, intermediates) of x's rows sorted by expert, one expert's linears at a time."""
         out, inter, at = torch.empty_like(x), [], 0
         for expert, rows in enumerate(counts):
             if rows == 0:
@@ -63,16 +87,19 @@ class ExpertPass:
             h = self.weights.act(expert, F.linear(x[part], gate)) * F.linear(x[part], up)
             inter.append(h)
             out[part] = F.linear(h, self.weights.down(expert))
-        out = out * top_k_weights[token, slot, None]
-        final = torch.zeros_like(hidden_states)
-        final.index_add_(0, token, out.to(final.dtype))
-        kept = x if self.record == "inputs" else (torch.cat(inter) if inter else x[:0, :0])
-        with self.lock:
-            self.kept.append(kept)
-            self.counts.append(counts)
-            self.starts.append([sum(counts[:e]) for e in range(num)])
-            self.forwards += 1
-        return final
+        return out, (torch.cat(inter) if inter else x[:0, :0])
+
+    def _grouped(self, x, counts, act):
+        """(output, intermediates) of x's rows sorted by expert, every expert's gate/up and
+        down each one grouped GEMM (the weights stacked once a pass where split)."""
+        if self.grouped is None:
+            self.grouped = self.weights.stacked()
+        gate_up, down = self.grouped
+        offsets = torch.tensor(list(itertools.accumulate(counts)), dtype=torch.int32).to(x.device, non_blocking=True)
+        both = torch._grouped_mm(x, gate_up.transpose(1, 2), offs=offsets)
+        inter = self.weights.inter
+        h = act(both[:, :inter]) * both[:, inter:]
+        return torch._grouped_mm(h, down.transpose(1, 2), offs=offsets), h
 
     def rows(self, expert):
         """Expert's rows of every forward, concatenated in forward order (0 rows: None)."""

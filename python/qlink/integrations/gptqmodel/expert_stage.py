@@ -24,6 +24,7 @@ import threading
 
 import torch
 
+from ...streams import resolved_device
 from .contract import count_batch
 from .expert_layout import ExpertWeights, refusal as layout_refusal
 from .expert_pass import ExpertPass
@@ -163,6 +164,17 @@ def _forwards(module, routed, experts, layer_inputs, layer_input_kwargs, positio
             module(*layer_input, **kwargs)
 
 
+def _fill(looper, plan, device):
+    """GPTQModel's fill for the forward (_prepare_named_module_for_forward) of each subset
+    module whose weight is not on `device` yet (on meta: offloaded or a shell); a module the
+    layer's fill already put there holds the checkpoint's bytes, which a second fill would
+    copy again."""
+    for named in plan.modules.values():
+        weight = getattr(getattr(named, "module", None), "weight", None)
+        if torch.is_tensor(weight) and weight.device != resolved_device(device):
+            looper._prepare_named_module_for_forward(named_module=named, fallback_device=device)
+
+
 def make_run_subset_stage(installation, original):
     """GPTQModel's run_subset_stage for `installation` (qlink.integrations.gptqmodel's)."""
     counters, guard = installation.counters, installation.guard
@@ -189,6 +201,7 @@ def make_run_subset_stage(installation, original):
         path, record, by_expert = found
 
         def owned():
+            _fill(looper, plan, rest["cur_layer_device"])
             routed = ExpertPass(ExpertWeights(experts), record)
             _forwards(module, routed, experts, layer_inputs, layer_input_kwargs, position_ids, attention_masks)
             rows, reached = routed.totals()
@@ -211,6 +224,7 @@ def make_run_subset_stage(installation, original):
                     with task.lock:  # as GPTQModel's add_batch leaves a task after its batches
                         task._device_hessian_partials[device] = made[expert]
                         count_batch(task, device, rows[expert], fwd=reached[expert])
+                    installation.ahead.seen(task)  # fed, as add_batch says: the subset's solves in one call
                 few += bool(rows[expert]) and bool(installation.host.should_use_fallback(
                     tasks[0].fallback, float(rows[expert]), tasks[0].expected_nsamples))
             installation.expert_counts.add(

@@ -3,7 +3,9 @@ returns what `capture` (a test's function of the looper) makes, under inference_
 GPTQModel's loop runs it, called by keyword as the host calls it; the looper's processors,
 MoE routing options and the model's batching flag as GPTQModel's __init__ sets them;
 _rehome_processor_task moves a module's task state (its quantizer) to the module's device
-with Module.to, as GPTQModel's does before each subset's forwards; hessians() walks the
+with Module.to, as GPTQModel's does before each subset's forwards;
+_prepare_named_module_for_forward fills a subset module on its device (GPTQModel's from the
+checkpoint, here a move); hessians() walks the
 layers as the loop does up to each task's merged Hessian."""
 import torch
 
@@ -31,6 +33,10 @@ class ModuleLooper:
         quantizer = getattr(task, "quantizer", None)
         if quantizer is not None and hasattr(quantizer, "to"):
             quantizer.to(target_device)
+
+    def _prepare_named_module_for_forward(self, named_module, fallback_device):
+        named_module.module.to(fallback_device)
+        return named_module.module
 
     def loop(self, calibration_data):
         with torch.inference_mode():

@@ -1,0 +1,84 @@
+"""The expert stage's routed pass on a GPU (PyTorch's grouped GEMM, bf16, sm90+): the
+block's output and the down rows within bf16 rounding of the per-expert loop's, the gate/up
+rows and the counts equal, split experts equal to fused; skipped without such a GPU."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qlink.integrations.gptqmodel import expert_pass
+from qlink.integrations.gptqmodel.expert_layout import ExpertWeights
+
+from test_defuser_standin import Config, Experts, defuser  # noqa: F401 (the fixture)
+from test_integration_gptqmodel_experts import Layer
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9 or not expert_pass.GROUPED_MM,
+    reason="needs an sm90+ GPU and torch._grouped_mm")
+
+HIDDEN, INTER, EXPERTS, TOP_K, TOKENS = 256, 128, 16, 2, 512
+
+
+class Block(nn.Module):
+    """transformers' MoE block (router, softmax, top-k, renormalised); the last expert is never routed to."""
+
+    def __init__(self, experts, router):
+        super().__init__()
+        self.experts, self.router = experts, router
+
+    def forward(self, hidden_states):
+        flat = hidden_states.reshape(-1, HIDDEN)
+        logits = self.router(flat)
+        logits[:, -1] = -float("inf")
+        weights, chosen = torch.topk(F.softmax(logits, dim=-1), TOP_K, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        return self.experts(flat, chosen, weights).reshape(hidden_states.shape)
+
+
+def _layer():
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    experts = Experts(Config(hidden=HIDDEN, inter=INTER, experts=EXPERTS, top_k=TOP_K)).cuda()
+    with torch.no_grad():
+        experts.gate_up_proj.copy_(torch.randn(experts.gate_up_proj.shape, generator=gen, device="cuda") / 16)
+        experts.down_proj.copy_(torch.randn(experts.down_proj.shape, generator=gen, device="cuda") / 16)
+    router = nn.Linear(HIDDEN, EXPERTS, bias=False, device="cuda")
+    router.weight.data = torch.randn(EXPERTS, HIDDEN, generator=gen, device="cuda")
+    return Layer(Block(experts, router)).to(torch.bfloat16)
+
+
+def _run(layer, record, grouped, monkeypatch):
+    monkeypatch.setattr(expert_pass, "GROUPED_MM", grouped)
+    routed = expert_pass.ExpertPass(ExpertWeights(layer.mlp.experts), record)
+    x = torch.randn(1, TOKENS, HIDDEN, generator=torch.Generator(device="cuda").manual_seed(1), device="cuda")
+    with torch.no_grad(), routed.installed_on(layer.mlp.experts):
+        out = layer.mlp(x.to(torch.bfloat16))
+    return out, routed
+
+
+@pytest.mark.parametrize("record", ["inputs", "intermediates"])
+def test_grouped_pass_equals_the_loop_within_bf16_rounding(record, monkeypatch):
+    layer = _layer()
+    looped_out, looped = _run(layer, record, False, monkeypatch)
+    grouped_out, grouped = _run(layer, record, True, monkeypatch)
+    assert grouped.grouped is not None and looped.grouped is None
+    assert grouped.totals() == looped.totals()
+    rows, _ = grouped.totals()
+    assert rows[-1] == 0 and sum(rows) == TOKENS * TOP_K  # the test block never routes to the last expert
+    torch.testing.assert_close(grouped_out, looped_out, rtol=1.6e-2, atol=1e-3)
+    for e in range(EXPERTS - 1):
+        if record == "inputs":
+            assert torch.equal(grouped.rows(e), looped.rows(e)), e
+        else:
+            torch.testing.assert_close(grouped.rows(e), looped.rows(e), rtol=1.6e-2, atol=1e-3, msg=str(e))
+
+
+def test_grouped_split_experts_equal_fused(defuser, monkeypatch):  # noqa: F811
+    fused = _layer()
+    experts = fused.mlp.experts
+    split = Layer(Block(defuser.DefusedExperts([
+        defuser.DefusedExpert(experts.gate_up_proj[e, :INTER], experts.gate_up_proj[e, INTER:], experts.down_proj[e],
+                              experts.act_fn) for e in range(EXPERTS)]), fused.mlp.router))
+    fused_out, _ = _run(fused, "intermediates", True, monkeypatch)
+    split_out, routed = _run(split, "intermediates", True, monkeypatch)
+    assert routed.grouped is not None
+    assert torch.equal(fused_out, split_out)
