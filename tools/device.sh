@@ -41,7 +41,9 @@
 #                the defaults with a 1e-4 s switch interval at 2 and 4, then with ieee_fp32 Hessians
 #     divergence DIV_RUNS (15) 2-layer qlink ieee_fp32 runs (the divergence's likelier precision) with
 #                layer 0's o_proj inputs digested, compared by compare_runs.py (where a divergent run parts)
-#     moe_stage  the Qwen3-MoE models at MOE_LAYERS with install(expert_stage=True), and alone at 2
+#     moe_stage  the Qwen3-MoE models at MOE_LAYERS with install(expert_stage=True), then at 2 sampled
+#     moe_nostage  qlink's defaults without the stage at 2
+#     moe_host   GPTQModel alone to layer 1's first solve, then the stage with ieee_fp32: layer 0's codes compared
 #     breakdown  GPTQModel alone with each of qlink's process settings (gc, switch, segments) at
 #                2 and 4 layers; AutoRound alone with each (AR_ITERS)
 #   Groups: gpu, hosts, issue20 (moe_check moe_solve moe), issue22 (ar ar0), issue23 (hprec loop loop_slope)
@@ -290,13 +292,27 @@ part_divergence() {
   done
   run div_compare 60 python3 compare_runs.py "$out"/div[0-9]*.json --out "$out/o_proj_runs.json"
 }
-part_moe_stage() {
+part_moe_stage() {  # then the stage's run at 2 sampled
   local n
   for n in ${MOE_LAYERS:-2 4}; do
     gptqmodel_run moe_stage$n 240 --model /tmp/qwen3moe-${n}layers --layers "$n" --model-kind qwen3_moe --qlink \
       --strict --defaults --expert-stage
   done
-  gptqmodel_run moe_stage_host2 420 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe
+  gptqmodel_run moe_stage2_samples 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink \
+    --strict --defaults --expert-stage --samples-out "$out/moe_stage2_samples.txt"
+}
+part_moe_nostage() {
+  gptqmodel_run moe_nostage2 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink --strict \
+    --defaults
+}
+part_moe_host() {  # GPTQModel alone to layer 1's first solve, then the stage (ieee_fp32): layer 0's codes compared
+  mkdir -p "$codes"
+  gptqmodel_run moe_host 420 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --stop-at-layer 1 \
+    --codes "$codes/moe_host.pt"
+  gptqmodel_run moe_stage_ieee 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink --strict \
+    --expert-stage --precision ieee_fp32 --codes "$codes/moe_stage_ieee.pt"
+  run moe_codes 60 python3 compare_codes.py "$out/moe_host.json" "$codes/moe_host.pt" "$out/moe_stage_ieee.json" \
+    "$codes/moe_stage_ieee.pt" "$out/moe_codes.json"
 }
 part_breakdown() {
   local n s
@@ -315,7 +331,7 @@ part_moe_samples() {  # every thread sampled (the sampling stretches the run)
     --samples-out "$out/moe_samples.txt"
 }
 host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks \
-moe_check moe_solve moe moe_samples speed_models speed breakdown divergence moe_stage "
+moe_check moe_solve moe moe_samples speed_models speed breakdown divergence moe_stage moe_nostage moe_host "
 
 [ $# -ge 1 ] || usage
 case $1 in

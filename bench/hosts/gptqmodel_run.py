@@ -77,13 +77,15 @@ def _task_name(task):
     return getattr(getattr(task, "_named_module", None), "full_name", task.name)  # layer index included
 
 
-def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batches=None, dequantized=None):
+def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batches=None, dequantized=None,
+                  on_stop=None):
     """Wraps GPTQ.quantize (as installed: GPTQModel's own or qlink's) to record each layer's
     result: device checksums of what the solve returns (Q, scales, zeros, g_idx) and its
     loss; its levels (on the device) where `codes` is a dict. Nothing waits on the device
     inside the timed run; finish_records() turns the records into digests (and codes on
     the host) after it. stop_at_layer: the process ends at that layer's first solve, once
-    its time is printed (the time a layer takes, without the rest of the run). inputs: also
+    its time is printed and on_stop() has reported the layers before (the time a layer
+    takes, without the rest of the run). inputs: also
     checksums of what each solve reads, its weight as the solve starts and its merged Hessian
     (GPTQ.finalize_hessian's, the last before the solve): where two runs' solves differ,
     which input differed first. batches: a regex; checksums of each input add_batch is given
@@ -121,6 +123,8 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
             layers_seen.add(layer.group(1))
             print(f"first solve of layer {layer.group(1)} at {time.perf_counter() - start:.1f} s", flush=True)
             if stop_at_layer is not None and int(layer.group(1)) >= stop_at_layer:
+                if on_stop is not None:
+                    on_stop(time.perf_counter() - start)
                 os._exit(0)
         into[name] = {"sums": [device_checksum(t) for t in out[:4]], "loss": out[5], "damp": out[6]}
         if inputs:
@@ -306,8 +310,12 @@ def main():
         products_in_f64(GPTQ)
     layers, codes = {}, {} if args.codes else None
     dequantized = {} if args.dequantized else None
+
+    def stopped(seconds):  # the layers solved before stop_at_layer, reported as a finished run's
+        result["stopped_at_s"] = round(seconds, 3)
+        report(args, result, layers, codes, dequantized, packs)
     record_solves(GPTQ, layers, codes, args.stop_at_layer, inputs=args.input_digests, batches=args.batch_digests,
-                  dequantized=dequantized)
+                  dequantized=dequantized, on_stop=stopped)
     packs = {}
     record_packs(packs)
     if args.profile:
@@ -345,6 +353,12 @@ def main():
         with python_profile(args.cprofile), stack_samples(args.samples_out), process_settings(args.settings), \
                 timed(result, "quantize_s"):
             model.quantize(calibration, batch_size=1)
+    report(args, result, layers, codes, dequantized, packs)
+
+
+def report(args, result, layers, codes, dequantized, packs):
+    """The run's figures: its records finished, qlink's counters, codes and weights saved, the JSON written."""
+    import torch
     result["peak_torch_gib"] = round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)
     finish_records(layers, codes)
     result["losses"] = {k: v["loss"] for k, v in layers.items()}
@@ -356,6 +370,7 @@ def main():
     if args.batch_digests:
         result["batch_digests"] = {k: v["batch_digests"] for k, v in layers.items() if "batch_digests" in v}
     if args.qlink:
+        import qlink.integrations.gptqmodel as qlink_gptqmodel
         result["counters"] = qlink_gptqmodel.counters()["seams"]
         result["hessian_counters"] = qlink_gptqmodel.counters()["hessians"]
         result["staging_counters"] = qlink_gptqmodel.counters()["staging"]
