@@ -41,7 +41,8 @@
 #                the defaults with a 1e-4 s switch interval at 2 and 4, then with ieee_fp32 Hessians
 #     divergence DIV_RUNS (15) 2-layer qlink ieee_fp32 runs (the divergence's likelier precision) with
 #                layer 0's o_proj inputs digested, compared by compare_runs.py (where a divergent run parts)
-#     moe_stage  the Qwen3-MoE models at MOE_LAYERS with install(expert_stage=True), then at 2 sampled
+#     moe_stage  the Qwen3-MoE models at MOE_LAYERS with install(expert_stage=True)
+#     moe_stage_samples  the same at 2 layers, the main thread sampled
 #     moe_nostage  qlink's defaults without the stage at 2
 #     moe_host   GPTQModel alone to layer 1's first solve, then the stage with ieee_fp32: layer 0's codes compared
 #     breakdown  GPTQModel alone with each of qlink's process settings (gc, switch, segments) at
@@ -292,12 +293,14 @@ part_divergence() {
   done
   run div_compare 60 python3 compare_runs.py "$out"/div[0-9]*.json --out "$out/o_proj_runs.json"
 }
-part_moe_stage() {  # then the stage's run at 2 sampled
+part_moe_stage() {
   local n
   for n in ${MOE_LAYERS:-2 4}; do
     gptqmodel_run moe_stage$n 240 --model /tmp/qwen3moe-${n}layers --layers "$n" --model-kind qwen3_moe --qlink \
       --strict --defaults --expert-stage
   done
+}
+part_moe_stage_samples() {
   gptqmodel_run moe_stage2_samples 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink \
     --strict --defaults --expert-stage --samples-out "$out/moe_stage2_samples.txt"
 }
@@ -331,7 +334,7 @@ part_moe_samples() {  # every thread sampled (the sampling stretches the run)
     --samples-out "$out/moe_samples.txt"
 }
 host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks \
-moe_check moe_solve moe moe_samples speed_models speed breakdown divergence moe_stage moe_nostage moe_host "
+moe_check moe_solve moe moe_samples speed_models speed breakdown divergence moe_stage moe_stage_samples moe_nostage moe_host "
 
 [ $# -ge 1 ] || usage
 case $1 in

@@ -139,6 +139,11 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
     GPTQ.quantize = recording
 
 
+def _layer_of(name):
+    found = re.search(r"layers\.(\d+)\.", name)
+    return int(found.group(1)) if found else -1
+
+
 def products_in_f64(GPTQ):
     """GPTQModel's per-batch X^T X (GPTQ.compute_hessian_xtx) in float64, returned in its
     float32: what it then sums and scales is its own, each product exact to float32's rounding."""
@@ -311,9 +316,13 @@ def main():
     layers, codes = {}, {} if args.codes else None
     dequantized = {} if args.dequantized else None
 
-    def stopped(seconds):  # the layers solved before stop_at_layer, reported as a finished run's
+    def stopped(seconds):  # the layers solved before stop_at_layer (other workers go on), as a finished run's
         result["stopped_at_s"] = round(seconds, 3)
-        report(args, result, layers, codes, dequantized, packs)
+
+        def before(records):
+            if records is not None:
+                return {k: v for k, v in list(records.items()) if _layer_of(k) < args.stop_at_layer}
+        report(args, result, before(layers), before(codes), before(dequantized), packs)
     record_solves(GPTQ, layers, codes, args.stop_at_layer, inputs=args.input_digests, batches=args.batch_digests,
                   dequantized=dequantized, on_stop=stopped)
     packs = {}

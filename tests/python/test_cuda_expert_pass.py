@@ -1,19 +1,25 @@
 """The expert stage's routed pass on a GPU (PyTorch's grouped GEMM, bf16, sm90+): the
 block's output and the down rows within bf16 rounding of the per-expert loop's, the gate/up
-rows and the counts equal, split experts equal to fused; skipped without such a GPU."""
+rows and the counts equal, split experts equal to fused; split experts' replay (the
+routed_experts patch with expert_stage=True) grouped where nothing watches, deterministic,
+the loop where a hook does; skipped without such a GPU."""
 import pytest
+import qlink
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qlink.integrations.gptqmodel import expert_pass
+from qlink.integrations import gptqmodel as adapter
+from qlink.integrations.gptqmodel import expert_pass, grouped_experts
 from qlink.integrations.gptqmodel.expert_layout import ExpertWeights
+
+from stand_in_hosts import stand_in
 
 from test_defuser_standin import Config, Experts, defuser  # noqa: F401 (the fixture)
 from test_integration_gptqmodel_experts import Layer
 
 pytestmark = pytest.mark.skipif(
-    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9 or not expert_pass.GROUPED_MM,
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9 or not grouped_experts.GROUPED_MM,
     reason="needs an sm90+ GPU and torch._grouped_mm")
 
 HIDDEN, INTER, EXPERTS, TOP_K, TOKENS = 256, 128, 16, 2, 512
@@ -47,7 +53,7 @@ def _layer():
 
 
 def _run(layer, record, grouped, monkeypatch):
-    monkeypatch.setattr(expert_pass, "GROUPED_MM", grouped)
+    monkeypatch.setattr(grouped_experts, "GROUPED_MM", grouped)
     routed = expert_pass.ExpertPass(ExpertWeights(layer.mlp.experts), record)
     x = torch.randn(1, TOKENS, HIDDEN, generator=torch.Generator(device="cuda").manual_seed(1), device="cuda")
     with torch.no_grad(), routed.installed_on(layer.mlp.experts):
@@ -82,3 +88,33 @@ def test_grouped_split_experts_equal_fused(defuser, monkeypatch):  # noqa: F811
     split_out, routed = _run(split, "intermediates", True, monkeypatch)
     assert routed.grouped is not None
     assert torch.equal(fused_out, split_out)
+
+
+@pytest.fixture
+def host(library):
+    with stand_in("gptqmodel", adapter):
+        yield qlink.load({"backend": "cpu", "cpu_devices": 1, "log_level": "off"}, library=library)
+
+
+def test_unwatched_split_experts_replay_as_grouped_gemms(defuser, host, monkeypatch):  # noqa: F811
+    experts = _layer().mlp.experts
+    split = defuser.DefusedExperts([
+        defuser.DefusedExpert(experts.gate_up_proj[e, :INTER], experts.gate_up_proj[e, INTER:], experts.down_proj[e],
+                              experts.act_fn) for e in range(EXPERTS)])
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    hidden = torch.randn(TOKENS, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16)
+    weights, chosen = torch.topk(torch.randn(TOKENS, EXPERTS, generator=gen, device="cuda").softmax(-1), TOP_K)
+    weights = weights.to(torch.bfloat16)
+    grouped_calls, linears = [], grouped_experts.linears
+    monkeypatch.setattr(grouped_experts, "linears", lambda *a: grouped_calls.append(1) or linears(*a))
+    with torch.no_grad():
+        adapter.install(ctx=host, strict=True)
+        looped = split(hidden, chosen, weights)
+        assert not grouped_calls  # expert_stage=False: qlink's loop
+        adapter.install(ctx=host, strict=True, expert_stage=True)
+        grouped, again = split(hidden, chosen, weights), split(hidden, chosen, weights)
+        assert len(grouped_calls) == 2
+        assert torch.equal(grouped, again)
+        torch.testing.assert_close(grouped, looped, rtol=1.6e-2, atol=1e-3)
+        split[0].up_proj.register_forward_hook(lambda module, inputs, output: None)
+        assert torch.equal(split(hidden, chosen, weights), looped) and len(grouped_calls) == 2

@@ -91,8 +91,9 @@ SEAMS = SeamTable("gptqmodel", [
          "the finalizers' packing, which swallows its packer's errors: a strict refusal raised naming the layer",
          ["pack"], qlinear.make_pack_block),
     Seam("defuser.modeling.unfused_moe.common:run_routed_experts", "defuser_moe",
-         "a split MoE block's routed experts' loop: one host read a forward, the same output",
-         ["routed_experts"], _routed, how="everywhere", package="defuser"),
+         "a split MoE block's routed experts' loop: one host read a forward, the same output (with "
+         "expert_stage, a forward nothing watches as grouped GEMMs)",
+         ["routed_experts", "grouped_replay"], _routed, how="everywhere", package="defuser"),
     Seam("gptqmodel.looper.stage_subset:run_subset_stage", "expert_stage",
          "an MoE block's expert subsets: a hooked forward per batch calling each expert's linears, "
          "per-expert add_batch: qlink's grouped pass over every batch, a Hessian per expert",

@@ -13,14 +13,22 @@ for bit. In a grouped forward (input_cache.grouped: several one-sample batches i
 forward) each expert's rows come sample by sample, each sample's in the eager loop's order,
 and while the expert runs, sample_blocks() tells add_batch how many rows each sample holds,
 so each sample's rows are still a rank-k update of its own, as GPTQModel adds them one
-sample per forward."""
+sample per forward.
+
+With install(expert_stage=True), a forward that nothing watches (no hook on an expert or its
+linears: GPTQModel's replay of the layer) runs the experts as two grouped GEMMs instead
+(grouped_experts, on GPUs that have them): the output within bf16 rounding of the loop's,
+deterministic."""
 import threading
 
 import torch
 
 from ..patches import like
+from . import grouped_experts
+from .expert_layout import ExpertWeights, refusal as layout_refusal
 
 PATCH = "routed_experts"
+GROUPED = "grouped_replay"  # the counter of forwards that ran the experts as grouped GEMMs, or why not
 _running = threading.local()  # the per-sample row counts of the expert call on this thread
 
 
@@ -44,6 +52,13 @@ def make_run_routed_experts(installation, original):
         if plan is None:  # qlink's sort failed before any expert ran: the host's loop instead
             return original(experts, hidden_states, routing_weights, selected_experts, num_experts)
         order, counts = plan
+        why = _grouped_refusal(experts, hidden_states) if installation.expert_stage else "expert_stage=False"
+        installation.counters.host(GROUPED, why) if why else installation.counters.qlink(GROUPED)
+        if why is None:
+            gate_up, down = ExpertWeights(experts).stacked()
+            x = hidden_states[order % tokens]
+            out, _ = grouped_experts.linears(x, [sum(c) for c in counts], gate_up, down, experts[0].act_fn)
+            return grouped_experts.combine(out, order, selected_experts, routing_weights, hidden_states)
         tokens_of, slots_of = order % tokens, torch.div(order, tokens, rounding_mode="floor")
         final = torch.zeros_like(hidden_states)
         at = 0
@@ -61,6 +76,32 @@ def make_run_routed_experts(installation, original):
             final.index_add_(0, token, out.to(final.dtype))
         return final
     return run_routed_experts
+
+
+def _grouped_refusal(experts, hidden_states):
+    """Why the split experts cannot run as grouped GEMMs (grouped_experts), or None: they
+    need a layout the expert stage reads, one activation, weights on the rows' GPU, and
+    nothing watching a call (no hook of GPTQModel's or of torch's on an expert or its linears)."""
+    if not grouped_experts.fits(hidden_states):
+        return "no grouped GEMM for %s rows on %s" % (hidden_states.dtype, hidden_states.device)
+    why = layout_refusal(experts)
+    if why is None and ExpertWeights(experts).one_act() is None:
+        why = "the experts' activations differ"
+    if why is None and _global_hooks():
+        why = "a global module hook"
+    for index, expert in enumerate(experts if why is None else ()):
+        for name, module in (("", expert), (".gate_proj", expert.gate_proj), (".up_proj", expert.up_proj),
+                             (".down_proj", expert.down_proj)):
+            if module._forward_hooks or module._forward_pre_hooks or getattr(module, "forward_hook", None):
+                return "expert %d%s is hooked" % (index, name)
+            if name and module.weight.device != hidden_states.device:
+                return "expert %d%s's weight is on %s" % (index, name, module.weight.device)
+    return why
+
+
+def _global_hooks():
+    from torch.nn.modules import module
+    return module._global_forward_hooks or module._global_forward_pre_hooks
 
 
 def _plan(selected_experts, tokens, samples, num_experts):

@@ -6,27 +6,21 @@ weights (a grouped GEMM: no module call, hook or host read per expert) and keeps
 forward, the rows the stage's Hessians need: the gathered inputs (gate/up) or the
 experts' intermediates (down).
 
-Invariant: an expert's rows are the eager loop's (defuser's run_routed_experts), experts
-added in ascending order. On a GPU with PyTorch's grouped GEMM (bf16, sm90+) every expert's
-linears run as one grouped product each: the block's output equals the host's loop's within
-bf16 rounding. Elsewhere each expert's linears run in turn, the loop's arithmetic: equal bit
-for bit. rows(e) concatenates expert e's rows of every forward, in forward order, for one
+Invariant: an expert's rows are the eager loop's (defuser's run_routed_experts), the
+block's output added in its order (grouped_experts.combine). On a GPU with PyTorch's grouped
+GEMM (bf16, sm90+) every expert's linears run as one grouped product each: the output equals
+the host's loop's within bf16 rounding. Elsewhere each expert's linears run in turn, the
+loop's arithmetic: equal bit for bit. rows(e) concatenates expert e's rows of every forward, in forward order, for one
 Hessian product per expert."""
 import contextlib
-import itertools
 import threading
 
 import torch
 import torch.nn.functional as F
 
-from . import defuser_moe
+from . import defuser_moe, grouped_experts
 
 RECORDS = ("inputs", "intermediates")
-GROUPED_MM = hasattr(torch, "_grouped_mm")  # PyTorch 2.8+; its fast path is bf16 on sm90 and later
-
-
-def _grouped_mm_fits(x):
-    return GROUPED_MM and x.is_cuda and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device)[0] >= 9
 
 
 class ExpertPass:
@@ -59,14 +53,10 @@ class ExpertPass:
         tokens, num = hidden_states.shape[0], self.weights.num_experts
         order, counts = defuser_moe._plan(top_k_index, tokens, 1, num)
         counts = [c[0] for c in counts]
-        token = order % tokens
-        slot = torch.div(order, tokens, rounding_mode="floor")
-        x = hidden_states[token]
-        act = self.weights.one_act() if _grouped_mm_fits(x) else None
+        x = hidden_states[order % tokens]
+        act = self.weights.one_act() if grouped_experts.fits(x) else None
         out, inter = self._grouped(x, counts, act) if act is not None else self._looped(x, counts)
-        out = out * top_k_weights[token, slot, None]
-        final = torch.zeros_like(hidden_states)
-        final.index_add_(0, token, out.to(final.dtype))
+        final = grouped_experts.combine(out, order, top_k_index, top_k_weights, hidden_states)
         kept = x if self.record == "inputs" else inter
         with self.lock:
             self.kept.append(kept)
@@ -94,12 +84,7 @@ class ExpertPass:
         down each one grouped GEMM (the weights stacked once a pass where split)."""
         if self.grouped is None:
             self.grouped = self.weights.stacked()
-        gate_up, down = self.grouped
-        offsets = torch.tensor(list(itertools.accumulate(counts)), dtype=torch.int32).to(x.device, non_blocking=True)
-        both = torch._grouped_mm(x, gate_up.transpose(1, 2), offs=offsets)
-        inter = self.weights.inter
-        h = act(both[:, :inter]) * both[:, inter:]
-        return torch._grouped_mm(h, down.transpose(1, 2), offs=offsets), h
+        return grouped_experts.linears(x, counts, *self.grouped, act)
 
     def rows(self, expert):
         """Expert's rows of every forward, concatenated in forward order (0 rows: None)."""
