@@ -45,6 +45,7 @@
 #     moe_stage_samples  the same at 2 layers, the main thread sampled
 #     moe_nostage  qlink's defaults without the stage at 2
 #     moe_host   GPTQModel alone to layer 1's first solve, then the stage with ieee_fp32: layer 0's codes compared
+#     moe_spread GPTQModel alone so again with its samples reversed, its codes against moe_host's (after it)
 #     breakdown  GPTQModel alone with each of qlink's process settings (gc, switch, segments) at
 #                2 and 4 layers; AutoRound alone with each (AR_ITERS)
 #   Groups: gpu, hosts, issue20 (moe_check moe_solve moe), issue22 (ar ar0), issue23 (hprec loop loop_slope)
@@ -317,6 +318,12 @@ part_moe_host() {  # GPTQModel alone to layer 1's first solve, then the stage (i
   run moe_codes 60 python3 compare_codes.py "$out/moe_host.json" "$codes/moe_host.pt" "$out/moe_stage_ieee.json" \
     "$codes/moe_stage_ieee.pt" "$out/moe_codes.json"
 }
+part_moe_spread() {  # GPTQModel alone with its samples reversed, against moe_host's alone: its own spread
+  gptqmodel_run moe_host_reversed 420 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe \
+    --stop-at-layer 1 --reversed --codes "$codes/moe_host_reversed.pt"
+  run moe_codes_reversed 60 python3 compare_codes.py "$out/moe_host.json" "$codes/moe_host.pt" \
+    "$out/moe_host_reversed.json" "$codes/moe_host_reversed.pt" "$out/moe_codes_reversed.json"
+}
 part_breakdown() {
   local n s
   for n in 2 4; do
@@ -334,7 +341,7 @@ part_moe_samples() {  # every thread sampled (the sampling stretches the run)
     --samples-out "$out/moe_samples.txt"
 }
 host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks \
-moe_check moe_solve moe moe_samples speed_models speed breakdown divergence moe_stage moe_stage_samples moe_nostage moe_host "
+moe_check moe_solve moe moe_samples speed_models speed breakdown divergence moe_stage moe_stage_samples moe_nostage moe_host moe_spread "
 
 [ $# -ge 1 ] || usage
 case $1 in
