@@ -58,8 +58,8 @@ def main():
     print("|---|---|---|---|")
     for name, r in results.items():
         error = ((made[name].double() - exact).norm() / exact.norm()).item()
-        print("| %s | %.2e | %.3f %% | %.4f %% |" % (name, error, 100 * (r.codes == base.codes).double().mean().item(),
-                                                    100 * abs(r.loss / base.loss - 1)))
+        equal = (r.codes == base.codes).double().mean().item()
+        print("| %s | %.2e | %.3f %% | %.4f %% |" % (name, error, 100 * equal, 100 * abs(r.loss / base.loss - 1)))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ the loop where a hook does; skipped without such a GPU."""
 import pytest
 import qlink
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from qlink.integrations import gptqmodel as adapter
@@ -16,29 +15,13 @@ from qlink.integrations.gptqmodel.expert_layout import ExpertWeights
 from stand_in_hosts import stand_in
 
 from test_defuser_standin import Config, Experts, defuser  # noqa: F401 (the fixture)
-from test_integration_gptqmodel_experts import Layer
+from test_integration_gptqmodel_experts import Block, Layer
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9 or not grouped_experts.GROUPED_MM,
     reason="needs an sm90+ GPU and torch._grouped_mm")
 
 HIDDEN, INTER, EXPERTS, TOP_K, TOKENS = 256, 128, 16, 2, 512
-
-
-class Block(nn.Module):
-    """transformers' MoE block (router, softmax, top-k, renormalised); the last expert is never routed to."""
-
-    def __init__(self, experts, router):
-        super().__init__()
-        self.experts, self.router = experts, router
-
-    def forward(self, hidden_states):
-        flat = hidden_states.reshape(-1, HIDDEN)
-        logits = self.router(flat)
-        logits[:, -1] = -float("inf")
-        weights, chosen = torch.topk(F.softmax(logits, dim=-1), TOP_K, dim=-1)
-        weights = weights / weights.sum(-1, keepdim=True)
-        return self.experts(flat, chosen, weights).reshape(hidden_states.shape)
 
 
 def _layer():

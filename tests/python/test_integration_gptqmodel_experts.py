@@ -42,7 +42,7 @@ class Block(nn.Module):
         self.experts, self.router = experts, router
 
     def forward(self, hidden_states):
-        flat = hidden_states.reshape(-1, HIDDEN)
+        flat = hidden_states.reshape(-1, hidden_states.shape[-1])
         logits = self.router(flat)
         logits[:, -1] = -float("inf")
         weights, chosen = torch.topk(F.softmax(logits, dim=-1), TOP_K, dim=-1)
