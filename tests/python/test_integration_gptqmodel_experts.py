@@ -359,3 +359,27 @@ def test_only_modules_not_on_the_layers_device_are_filled_again():
     plan = type("Plan", (), {"modules": {n.name: n for n in named}})()
     expert_stage._fill(looper, plan, torch.device("cpu"))
     assert filled == [("shell", torch.device("cpu"))]
+
+
+def test_the_passes_rows_are_let_go_before_gptqmodels_solves(host, defuser, monkeypatch):  # noqa: F811
+    """The kept rows (a layer's routed inputs of every batch: GBs on a GPU) are not held
+    while GPTQModel's stage solves the subset."""
+    import gc
+    import weakref
+    passes, alive_at_commit = [], []
+    made = expert_stage.hessians
+
+    def hessians(accumulator, routed, *args, **kwargs):
+        passes.append(weakref.ref(routed))
+        return made(accumulator, routed, *args, **kwargs)
+
+    def count_batch(*args, **kwargs):
+        gc.collect()
+        alive_at_commit.append(passes[-1]() is not None)
+        return counted(*args, **kwargs)
+    counted = expert_stage.count_batch
+    monkeypatch.setattr(expert_stage, "hessians", hessians)
+    monkeypatch.setattr(expert_stage, "count_batch", count_batch)
+    adapter.install(ctx=host, strict=True, expert_stage=True)
+    run_layer(defused(fused_layer(), defuser), monkeypatch)
+    assert len(passes) == 2 and alive_at_commit and not any(alive_at_commit)

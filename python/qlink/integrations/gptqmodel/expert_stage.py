@@ -205,17 +205,17 @@ def make_run_subset_stage(installation, original):
             routed = ExpertPass(ExpertWeights(experts), record)
             _forwards(module, routed, experts, layer_inputs, layer_input_kwargs, position_ids, attention_masks)
             rows, reached = routed.totals()
-            for expert, members in by_expert.items():
-                x = routed.rows(expert) if rows[expert] else routed.kept[0][:0]
-                for name in members:
-                    why = unsupported(processor.tasks[name], x, installation.host, installation.ctx)
-                    if why:
-                        raise ValueError("%s: %s" % (name, why))
+            # What add_batch would check of each expert's rows: their dtype, columns and device.
+            like = next((k for k in routed.kept if k.numel()), routed.kept[0])[:0]
+            for name in (name for members in by_expert.values() for name in members):
+                why = unsupported(processor.tasks[name], like, installation.host, installation.ctx)
+                if why:
+                    raise ValueError("%s: %s" % (name, why))
             made, chunks = hessians(installation.accumulator, routed, budget(installation, layer_inputs))
-            return routed, rows, reached, made, chunks
+            return rows, reached, made, chunks  # the kept rows go with the pass, before GPTQModel's solves
 
         def commit(result):
-            routed, rows, reached, made, chunks = result
+            rows, reached, made, chunks = result
             few = 0
             for expert, members in by_expert.items():
                 tasks = [processor.tasks[name] for name in members]
