@@ -15,7 +15,7 @@ from torch import nn
 
 import qlink
 from qlink.integrations import gptqmodel as adapter
-from qlink.integrations.gptqmodel import expert_stage
+from qlink.integrations.gptqmodel import expert_hessians, expert_stage
 from qlink.integrations.gptqmodel.expert_layout import ExpertWeights, refusal
 from qlink.integrations.gptqmodel.expert_pass import ExpertPass
 from qlink.integrations.patches import FallbackRefused
@@ -225,15 +225,15 @@ def _pass(layer, record, count=BATCHES):
 def test_fused_hessians_equal_defused_and_chunked_equal_one_chunk(host, defuser, record):  # noqa: F811
     fused = fused_layer()
     accumulator = HessianAccumulator(host)
-    whole, _ = expert_stage.hessians(accumulator, _pass(fused, record))
-    split, _ = expert_stage.hessians(accumulator, _pass(defused(fused, defuser), record))
+    whole, _ = expert_hessians.hessians(accumulator, _pass(fused, record))
+    split, _ = expert_hessians.hessians(accumulator, _pass(defused(fused, defuser), record))
     columns = HIDDEN if record == "inputs" else INTER
     rows, _ = _pass(fused, record).totals()
     budget = 2 * (4 * columns ** 2 + 4 * columns * max(rows))  # two experts a chunk at most
-    assert len(expert_stage.expert_chunks(rows, columns, budget)) >= 4
-    chunked, count = expert_stage.hessians(HessianAccumulator(host), _pass(fused, record), budget=budget,
-                                           devices=[0, 1])
-    assert count == len(expert_stage.expert_chunks(rows, columns, budget))
+    assert len(expert_hessians.expert_chunks(rows, columns, budget)) >= 4
+    chunked, count = expert_hessians.hessians(HessianAccumulator(host), _pass(fused, record), budget=budget,
+                                              devices=[0, 1])
+    assert count == len(expert_hessians.expert_chunks(rows, columns, budget))
     assert sorted(whole) == sorted(split) == sorted(chunked) == list(range(EXPERTS - 1))
     for e, h in whole.items():
         x = _pass(fused, record).rows(e).double()
@@ -243,17 +243,17 @@ def test_fused_hessians_equal_defused_and_chunked_equal_one_chunk(host, defuser,
 
 def test_chunks_fit_the_budget_and_go_round_the_devices():
     rows = [5, 0, 3, 7, 1]
-    assert expert_stage.expert_chunks(rows, 4, None) == [[0, 2, 3, 4]]
+    assert expert_hessians.expert_chunks(rows, 4, None) == [[0, 2, 3, 4]]
     # an expert takes 4 * 4^2 bytes of Hessian and 4 * 4 bytes a row: 144, 112, 176, 80
-    assert expert_stage.expert_chunks(rows, 4, 256) == [[0, 2], [3, 4]]
-    assert expert_stage.expert_chunks(rows, 4, 176) == [[0], [2], [3], [4]]
+    assert expert_hessians.expert_chunks(rows, 4, 256) == [[0, 2], [3, 4]]
+    assert expert_hessians.expert_chunks(rows, 4, 176) == [[0], [2], [3], [4]]
     with pytest.raises(ValueError, match=r"memory_budget 10 bytes does not hold expert 0's Hessian and rows \(144"):
-        expert_stage.expert_chunks(rows, 4, 10)
+        expert_hessians.expert_chunks(rows, 4, 10)
     chunks = [[0], [1], [2], [3], [4]]
-    assert expert_stage.placement(chunks, ["a", "b", "c"]) == [
+    assert expert_hessians.placement(chunks, ["a", "b", "c"]) == [
         ("a", [0]), ("b", [1]), ("c", [2]), ("a", [3]), ("b", [4])]
     with pytest.raises(ValueError, match="devices must name at least one device"):
-        expert_stage.placement(chunks, [])
+        expert_hessians.placement(chunks, [])
 
 
 def _plan_case(case, layer, processor):
@@ -305,7 +305,7 @@ def test_a_failing_pass_falls_back_for_the_whole_block(host, defuser, monkeypatc
 
     def broken(*args, **kwargs):
         raise RuntimeError("injected")
-    monkeypatch.setattr(expert_stage, "hessians", broken)
+    monkeypatch.setattr(expert_stage, "chunk_hessians", broken)
     for strict in (False, True):
         adapter.install(ctx=host, strict=strict, expert_stage=True)
         layer = defused(fused_layer(), defuser)
@@ -367,7 +367,7 @@ def test_the_passes_rows_are_let_go_before_gptqmodels_solves(host, defuser, monk
     import gc
     import weakref
     passes, alive_at_commit = [], []
-    made = expert_stage.hessians
+    made = expert_hessians.chunk_hessians
 
     def hessians(accumulator, routed, *args, **kwargs):
         passes.append(weakref.ref(routed))
@@ -378,8 +378,59 @@ def test_the_passes_rows_are_let_go_before_gptqmodels_solves(host, defuser, monk
         alive_at_commit.append(passes[-1]() is not None)
         return counted(*args, **kwargs)
     counted = expert_stage.count_batch
-    monkeypatch.setattr(expert_stage, "hessians", hessians)
+    monkeypatch.setattr(expert_stage, "chunk_hessians", hessians)
     monkeypatch.setattr(expert_stage, "count_batch", count_batch)
     adapter.install(ctx=host, strict=True, expert_stage=True)
     run_layer(defused(fused_layer(), defuser), monkeypatch)
     assert len(passes) == 2 and alive_at_commit and not any(alive_at_commit)
+
+
+def test_chunks_are_solved_before_the_next_chunks_hessians_as_one_chunk(host, defuser, monkeypatch):  # noqa: F811
+    """With a budget that splits the experts into chunks, each chunk's tasks are solved
+    (GPTQModel's stage over the chunk's modules) before the next chunk's Hessians are made;
+    every Hessian, row count, result and exclusion equals the one-chunk run's."""
+    from gptqmodel.looper import gptq_processor
+    layer = defused(fused_layer(), defuser)
+    adapter.install(ctx=host, strict=True, expert_stage=True)
+    whole, whole_results, whole_dynamic = run_layer(copy.deepcopy(layer), monkeypatch)
+    events, made, process = [], expert_stage.chunk_hessians, gptq_processor.GPTQProcessor.process
+
+    def hessians(accumulator, routed, chunk, *args):
+        events.append(("hessians", list(chunk)))
+        return made(accumulator, routed, chunk)
+    monkeypatch.setattr(expert_stage, "chunk_hessians", hessians)
+    monkeypatch.setattr(gptq_processor.GPTQProcessor, "process",
+                        lambda self, module: events.append(("solve", module.name)) or process(self, module))
+    adapter.install(ctx=host, strict=True, expert_stage=True, expert_budget=13000)
+    chunked, chunked_results, chunked_dynamic = run_layer(copy.deepcopy(layer), monkeypatch)
+    made_at = [i for i, (kind, _) in enumerate(events) if kind == "hessians"]
+    assert len(made_at) >= 5 and adapter.counters()["experts"]["chunks"] == len(made_at)
+    for at, following in zip(made_at, made_at[1:] + [len(events)]):  # a chunk's solves, then the next chunk
+        experts = {"%d" % e for e in events[at][1]}
+        solved = {name.split(".")[-2] for kind, name in events[at + 1:following]}
+        assert experts <= solved, (events[at], events[at + 1:following])
+    assert chunked_dynamic == whole_dynamic and sorted(chunked) == sorted(whole)
+    for name in whole:
+        assert torch.equal(chunked[name][0], whole[name][0]) and chunked[name][1] == whole[name][1], name
+        assert all(torch.equal(a, b) if torch.is_tensor(a) else True
+                   for a, b in zip(chunked_results[name], whole_results[name])), name
+
+
+def test_a_later_chunk_that_fails_leaves_the_rest_to_gptqmodels_forwards(host, defuser, monkeypatch):  # noqa: F811
+    made, calls = expert_stage.chunk_hessians, []
+
+    def failing_third(accumulator, routed, chunk, *args):
+        calls.append(chunk)
+        if len(calls) == 3:
+            raise RuntimeError("injected")
+        return made(accumulator, routed, chunk)
+    monkeypatch.setattr(expert_stage, "chunk_hessians", failing_third)
+    layer = defused(fused_layer(), defuser)
+    adapter.install(ctx=host, strict=True, expert_stage=True, expert_budget=13000)
+    with pytest.raises(FallbackRefused, match="expert_stage.*RuntimeError: injected"):
+        run_layer(copy.deepcopy(layer), monkeypatch)
+    calls.clear()
+    adapter.install(ctx=host, strict=False, expert_stage=True, expert_budget=13000)
+    mine, _, _ = run_layer(copy.deepcopy(layer), monkeypatch)
+    assert len(mine) == 3 * (EXPERTS - 1)  # every routed expert's tasks solved, the last after GPTQModel's forwards
+    assert adapter.counters()["seams"]["expert_stage"]["reasons"] == {"RuntimeError: injected": 1}

@@ -1,23 +1,24 @@
 """An MoE block's routed-expert subsets (GPTQModel's run_subset_stage for a subset of
 `<block>.<i>.gate_proj`/`up_proj`, or of `<block>.<i>.down_proj`) owned by qlink as one
 unit: qlink runs the layer's forwards of every calibration batch itself with the block's
-experts as one grouped pass (expert_pass: tokens sorted by expert once a forward, no
-module call or hook per expert), then each expert's Hessian from its rows of all batches
-in one product (gate and up sharing one), in expert chunks that fit a memory budget, the
-chunks placed over the devices in turn (any count), the products of a chunk in one native
-call. The results land in GPTQModel's tasks as its own add_batch leaves them (the
-partials and counts; contract.count_batch), and GPTQModel's stage then runs without its
-forward (execute_forward=False): its coverage policy (an expert no token reached is
-pruned, or left to its fallback) and its solves (qlink's engine through the task class)
-act on them, so experts with no or few rows are handled exactly as GPTQModel handles
-them; qlink counts them ("experts" in counters()).
+experts as one grouped pass (expert_pass), then each expert's Hessian from its rows of all
+batches in one product (gate and up sharing one), in expert chunks that fit a memory budget
+(expert_hessians), a chunk's products in one native call. Each chunk lands in GPTQModel's
+tasks as its own add_batch leaves them (the partials and counts; contract.count_batch) and
+GPTQModel's stage then runs over the chunk's modules without its forward
+(execute_forward=False): its coverage policy (an expert no token reached is pruned, or left
+to its fallback) and its solves (qlink's engine through the task class) act on them, so
+experts with no or few rows are handled exactly as GPTQModel handles them (qlink counts
+them: "experts" in counters()). A chunk is solved before the next chunk's Hessians are
+made, so a layer whose Hessians do not all fit (DeepSeek-V3's 256 experts of width 7168:
+about 52 GB) holds one chunk's at a time; the pass's rows are let go before the last
+chunk's solves.
 
 What the stage does not cover goes to GPTQModel's stage for the whole subset, with the
 reason counted (by design) or, where qlink's pass fails, as a fallback (FallbackRefused
-under strict). Block outputs are the host's: the pass's output equals defuser's loop's on
-the same weights, and the layer's replay after the subsets is GPTQModel's own. Off unless
-install(expert_stage=True): CPU-tested against the stand-ins, not yet measured in
-GPTQModel's real loop."""
+under strict); a chunk after the first that fails leaves the rest to GPTQModel's own
+forwards (its chunked MoE path). The layer's replay after the subsets is GPTQModel's own.
+Off unless install(expert_stage=True) (docs/MOE.md has its measurements)."""
 import dataclasses
 import re
 import threading
@@ -26,6 +27,7 @@ import torch
 
 from ...streams import resolved_device
 from .contract import count_batch
+from .expert_hessians import chunk_hessians, expert_chunks
 from .expert_layout import ExpertWeights, refusal as layout_refusal
 from .expert_pass import ExpertPass
 from .hessian_queue import unsupported
@@ -50,54 +52,6 @@ def expert_subset(names):
     for name, m in zip(names, found):
         by_expert.setdefault(int(m.group("index")), []).append(name)
     return (blocks.pop(), records.pop(), by_expert), None
-
-
-def expert_chunks(rows, columns, budget, itemsize=4):
-    """The experts with rows, in consecutive chunks whose fp32 Hessians (columns^2 each) and
-    rows (their copies, itemsize bytes an element) fit `budget` bytes (None: one chunk)."""
-    chunks, chunk, used = [], [], 0
-    for expert, n in enumerate(rows):
-        if n == 0:
-            continue
-        need = 4 * columns * columns + itemsize * n * columns
-        if budget is not None and need > budget:
-            raise ValueError("memory_budget %d bytes does not hold expert %d's Hessian and rows (%d bytes)"
-                             % (budget, expert, need))
-        if chunk and budget is not None and used + need > budget:
-            chunks.append(chunk)
-            chunk, used = [], 0
-        chunk.append(expert)
-        used += need
-    return chunks + ([chunk] if chunk else [])
-
-
-def placement(chunks, devices):
-    """[(device, chunk)]: chunk i on devices[i % len(devices)], for any count of devices."""
-    if not devices:
-        raise ValueError("devices must name at least one device, got %r" % (devices,))
-    return [(devices[i % len(devices)], chunk) for i, chunk in enumerate(chunks)]
-
-
-def hessians(accumulator, routed, budget=None, devices=None):
-    """({expert: fp32 X^T X of its rows over every forward}, the count of chunks) of an
-    ExpertPass, one product per expert, a chunk's in one native call on its device.
-    devices: qlink device ids (None: the rows' own); a CUDA chunk's rows move to its GPU."""
-    rows, _ = routed.totals()
-    sample = next((k for k in routed.kept if k.numel()), None)
-    if sample is None:
-        return {}, 0
-    out = {}
-    chunks = expert_chunks(rows, sample.shape[-1], budget, sample.element_size())
-    for device, chunk in placement(chunks, devices or [None]):
-        items = []
-        for expert in chunk:
-            x = routed.rows(expert)
-            if device is not None and x.device.type == "cuda":
-                x = x.to(torch.device("cuda", device))
-            items.append((x.contiguous(), None))
-        for expert, partial in zip(chunk, accumulator.add_many(items, device=device)):
-            out[expert] = partial
-    return out, len(chunks)
 
 
 class ExpertCounts:
@@ -211,26 +165,55 @@ def make_run_subset_stage(installation, original):
                 why = unsupported(processor.tasks[name], like, installation.host, installation.ctx)
                 if why:
                     raise ValueError("%s: %s" % (name, why))
-            made, chunks = hessians(installation.accumulator, routed, budget(installation, layer_inputs))
-            return rows, reached, made, chunks  # the kept rows go with the pass, before GPTQModel's solves
+            chunks = expert_chunks(rows, like.shape[-1], budget(installation, layer_inputs), like.element_size())
+            made = chunk_hessians(installation.accumulator, routed, chunks[0]) if chunks else {}
+            # The kept rows go with the pass before GPTQModel's solves, unless later chunks need
+            # them (then the commit holds the pass until the last chunk's Hessians are made).
+            return rows, reached, chunks, made, [routed] if len(chunks) > 1 else []
 
-        def commit(result):
-            rows, reached, made, chunks = result
-            few = 0
-            for expert, members in by_expert.items():
-                tasks = [processor.tasks[name] for name in members]
-                for task in tasks if expert in made else ():
-                    device = torch.device(made[expert].device)
+        def land(made, rows, reached):
+            for expert, hessian in made.items():
+                device = torch.device(hessian.device)
+                for task in (processor.tasks[name] for name in by_expert[expert]):
                     with task.lock:  # as GPTQModel's add_batch leaves a task after its batches
-                        task._device_hessian_partials[device] = made[expert]
+                        task._device_hessian_partials[device] = hessian
                         count_batch(task, device, rows[expert], fwd=reached[expert])
                     installation.ahead.seen(task)  # fed, as add_batch says: the subset's solves in one call
-                few += bool(rows[expert]) and bool(installation.host.should_use_fallback(
-                    tasks[0].fallback, float(rows[expert]), tasks[0].expected_nsamples))
+
+        def solved(experts_in, forward=False):
+            """GPTQModel's stage over these experts' modules (all of the plan's: the plan)."""
+            names = {name for e in experts_in for name in by_expert[e]}
+            part = plan if len(names) == len(plan.modules) else plan.for_modules(
+                {name: named for name, named in plan.modules.items() if name in names})
+            return original(looper, **dict(args, plan=dataclasses.replace(part, execute_forward=forward)))
+
+        def commit(result):
+            rows, reached, chunks, made, holder = result
+            routed = holder.pop() if holder else None
+            tasks = [processor.tasks[by_expert[e][0]] for e in by_expert]
+            few = sum(bool(rows[e]) and bool(installation.host.should_use_fallback(
+                task.fallback, float(rows[e]), task.expected_nsamples)) for e, task in zip(by_expert, tasks))
             installation.expert_counts.add(
                 blocks=1, experts=len(by_expert), empty=sum(1 for e in by_expert if not rows[e]), few=few,
-                rows=sum(rows[e] for e in by_expert), chunks=chunks)
-            result = original(looper, **dict(args, plan=dataclasses.replace(plan, execute_forward=False)))
-            return dataclasses.replace(result, plan=plan)
+                rows=sum(rows[e] for e in by_expert), chunks=len(chunks))
+            # Experts no token reached go with the last chunk, to GPTQModel's coverage policy.
+            groups = [list(c) for c in chunks] or [[]]
+            groups[-1] += [e for e in by_expert if not rows[e]]
+            processed, last = {}, None
+            for i, group in enumerate(groups):
+                if i:  # each chunk after the first solved before the next one's Hessians are made
+                    try:
+                        made = chunk_hessians(installation.accumulator, routed, chunks[i])
+                    except Exception as error:  # noqa: BLE001 (earlier chunks solved: the rest is GPTQModel's)
+                        guard.fallback(PATCH, error)
+                        last = solved([e for g in groups[i:] for e in g], forward=True)
+                        processed.update(last.processed_subset)
+                        break
+                    if i == len(chunks) - 1:
+                        routed = None
+                land(made, rows, reached)
+                last = solved(group)
+                processed.update(last.processed_subset)
+            return dataclasses.replace(last, processed_subset=processed, plan=plan)
         return guard.attempt(PATCH, owned, lambda: original(looper, **args), commit)
     return run_subset_stage
