@@ -91,17 +91,43 @@ def cache():
     return InputCache([[x] for x in batches()], [{} for _ in range(BATCHES)], [], [None] * BATCHES)
 
 
+class SharedExpert(nn.Module):
+    """An always-on expert beside the routed ones (DeepSeek's shared_experts)."""
+
+    def __init__(self, seed=2):
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        self.gate_proj, self.up_proj = (nn.Linear(HIDDEN, INTER, bias=False) for _ in range(2))
+        self.down_proj = nn.Linear(INTER, HIDDEN, bias=False)
+        for linear in (self.gate_proj, self.up_proj, self.down_proj):
+            linear.weight.data = torch.randn(linear.weight.shape, generator=gen) / 4
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class SharedBlock(Block):
+    def __init__(self, block):
+        super().__init__(block.experts, block.router)
+        self.shared_experts = SharedExpert()
+
+    def forward(self, hidden_states):
+        return super().forward(hidden_states) + self.shared_experts(hidden_states)
+
+
 def subsets(layer, processor):
     """GPTQModel's two expert subsets of the layer (gate/up, then down) as plans, each
-    module's task made by the processor."""
+    module's task made by the processor; a shared expert's linears in the subset of their
+    projection, after the routed experts', as GPTQModel's DeepSeek definition puts them."""
     from gptqmodel.looper.named_module import NamedModule
     from gptqmodel.looper.stage_subset import SubsetPlan
     plans = []
+    shared = ["mlp.shared_experts"] if hasattr(layer.mlp, "shared_experts") else []
     for projections in (("gate_proj", "up_proj"), ("down_proj",)):
         modules = {}
         for proj in projections:
-            for e in range(EXPERTS):
-                name = "mlp.experts.%d.%s" % (e, proj)
+            for path in ["mlp.experts.%d" % e for e in range(EXPERTS)] + shared:
+                name = "%s.%s" % (path, proj)
                 modules[name] = NamedModule(layer.get_submodule(name), name, "model.layers.0." + name, 0)
                 processor.preprocess(modules[name])
         plans.append(SubsetPlan(modules, len(plans), 2, True, True, BATCHES, [modules]))
@@ -434,3 +460,22 @@ def test_a_later_chunk_that_fails_leaves_the_rest_to_gptqmodels_forwards(host, d
     mine, _, _ = run_layer(copy.deepcopy(layer), monkeypatch)
     assert len(mine) == 3 * (EXPERTS - 1)  # every routed expert's tasks solved, the last after GPTQModel's forwards
     assert adapter.counters()["seams"]["expert_stage"]["reasons"] == {"RuntimeError: injected": 1}
+
+
+def test_a_shared_expert_in_the_subsets_is_fed_by_gptqmodels_forward(host, defuser, monkeypatch):  # noqa: F811
+    """DeepSeek's subsets hold the shared expert's linears beside the routed experts': the
+    stage owns the routed ones and GPTQModel's forward feeds the shared one; every Hessian
+    and row count equals GPTQModel's path's (both through qlink's add_batch)."""
+    layer = defused(fused_layer(), defuser)
+    layer.mlp = SharedBlock(layer.mlp)
+    adapter.install(ctx=host, strict=True, expert_stage=True)
+    monkeypatch.setattr(expert_stage, "expert_subset", lambda names: (None, "off for the reference"))
+    theirs, _, their_dynamic = run_layer(copy.deepcopy(layer), monkeypatch)
+    monkeypatch.undo()
+    mine, _, my_dynamic = run_layer(copy.deepcopy(layer), monkeypatch)
+    assert adapter.counters()["seams"]["expert_stage"]["qlink"] == 2
+    shared = [name for name in theirs if name.startswith("mlp.shared_experts.")]
+    assert len(shared) == 3 and sorted(mine) == sorted(theirs) and my_dynamic == their_dynamic
+    for name in theirs:
+        torch.testing.assert_close(mine[name][0], theirs[name][0], rtol=1e-5, atol=1e-5, msg=name)
+        assert mine[name][1] == theirs[name][1], name

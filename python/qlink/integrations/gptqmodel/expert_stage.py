@@ -38,20 +38,22 @@ _RECORD = {"gate_proj": "inputs", "up_proj": "inputs", "down_proj": "intermediat
 
 
 def expert_subset(names):
-    """(experts module path, record, {expert: [names]}) where `names` are one block's
-    gate/up or down expert linears, else (None, reason)."""
-    found = [_EXPERT.match(n) for n in names]
-    if not names or not all(found):
+    """(experts module path, record, {expert: [names]}, [other names]) where `names` hold one
+    block's gate/up or down expert linears, and perhaps linears that are no routed expert
+    (DeepSeek's shared experts: GPTQModel's own forward feeds those), else (None, reason)."""
+    found = {n: _EXPERT.match(n) for n in names}
+    experts = [n for n in names if found[n]]
+    if not experts:
         return None, "not an MoE expert subset"
-    blocks = {m.group("block") for m in found}
-    records = {_RECORD[m.group("proj")] for m in found}
+    blocks = {found[n].group("block") for n in experts}
+    records = {_RECORD[found[n].group("proj")] for n in experts}
     if len(blocks) > 1 or len(records) > 1:
         return None, "a subset mixing %d expert blocks and %d kinds of expert input" % (
             len(blocks), len(records))
     by_expert = {}
-    for name, m in zip(names, found):
-        by_expert.setdefault(int(m.group("index")), []).append(name)
-    return (blocks.pop(), records.pop(), by_expert), None
+    for name in experts:
+        by_expert.setdefault(int(found[name].group("index")), []).append(name)
+    return (blocks.pop(), records.pop(), by_expert, [n for n in names if not found[n]]), None
 
 
 class ExpertCounts:
@@ -118,12 +120,14 @@ def _forwards(module, routed, experts, layer_inputs, layer_input_kwargs, positio
             module(*layer_input, **kwargs)
 
 
-def _fill(looper, plan, device):
+def _fill(looper, plan, device, skip=()):
     """GPTQModel's fill for the forward (_prepare_named_module_for_forward) of each subset
-    module whose weight is not on `device` yet (on meta: offloaded or a shell); a module the
-    layer's fill already put there holds the checkpoint's bytes, which a second fill would
-    copy again."""
-    for named in plan.modules.values():
+    module but those in `skip` whose weight is not on `device` yet (on meta: offloaded or a
+    shell); a module the layer's fill already put there holds the checkpoint's bytes, which
+    a second fill would copy again."""
+    for name, named in plan.modules.items():
+        if name in skip:
+            continue
         weight = getattr(getattr(named, "module", None), "weight", None)
         if torch.is_tensor(weight) and weight.device != resolved_device(device):
             looper._prepare_named_module_for_forward(named_module=named, fallback_device=device)
@@ -152,10 +156,10 @@ def make_run_subset_stage(installation, original):
         if reason:
             counters.host(PATCH, reason)
             return original(looper, **args)
-        path, record, by_expert = found
+        path, record, by_expert, others = found
 
         def owned():
-            _fill(looper, plan, rest["cur_layer_device"])
+            _fill(looper, plan, rest["cur_layer_device"], skip=others)
             routed = ExpertPass(ExpertWeights(experts), record)
             _forwards(module, routed, experts, layer_inputs, layer_input_kwargs, position_ids, attention_masks)
             rows, reached = routed.totals()
@@ -180,12 +184,14 @@ def make_run_subset_stage(installation, original):
                         count_batch(task, device, rows[expert], fwd=reached[expert])
                     installation.ahead.seen(task)  # fed, as add_batch says: the subset's solves in one call
 
-        def solved(experts_in, forward=False):
-            """GPTQModel's stage over these experts' modules (all of the plan's: the plan)."""
-            names = {name for e in experts_in for name in by_expert[e]}
-            part = plan if len(names) == len(plan.modules) else plan.for_modules(
+        def solved(names, forward=False):
+            """GPTQModel's stage over these modules (all of the plan's: the plan)."""
+            part = plan if len(set(names)) == len(plan.modules) else plan.for_modules(
                 {name: named for name, named in plan.modules.items() if name in names})
             return original(looper, **dict(args, plan=dataclasses.replace(part, execute_forward=forward)))
+
+        def named(experts_in):
+            return [name for e in experts_in for name in by_expert[e]]
 
         def commit(result):
             rows, reached, chunks, made, holder = result
@@ -206,13 +212,16 @@ def make_run_subset_stage(installation, original):
                         made = chunk_hessians(installation.accumulator, routed, chunks[i])
                     except Exception as error:  # noqa: BLE001 (earlier chunks solved: the rest is GPTQModel's)
                         guard.fallback(PATCH, error)
-                        last = solved([e for g in groups[i:] for e in g], forward=True)
+                        last = solved(named(e for g in groups[i:] for e in g) + others, forward=True)
                         processed.update(last.processed_subset)
-                        break
+                        return dataclasses.replace(last, processed_subset=processed, plan=plan)
                     if i == len(chunks) - 1:
                         routed = None
                 land(made, rows, reached)
-                last = solved(group)
+                last = solved(named(group))
+                processed.update(last.processed_subset)
+            if others:  # fed by GPTQModel's forward, whose inputs the experts' solves leave as they were
+                last = solved(others, forward=True)
                 processed.update(last.processed_subset)
             return dataclasses.replace(last, processed_subset=processed, plan=plan)
         return guard.attempt(PATCH, owned, lambda: original(looper, **args), commit)
