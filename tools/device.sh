@@ -46,6 +46,8 @@
 #     moe_nostage  qlink's defaults without the stage at 2
 #     moe_host   GPTQModel alone to layer 1's first solve, then the stage with ieee_fp32: layer 0's codes compared
 #     moe_spread GPTQModel alone so again with its samples reversed, its codes against moe_host's (after it)
+#     moe_235b   a Qwen3-235B-A22B-shaped 2-layer model through the stage (made first; not yet run)
+#     moe_dsv3   a DeepSeek-V3-shaped 1-layer model through the stage (made first; not yet run)
 #     breakdown  GPTQModel alone with each of qlink's process settings (gc, switch, segments) at
 #                2 and 4 layers; AutoRound alone with each (AR_ITERS)
 #   Groups: gpu, hosts, issue20 (moe_check moe_solve moe), issue22 (ar ar0), issue23 (hprec loop loop_slope)
@@ -324,6 +326,18 @@ part_moe_spread() {  # GPTQModel alone with its samples reversed, against moe_ho
   run moe_codes_reversed 60 python3 compare_codes.py "$out/moe_host.json" "$codes/moe_host.pt" \
     "$out/moe_host_reversed.json" "$codes/moe_host_reversed.pt" "$out/moe_codes_reversed.json"
 }
+part_moe_235b() {  # issue 41: a Qwen3-235B-A22B-shaped pair of layers through the stage: a layer's time, the peak
+  run make_qwen3_235b 300 python3 -c "import sys; sys.path.insert(0, '$hosts_dir'); from common import \
+make_qwen3_moe, QWEN3_235B; make_qwen3_moe('/tmp/qwen3-235b-2layers', layers=2, **QWEN3_235B)"
+  gptqmodel_run moe235_stage 420 --model /tmp/qwen3-235b-2layers --layers 2 --model-kind qwen3_235b --qlink \
+    --strict --defaults --expert-stage
+}
+part_moe_dsv3() {  # issue 41: a DeepSeek-V3-shaped layer (about 52 GB of gate/up Hessians) through the stage
+  run make_deepseek_v3 400 python3 -c "import sys; sys.path.insert(0, '$hosts_dir'); from common import \
+make_deepseek_v3; make_deepseek_v3('/tmp/deepseek-v3-1layer', layers=1)"
+  gptqmodel_run dsv3_stage 500 --model /tmp/deepseek-v3-1layer --layers 1 --model-kind deepseek_v3 --qlink \
+    --strict --defaults --expert-stage
+}
 part_breakdown() {
   local n s
   for n in 2 4; do
@@ -341,7 +355,8 @@ part_moe_samples() {  # every thread sampled (the sampling stretches the run)
     --samples-out "$out/moe_samples.txt"
 }
 host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks \
-moe_check moe_solve moe moe_samples speed_models speed breakdown divergence moe_stage moe_stage_samples moe_nostage moe_host moe_spread "
+moe_check moe_solve moe moe_samples speed_models speed breakdown divergence moe_stage moe_stage_samples moe_nostage \
+moe_host moe_spread moe_235b moe_dsv3 "
 
 [ $# -ge 1 ] || usage
 case $1 in

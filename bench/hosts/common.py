@@ -66,25 +66,50 @@ def make_llama(path, layers=2, hidden=4096, intermediate=11008, heads=32, kv_hea
 LLAMA_70B = dict(hidden=8192, intermediate=28672, heads=64, kv_heads=8)  # LLaMA-2/3-70B's layer
 
 
-def make_qwen3_moe(path, layers=2, vocab=32000, seed=0):
+def make_qwen3_moe(path, layers=2, vocab=32000, seed=0, hidden=2048, heads=32, kv_heads=4, experts=128,
+                   moe_intermediate=768):
     """A Qwen3-MoE with `layers` decoder layers at Qwen3-30B-A3B's dimensions (hidden 2048,
-    32 heads and 4 KV heads of 128, 128 experts of 768, top-8, top-k weights renormalised)
-    and random weights in bfloat16, saved with make_llama's tokenizer. The routers are drawn
-    like the other weights, so tokens spread over the experts whatever the router's default
-    initialisation is, each layer's router from a generator of its own, so a model of more
-    layers starts with the same layers as one of fewer (the runs' slope compares like with like)."""
-    import torch
+    32 heads and 4 KV heads of 128, 128 experts of 768, top-8, top-k weights renormalised;
+    or those given: QWEN3_235B's) and random weights in bfloat16, saved with make_llama's
+    tokenizer. The routers are drawn like the other weights, so tokens spread over the
+    experts whatever the router's default initialisation is, each layer's router from a
+    generator of its own, so a model of more layers starts with the same layers as one of
+    fewer (the runs' slope compares like with like)."""
     import transformers
     if os.path.exists(os.path.join(path, "config.json")):
         return path
-    torch.manual_seed(seed)
-    config = transformers.Qwen3MoeConfig(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
-                                         num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=4,
-                                         head_dim=128, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+    config = transformers.Qwen3MoeConfig(hidden_size=hidden, intermediate_size=3 * hidden,
+                                         moe_intermediate_size=moe_intermediate, num_hidden_layers=layers,
+                                         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=128,
+                                         num_experts=experts, num_experts_per_tok=8, norm_topk_prob=True,
                                          decoder_sparse_step=1, mlp_only_layers=[], vocab_size=vocab,
                                          max_position_embeddings=4096, torch_dtype="bfloat16")
+    return _save_moe(transformers.Qwen3MoeForCausalLM, config, path, vocab, seed)
+
+
+QWEN3_235B = dict(hidden=4096, heads=64, kv_heads=4, experts=128, moe_intermediate=1536)  # Qwen3-235B-A22B's layer
+
+
+def make_deepseek_v3(path, layers=1, vocab=32000, seed=0):
+    """A DeepSeek-V3 with `layers` MoE decoder layers at its dimensions (transformers'
+    DeepseekV3Config defaults: hidden 7168, multi-head latent attention with 128 heads, 256
+    routed experts of 2048 and one shared, top-8 of 8 groups' best 4, sigmoid scores), no
+    dense layers first, random weights in bfloat16 (the routers drawn as make_qwen3_moe's)."""
+    import transformers
+    if os.path.exists(os.path.join(path, "config.json")):
+        return path
+    config = transformers.DeepseekV3Config(num_hidden_layers=layers, first_k_dense_replace=0, vocab_size=vocab,
+                                           max_position_embeddings=4096, torch_dtype="bfloat16")
+    return _save_moe(transformers.DeepseekV3ForCausalLM, config, path, vocab, seed)
+
+
+def _save_moe(model_class, config, path, vocab, seed):
+    """model_class(config) made on the GPU in bfloat16, each layer's router redrawn from a
+    generator of its own, saved with make_llama's tokenizer at path."""
+    import torch
+    torch.manual_seed(seed)
     with torch.device("cuda"):
-        model = transformers.Qwen3MoeForCausalLM(config).to(torch.bfloat16)
+        model = model_class(config).to(torch.bfloat16)
     with torch.no_grad():
         for i, layer in enumerate(model.model.layers):
             gen = torch.Generator(device="cuda").manual_seed(seed * 1000 + i)

@@ -8,7 +8,8 @@ peak GPU memory (PyTorch's allocator; qlink's scratch is outside it) and qlink's
 Nothing the script records waits on the device or copies to the host inside the timed
 call (device checksums, turned into digests after it).
 
-    python3 gptqmodel_run.py --model DIR [--layers N] [--model-kind llama|llama70b|qwen3_moe|ARCH]
+    python3 gptqmodel_run.py --model DIR [--layers N]
+        [--model-kind llama|llama70b|qwen3_moe|qwen3_235b|deepseek_v3|ARCH]
         [--qlink [--strict] [--defaults] [--expert-stage] [--read-ahead pinned|pageable|off] [--switch-interval S|off]
          [--landing pinned|pageable] [--segments fixed|host] | --guards]
         [--precision ieee_fp32|tensor] [--reversed] [--hessian-f64] [--codes FILE.pt]
@@ -17,8 +18,8 @@ call (device checksums, turned into digests after it).
         [--cprofile FILE | --samples-out FILE] [--out FILE]
 
 --layers: decoder layers of the model made at DIR (if DIR has none yet); --model-kind: a
-LLaMA-7B-shaped one (default), a LLaMA-70B-shaped one (llama70b), a Qwen3-30B-A3B-shaped MoE
-(its experts split by the defuser stand-in as GPTQModel loads it), or a small one of an
+LLaMA-7B-shaped one (default), a LLaMA-70B-shaped one (llama70b), a Qwen3-30B-A3B-, Qwen3-235B-A22B-
+or DeepSeek-V3-shaped MoE (its experts split by the defuser stand-in as GPTQModel loads it), or a small one of an
 architecture of common.ARCHS (common.make_arch: opt, llama_gqa, ... mixtral; arch_table.py).
 --precision: install's hessian_precision (its default where not given). --input-digests:
 digests of each solve's weight and merged Hessian beside its result's (where two runs part,
@@ -44,9 +45,9 @@ import sys
 import time
 
 import idle
-from common import (ARCHS, LLAMA_70B, busy_shares, install_guards, kernel_table, launch_mark_kernel, make_arch,
-                    make_llama, make_qwen3_moe, process_settings, profiler_activities, python_profile, setup_paths,
-                    stack_samples, timed, token_batches, write)
+from common import (ARCHS, LLAMA_70B, QWEN3_235B, busy_shares, install_guards, kernel_table, launch_mark_kernel,
+                    make_arch, make_deepseek_v3, make_llama, make_qwen3_moe, process_settings, profiler_activities,
+                    python_profile, setup_paths, stack_samples, timed, token_batches, write)
 
 setup_paths()
 
@@ -226,7 +227,8 @@ def main():
     a.add_argument("--samples", type=int, default=128)
     a.add_argument("--seqlen", type=int, default=2048)
     a.add_argument("--layers", type=int, default=2)
-    a.add_argument("--model-kind", choices=("llama", "llama70b", "qwen3_moe") + ARCHS, default="llama")
+    a.add_argument("--model-kind", choices=("llama", "llama70b", "qwen3_moe", "qwen3_235b", "deepseek_v3") + ARCHS,
+                   default="llama")
     a.add_argument("--precision", choices=("ieee_fp32", "tensor"))
     a.add_argument("--stop-at-layer", type=int, help="end the run at this layer's first solve (its time printed)")
     a.add_argument("--group-rows", type=int, help="qlink: tokens per grouped forward (0: GPTQModel's batches kept)")
@@ -275,8 +277,10 @@ def main():
     import torch
     if args.model_kind in ARCHS:
         make_arch(args.model, args.model_kind, layers=args.layers)
-    elif args.model_kind == "qwen3_moe":
-        make_qwen3_moe(args.model, layers=args.layers)
+    elif args.model_kind in ("qwen3_moe", "qwen3_235b"):
+        make_qwen3_moe(args.model, layers=args.layers, **(QWEN3_235B if args.model_kind == "qwen3_235b" else {}))
+    elif args.model_kind == "deepseek_v3":
+        make_deepseek_v3(args.model, layers=args.layers)
     else:
         make_llama(args.model, layers=args.layers, **(LLAMA_70B if args.model_kind == "llama70b" else {}))
     result = {"host": "GPTQModel", "model_kind": args.model_kind, "qlink": args.qlink, "group_rows": args.group_rows,
