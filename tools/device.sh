@@ -27,6 +27,8 @@
 #     loop_slope qlink ieee_fp32 at 2 layers sampled and profiled, PRECISIONS at SLOPE_LAYERS
 #     loop_host8 GPTQModel alone at 8 layers
 #     ar ar0 ar_stacks  AutoRound alone and with qlink at AR_ITERS (ar0: iters 0; ar_stacks: profiled)
+#     ar_moe     AutoRound on the 2-layer Qwen3-MoE model (moe_models first): alone with the gc freeze and with
+#                qlink at AR_MOE_ITERS (50), then at iters 0 (not yet run)
 #     moe_check moe_solve moe moe_samples  the Qwen3-MoE runs (issue 20)
 #     archs      arch_table.py: GPTQModel alone and qlink strict on each architecture's small model
 #     archs_ref  arch_table.py --references on Qwen3 and Mixtral (alone reversed, alone in float64)
@@ -57,7 +59,7 @@
 # ARCH (nvcc's -arch, sm_90), BUILD_DIR (nvcc's outputs, /tmp/qlink_device), MODEL
 # (/tmp/llama7b-2layers), CODES (the loops' 4-bit levels, hundreds of MB, kept out of OUTDIR:
 # /tmp/qlink_codes), LAYERS ("2 4 8"), MOE_LAYERS ("2 4"), SLOPE_LAYERS ("4 8"), PRECISIONS
-# ("ieee_fp32 tensor"), STRESS_RUNS (3), GPTQ_QLINK_RUNS (2), AR_ITERS (200), AR_HOST_PROFILE
+# ("ieee_fp32 tensor"), STRESS_RUNS (3), GPTQ_QLINK_RUNS (2), AR_ITERS (200), AR_MOE_ITERS (50), AR_HOST_PROFILE
 # (set: AutoRound alone profiled too). NVLink multicast stays off (NCCL, symmetric memory,
 # NVSHMEM). Exits 0 when every command exited 0, 1 naming those that did not, 2 on a bad part.
 set -uo pipefail
@@ -224,6 +226,13 @@ part_ar_stacks() {  # the Python stack behind each operator of qlink's profiled 
   autoround_run ar_stacks 300 --iters "${AR_ITERS:-200}" --qlink auto --profile "$out/ar_qlink_stacks.txt" \
     --profile-stacks
 }
+part_ar_moe() {  # issue 42: AutoRound on the 2-layer Qwen3-MoE model, alone (gc freeze) and with qlink; then iters 0
+  local model=/tmp/qwen3moe-2layers
+  autoround_run ar_moe_host 420 --iters "${AR_MOE_ITERS:-50}" --settings gc
+  autoround_run ar_moe_qlink 420 --iters "${AR_MOE_ITERS:-50}" --qlink auto
+  autoround_run ar0_moe_host 200 --iters 0 --settings gc
+  autoround_run ar0_moe_qlink 200 --iters 0 --qlink auto
+}
 part_moe_check() { run moe_check 300 python3 check_defuser.py --model /tmp/qwen3moe-2layers; }
 part_moe_solve() {  # one layer's routed Hessians and 384 expert solves, qlink vs GPTQModel's own
   run moe_solve 400 python3 ../moe_solve_bench.py --library "$lib" --gptqmodel "$P/hosts:$hosts_dir/standins" --check-alone 24 \
@@ -354,7 +363,7 @@ part_moe_samples() {  # every thread sampled (the sampling stretches the run)
   gptqmodel_run moe_samples 300 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink --strict \
     --samples-out "$out/moe_samples.txt"
 }
-host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks \
+host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks ar_moe \
 moe_check moe_solve moe moe_samples speed_models speed breakdown divergence moe_stage moe_stage_samples moe_nostage \
 moe_host moe_spread moe_235b moe_dsv3 "
 
