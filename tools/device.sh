@@ -27,8 +27,8 @@
 #     loop_slope qlink ieee_fp32 at 2 layers sampled and profiled, PRECISIONS at SLOPE_LAYERS
 #     loop_host8 GPTQModel alone at 8 layers
 #     ar ar0 ar_stacks  AutoRound alone and with qlink at AR_ITERS (ar0: iters 0; ar_stacks: profiled)
-#     ar_moe     AutoRound on the 2-layer Qwen3-MoE model (moe_models first): alone with the gc freeze and with
-#                qlink at AR_MOE_ITERS (50), then at iters 0 (not yet run)
+#     ar_moe     AutoRound on the 2-layer Qwen3-MoE model (moe_models first): alone with the gc freeze, with
+#                qlink, with qlink and grouped_moe at AR_MOE_ITERS (50), then at iters 0 (not yet run)
 #     moe_check moe_solve moe moe_samples  the Qwen3-MoE runs (issue 20)
 #     archs      arch_table.py: GPTQModel alone and qlink strict on each architecture's small model
 #     archs_ref  arch_table.py --references on Qwen3 and Mixtral (alone reversed, alone in float64)
@@ -230,8 +230,9 @@ part_ar_moe() {  # issue 42: AutoRound on the 2-layer Qwen3-MoE model, alone (gc
   local model=/tmp/qwen3moe-2layers
   autoround_run ar_moe_host 420 --iters "${AR_MOE_ITERS:-50}" --settings gc
   autoround_run ar_moe_qlink 420 --iters "${AR_MOE_ITERS:-50}" --qlink auto
+  autoround_run ar_moe_grouped 420 --iters "${AR_MOE_ITERS:-50}" --qlink auto --grouped-moe
   autoround_run ar0_moe_host 200 --iters 0 --settings gc
-  autoround_run ar0_moe_qlink 200 --iters 0 --qlink auto
+  autoround_run ar0_moe_qlink 200 --iters 0 --qlink auto --grouped-moe
 }
 part_moe_check() { run moe_check 300 python3 check_defuser.py --model /tmp/qwen3moe-2layers; }
 part_moe_solve() {  # one layer's routed Hessians and 384 expert solves, qlink vs GPTQModel's own

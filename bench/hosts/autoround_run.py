@@ -8,7 +8,7 @@ AutoRound's own log line ("quantization tuning time"), each block's loss line, a
 quantized model's output error on held-out sequences (MSE of the last hidden state
 against the bf16 model's, fp32). Prints and writes JSON; qlink's plans and counters.
 
-    python3 autoround_run.py --model DIR --iters 200|0 [--qlink auto|N|off] [--strict]
+    python3 autoround_run.py --model DIR --iters 200|0 [--qlink auto|N|off [--grouped-moe]] [--strict]
         [--runs 2] [--profile FILE [--profile-stacks] [--idle FILE]] [--cprofile FILE] [--heldout 16]
         [--blas cublas|cublaslt] [--out FILE]
 
@@ -126,6 +126,7 @@ def main():
     a.add_argument("--iters", type=int, default=200)
     a.add_argument("--qlink", default=None, help="parallel_quantization with qlink installed: auto, N or off")
     a.add_argument("--strict", action="store_true", help="qlink's failures raise instead of running AutoRound's")
+    a.add_argument("--grouped-moe", action="store_true", help="qlink: install(grouped_moe=True), MoE experts grouped")
     a.add_argument("--runs", type=int, default=2, help="unprofiled runs; the first warms up, the last is timed")
     a.add_argument("--profile", help="one more run under torch.profiler; its operator table to this file")
     a.add_argument("--idle", help="with --profile: the idle GPU time in the tuning by the host stacks, to this file")
@@ -158,7 +159,8 @@ def main():
         install_guards()
         import qlink.integrations.autoround as qlink_autoround
         parallel = args.qlink if args.qlink in ("auto", "off") else int(args.qlink)
-        qlink_autoround.install(parallel, strict=args.strict, config={"backend": "cuda", "log_level": "warn"})
+        qlink_autoround.install(parallel, strict=args.strict, config={"backend": "cuda", "log_level": "warn"},
+                                grouped_moe=args.grouped_moe)
     runs = result["runs"] = [quantize_once(args, tokenizer, heldout, reference,
                                            cprofile=args.cprofile if r == args.runs - 1 else None)
                              for r in range(args.runs)]

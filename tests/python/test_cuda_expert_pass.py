@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from qlink.integrations import gptqmodel as adapter
-from qlink.integrations.gptqmodel import expert_pass, grouped_experts
+from qlink.integrations import grouped_experts
+from qlink.integrations.gptqmodel import expert_pass
 from qlink.integrations.gptqmodel.expert_layout import ExpertWeights
 
 from stand_in_hosts import stand_in

@@ -14,6 +14,7 @@ reason; "off" runs AutoRound's own code."""
 from ...defaults import configure
 from ..base import HostSpec, Integration
 from ..seams import Seam, SeamTable
+from .grouped_moe import make_sequential_moe_forward
 from .installation import _INPUTS, _ORCHESTRATOR, _RTN, _SIGN_ROUND, AutoRoundInstallation
 
 _QUANTIZER_STATE = [_SIGN_ROUND + "." + name for name in (
@@ -57,6 +58,9 @@ SEAMS = SeamTable("auto_round", [
     Seam(_INPUTS + "to_device", "installation",
          "a block's cached inputs moved to the cache device tensor by tensor, pageable", ["block_inputs"],
          _method("inputs_to_device"), reads=[_INPUTS + "preprocess_block_inputs"]),
+    Seam("auto_round.modeling.fused_moe.utils:sequential_moe_forward", "grouped_moe",
+         "an unfused MoE block's experts one module call after another: two grouped GEMMs (grouped_moe=True)",
+         ["grouped_moe"], make_sequential_moe_forward, how="everywhere"),
 ])
 HOST = HostSpec("AutoRound", "auto_round", "auto_round.version", "0.15", "b9f3d00", SEAMS.host_names())
 
@@ -64,7 +68,7 @@ _integration = Integration()
 
 
 def install(parallel_quantization="auto", strict=False, *, config=None, ctx=None, library=None, transport="fp32",
-            check_replicas=False):
+            check_replicas=False, grouped_moe=False):
     """Makes this process's AutoRound tune blocks data-parallel (see the module's docstring);
     a second install replaces the first.
 
@@ -74,12 +78,15 @@ def install(parallel_quantization="auto", strict=False, *, config=None, ctx=None
     check_replicas: compare every replica's tuning parameters with home's after each step
     (ReplicaDiverged if they differ; a test aid, it synchronizes every step). strict: a
     block whose replicas qlink fails to make raises FallbackRefused instead of running
-    AutoRound's serial loop. AutoRound's version is checked against HOST's (another warns
+    AutoRound's serial loop. grouped_moe: True runs an unfused MoE block's experts as
+    two grouped GEMMs on GPUs that have them (grouped_moe.py; within bf16 rounding of
+    AutoRound's loop); False (the default until measured on a GPU) leaves AutoRound's loop.
+    AutoRound's version is checked against HOST's (another warns
     once; UnsupportedHost under strict) and every name the patches touch must be where
     HOST says (HostChanged naming each that moved); nothing is patched otherwise."""
     uninstall()
     installation = AutoRoundInstallation(ctx or configure(config, library), strict, SEAMS, HOST,
-                                         parallel_quantization, transport, check_replicas)
+                                         parallel_quantization, transport, check_replicas, grouped_moe)
     return _integration.install(installation).ctx
 
 

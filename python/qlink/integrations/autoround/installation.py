@@ -57,10 +57,13 @@ def _quantized_linears(block):
 
 
 class AutoRoundInstallation(Installation):
-    def __init__(self, ctx, strict, seams, host_spec, parallel, transport, check_replicas):
+    def __init__(self, ctx, strict, seams, host_spec, parallel, transport, check_replicas, grouped_moe=False):
         check_setting(parallel)
         if transport not in TRANSPORTS:
             raise ValueError("transport must be one of %s, got %r" % (TRANSPORTS, transport))
+        if grouped_moe not in (True, False):
+            raise ValueError("grouped_moe must be True or False, got %r" % (grouped_moe,))
+        self.grouped_moe = grouped_moe
         super().__init__(ctx, strict, seams, host_spec)
         self.parallel, self.transport, self.check_replicas = parallel, transport, check_replicas
         self.host = _Host(self.names)

@@ -24,7 +24,7 @@ import threading
 import torch
 
 from ..patches import like
-from . import grouped_experts
+from .. import grouped_experts
 from .expert_layout import ExpertWeights, refusal as layout_refusal
 
 PATCH = "routed_experts"
@@ -57,7 +57,8 @@ def make_run_routed_experts(installation, original):
         if why is None:
             gate_up, down = ExpertWeights(experts).stacked()
             x = hidden_states[order % tokens]
-            out, _ = grouped_experts.linears(x, [sum(c) for c in counts], gate_up, down, experts[0].act_fn)
+            ends = grouped_experts.offsets([sum(c) for c in counts], x.device)
+            out, _ = grouped_experts.linears(x, ends, gate_up, down, experts[0].act_fn)
             return grouped_experts.combine(out, order, selected_experts, routing_weights, hidden_states)
         tokens_of, slots_of = order % tokens, torch.div(order, tokens, rounding_mode="floor")
         final = torch.zeros_like(hidden_states)

@@ -18,7 +18,8 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from . import defuser_moe, grouped_experts
+from .. import grouped_experts
+from . import defuser_moe
 
 RECORDS = ("inputs", "intermediates")
 
@@ -84,7 +85,7 @@ class ExpertPass:
         down each one grouped GEMM (the weights stacked once a pass where split)."""
         if self.grouped is None:
             self.grouped = self.weights.stacked()
-        return grouped_experts.linears(x, counts, *self.grouped, act)
+        return grouped_experts.linears(x, grouped_experts.offsets(counts, x.device), *self.grouped, act)
 
     def rows(self, expert):
         """Expert's rows of every forward, concatenated in forward order (0 rows: None)."""

@@ -1,6 +1,7 @@
 """An MoE block's routed experts as two grouped GEMMs (PyTorch's torch._grouped_mm, bf16 on
 sm90 and later), and the block's output combined from the routed rows in the eager loop's
-order, for qlink's expert stage (expert_pass) and the replay of split blocks (defuser_moe).
+order: for GPTQModel's expert stage (gptqmodel.expert_pass) and its replay of split blocks
+(gptqmodel.defuser_moe), and AutoRound's unfused MoE blocks (autoround.grouped_moe).
 
 Invariant: combine() adds each token's weighted expert outputs in ascending expert order,
 one bf16 add at a time, as the eager loop's per-expert index_add_ does: deterministic (no
@@ -20,15 +21,20 @@ def fits(x):
             and torch.cuda.get_device_capability(x.device)[0] >= 9)
 
 
-def linears(x, counts, gate_up, down, act):
-    """(output, intermediates) of x's rows sorted by expert (counts[e] rows each): act(gate)
-    * up and down, each over every expert in one grouped GEMM. gate_up (experts, 2 * inter,
-    hidden), down (experts, hidden, inter)."""
-    offsets = torch.tensor(list(itertools.accumulate(counts)), dtype=torch.int32).to(x.device, non_blocking=True)
-    both = torch._grouped_mm(x, gate_up.transpose(1, 2), offs=offsets)
+def offsets(counts, device):
+    """The grouped GEMM's offsets (each expert's end row, int32) on `device` from host counts."""
+    return torch.tensor(list(itertools.accumulate(counts)), dtype=torch.int32).to(device, non_blocking=True)
+
+
+def linears(x, ends, gate_up, down, act):
+    """(output, intermediates) of x's rows sorted by expert (expert e's end at ends[e], an
+    int32 device tensor: offsets()): act(gate) * up and down, each over every expert in one
+    grouped GEMM (autograd through both). gate_up (experts, 2 * inter, hidden), down
+    (experts, hidden, inter)."""
+    both = torch._grouped_mm(x, gate_up.transpose(1, 2), offs=ends)
     inter = gate_up.shape[1] // 2
     h = act(both[:, :inter]) * both[:, inter:]
-    return torch._grouped_mm(h, down.transpose(1, 2), offs=offsets), h
+    return torch._grouped_mm(h, down.transpose(1, 2), offs=ends), h
 
 
 def combine(out, order, top_k_index, top_k_weights, like):

@@ -1,0 +1,75 @@
+"""AutoRound's unfused MoE blocks' experts loop (sequential_moe_forward: each expert's
+module called on its rows, one after another) as two grouped GEMMs (qlink's grouped_experts)
+with install(grouped_moe=True): in qlink's native loop a block's 128 experts then take one
+product for gate/up and one for down, forward and backward, instead of 128 small ones each.
+
+Invariant: the rows, the weighting and the sum over each token's top-k slots are AutoRound's
+(token-major rows, a sum over the slots in order); only the GEMMs round apart from the
+per-expert linears' (within bf16 rounding). Nothing syncs with the host (the experts' row
+counts stay on the device), so the native loop's CUDA graph can hold it. Where an expert is
+not plain nn.Linear projections without bias (AutoRound's wrapped layers during its own
+tuning), a hook watches one, the activations differ or no grouped GEMM runs on the rows,
+AutoRound's loop runs, the reason counted ("grouped_moe")."""
+import torch
+
+from .. import grouped_experts
+from ..patches import like
+
+PATCH = "grouped_moe"
+_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+def refusal(hidden_states, experts):
+    """Why these experts take AutoRound's loop, or None."""
+    if not grouped_experts.fits(hidden_states):
+        return "no grouped GEMM for %s rows on %s" % (hidden_states.dtype, hidden_states.device)
+    from torch.nn.modules import module
+    if module._global_forward_hooks or module._global_forward_pre_hooks:
+        return "a global module hook"
+    acts = set()
+    for index, expert in enumerate(experts):
+        parts = [expert] + [getattr(expert, name, None) for name in _PROJECTIONS]
+        for name, linear in zip(_PROJECTIONS, parts[1:]):
+            if type(linear) is not torch.nn.Linear or linear.bias is not None:
+                return "expert %d's %s is not a plain Linear without bias (%s)" % (index, name, type(linear).__name__)
+            if linear.weight.device != hidden_states.device:
+                return "expert %d's %s is on %s" % (index, name, linear.weight.device)
+        if any(m._forward_hooks or m._forward_pre_hooks for m in parts):
+            return "expert %d is hooked" % index
+        act = getattr(expert, "act_fn", None)
+        acts.add((type(act), getattr(act, "__name__", None)))
+    if len(acts) != 1 or not callable(experts[0].act_fn):
+        return "the experts' activations differ"
+    return None
+
+
+def grouped_forward(hidden_states, top_k_index, top_k_weights, experts, num_experts):
+    """sequential_moe_forward's result (see the module's docstring) from two grouped GEMMs."""
+    tokens, top_k = top_k_index.shape
+    chosen = top_k_index.reshape(-1)
+    order = torch.argsort(chosen, stable=True)  # routed rows grouped by expert, each in AutoRound's order
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=chosen.device)
+    counts.index_add_(0, chosen, torch.ones_like(chosen, dtype=torch.int32))
+    ends = torch.cumsum(counts, 0, dtype=torch.int32)
+    gate_up = torch.stack([torch.cat([e.gate_proj.weight, e.up_proj.weight]) for e in experts])
+    down = torch.stack([e.down_proj.weight for e in experts])
+    out, _ = grouped_experts.linears(hidden_states[order // top_k], ends, gate_up, down, experts[0].act_fn)
+    back = torch.empty_like(order)
+    back[order] = torch.arange(order.numel(), device=order.device)
+    out = out[back] * top_k_weights.reshape(-1).to(hidden_states.dtype).unsqueeze(-1)
+    return out.view(tokens, top_k, -1).sum(dim=1)
+
+
+def make_sequential_moe_forward(installation, original):
+    counters = installation.counters
+
+    @like(original)
+    def sequential_moe_forward(hidden_states, top_k_index, top_k_weights, experts, num_experts):
+        why = "grouped_moe=False" if not installation.grouped_moe else (
+            refusal(hidden_states, experts) if len(experts) == num_experts else "a partial expert list")
+        if why:
+            counters.host(PATCH, why)
+            return original(hidden_states, top_k_index, top_k_weights, experts, num_experts)
+        counters.qlink(PATCH)
+        return grouped_forward(hidden_states, top_k_index, top_k_weights, experts, num_experts)
+    return sequential_moe_forward
