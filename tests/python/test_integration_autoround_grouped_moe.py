@@ -59,3 +59,28 @@ def test_what_the_grouped_path_does_not_cover_is_named(block, monkeypatch):
     handle.remove()
     moe.experts[3].act_fn = torch.nn.GELU()
     assert grouped_moe.refusal(x, moe.experts) == "the experts' activations differ"
+
+
+def _grouped_mm_by_loop(x, w, offs):
+    """torch._grouped_mm's arithmetic (rows offs[e-1]:offs[e] times w[e]), one product a group."""
+    parts, start = [], 0
+    for expert, end in enumerate(offs.tolist()):
+        parts.append(x[start:end] @ w[expert])
+        start = end
+    return torch.cat(parts)
+
+
+def test_the_grouped_arithmetic_is_autorounds_rows_weights_and_sums(block, monkeypatch):
+    """grouped_forward with each group's product made by a loop (float64, the CPU): the
+    output and every gradient (input, each expert's weights) AutoRound's loop's."""
+    module, moe = block
+    monkeypatch.setattr(torch, "_grouped_mm", _grouped_mm_by_loop, raising=False)
+    moe = moe.double()
+    x = torch.randn(TOKENS, HIDDEN, dtype=torch.float64, requires_grad=True)
+    weights, chosen = torch.topk(torch.softmax(moe.gate(x), -1).detach(), TOP_K)
+    results = []
+    for forward in (module.sequential_moe_forward, grouped_moe.grouped_forward):
+        out = forward(x, chosen, weights, moe.experts, EXPERTS)
+        results.append([out] + list(torch.autograd.grad((out ** 2).sum(), [x] + list(moe.experts.parameters()))))
+    for theirs, mine in zip(*results):
+        torch.testing.assert_close(mine, theirs, rtol=1e-12, atol=1e-12)

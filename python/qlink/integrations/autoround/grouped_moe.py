@@ -6,7 +6,8 @@ product for gate/up and one for down, forward and backward, instead of 128 small
 Invariant: the rows, the weighting and the sum over each token's top-k slots are AutoRound's
 (token-major rows, a sum over the slots in order); only the GEMMs round apart from the
 per-expert linears' (within bf16 rounding). Nothing syncs with the host (the experts' row
-counts stay on the device), so the native loop's CUDA graph can hold it. Where an expert is
+counts stay on the device), so the native loop's CUDA graph can hold it, and no gradient is
+summed by atomics (deterministic backward). Where an expert is
 not plain nn.Linear projections without bias (AutoRound's wrapped layers during its own
 tuning), a hook watches one, the activations differ or no grouped GEMM runs on the rows,
 AutoRound's loop runs, the reason counted ("grouped_moe")."""
@@ -53,7 +54,9 @@ def grouped_forward(hidden_states, top_k_index, top_k_weights, experts, num_expe
     ends = torch.cumsum(counts, 0, dtype=torch.int32)
     gate_up = torch.stack([torch.cat([e.gate_proj.weight, e.up_proj.weight]) for e in experts])
     down = torch.stack([e.down_proj.weight for e in experts])
-    out, _ = grouped_experts.linears(hidden_states[order // top_k], ends, gate_up, down, experts[0].act_fn)
+    # Each token's rows by expand and a permutation: their gradients sum without atomics.
+    rows = hidden_states.unsqueeze(1).expand(-1, top_k, -1).reshape(tokens * top_k, -1)[order]
+    out, _ = grouped_experts.linears(rows, ends, gate_up, down, experts[0].act_fn)
     back = torch.empty_like(order)
     back[order] = torch.arange(order.numel(), device=order.device)
     out = out[back] * top_k_weights.reshape(-1).to(hidden_states.dtype).unsqueeze(-1)
