@@ -479,3 +479,30 @@ def test_a_shared_expert_in_the_subsets_is_fed_by_gptqmodels_forward(host, defus
     for name in theirs:
         torch.testing.assert_close(mine[name][0], theirs[name][0], rtol=1e-5, atol=1e-5, msg=name)
         assert mine[name][1] == theirs[name][1], name
+
+
+@pytest.mark.parametrize("record", ["inputs", "intermediates"])
+def test_the_grouped_pass_is_the_loops_rows_and_sums(defuser, record, monkeypatch):  # noqa: F811
+    """The pass's grouped path with torch._grouped_mm stood in for by a per-group loop
+    (float64, the CPU): output, counts and kept rows the loop's; split experts stacked give
+    the fused block's."""
+    from qlink.integrations import grouped_experts
+    from test_integration_autoround_grouped_moe import _grouped_mm_by_loop
+    monkeypatch.setattr(torch, "_grouped_mm", _grouped_mm_by_loop, raising=False)
+    fused = fused_layer().double()
+    results = {}
+    for name, layer, grouped in (("loop", fused, False), ("fused", fused, True),
+                                 ("split", defused(fused, defuser), True)):
+        monkeypatch.setattr(grouped_experts, "fits", lambda x, grouped=grouped: grouped)
+        routed = ExpertPass(ExpertWeights(layer.mlp.experts), record)
+        with torch.no_grad(), routed.installed_on(layer.mlp.experts):
+            outs = [layer.mlp(x.double()) for x in batches()]
+        assert (routed.grouped is not None) == grouped, name
+        results[name] = (outs, routed)
+    for name in ("fused", "split"):
+        outs, routed = results[name]
+        assert routed.totals() == results["loop"][1].totals()
+        for mine, theirs in zip(outs, results["loop"][0]):
+            torch.testing.assert_close(mine, theirs, rtol=1e-12, atol=1e-12)
+        for e in range(EXPERTS - 1):
+            torch.testing.assert_close(routed.rows(e), results["loop"][1].rows(e), rtol=1e-12, atol=1e-12)

@@ -160,3 +160,24 @@ def test_a_failing_sort_runs_defusers_loop(defuser, host, monkeypatch):  # noqa:
     adapter.install(ctx=host)
     assert torch.equal(module(hidden, chosen, weights), theirs)
     assert adapter.counters()["seams"]["routed_experts"]["reasons"] == {"RuntimeError: injected": 1}
+
+
+def test_with_expert_stage_an_unwatched_forward_takes_the_grouped_gemms(defuser, host, monkeypatch):  # noqa: F811
+    """expert_stage=True: a forward no hook watches runs the experts as grouped GEMMs (here
+    torch._grouped_mm stood in for by a per-group loop, float64): the loop's output, counted;
+    a hooked expert keeps the loop, bit for bit, the reason counted."""
+    from qlink.integrations import grouped_experts
+    from test_integration_autoround_grouped_moe import _grouped_mm_by_loop
+    monkeypatch.setattr(torch, "_grouped_mm", _grouped_mm_by_loop, raising=False)
+    monkeypatch.setattr(grouped_experts, "fits", lambda x: True)
+    module = experts(defuser).double()
+    hidden, chosen, weights = routing(3 * SEQ, seed=1)
+    hidden, weights = hidden.double(), weights.double()
+    adapter.install(ctx=host, strict=True)
+    looped = module(hidden, chosen, weights)
+    adapter.install(ctx=host, strict=True, expert_stage=True)
+    torch.testing.assert_close(module(hidden, chosen, weights), looped, rtol=1e-12, atol=1e-12)
+    assert adapter.counters()["seams"]["grouped_replay"]["qlink"] == 1
+    module[2].up_proj.register_forward_hook(lambda m, inp, out: None)
+    assert torch.equal(module(hidden, chosen, weights), looped)
+    assert adapter.counters()["seams"]["grouped_replay"]["reasons"] == {"expert 2.up_proj is hooked": 1}
