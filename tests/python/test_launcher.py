@@ -1,7 +1,9 @@
 """qlink run's parts in process (the wheel test runs the whole): the import hook installs
 once, right after a host package has executed, leaving the host its own loader; a failed
 installation is reported, or fails the import under strict; the per-process reports
-merge into one summary; QLINK_* variables map onto settings and a misspelt one is refused."""
+merge into one summary; QLINK_* variables map onto settings and a misspelt one is refused;
+the integrations' switches (gptqmodel.expert_stage, autoround.grouped_moe) reach their
+installs, a bad one named."""
 import json
 import sys
 
@@ -75,3 +77,29 @@ def test_qlink_variables_map_onto_settings_and_a_misspelt_one_is_refused():
     assert values == {"qlink": {"backend": "cuda"}, "strict": "1", "autoround": {"parallel_quantization": "2"}}
     with pytest.raises(SettingsError, match="QLINK_STIRCT"):
         environment_settings({"QLINK_STIRCT": "1"})
+
+
+def test_the_integrations_switches_reach_their_installs_and_bad_ones_are_named(tmp_path, monkeypatch):
+    from qlink.integrations import autoround, gptqmodel
+    from qlink.launcher import settings as launcher_settings
+    from qlink.launcher.settings import resolve
+    monkeypatch.setattr(launcher_settings, "_check_context_config", lambda config: None)  # no context here
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"gptqmodel": {"expert_stage": True}, "autoround": {"grouped_moe": "yes"}}))
+    settings = resolve(str(config), environ={})
+    assert settings.gptqmodel == {"expert_stage": True} and settings.autoround == {"grouped_moe": True}
+    installed = {}
+    monkeypatch.setattr(gptqmodel, "install", lambda **kwargs: installed.setdefault("gptqmodel", kwargs))
+    monkeypatch.setattr(autoround, "install", lambda *args, **kwargs: installed.setdefault("autoround", kwargs))
+    run = Run(settings, str(tmp_path))
+    monkeypatch.setattr(run, "_context", lambda: None)
+    monkeypatch.setattr("qlink.launcher.hooks.host_version", lambda package: "0")
+    run.install("gptqmodel")
+    run.install("auto_round")
+    assert installed["gptqmodel"]["expert_stage"] is True and installed["autoround"]["grouped_moe"] is True
+    for bad, message in (({"gptqmodel": {"expert_stage": 2}}, "gptqmodel.expert_stage must be true or false, got 2"),
+                         ({"gptqmodel": {"expert_stages": True}}, "gptqmodel: unknown field 'expert_stages'"),
+                         ({"gptqmodel": []}, "gptqmodel must be an object")):
+        config.write_text(json.dumps(bad))
+        with pytest.raises(SettingsError, match=message):
+            resolve(str(config), environ={})

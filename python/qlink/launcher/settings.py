@@ -7,9 +7,12 @@ checked before the script starts; a refusal names the field and where it came fr
     report = "qlink-report.json"                # the summary as JSON, written at exit
     [qlink]                                     # the context's config (README: Config)
     backend = "cuda"
+    [gptqmodel]                                 # qlink.integrations.gptqmodel.install's options
+    expert_stage = false                        # MoE expert subsets through qlink's owned stage
     [autoround]                                 # qlink.integrations.autoround.install's options
     parallel_quantization = "auto"
     transport = "fp32"
+    grouped_moe = false                         # unfused MoE blocks' experts as grouped GEMMs
 """
 import dataclasses
 import json
@@ -19,7 +22,8 @@ import os
 HOSTS = {"gptqmodel": "gptqmodel", "autoround": "auto_round"}
 # The launcher's channel to the processes it starts; never a setting.
 STATE_VARIABLE = "QLINK_LAUNCHER_STATE"
-_AUTOROUND_FIELDS = {"parallel_quantization", "transport"}
+_AUTOROUND_FIELDS = {"parallel_quantization", "transport", "grouped_moe"}
+_GPTQMODEL_FIELDS = {"expert_stage"}
 
 
 class SettingsError(ValueError):
@@ -33,6 +37,7 @@ class Settings:
     report: str = ""
     qlink: dict = dataclasses.field(default_factory=dict)
     autoround: dict = dataclasses.field(default_factory=dict)
+    gptqmodel: dict = dataclasses.field(default_factory=dict)
 
 
 def _parse_file(path):
@@ -94,13 +99,11 @@ def _merge(settings, values, where):
             if not isinstance(value, dict):
                 raise SettingsError("%s: qlink must be an object (the context's config), got %r" % (where, value))
             settings.qlink = {**settings.qlink, **value}
+        elif field == "gptqmodel":
+            value = _section(value, "gptqmodel", _GPTQMODEL_FIELDS, where)
+            settings.gptqmodel = {**settings.gptqmodel, **value}
         elif field == "autoround":
-            if not isinstance(value, dict):
-                raise SettingsError("%s: autoround must be an object, got %r" % (where, value))
-            unknown = set(value) - _AUTOROUND_FIELDS
-            if unknown:
-                raise SettingsError("%s: autoround: unknown field %r (known: %s)" % (
-                    where, sorted(unknown)[0], ", ".join(sorted(_AUTOROUND_FIELDS))))
+            value = _section(value, "autoround", _AUTOROUND_FIELDS, where)
             if "parallel_quantization" in value:
                 value = dict(value, parallel_quantization=_parallel(value["parallel_quantization"], where))
             if value.get("transport", "fp32") not in ("fp32", "bf16"):
@@ -108,8 +111,20 @@ def _merge(settings, values, where):
                     where, value["transport"]))
             settings.autoround = {**settings.autoround, **value}
         else:
-            raise SettingsError("%s: unknown field %r (known: autoround, integrations, qlink, report, strict)" % (
-                where, field))
+            raise SettingsError("%s: unknown field %r (known: autoround, gptqmodel, integrations, qlink, report, "
+                                "strict)" % (where, field))
+
+
+def _section(value, name, fields, where):
+    """An integration's section: an object of known fields, its switches booleans."""
+    if not isinstance(value, dict):
+        raise SettingsError("%s: %s must be an object, got %r" % (where, name, value))
+    unknown = set(value) - fields
+    if unknown:
+        raise SettingsError("%s: %s: unknown field %r (known: %s)" % (
+            where, name, sorted(unknown)[0], ", ".join(sorted(fields))))
+    switches = ("expert_stage", "grouped_moe")
+    return dict(value, **{f: _boolean(value[f], "%s.%s" % (name, f), where) for f in switches if f in value})
 
 
 # QLINK_* variable -> (setting, field inside it or None)
