@@ -100,7 +100,7 @@ SEAMS = SeamTable("gptqmodel", [
          ["expert_stage"], expert_stage.make_run_subset_stage, how="everywhere",
          reads=["gptqmodel.looper.stage_layer:run_subset_stage",  # imports it by name
                 "gptqmodel.looper.stage_subset:SubsetPlan", "gptqmodel.looper.stage_subset:SubsetStageResult",
-                _LOOPER + "_prepare_named_module_for_forward",
+                _LOOPER + "_prepare_named_module_for_forward", "gptqmodel.looper.stage_subset:SubsetPlan.for_modules",
                 "gptqmodel.looper.gptq_processor:GPTQProcessor.tasks"]),
 ])
 HOST = HostSpec("GPTQModel", "gptqmodel", "gptqmodel.version", "7.3", "f4c327a", SEAMS.host_names())
