@@ -43,9 +43,9 @@
 #                the defaults with a 1e-4 s switch interval at 2 and 4, then with ieee_fp32 Hessians
 #     divergence DIV_RUNS (15) 2-layer qlink ieee_fp32 runs (the divergence's likelier precision) with
 #                layer 0's o_proj inputs digested, compared by compare_runs.py (where a divergent run parts)
-#     moe_stage  the Qwen3-MoE models at MOE_LAYERS with install(expert_stage=True)
+#     moe_stage  the Qwen3-MoE models at MOE_LAYERS with the expert stage (install's default)
 #     moe_stage_samples  the same at 2 layers, the main thread sampled
-#     moe_nostage  qlink's defaults without the stage at 2
+#     moe_nostage  qlink's defaults but expert_stage=False at 2
 #     moe_host   GPTQModel alone to layer 1's first solve, then the stage with ieee_fp32: layer 0's codes compared
 #     moe_spread GPTQModel alone so again with its samples reversed, its codes against moe_host's (after it)
 #     moe_235b   a Qwen3-235B-A22B-shaped 2-layer model through the stage (made first; not yet run)
@@ -310,23 +310,23 @@ part_moe_stage() {
   local n
   for n in ${MOE_LAYERS:-2 4}; do
     gptqmodel_run moe_stage$n 240 --model /tmp/qwen3moe-${n}layers --layers "$n" --model-kind qwen3_moe --qlink \
-      --strict --defaults --expert-stage
+      --strict --defaults --expert-stage on
   done
 }
 part_moe_stage_samples() {
   gptqmodel_run moe_stage2_samples 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink \
-    --strict --defaults --expert-stage --samples-out "$out/moe_stage2_samples.txt"
+    --strict --defaults --expert-stage on --samples-out "$out/moe_stage2_samples.txt"
 }
 part_moe_nostage() {
   gptqmodel_run moe_nostage2 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink --strict \
-    --defaults
+    --defaults --expert-stage off
 }
 part_moe_host() {  # GPTQModel alone to layer 1's first solve, then the stage (ieee_fp32): layer 0's codes compared
   mkdir -p "$codes"
   gptqmodel_run moe_host 420 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --stop-at-layer 1 \
     --codes "$codes/moe_host.pt"
   gptqmodel_run moe_stage_ieee 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink --strict \
-    --expert-stage --precision ieee_fp32 --codes "$codes/moe_stage_ieee.pt"
+    --expert-stage on --precision ieee_fp32 --codes "$codes/moe_stage_ieee.pt"
   run moe_codes 60 python3 compare_codes.py "$out/moe_host.json" "$codes/moe_host.pt" "$out/moe_stage_ieee.json" \
     "$codes/moe_stage_ieee.pt" "$out/moe_codes.json"
 }
@@ -340,13 +340,13 @@ part_moe_235b() {  # issue 41: a Qwen3-235B-A22B-shaped pair of layers through t
   run make_qwen3_235b 300 python3 -c "import sys; sys.path.insert(0, '$hosts_dir'); from common import \
 make_qwen3_moe, QWEN3_235B; make_qwen3_moe('/tmp/qwen3-235b-2layers', layers=2, **QWEN3_235B)"
   gptqmodel_run moe235_stage 420 --model /tmp/qwen3-235b-2layers --layers 2 --model-kind qwen3_235b --qlink \
-    --strict --defaults --expert-stage
+    --strict --defaults --expert-stage on
 }
 part_moe_dsv3() {  # issue 41: a DeepSeek-V3-shaped layer (about 52 GB of gate/up Hessians) through the stage
   run make_deepseek_v3 400 python3 -c "import sys; sys.path.insert(0, '$hosts_dir'); from common import \
 make_deepseek_v3; make_deepseek_v3('/tmp/deepseek-v3-1layer', layers=1)"
   gptqmodel_run dsv3_stage 500 --model /tmp/deepseek-v3-1layer --layers 1 --model-kind deepseek_v3 --qlink \
-    --strict --defaults --expert-stage
+    --strict --defaults --expert-stage on
 }
 part_breakdown() {
   local n s

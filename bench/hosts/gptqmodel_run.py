@@ -10,8 +10,8 @@ call (device checksums, turned into digests after it).
 
     python3 gptqmodel_run.py --model DIR [--layers N]
         [--model-kind llama|llama70b|qwen3_moe|qwen3_235b|deepseek_v3|ARCH]
-        [--qlink [--strict] [--defaults] [--expert-stage] [--read-ahead pinned|pageable|off] [--switch-interval S|off]
-         [--landing pinned|pageable] [--segments fixed|host] | --guards]
+        [--qlink [--strict] [--defaults] [--expert-stage on|off] [--read-ahead pinned|pageable|off]
+         [--switch-interval S|off] [--landing pinned|pageable] [--segments fixed|host] | --guards]
         [--precision ieee_fp32|tensor] [--reversed] [--hessian-f64] [--codes FILE.pt]
         [--input-digests] [--batch-digests REGEX]
         [--profile OPS.txt [--profile-stacks] [--idle IDLE.txt] | --profile OPS.txt --device-only]
@@ -221,8 +221,8 @@ def main():
     a.add_argument("--strict", action="store_true")
     a.add_argument("--defaults", action="store_true",
                    help="with --qlink: install(config, strict) and nothing else (what a user gets)")
-    a.add_argument("--expert-stage", action="store_true",
-                   help="with --qlink: install(expert_stage=True), qlink's owned MoE expert stage")
+    a.add_argument("--expert-stage", choices=("on", "off"),
+                   help="with --qlink: install(expert_stage=...), qlink's owned MoE expert stage (install's default)")
     a.add_argument("--guards", action="store_true", help="the torch guards without installing qlink (qlink run)")
     a.add_argument("--samples", type=int, default=128)
     a.add_argument("--seqlen", type=int, default=2048)
@@ -299,12 +299,13 @@ def main():
     if args.qlink:
         import qlink.integrations.gptqmodel as qlink_gptqmodel
         config = {"backend": "cuda", "log_level": "warn"}
+        stage = {} if args.expert_stage is None else {"expert_stage": args.expert_stage == "on"}
         if args.defaults:
-            qlink_gptqmodel.install(config, strict=args.strict, expert_stage=args.expert_stage)
+            qlink_gptqmodel.install(config, strict=args.strict, **stage)
         else:
             interval = None if args.switch_interval == "off" else float(args.switch_interval)
             qlink_gptqmodel.install(config, strict=args.strict, read_ahead=args.read_ahead, switch_interval=interval,
-                                    fixed_segments=args.segments == "fixed", expert_stage=args.expert_stage,
+                                    fixed_segments=args.segments == "fixed", **stage,
                                     **({"hessian_precision": args.precision} if args.precision else {}))
         if args.landing == "pageable":
             import qlink.moves as qlink_moves

@@ -92,7 +92,7 @@ def test_unwatched_split_experts_replay_as_grouped_gemms(defuser, host, monkeypa
     grouped_calls, linears = [], grouped_experts.linears
     monkeypatch.setattr(grouped_experts, "linears", lambda *a: grouped_calls.append(1) or linears(*a))
     with torch.no_grad():
-        adapter.install(ctx=host, strict=True)
+        adapter.install(ctx=host, strict=True, expert_stage=False)
         looped = split(hidden, chosen, weights)
         assert not grouped_calls  # expert_stage=False: qlink's loop
         adapter.install(ctx=host, strict=True, expert_stage=True)

@@ -39,7 +39,7 @@ class Block(nn.Module):
 
     def __init__(self, experts, router):
         super().__init__()
-        self.experts, self.router = experts, router
+        self.experts, self.router, self.top_k = experts, router, TOP_K
 
     def forward(self, hidden_states):
         flat = hidden_states.reshape(-1, hidden_states.shape[-1])
@@ -183,9 +183,13 @@ def test_the_owned_stage_gives_gptqmodels_hessians_counts_and_exclusions(host, d
                                  "rows": 2 * BATCHES * SEQ * TOP_K, "chunks": 2}
 
 
-def test_the_stage_is_gptqmodels_unless_asked_for(host, defuser, monkeypatch):  # noqa: F811
-    """install() without expert_stage=True leaves every subset to GPTQModel's stage, counted."""
+def test_the_stage_is_the_default_and_expert_stage_false_leaves_gptqmodels(host, defuser, monkeypatch):  # noqa: F811
+    """install() runs the stage unless told expert_stage=False, which leaves every subset to
+    GPTQModel's stage, counted."""
     adapter.install(ctx=host, strict=True)
+    run_layer(defused(fused_layer(), defuser), monkeypatch)
+    assert adapter.counters()["seams"]["expert_stage"]["qlink"] == 2
+    adapter.install(ctx=host, strict=True, expert_stage=False)
     run_layer(defused(fused_layer(), defuser), monkeypatch)
     counts = adapter.counters()
     assert counts["seams"]["expert_stage"]["qlink"] == 0
@@ -506,3 +510,17 @@ def test_the_grouped_pass_is_the_loops_rows_and_sums(defuser, record, monkeypatc
             torch.testing.assert_close(mine, theirs, rtol=1e-12, atol=1e-12)
         for e in range(EXPERTS - 1):
             torch.testing.assert_close(routed.rows(e), results["loop"][1].rows(e), rtol=1e-12, atol=1e-12)
+
+
+def test_routed_rows_that_would_not_fit_leave_the_subset_to_gptqmodel(host, defuser, monkeypatch):  # noqa: F811
+    """The pass keeps every batch's routed rows (tokens x top-k x width): where that would
+    take more than half of the device's free memory, GPTQModel's stage runs, the reason named."""
+    free = {"bytes": None}
+    monkeypatch.setattr(expert_stage, "_free_memory", lambda device: free["bytes"])
+    adapter.install(ctx=host, strict=True, expert_stage=True)
+    rows = BATCHES * SEQ * TOP_K
+    free["bytes"] = 2 * rows * HIDDEN * 4 - 1  # fp32 gate/up rows: one byte more than half of it
+    run_layer(defused(fused_layer(), defuser), monkeypatch)
+    said = adapter.counters()["seams"]["expert_stage"]
+    assert said["qlink"] == 1 and list(said["reasons"]) == [  # down's narrower rows fit
+        "the routed rows (0.0 GiB) would take more than 50 % of cpu's free 0.0 GiB"]

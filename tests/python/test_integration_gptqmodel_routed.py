@@ -163,7 +163,7 @@ def test_a_failing_sort_runs_defusers_loop(defuser, host, monkeypatch):  # noqa:
 
 
 def test_with_expert_stage_an_unwatched_forward_takes_the_grouped_gemms(defuser, host, monkeypatch):  # noqa: F811
-    """expert_stage=True: a forward no hook watches runs the experts as grouped GEMMs (here
+    """expert_stage (the default): a forward no hook watches runs the experts as grouped GEMMs (here
     torch._grouped_mm stood in for by a per-group loop, float64): the loop's output, counted;
     a hooked expert keeps the loop, bit for bit, the reason counted."""
     from qlink.integrations import grouped_experts
@@ -173,7 +173,7 @@ def test_with_expert_stage_an_unwatched_forward_takes_the_grouped_gemms(defuser,
     module = experts(defuser).double()
     hidden, chosen, weights = routing(3 * SEQ, seed=1)
     hidden, weights = hidden.double(), weights.double()
-    adapter.install(ctx=host, strict=True)
+    adapter.install(ctx=host, strict=True, expert_stage=False)
     looped = module(hidden, chosen, weights)
     adapter.install(ctx=host, strict=True, expert_stage=True)
     torch.testing.assert_close(module(hidden, chosen, weights), looped, rtol=1e-12, atol=1e-12)

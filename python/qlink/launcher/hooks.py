@@ -102,14 +102,12 @@ class Run:
         try:
             if name == "gptqmodel":
                 from ..integrations import gptqmodel
-                gptqmodel.install(ctx=self._context(), strict=self.settings.strict,
-                                  expert_stage=self.settings.gptqmodel.get("expert_stage", False))
+                gptqmodel.install(ctx=self._context(), strict=self.settings.strict, **self.settings.gptqmodel)
             else:
                 from ..integrations import autoround
                 options = self.settings.autoround
                 autoround.install(options.get("parallel_quantization", "auto"), ctx=self._context(),
-                                  transport=options.get("transport", "fp32"),
-                                  grouped_moe=options.get("grouped_moe", False))
+                                  **{k: v for k, v in options.items() if k != "parallel_quantization"})
         except Exception as error:  # noqa: BLE001 (reported; under strict the import fails with it)
             state.update(state="failed", error="%s: %s" % (type(error).__name__, error))
             if self.settings.strict:

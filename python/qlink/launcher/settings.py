@@ -8,7 +8,7 @@ checked before the script starts; a refusal names the field and where it came fr
     [qlink]                                     # the context's config (README: Config)
     backend = "cuda"
     [gptqmodel]                                 # qlink.integrations.gptqmodel.install's options
-    expert_stage = false                        # MoE expert subsets through qlink's owned stage
+    expert_stage = true                         # MoE expert subsets through qlink's owned stage
     [autoround]                                 # qlink.integrations.autoround.install's options
     parallel_quantization = "auto"
     transport = "fp32"

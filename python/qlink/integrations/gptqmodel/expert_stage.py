@@ -95,6 +95,40 @@ def stage_refusal(installation, looper, plan, processor, layer_inputs):
     return None
 
 
+KEPT_SHARE = 0.5  # of the GPU's free memory a pass's kept rows may take
+
+
+def _free_memory(device):
+    """The free bytes of `device` where it is a GPU, else None (CPU memory: no bound)."""
+    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+
+
+def _top_k(block):
+    """The experts each token is routed to, as the block or its router says, or None."""
+    for owner in (block, getattr(block, "gate", None), getattr(block, "router", None), getattr(block, "config", None)):
+        for name in ("top_k", "num_experts_per_tok"):
+            value = getattr(owner, name, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+def rows_refusal(block, weights, record, layer_inputs):
+    """Why the pass's kept rows (every batch's routed rows: tokens x top-k x width) would not
+    fit beside the layer, or None (CPU memory, or a top-k the block does not say)."""
+    first, top_k = layer_inputs[0][0], _top_k(block)
+    free = _free_memory(first.device)
+    if free is None or top_k is None:
+        return None
+    tokens = sum(inputs[0].numel() // inputs[0].shape[-1] for inputs in layer_inputs)
+    width = first.shape[-1] if record == "inputs" else weights.inter
+    kept = tokens * top_k * width * first.element_size()
+    if kept > KEPT_SHARE * free:
+        return "the routed rows (%.1f GiB) would take more than %d %% of %s's free %.1f GiB" % (
+            kept / 2 ** 30, 100 * KEPT_SHARE, first.device, free / 2 ** 30)
+    return None
+
+
 def budget(installation, layer_inputs):
     """Bytes a Hessian chunk may take: install(expert_budget=...), else half the free memory
     of the GPU the batches are on, else (CPU memory) no bound."""
@@ -153,6 +187,9 @@ def make_run_subset_stage(installation, original):
         if reason is None:
             experts = module.get_submodule(found[0])
             reason = layout_refusal(experts)
+        if reason is None:
+            block = module.get_submodule(found[0].rpartition(".")[0])
+            reason = rows_refusal(block, ExpertWeights(experts), found[1], layer_inputs)
         if reason:
             counters.host(PATCH, reason)
             return original(looper, **args)

@@ -38,7 +38,7 @@ class _Host:
 
 class GPTQModelInstallation(Installation):
     def __init__(self, ctx, strict, seams, host_spec, read_ahead="pinned", switch_interval=None,
-                 fixed_segments=True, hessian_precision="tensor", expert_stage=False, expert_budget=None):
+                 fixed_segments=True, hessian_precision="tensor", expert_stage=True, expert_budget=None):
         if read_ahead not in READ_AHEAD:
             raise ValueError("read_ahead must be one of %s, got %r" % (READ_AHEAD, read_ahead))
         if hessian_precision not in HESSIAN_PRECISIONS:
