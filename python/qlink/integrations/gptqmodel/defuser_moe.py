@@ -15,10 +15,10 @@ and while the expert runs, sample_blocks() tells add_batch how many rows each sa
 so each sample's rows are still a rank-k update of its own, as GPTQModel adds them one
 sample per forward.
 
-With install(expert_stage=True), a forward that nothing watches (no hook on an expert or its
-linears: GPTQModel's replay of the layer) runs the experts as two grouped GEMMs instead
-(grouped_experts, on GPUs that have them): the output within bf16 rounding of the loop's,
-deterministic."""
+With the expert stage on (install()'s default), a forward that nothing watches (no hook on
+an expert or its linears: GPTQModel's replay of the layer) runs the experts as two grouped
+GEMMs instead (grouped_experts, on GPUs that have them): the output within bf16 rounding of
+the loop's, deterministic."""
 import threading
 
 import torch

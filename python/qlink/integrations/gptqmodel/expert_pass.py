@@ -10,8 +10,8 @@ Invariant: an expert's rows are the eager loop's (defuser's run_routed_experts),
 block's output added in its order (grouped_experts.combine). On a GPU with PyTorch's grouped
 GEMM (bf16, sm90+) every expert's linears run as one grouped product each: the output equals
 the host's loop's within bf16 rounding. Elsewhere each expert's linears run in turn, the
-loop's arithmetic: equal bit for bit. rows(e) concatenates expert e's rows of every forward, in forward order, for one
-Hessian product per expert."""
+loop's arithmetic: equal bit for bit. rows(e) concatenates expert e's rows of every
+forward, in forward order, for one Hessian product per expert."""
 import contextlib
 import threading
 

@@ -17,8 +17,9 @@ chunk's solves.
 What the stage does not cover goes to GPTQModel's stage for the whole subset, with the
 reason counted (by design) or, where qlink's pass fails, as a fallback (FallbackRefused
 under strict); a chunk after the first that fails leaves the rest to GPTQModel's own
-forwards (its chunked MoE path). The layer's replay after the subsets is GPTQModel's own.
-Off unless install(expert_stage=True) (docs/MOE.md has its measurements)."""
+forwards (its chunked MoE path); a subset whose kept rows would take more than half the
+GPU's free memory is GPTQModel's from the start. The layer's replay after the subsets is
+GPTQModel's own. On unless install(expert_stage=False) (docs/MOE.md has its measurements)."""
 import dataclasses
 import re
 import threading
