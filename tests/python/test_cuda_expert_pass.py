@@ -16,7 +16,7 @@ from qlink.integrations.gptqmodel.expert_layout import ExpertWeights
 from stand_in_hosts import stand_in
 
 from test_defuser_standin import Config, Experts, defuser  # noqa: F401 (the fixture)
-from test_integration_gptqmodel_experts import Block, Layer
+from test_integration_gptqmodel_experts import Block, Layer, Recorded
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9 or not grouped_experts.GROUPED_MM,
@@ -38,18 +38,19 @@ def _layer():
 
 def _run(layer, record, grouped, monkeypatch):
     monkeypatch.setattr(grouped_experts, "GROUPED_MM", grouped)
-    routed = expert_pass.ExpertPass(ExpertWeights(layer.mlp.experts), record)
+    sink = Recorded()
+    routed = expert_pass.ExpertPass(ExpertWeights(layer.mlp.experts), record, sink)
     x = torch.randn(1, TOKENS, HIDDEN, generator=torch.Generator(device="cuda").manual_seed(1), device="cuda")
     with torch.no_grad(), routed.installed_on(layer.mlp.experts):
         out = layer.mlp(x.to(torch.bfloat16))
-    return out, routed
+    return out, routed, sink
 
 
 @pytest.mark.parametrize("record", ["inputs", "intermediates"])
 def test_grouped_pass_equals_the_loop_within_bf16_rounding(record, monkeypatch):
     layer = _layer()
-    looped_out, looped = _run(layer, record, False, monkeypatch)
-    grouped_out, grouped = _run(layer, record, True, monkeypatch)
+    looped_out, looped, looped_rows = _run(layer, record, False, monkeypatch)
+    grouped_out, grouped, grouped_rows = _run(layer, record, True, monkeypatch)
     assert grouped.grouped is not None and looped.grouped is None
     assert grouped.totals() == looped.totals()
     rows, _ = grouped.totals()
@@ -57,9 +58,9 @@ def test_grouped_pass_equals_the_loop_within_bf16_rounding(record, monkeypatch):
     torch.testing.assert_close(grouped_out, looped_out, rtol=1.6e-2, atol=1e-3)
     for e in range(EXPERTS - 1):
         if record == "inputs":
-            assert torch.equal(grouped.rows(e), looped.rows(e)), e
+            assert torch.equal(grouped_rows.rows(e), looped_rows.rows(e)), e
         else:
-            torch.testing.assert_close(grouped.rows(e), looped.rows(e), rtol=1.6e-2, atol=1e-3, msg=str(e))
+            torch.testing.assert_close(grouped_rows.rows(e), looped_rows.rows(e), rtol=1.6e-2, atol=1e-3, msg=str(e))
 
 
 def test_grouped_split_experts_equal_fused(defuser, monkeypatch):  # noqa: F811
@@ -68,8 +69,8 @@ def test_grouped_split_experts_equal_fused(defuser, monkeypatch):  # noqa: F811
     split = Layer(Block(defuser.DefusedExperts([
         defuser.DefusedExpert(experts.gate_up_proj[e, :INTER], experts.gate_up_proj[e, INTER:], experts.down_proj[e],
                               experts.act_fn) for e in range(EXPERTS)]), fused.mlp.router))
-    fused_out, _ = _run(fused, "intermediates", True, monkeypatch)
-    split_out, routed = _run(split, "intermediates", True, monkeypatch)
+    fused_out, _, _ = _run(fused, "intermediates", True, monkeypatch)
+    split_out, routed, _ = _run(split, "intermediates", True, monkeypatch)
     assert routed.grouped is not None
     assert torch.equal(fused_out, split_out)
 

@@ -39,7 +39,7 @@ class Block(nn.Module):
 
     def __init__(self, experts, router):
         super().__init__()
-        self.experts, self.router, self.top_k = experts, router, TOP_K
+        self.experts, self.router = experts, router
 
     def forward(self, hidden_states):
         flat = hidden_states.reshape(-1, hidden_states.shape[-1])
@@ -221,15 +221,35 @@ def test_the_owned_stage_solves_what_gptqmodels_forwards_would(host, defuser, mo
     assert min(codes) >= 0.99, codes
 
 
+class Recorded:
+    """A pass's sink that keeps what the pass does not: each forward's rows and counts."""
+
+    def __init__(self):
+        self.forwards = []
+
+    def __call__(self, rows, counts):
+        self.forwards.append((rows.clone(), list(counts)))
+
+    def rows(self, expert):
+        """Expert's rows of every forward, in forward order (None: it had none)."""
+        parts = []
+        for rows, counts in self.forwards:
+            start = sum(counts[:expert])
+            if counts[expert]:
+                parts.append(rows[start:start + counts[expert]])
+        return torch.cat(parts) if parts else None
+
+
 def test_the_pass_gives_defusers_output_bit_for_bit_and_fused_gives_defused(defuser):  # noqa: F811
     fused = fused_layer()
     split = defused(fused, defuser)
     x = batches()[0]
     with torch.no_grad():
         eager = split.mlp(x)
-        passes = {}
+        passes, sinks = {}, {}
         for name, layer in (("fused", fused), ("split", split)):
-            routed = passes[name] = ExpertPass(ExpertWeights(layer.mlp.experts), "inputs")
+            sinks[name] = Recorded()
+            routed = passes[name] = ExpertPass(ExpertWeights(layer.mlp.experts), "inputs", sinks[name])
             with routed.installed_on(layer.mlp.experts):
                 out = layer.mlp(x)
             assert torch.equal(out, eager), name
@@ -238,47 +258,52 @@ def test_the_pass_gives_defusers_output_bit_for_bit_and_fused_gives_defused(defu
     rows, _ = passes["fused"].totals()
     assert rows[-1] == 0 and sum(rows) == SEQ * TOP_K
     for e in range(EXPERTS - 1):
-        assert torch.equal(passes["fused"].rows(e), passes["split"].rows(e)), e
-    assert passes["fused"].rows(EXPERTS - 1) is None
+        assert torch.equal(sinks["fused"].rows(e), sinks["split"].rows(e)), e
+    assert sinks["fused"].rows(EXPERTS - 1) is None
     assert not any(isinstance(m, nn.Linear) for m in fused.mlp.experts.modules())
 
 
-def _pass(layer, record, count=BATCHES):
-    routed = ExpertPass(ExpertWeights(layer.mlp.experts), record)
-    with torch.no_grad(), routed.installed_on(layer.mlp.experts):
-        for x in batches()[:count]:
-            layer.mlp(x)
-    return routed
+def _forwards(layer, record, count=BATCHES):
+    """forwards(sink) for expert_hessians: the layer's block over the first `count` batches."""
+    def forwards(sink):
+        routed = ExpertPass(ExpertWeights(layer.mlp.experts), record, sink)
+        with torch.no_grad(), routed.installed_on(layer.mlp.experts):
+            for x in batches()[:count]:
+                layer.mlp(x)
+        return routed.totals()
+    return forwards
 
 
 @pytest.mark.parametrize("record", ["inputs", "intermediates"])
 def test_fused_hessians_equal_defused_and_chunked_equal_one_chunk(host, defuser, record):  # noqa: F811
+    """Each expert's Hessian is the sum of its rows' products forward by forward: fused equals
+    defused, chunks (each its own run of the forwards, placed over two devices) equal one."""
     fused = fused_layer()
-    accumulator = HessianAccumulator(host)
-    whole, _ = expert_hessians.hessians(accumulator, _pass(fused, record))
-    split, _ = expert_hessians.hessians(accumulator, _pass(defused(fused, defuser), record))
     columns = HIDDEN if record == "inputs" else INTER
-    rows, _ = _pass(fused, record).totals()
-    budget = 2 * (4 * columns ** 2 + 4 * columns * max(rows))  # two experts a chunk at most
-    assert len(expert_hessians.expert_chunks(rows, columns, budget)) >= 4
-    chunked, count = expert_hessians.hessians(HessianAccumulator(host), _pass(fused, record), budget=budget,
-                                              devices=[0, 1])
-    assert count == len(expert_hessians.expert_chunks(rows, columns, budget))
+    accumulator = HessianAccumulator(host)
+    whole, _ = expert_hessians.hessians(accumulator, _forwards(fused, record), EXPERTS, columns)
+    split, _ = expert_hessians.hessians(accumulator, _forwards(defused(fused, defuser), record), EXPERTS, columns)
+    budget = 2 * 2 * 4 * columns ** 2  # two experts a chunk
+    chunked, count = expert_hessians.hessians(HessianAccumulator(host), _forwards(fused, record), EXPERTS, columns,
+                                              budget=budget, devices=[0, 1])
+    assert count == EXPERTS // 2
     assert sorted(whole) == sorted(split) == sorted(chunked) == list(range(EXPERTS - 1))
+    recorded = Recorded()
+    _forwards(fused, record)(recorded)
     for e, h in whole.items():
-        x = _pass(fused, record).rows(e).double()
+        expected = sum(rows[sum(counts[:e]):sum(counts[:e + 1])].double().t() @
+                       rows[sum(counts[:e]):sum(counts[:e + 1])].double() for rows, counts in recorded.forwards)
         assert torch.equal(split[e], h) and torch.equal(chunked[e], h), e
-        torch.testing.assert_close(h.double(), x.t() @ x, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(h.double(), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_chunks_fit_the_budget_and_go_round_the_devices():
-    rows = [5, 0, 3, 7, 1]
-    assert expert_hessians.expert_chunks(rows, 4, None) == [[0, 2, 3, 4]]
-    # an expert takes 4 * 4^2 bytes of Hessian and 4 * 4 bytes a row: 144, 112, 176, 80
-    assert expert_hessians.expert_chunks(rows, 4, 256) == [[0, 2], [3, 4]]
-    assert expert_hessians.expert_chunks(rows, 4, 176) == [[0], [2], [3], [4]]
-    with pytest.raises(ValueError, match=r"memory_budget 10 bytes does not hold expert 0's Hessian and rows \(144"):
-        expert_hessians.expert_chunks(rows, 4, 10)
+def test_chunks_fit_the_budget_twice_over_and_go_round_the_devices():
+    assert expert_hessians.expert_chunks(5, 4, None) == [[0, 1, 2, 3, 4]]
+    # an expert's Hessian takes 4 * 4^2 = 64 bytes, twice over as it is made: 128
+    assert expert_hessians.expert_chunks(5, 4, 256) == [[0, 1], [2, 3], [4]]
+    assert expert_hessians.expert_chunks(5, 4, 200) == [[0], [1], [2], [3], [4]]
+    with pytest.raises(ValueError, match=r"expert_budget 100 bytes does not hold one expert's Hessian twice over"):
+        expert_hessians.expert_chunks(5, 4, 100)
     chunks = [[0], [1], [2], [3], [4]]
     assert expert_hessians.placement(chunks, ["a", "b", "c"]) == [
         ("a", [0]), ("b", [1]), ("c", [2]), ("a", [3]), ("b", [4])]
@@ -333,9 +358,9 @@ def test_what_the_stage_does_not_cover_runs_gptqmodels_stage_named(host, defuser
 def test_a_failing_pass_falls_back_for_the_whole_block(host, defuser, monkeypatch):  # noqa: F811
     from gptqmodel.looper import gptq_processor, stage_layer
 
-    def broken(*args, **kwargs):
+    def broken(rows, counts):
         raise RuntimeError("injected")
-    monkeypatch.setattr(expert_stage, "chunk_hessians", broken)
+    monkeypatch.setattr(expert_stage, "ChunkHessians", lambda *args: broken)
     for strict in (False, True):
         adapter.install(ctx=host, strict=strict, expert_stage=True)
         layer = defused(fused_layer(), defuser)
@@ -391,30 +416,6 @@ def test_only_modules_not_on_the_layers_device_are_filled_again():
     assert filled == [("shell", torch.device("cpu"))]
 
 
-def test_the_passes_rows_are_let_go_before_gptqmodels_solves(host, defuser, monkeypatch):  # noqa: F811
-    """The kept rows (a layer's routed inputs of every batch: GBs on a GPU) are not held
-    while GPTQModel's stage solves the subset."""
-    import gc
-    import weakref
-    passes, alive_at_commit = [], []
-    made = expert_hessians.chunk_hessians
-
-    def hessians(accumulator, routed, *args, **kwargs):
-        passes.append(weakref.ref(routed))
-        return made(accumulator, routed, *args, **kwargs)
-
-    def count_batch(*args, **kwargs):
-        gc.collect()
-        alive_at_commit.append(passes[-1]() is not None)
-        return counted(*args, **kwargs)
-    counted = expert_stage.count_batch
-    monkeypatch.setattr(expert_stage, "chunk_hessians", hessians)
-    monkeypatch.setattr(expert_stage, "count_batch", count_batch)
-    adapter.install(ctx=host, strict=True, expert_stage=True)
-    run_layer(defused(fused_layer(), defuser), monkeypatch)
-    assert len(passes) == 2 and alive_at_commit and not any(alive_at_commit)
-
-
 def test_chunks_are_solved_before_the_next_chunks_hessians_as_one_chunk(host, defuser, monkeypatch):  # noqa: F811
     """With a budget that splits the experts into chunks, each chunk's tasks are solved
     (GPTQModel's stage over the chunk's modules) before the next chunk's Hessians are made;
@@ -423,12 +424,12 @@ def test_chunks_are_solved_before_the_next_chunks_hessians_as_one_chunk(host, de
     layer = defused(fused_layer(), defuser)
     adapter.install(ctx=host, strict=True, expert_stage=True)
     whole, whole_results, whole_dynamic = run_layer(copy.deepcopy(layer), monkeypatch)
-    events, made, process = [], expert_stage.chunk_hessians, gptq_processor.GPTQProcessor.process
+    events, made, process = [], expert_stage.ChunkHessians, gptq_processor.GPTQProcessor.process
 
-    def hessians(accumulator, routed, chunk, *args):
+    def hessians(accumulator, chunk, *args):
         events.append(("hessians", list(chunk)))
-        return made(accumulator, routed, chunk)
-    monkeypatch.setattr(expert_stage, "chunk_hessians", hessians)
+        return made(accumulator, chunk, *args)
+    monkeypatch.setattr(expert_stage, "ChunkHessians", hessians)
     monkeypatch.setattr(gptq_processor.GPTQProcessor, "process",
                         lambda self, module: events.append(("solve", module.name)) or process(self, module))
     adapter.install(ctx=host, strict=True, expert_stage=True, expert_budget=13000)
@@ -436,7 +437,7 @@ def test_chunks_are_solved_before_the_next_chunks_hessians_as_one_chunk(host, de
     made_at = [i for i, (kind, _) in enumerate(events) if kind == "hessians"]
     assert len(made_at) >= 5 and adapter.counters()["experts"]["chunks"] == len(made_at)
     for at, following in zip(made_at, made_at[1:] + [len(events)]):  # a chunk's solves, then the next chunk
-        experts = {"%d" % e for e in events[at][1]}
+        experts = {"%d" % e for e in events[at][1] if e != EXPERTS - 1}  # the last: no token, pruned
         solved = {name.split(".")[-2] for kind, name in events[at + 1:following]}
         assert experts <= solved, (events[at], events[at + 1:following])
     assert chunked_dynamic == whole_dynamic and sorted(chunked) == sorted(whole)
@@ -447,14 +448,16 @@ def test_chunks_are_solved_before_the_next_chunks_hessians_as_one_chunk(host, de
 
 
 def test_a_later_chunk_that_fails_leaves_the_rest_to_gptqmodels_forwards(host, defuser, monkeypatch):  # noqa: F811
-    made, calls = expert_stage.chunk_hessians, []
+    made, calls = expert_stage.ChunkHessians, []
 
-    def failing_third(accumulator, routed, chunk, *args):
+    def failing_third(accumulator, chunk, *args):
         calls.append(chunk)
         if len(calls) == 3:
-            raise RuntimeError("injected")
-        return made(accumulator, routed, chunk)
-    monkeypatch.setattr(expert_stage, "chunk_hessians", failing_third)
+            def broken(rows, counts):
+                raise RuntimeError("injected")
+            return broken
+        return made(accumulator, chunk, *args)
+    monkeypatch.setattr(expert_stage, "ChunkHessians", failing_third)
     layer = defused(fused_layer(), defuser)
     adapter.install(ctx=host, strict=True, expert_stage=True, expert_budget=13000)
     with pytest.raises(FallbackRefused, match="expert_stage.*RuntimeError: injected"):
@@ -498,29 +501,16 @@ def test_the_grouped_pass_is_the_loops_rows_and_sums(defuser, record, monkeypatc
     for name, layer, grouped in (("loop", fused, False), ("fused", fused, True),
                                  ("split", defused(fused, defuser), True)):
         monkeypatch.setattr(grouped_experts, "fits", lambda x, grouped=grouped: grouped)
-        routed = ExpertPass(ExpertWeights(layer.mlp.experts), record)
+        sink = Recorded()
+        routed = ExpertPass(ExpertWeights(layer.mlp.experts), record, sink)
         with torch.no_grad(), routed.installed_on(layer.mlp.experts):
             outs = [layer.mlp(x.double()) for x in batches()]
         assert (routed.grouped is not None) == grouped, name
-        results[name] = (outs, routed)
+        results[name] = (outs, routed, sink)
     for name in ("fused", "split"):
-        outs, routed = results[name]
+        outs, routed, sink = results[name]
         assert routed.totals() == results["loop"][1].totals()
         for mine, theirs in zip(outs, results["loop"][0]):
             torch.testing.assert_close(mine, theirs, rtol=1e-12, atol=1e-12)
         for e in range(EXPERTS - 1):
-            torch.testing.assert_close(routed.rows(e), results["loop"][1].rows(e), rtol=1e-12, atol=1e-12)
-
-
-def test_routed_rows_that_would_not_fit_leave_the_subset_to_gptqmodel(host, defuser, monkeypatch):  # noqa: F811
-    """The pass keeps every batch's routed rows (tokens x top-k x width): where that would
-    take more than half of the device's free memory, GPTQModel's stage runs, the reason named."""
-    free = {"bytes": None}
-    monkeypatch.setattr(expert_stage, "_free_memory", lambda device: free["bytes"])
-    adapter.install(ctx=host, strict=True, expert_stage=True)
-    rows = BATCHES * SEQ * TOP_K
-    free["bytes"] = 2 * rows * HIDDEN * 4 - 1  # fp32 gate/up rows: one byte more than half of it
-    run_layer(defused(fused_layer(), defuser), monkeypatch)
-    said = adapter.counters()["seams"]["expert_stage"]
-    assert said["qlink"] == 1 and list(said["reasons"]) == [  # down's narrower rows fit
-        "the routed rows (0.0 GiB) would take more than 50 % of cpu's free 0.0 GiB"]
+            torch.testing.assert_close(sink.rows(e), results["loop"][2].rows(e), rtol=1e-12, atol=1e-12)

@@ -1,30 +1,26 @@
-"""An MoE block's expert Hessians from the expert stage's routed rows (expert_pass): the
-experts with rows in consecutive chunks whose fp32 Hessians and row copies fit a memory
-budget, a chunk's products in one native call on its device, chunks placed over the devices
-in turn (any count).
+"""An MoE block's expert Hessians, accumulated as the expert stage's routed forwards
+(expert_pass) go: each forward's rows of every expert of a chunk added to that expert's
+partial in one native call, nothing of the rows kept. The experts are taken in consecutive
+chunks whose Hessians fit a memory budget (twice over: an add makes the partial after beside
+the one before), the forwards run once a chunk, the chunks placed over the devices in turn
+(any count).
 
-Invariant: an expert's Hessian is one product over its rows of every forward, in forward
-order, whatever the chunking or placement: chunked equals unchunked, bit for bit."""
+Invariant: an expert's Hessian is the sum of its rows' products forward by forward, in
+forward order, whatever the chunking or placement: chunked equals unchunked, bit for bit."""
 import torch
 
 
-def expert_chunks(rows, columns, budget, itemsize=4):
-    """The experts with rows, in consecutive chunks whose fp32 Hessians (columns^2 each) and
-    rows (their copies, itemsize bytes an element) fit `budget` bytes (None: one chunk)."""
-    chunks, chunk, used = [], [], 0
-    for expert, n in enumerate(rows):
-        if n == 0:
-            continue
-        need = 4 * columns * columns + itemsize * n * columns
-        if budget is not None and need > budget:
-            raise ValueError("memory_budget %d bytes does not hold expert %d's Hessian and rows (%d bytes)"
-                             % (budget, expert, need))
-        if chunk and budget is not None and used + need > budget:
-            chunks.append(chunk)
-            chunk, used = [], 0
-        chunk.append(expert)
-        used += need
-    return chunks + ([chunk] if chunk else [])
+def expert_chunks(experts, columns, budget):
+    """Consecutive chunks of range(experts) whose fp32 Hessians (columns^2 each), twice over,
+    fit `budget` bytes (None: one chunk)."""
+    need = 2 * 4 * columns * columns
+    if budget is None:
+        return [list(range(experts))]
+    if need > budget:
+        raise ValueError("expert_budget %d bytes does not hold one expert's Hessian twice over (%d bytes)"
+                         % (budget, need))
+    per = budget // need
+    return [list(range(start, min(start + per, experts))) for start in range(0, experts, per)]
 
 
 def placement(chunks, devices):
@@ -34,28 +30,39 @@ def placement(chunks, devices):
     return [(devices[i % len(devices)], chunk) for i, chunk in enumerate(chunks)]
 
 
-def chunk_hessians(accumulator, routed, chunk, device=None):
-    """{expert: fp32 X^T X of its rows over every forward} for a chunk of an ExpertPass's
-    experts (each with rows), in one native call on qlink device `device` (None: the rows'
-    own; a CUDA chunk's rows move to its GPU)."""
-    items = []
-    for expert in chunk:
-        x = routed.rows(expert)
-        if device is not None and x.device.type == "cuda":
-            x = x.to(torch.device("cuda", device))
-        items.append((x.contiguous(), None))
-    return dict(zip(chunk, accumulator.add_many(items, device=device)))
+class ChunkHessians:
+    """An ExpertPass's sink: each forward's rows of the chunk's experts added to their partials
+    in one native call on qlink device `device` (None: the rows' own; a CUDA chunk's rows
+    move to its GPU). partials: {expert: fp32 X^T X so far}, experts without rows absent."""
+
+    def __init__(self, accumulator, chunk, device=None):
+        self.accumulator, self.chunk, self.device = accumulator, chunk, device
+        self.partials = {}
+
+    def __call__(self, rows, counts):
+        starts, at = {}, 0
+        for expert, n in enumerate(counts):
+            starts[expert], at = at, at + n
+        items, experts = [], []
+        for expert in self.chunk:
+            if counts[expert]:
+                x = rows[starts[expert]:starts[expert] + counts[expert]]
+                if self.device is not None and x.device.type == "cuda":
+                    x = x.to(torch.device("cuda", self.device))
+                items.append((x, self.partials.get(expert)))
+                experts.append(expert)
+        if items:
+            self.partials.update(zip(experts, self.accumulator.add_many(items, device=self.device)))
 
 
-def hessians(accumulator, routed, budget=None, devices=None):
-    """({expert: its Hessian}, the count of chunks) of an ExpertPass, every chunk's (see
-    chunk_hessians), chunks placed over `devices` (qlink device ids; None: the rows' own)."""
-    rows, _ = routed.totals()
-    sample = next((k for k in routed.kept if k.numel()), None)
-    if sample is None:
-        return {}, 0
+def hessians(accumulator, forwards, experts, columns, budget=None, devices=None):
+    """({expert: its Hessian}, the count of chunks) of a block's `experts` experts whose rows
+    are `columns` wide: forwards(sink) runs the routed forwards once with that sink, once a
+    chunk; chunks placed over `devices` (qlink device ids; None: the rows' own)."""
     out = {}
-    chunks = expert_chunks(rows, sample.shape[-1], budget, sample.element_size())
+    chunks = expert_chunks(experts, columns, budget)
     for device, chunk in placement(chunks, devices or [None]):
-        out.update(chunk_hessians(accumulator, routed, chunk, device))
+        sink = ChunkHessians(accumulator, chunk, device)
+        forwards(sink)
+        out.update(sink.partials)
     return out, len(chunks)

@@ -2,16 +2,16 @@
 qlink's expert stage: while installed on the block's experts module, each forward sorts
 the router's choices by expert once (defuser_moe's plan: one host read a forward), runs
 every expert's linears on its contiguous slice of the sorted rows straight from the
-weights (a grouped GEMM: no module call, hook or host read per expert) and keeps, per
-forward, the rows the stage's Hessians need: the gathered inputs (gate/up) or the
-experts' intermediates (down).
+weights (a grouped GEMM: no module call, hook or host read per expert) and hands the rows
+the stage's Hessians need, the gathered inputs (gate/up) or the experts' intermediates
+(down), sorted by expert with each expert's count, to its sink (expert_hessians
+accumulates them); nothing of them is kept.
 
 Invariant: an expert's rows are the eager loop's (defuser's run_routed_experts), the
 block's output added in its order (grouped_experts.combine). On a GPU with PyTorch's grouped
 GEMM (bf16, sm90+) every expert's linears run as one grouped product each: the output equals
 the host's loop's within bf16 rounding. Elsewhere each expert's linears run in turn, the
-loop's arithmetic: equal bit for bit. rows(e) concatenates expert e's rows of every
-forward, in forward order, for one Hessian product per expert."""
+loop's arithmetic: equal bit for bit."""
 import contextlib
 import threading
 
@@ -26,18 +26,16 @@ RECORDS = ("inputs", "intermediates")
 
 class ExpertPass:
     """One block's routed forwards (see the module's docstring). record: "inputs" (the rows
-    gate and up read) or "intermediates" (the rows down reads). Thread-safe: forwards on
-    several threads append under one lock."""
+    gate and up read) or "intermediates" (the rows down reads); sink(rows, counts) takes each
+    forward's recorded rows, sorted by expert, counts[e] of them expert e's. Thread-safe:
+    forwards on several threads reach the sink and the counts under one lock."""
 
-    def __init__(self, weights, record):
+    def __init__(self, weights, record, sink):
         if record not in RECORDS:
             raise ValueError("record must be one of %s, got %r" % (RECORDS, record))
-        self.weights, self.record = weights, record
+        self.weights, self.record, self.sink = weights, record, sink
         self.lock = threading.Lock()
-        self.kept = []       # per forward: the recorded rows, sorted by expert
         self.counts = []     # per forward: rows per expert
-        self.starts = []     # per forward: where each expert's rows start in its kept rows
-        self.forwards = 0
         self.grouped = None  # (gate_up, down) stacked, once a forward takes the grouped path
 
     @contextlib.contextmanager
@@ -58,12 +56,9 @@ class ExpertPass:
         act = self.weights.one_act() if grouped_experts.fits(x) else None
         out, inter = self._grouped(x, counts, act) if act is not None else self._looped(x, counts)
         final = grouped_experts.combine(out, order, top_k_index, top_k_weights, hidden_states)
-        kept = x if self.record == "inputs" else inter
         with self.lock:
-            self.kept.append(kept)
             self.counts.append(counts)
-            self.starts.append([sum(counts[:e]) for e in range(num)])
-            self.forwards += 1
+            self.sink(x if self.record == "inputs" else inter, counts)
         return final
 
     def _looped(self, x, counts):
@@ -86,17 +81,6 @@ class ExpertPass:
         if self.grouped is None:
             self.grouped = self.weights.stacked()
         return grouped_experts.linears(x, grouped_experts.offsets(counts, x.device), *self.grouped, act)
-
-    def rows(self, expert):
-        """Expert's rows of every forward, concatenated in forward order (0 rows: None)."""
-        with self.lock:
-            parts = []
-            for kept, counts, starts in zip(self.kept, self.counts, self.starts):
-                if counts[expert]:
-                    parts.append(kept[starts[expert]:starts[expert] + counts[expert]])
-        if not parts:
-            return None
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def totals(self):
         """(rows, forwards reached) per expert over every forward so far."""

@@ -1,24 +1,23 @@
 """An MoE block's routed-expert subsets (GPTQModel's run_subset_stage for a subset of
 `<block>.<i>.gate_proj`/`up_proj`, or of `<block>.<i>.down_proj`) owned by qlink as one
 unit: qlink runs the layer's forwards of every calibration batch itself with the block's
-experts as one grouped pass (expert_pass), then each expert's Hessian from its rows of all
-batches in one product (gate and up sharing one), in expert chunks that fit a memory budget
-(expert_hessians), a chunk's products in one native call. Each chunk lands in GPTQModel's
-tasks as its own add_batch leaves them (the partials and counts; contract.count_batch) and
-GPTQModel's stage then runs over the chunk's modules without its forward
-(execute_forward=False): its coverage policy (an expert no token reached is pruned, or left
-to its fallback) and its solves (qlink's engine through the task class) act on them, so
-experts with no or few rows are handled exactly as GPTQModel handles them (qlink counts
-them: "experts" in counters()). A chunk is solved before the next chunk's Hessians are
-made, so a layer whose Hessians do not all fit (DeepSeek-V3's 256 experts of width 7168:
-about 52 GB) holds one chunk's at a time; the pass's rows are let go before the last
-chunk's solves.
+experts as one grouped pass (expert_pass), each forward's rows added to their experts'
+Hessians as it goes (expert_hessians: gate and up share one; a chunk's experts in one native
+call a forward; no rows kept). Each chunk of experts whose Hessians fit a memory budget lands
+in GPTQModel's tasks as its own add_batch leaves them (the partials and counts;
+contract.count_batch) and GPTQModel's stage then runs over the chunk's modules without its
+forward (execute_forward=False): its coverage policy (an expert no token reached is pruned,
+or left to its fallback) and its solves (qlink's engine through the task class) act on them,
+so experts with no or few rows are handled exactly as GPTQModel handles them (qlink counts
+them: "experts" in counters()). A chunk is solved before the forwards run again for the next
+chunk's Hessians, so a layer whose Hessians do not all fit (DeepSeek-V3's 256 experts of
+width 7168: about 52 GB) holds one chunk's at a time.
 
 What the stage does not cover goes to GPTQModel's stage for the whole subset, with the
 reason counted (by design) or, where qlink's pass fails, as a fallback (FallbackRefused
 under strict); a chunk after the first that fails leaves the rest to GPTQModel's own
-forwards (its chunked MoE path); a subset whose kept rows would take more than half the
-GPU's free memory is GPTQModel's from the start. The layer's replay after the subsets is
+forwards (its chunked MoE path). Linears of the subset that are no routed expert (DeepSeek's
+shared expert) are fed by GPTQModel's own forward. The layer's replay after the subsets is
 GPTQModel's own. On unless install(expert_stage=False) (docs/MOE.md has its measurements)."""
 import dataclasses
 import re
@@ -28,7 +27,7 @@ import torch
 
 from ...streams import resolved_device
 from .contract import count_batch
-from .expert_hessians import chunk_hessians, expert_chunks
+from .expert_hessians import ChunkHessians, expert_chunks
 from .expert_layout import ExpertWeights, refusal as layout_refusal
 from .expert_pass import ExpertPass
 from .hessian_queue import unsupported
@@ -96,43 +95,9 @@ def stage_refusal(installation, looper, plan, processor, layer_inputs):
     return None
 
 
-KEPT_SHARE = 0.5  # of the GPU's free memory a pass's kept rows may take
-
-
-def _free_memory(device):
-    """The free bytes of `device` where it is a GPU, else None (CPU memory: no bound)."""
-    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
-
-
-def _top_k(block):
-    """The experts each token is routed to, as the block or its router says, or None."""
-    for owner in (block, getattr(block, "gate", None), getattr(block, "router", None), getattr(block, "config", None)):
-        for name in ("top_k", "num_experts_per_tok"):
-            value = getattr(owner, name, None)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-    return None
-
-
-def rows_refusal(block, weights, record, layer_inputs):
-    """Why the pass's kept rows (every batch's routed rows: tokens x top-k x width) would not
-    fit beside the layer, or None (CPU memory, or a top-k the block does not say)."""
-    first, top_k = layer_inputs[0][0], _top_k(block)
-    free = _free_memory(first.device)
-    if free is None or top_k is None:
-        return None
-    tokens = sum(inputs[0].numel() // inputs[0].shape[-1] for inputs in layer_inputs)
-    width = first.shape[-1] if record == "inputs" else weights.inter
-    kept = tokens * top_k * width * first.element_size()
-    if kept > KEPT_SHARE * free:
-        return "the routed rows (%.1f GiB) would take more than %d %% of %s's free %.1f GiB" % (
-            kept / 2 ** 30, 100 * KEPT_SHARE, first.device, free / 2 ** 30)
-    return None
-
-
 def budget(installation, layer_inputs):
-    """Bytes a Hessian chunk may take: install(expert_budget=...), else half the free memory
-    of the GPU the batches are on, else (CPU memory) no bound."""
+    """Bytes a chunk's Hessians may take (twice over, as they are made): install(expert_budget=...),
+    else half the free memory of the GPU the batches are on, else (CPU memory) no bound."""
     if installation.expert_budget is not None:
         return installation.expert_budget
     first = layer_inputs[0][0]
@@ -188,30 +153,31 @@ def make_run_subset_stage(installation, original):
         if reason is None:
             experts = module.get_submodule(found[0])
             reason = layout_refusal(experts)
-        if reason is None:
-            block = module.get_submodule(found[0].rpartition(".")[0])
-            reason = rows_refusal(block, ExpertWeights(experts), found[1], layer_inputs)
         if reason:
             counters.host(PATCH, reason)
             return original(looper, **args)
         path, record, by_expert, others = found
 
+        def forwards(sink):
+            """The routed forwards of every batch, the pass's rows to `sink`: (rows, reached)."""
+            routed = ExpertPass(ExpertWeights(experts), record, sink)
+            _forwards(module, routed, experts, layer_inputs, layer_input_kwargs, position_ids, attention_masks)
+            return routed.totals()
+
         def owned():
             _fill(looper, plan, rest["cur_layer_device"], skip=others)
-            routed = ExpertPass(ExpertWeights(experts), record)
-            _forwards(module, routed, experts, layer_inputs, layer_input_kwargs, position_ids, attention_masks)
-            rows, reached = routed.totals()
+            weights, first = ExpertWeights(experts), layer_inputs[0][0]
+            columns = first.shape[-1] if record == "inputs" else weights.inter
             # What add_batch would check of each expert's rows: their dtype, columns and device.
-            like = next((k for k in routed.kept if k.numel()), routed.kept[0])[:0]
+            like = torch.empty(0, columns, dtype=first.dtype, device=first.device)
             for name in (name for members in by_expert.values() for name in members):
                 why = unsupported(processor.tasks[name], like, installation.host, installation.ctx)
                 if why:
                     raise ValueError("%s: %s" % (name, why))
-            chunks = expert_chunks(rows, like.shape[-1], budget(installation, layer_inputs), like.element_size())
-            made = chunk_hessians(installation.accumulator, routed, chunks[0]) if chunks else {}
-            # The kept rows go with the pass before GPTQModel's solves, unless later chunks need
-            # them (then the commit holds the pass until the last chunk's Hessians are made).
-            return rows, reached, chunks, made, [routed] if len(chunks) > 1 else []
+            chunks = expert_chunks(weights.num_experts, columns, budget(installation, layer_inputs))
+            sink = ChunkHessians(installation.accumulator, chunks[0])
+            rows, reached = forwards(sink)
+            return rows, reached, chunks, sink.partials
 
         def land(made, rows, reached):
             for expert, hessian in made.items():
@@ -232,31 +198,31 @@ def make_run_subset_stage(installation, original):
             return [name for e in experts_in for name in by_expert[e]]
 
         def commit(result):
-            rows, reached, chunks, made, holder = result
-            routed = holder.pop() if holder else None
+            rows, reached, chunks, made = result
             tasks = [processor.tasks[by_expert[e][0]] for e in by_expert]
             few = sum(bool(rows[e]) and bool(installation.host.should_use_fallback(
                 task.fallback, float(rows[e]), task.expected_nsamples)) for e, task in zip(by_expert, tasks))
             installation.expert_counts.add(
                 blocks=1, experts=len(by_expert), empty=sum(1 for e in by_expert if not rows[e]), few=few,
                 rows=sum(rows[e] for e in by_expert), chunks=len(chunks))
-            # Experts no token reached go with the last chunk, to GPTQModel's coverage policy.
-            groups = [list(c) for c in chunks] or [[]]
-            groups[-1] += [e for e in by_expert if not rows[e]]
             processed, last = {}, None
-            for i, group in enumerate(groups):
-                if i:  # each chunk after the first solved before the next one's Hessians are made
+            for i, chunk in enumerate(chunks):
+                if i:  # the forwards again for this chunk, once the chunk before is solved
+                    sink = ChunkHessians(installation.accumulator, chunk)
                     try:
-                        made = chunk_hessians(installation.accumulator, routed, chunks[i])
+                        forwards(sink)
                     except Exception as error:  # noqa: BLE001 (earlier chunks solved: the rest is GPTQModel's)
                         guard.fallback(PATCH, error)
-                        last = solved(named(e for g in groups[i:] for e in g) + others, forward=True)
+                        last = solved(named(e for c in chunks[i:] for e in c if e in by_expert) + others,
+                                      forward=True)
                         processed.update(last.processed_subset)
                         return dataclasses.replace(last, processed_subset=processed, plan=plan)
-                    if i == len(chunks) - 1:
-                        routed = None
+                    made = sink.partials
+                names = named(e for e in chunk if e in by_expert)
+                if not names:
+                    continue
                 land(made, rows, reached)
-                last = solved(named(group))
+                last = solved(names)
                 processed.update(last.processed_subset)
             if others:  # fed by GPTQModel's forward, whose inputs the experts' solves leave as they were
                 last = solved(others, forward=True)
