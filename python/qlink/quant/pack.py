@@ -78,7 +78,14 @@ def _pack(weight, scales, zeros, g_idx, bits, device):
     g = torch.where(g < 0, g + groups, g)
     cols = g.clamp(0, groups - 1)  # in range to index; a group outside is refused below
     s_cols, sz_cols = s.index_select(0, cols).T, (z * s).index_select(0, cols).T
-    codes = torch.round((w + sz_cols) / s_cols).clamp_(0, maxq)
+    codes = torch.round((w + sz_cols) / s_cols).clamp_(0, maxq).nan_to_num_(0)
+    shifts = torch.arange(per_word, device=device, dtype=torch.int64) * bits
+    codes = codes.to(torch.int32).T.to(torch.int64)  # (in, out): a word's codes are adjacent rows
+    qweight = (codes.reshape(-1, per_word, out_features) << shifts.view(1, -1, 1)).sum(1) & _MASK32
+    zeros = torch.where(torch.isfinite(z), z, 0).to(torch.int64)
+    qzeros = (zeros.reshape(groups, -1, per_word) << shifts).sum(-1) & _MASK32
+    # The inputs' checks read once, after the words are made (one host read a pack): a
+    # refused pack's words are dropped, never returned.
     bad = torch.stack([
         ((g < 0) | (g >= groups)).any(),
         ~torch.isfinite(w).all(),
@@ -92,8 +99,4 @@ def _pack(weight, scales, zeros, g_idx, bits, device):
             "zeros: a value that is not an integer in [0, %d]" % maxq)):
         if flagged:
             raise ValueError(what)
-    shifts = torch.arange(per_word, device=device, dtype=torch.int64) * bits
-    codes = codes.to(torch.int32).T.to(torch.int64)  # (in, out): a word's codes are adjacent rows
-    qweight = (codes.reshape(-1, per_word, out_features) << shifts.view(1, -1, 1)).sum(1) & _MASK32
-    qzeros = (z.to(torch.int64).reshape(groups, -1, per_word) << shifts).sum(-1) & _MASK32
     return qweight.to(torch.int32), qzeros.to(torch.int32)
