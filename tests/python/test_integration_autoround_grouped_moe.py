@@ -55,7 +55,7 @@ def test_what_the_grouped_path_does_not_cover_is_named(block, monkeypatch):
     assert grouped_moe.refusal(x, moe.experts) == "expert 1's up_proj is not a plain Linear without bias (Wrapper)"
     moe.experts[1].up_proj = original
     handle = moe.experts[2].down_proj.register_forward_hook(lambda *args: None)
-    assert grouped_moe.refusal(x, moe.experts) == "expert 2 is hooked"
+    assert grouped_moe.refusal(x, moe.experts) == "expert 2.down_proj is hooked"
     handle.remove()
     moe.experts[3].act_fn = torch.nn.GELU()
     assert grouped_moe.refusal(x, moe.experts) == "the experts' activations differ"

@@ -21,6 +21,39 @@ def fits(x):
             and torch.cuda.get_device_capability(x.device)[0] >= 9)
 
 
+def stacked(experts):
+    """(gate_up (experts, 2 * inter, hidden), down (experts, hidden, inter)) of split experts
+    (each with gate_proj, up_proj and down_proj linears): their weights stacked, a copy that
+    autograd goes through."""
+    gate_up = torch.stack([torch.cat([e.gate_proj.weight, e.up_proj.weight]) for e in experts])
+    return gate_up, torch.stack([e.down_proj.weight for e in experts])
+
+
+def activation(experts):
+    """The activation (act_fn) every split expert applies, or None where theirs differ."""
+    kinds = {(type(e.act_fn), getattr(e.act_fn, "__name__", None)) for e in experts}
+    return experts[0].act_fn if len(kinds) == 1 else None
+
+
+def unwatched_refusal(experts, device):
+    """Why split experts' module calls cannot give way to grouped GEMMs on `device`, or None:
+    a global module hook, a hook on an expert or a projection (torch's, or GPTQModel's
+    forward_hook), a projection's weight elsewhere, or activations that differ."""
+    from torch.nn.modules import module
+    if module._global_forward_hooks or module._global_forward_pre_hooks:
+        return "a global module hook"
+    for index, expert in enumerate(experts):
+        for name, part in (("", expert), (".gate_proj", expert.gate_proj), (".up_proj", expert.up_proj),
+                           (".down_proj", expert.down_proj)):
+            if part._forward_hooks or part._forward_pre_hooks or getattr(part, "forward_hook", None):
+                return "expert %d%s is hooked" % (index, name)
+            if name and part.weight.device != device:
+                return "expert %d%s's weight is on %s" % (index, name, part.weight.device)
+    if activation(experts) is None:
+        return "the experts' activations differ"
+    return None
+
+
 def offsets(counts, device):
     """The grouped GEMM's offsets (each expert's end row, int32) on `device` from host counts."""
     return torch.tensor(list(itertools.accumulate(counts)), dtype=torch.int32).to(device, non_blocking=True)

@@ -24,24 +24,12 @@ def refusal(hidden_states, experts):
     """Why these experts take AutoRound's loop, or None."""
     if not grouped_experts.fits(hidden_states):
         return "no grouped GEMM for %s rows on %s" % (hidden_states.dtype, hidden_states.device)
-    from torch.nn.modules import module
-    if module._global_forward_hooks or module._global_forward_pre_hooks:
-        return "a global module hook"
-    acts = set()
     for index, expert in enumerate(experts):
-        parts = [expert] + [getattr(expert, name, None) for name in _PROJECTIONS]
-        for name, linear in zip(_PROJECTIONS, parts[1:]):
+        for name in _PROJECTIONS:
+            linear = getattr(expert, name, None)
             if type(linear) is not torch.nn.Linear or linear.bias is not None:
                 return "expert %d's %s is not a plain Linear without bias (%s)" % (index, name, type(linear).__name__)
-            if linear.weight.device != hidden_states.device:
-                return "expert %d's %s is on %s" % (index, name, linear.weight.device)
-        if any(m._forward_hooks or m._forward_pre_hooks for m in parts):
-            return "expert %d is hooked" % index
-        act = getattr(expert, "act_fn", None)
-        acts.add((type(act), getattr(act, "__name__", None)))
-    if len(acts) != 1 or not callable(experts[0].act_fn):
-        return "the experts' activations differ"
-    return None
+    return grouped_experts.unwatched_refusal(experts, hidden_states.device)
 
 
 def grouped_forward(hidden_states, top_k_index, top_k_weights, experts, num_experts):
@@ -52,8 +40,7 @@ def grouped_forward(hidden_states, top_k_index, top_k_weights, experts, num_expe
     counts = torch.zeros(num_experts, dtype=torch.int32, device=chosen.device)
     counts.index_add_(0, chosen, torch.ones_like(chosen, dtype=torch.int32))
     ends = torch.cumsum(counts, 0, dtype=torch.int32)
-    gate_up = torch.stack([torch.cat([e.gate_proj.weight, e.up_proj.weight]) for e in experts])
-    down = torch.stack([e.down_proj.weight for e in experts])
+    gate_up, down = grouped_experts.stacked(experts)
     # Each token's rows by expand and a permutation: their gradients sum without atomics.
     rows = hidden_states.unsqueeze(1).expand(-1, top_k, -1).reshape(tokens * top_k, -1)[order]
     out, _ = grouped_experts.linears(rows, ends, gate_up, down, experts[0].act_fn)

@@ -81,28 +81,11 @@ def make_run_routed_experts(installation, original):
 
 def _grouped_refusal(experts, hidden_states):
     """Why the split experts cannot run as grouped GEMMs (grouped_experts), or None: they
-    need a layout the expert stage reads, one activation, weights on the rows' GPU, and
-    nothing watching a call (no hook of GPTQModel's or of torch's on an expert or its linears)."""
+    need a GPU with them, a layout the expert stage reads, and nothing watching a call
+    (grouped_experts.unwatched_refusal)."""
     if not grouped_experts.fits(hidden_states):
         return "no grouped GEMM for %s rows on %s" % (hidden_states.dtype, hidden_states.device)
-    why = layout_refusal(experts)
-    if why is None and ExpertWeights(experts).one_act() is None:
-        why = "the experts' activations differ"
-    if why is None and _global_hooks():
-        why = "a global module hook"
-    for index, expert in enumerate(experts if why is None else ()):
-        for name, module in (("", expert), (".gate_proj", expert.gate_proj), (".up_proj", expert.up_proj),
-                             (".down_proj", expert.down_proj)):
-            if module._forward_hooks or module._forward_pre_hooks or getattr(module, "forward_hook", None):
-                return "expert %d%s is hooked" % (index, name)
-            if name and module.weight.device != hidden_states.device:
-                return "expert %d%s's weight is on %s" % (index, name, module.weight.device)
-    return why
-
-
-def _global_hooks():
-    from torch.nn.modules import module
-    return module._global_forward_hooks or module._global_forward_pre_hooks
+    return layout_refusal(experts) or grouped_experts.unwatched_refusal(experts, hidden_states.device)
 
 
 def _plan(selected_experts, tokens, samples, num_experts):

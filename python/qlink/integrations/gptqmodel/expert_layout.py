@@ -11,6 +11,8 @@ weights are the one copy, of split experts, once a pass). refusal() names what t
 does not cover; the caller leaves the whole block to the host then."""
 import torch
 
+from .. import grouped_experts
+
 _PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 _ONLINE_HADAMARD = ("online_full_had", "online_partial_had")  # GPTQModel's HookedLinear flags
 
@@ -78,15 +80,11 @@ class ExpertWeights:
 
     def one_act(self):
         """The activation every expert applies, or None where split experts' differ."""
-        if self.fused:
-            return self.act_fn
-        kinds = {(type(e.act_fn), getattr(e.act_fn, "__name__", None)) for e in self.experts}
-        return self.act_fn if len(kinds) == 1 else None
+        return self.act_fn if self.fused else grouped_experts.activation(self.experts)
 
     def stacked(self):
         """(gate_up (experts, 2 * inter, hidden), down (experts, hidden, inter)): the fused
-        block's own tensors, or split experts' weights stacked once (a copy)."""
+        block's own tensors, or split experts' weights stacked (a copy)."""
         if self.fused:
             return self.experts.gate_up_proj, self.experts.down_proj
-        gate_up = torch.stack([torch.cat([e.gate_proj.weight, e.up_proj.weight]) for e in self.experts])
-        return gate_up, torch.stack([e.down_proj.weight for e in self.experts])
+        return grouped_experts.stacked(self.experts)
