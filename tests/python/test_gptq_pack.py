@@ -2,12 +2,13 @@
 written from what GPTQModel's pack_block does): the same int32 words, bit for bit, for 2-,
 4- and 8-bit codes, weights in each 16- and 32-bit float dtype, groups in any column order
 (act-order) and counted from the end, codes on exact halves; and every refusal names its
-argument."""
+argument. gptq_pack_many: each layer of a batch packed as gptq_pack packs it alone, a layer
+it cannot hold refused alone."""
 import pytest
 import torch
 
 from qlink.integrations import gptqmodel as adapter
-from qlink.quant import gptq_pack
+from qlink.quant import gptq_pack, gptq_pack_many
 
 from stand_in_hosts import stand_in
 
@@ -121,3 +122,38 @@ def _spoiled(name, index, value):
 def test_values_the_layout_cannot_hold_are_refused_by_name(name, value):
     with pytest.raises(ValueError, match="^" + name):
         gptq_pack(**_spoiled(name, 5, value))
+
+
+def _batch(count=5, **kwargs):
+    layers = [layer(seed=seed, act_order=seed % 2 == 1, **kwargs) for seed in range(count)]
+    return ([linear.weight.detach() for linear, *_ in layers], [s.T.contiguous() for _, s, _, _ in layers],
+            [z.T.contiguous() for _, _, z, _ in layers], [g for *_, g in layers])
+
+
+@pytest.mark.parametrize("chunk_elements", [1 << 26, 1])
+def test_a_batch_packs_each_layer_as_gptq_pack_does_it_alone(chunk_elements):
+    weights, scales, zeros, g_idx = _batch()
+    qweight, qzeros, refusals = gptq_pack_many(weights, scales, zeros, g_idx, 4, chunk_elements=chunk_elements)
+    assert refusals == [None] * 5 and qweight.shape[0] == qzeros.shape[0] == 5
+    for i, words in enumerate(zip(weights, scales, zeros, g_idx)):
+        alone = gptq_pack(*words, 4)
+        assert same_bits(qweight[i], alone[0]) and same_bits(qzeros[i], alone[1])
+
+
+def test_a_layer_of_a_batch_the_layout_cannot_hold_is_refused_alone_by_name():
+    weights, scales, zeros, g_idx = _batch()
+    scales[2] = scales[2].clone()
+    scales[2][0, 3] = 0.0
+    qweight, _, refusals = gptq_pack_many(weights, scales, zeros, g_idx, 4)
+    assert refusals[2].startswith("scales") and refusals[:2] + refusals[3:] == [None] * 4
+    assert same_bits(qweight[3], gptq_pack(weights[3], scales[3], zeros[3], g_idx[3], 4)[0])
+
+
+def test_a_batch_of_unlike_shapes_is_refused_by_name():
+    weights, scales, zeros, g_idx = _batch(count=2)
+    other = layer(out_features=32)
+    with pytest.raises(ValueError, match="^weights"):
+        gptq_pack_many([weights[0], other[0].weight.detach()], [scales[0], other[1].T.contiguous()],
+                       [zeros[0], other[2].T.contiguous()], [g_idx[0], other[3]], 4)
+    with pytest.raises(ValueError, match="^weights"):
+        gptq_pack_many([], [], [], [], 4)

@@ -28,8 +28,14 @@ def gptq_pack(weight, scales, zeros, g_idx, bits, device=None):
     of range): nothing is packed then."""
     _check_shapes(weight, scales, zeros, g_idx, bits)
     device = torch.device(device) if device is not None else weight.device
+
+    def pack():
+        qweight, qzeros, refusals = _pack(*(t.unsqueeze(0) for t in (weight, scales, zeros, g_idx)), bits, device)
+        if refusals[0]:
+            raise ValueError(refusals[0])
+        return qweight[0].to(weight.device), qzeros[0].to(weight.device)
     if device.type != "cuda":
-        return tuple(t.to(weight.device) for t in _pack(weight, scales, zeros, g_idx, bits, device))
+        return pack()
     stream = _stream(device)
     # GPU inputs may still be written by the caller's stream: the pack follows it. Host
     # inputs (a finalizer's) are read by the pack's own copies, behind nothing the layer
@@ -37,9 +43,37 @@ def gptq_pack(weight, scales, zeros, g_idx, bits, device=None):
     for caller in {t.device for t in (weight, scales, zeros, g_idx) if t.is_cuda}:
         stream.wait_stream(torch.cuda.current_stream(caller))
     with torch.cuda.stream(stream):
-        words = tuple(t.to(weight.device) for t in _pack(weight, scales, zeros, g_idx, bits, device))
+        words = pack()
     stream.synchronize()
     return words
+
+
+def gptq_pack_many(weights, scales, zeros, g_idx, bits, chunk_elements=1 << 26):
+    """gptq_pack of several same-shaped layers at once, on their device and its current
+    stream, in batches of about `chunk_elements` weight elements: (qweight (n, in * bits /
+    32, out), qzeros (n, groups, out * bits / 32), refusals), refusals[i] None where layer
+    i packed, else the ValueError message gptq_pack would raise for it (its words are then
+    not to be used). Each layer's words are gptq_pack's of it, bit for bit; shapes are
+    checked as gptq_pack checks them."""
+    if not weights or not len(weights) == len(scales) == len(zeros) == len(g_idx):
+        raise ValueError("weights, scales, zeros and g_idx: %d, %d, %d and %d layers, where one or more of each "
+                         "was expected" % (len(weights), len(scales), len(zeros), len(g_idx)))
+    for layer in zip(weights, scales, zeros, g_idx):
+        _check_shapes(*layer, bits)
+        if layer[0].shape != weights[0].shape or layer[1].shape != scales[0].shape:
+            raise ValueError("weights: shapes %s and %s in one batch, where all must be alike"
+                             % (tuple(weights[0].shape), tuple(layer[0].shape)))
+    device = weights[0].device
+    per = max(1, chunk_elements // weights[0].numel())
+    qweights, qzeros, refusals = [], [], []
+    for at in range(0, len(weights), per):
+        part = slice(at, at + per)
+        made = _pack(*(torch.stack([t.to(device) for t in ts[part]]) for ts in (weights, scales, zeros, g_idx)),
+                     bits, device)
+        qweights.append(made[0])
+        qzeros.append(made[1])
+        refusals += made[2]
+    return torch.cat(qweights), torch.cat(qzeros), refusals
 
 
 def _check_shapes(weight, scales, zeros, g_idx, bits):
@@ -70,33 +104,31 @@ def _stream(device):
 
 
 def _pack(weight, scales, zeros, g_idx, bits, device):
-    groups, out_features = scales.shape
+    """(qweight, qzeros, refusals) of n layers: weight (n, out, in), scales and zeros (n,
+    groups, out), g_idx (n, in); refusals[i] the message for a value layer i cannot hold."""
+    n, groups, out_features = scales.shape
     maxq = (1 << bits) - 1
     per_word = 32 // bits
     w, s, z = weight.to(device), scales.to(device), zeros.to(device)
     g = g_idx.to(device=device, dtype=torch.int64)
     g = torch.where(g < 0, g + groups, g)
-    cols = g.clamp(0, groups - 1)  # in range to index; a group outside is refused below
-    s_cols, sz_cols = s.index_select(0, cols).T, (z * s).index_select(0, cols).T
+    cols = g.clamp(0, groups - 1).unsqueeze(-1).expand(-1, -1, out_features)  # in range; outside refused below
+    s_cols, sz_cols = s.gather(1, cols).transpose(1, 2), (z * s).gather(1, cols).transpose(1, 2)
     codes = torch.round((w + sz_cols) / s_cols).clamp_(0, maxq).nan_to_num_(0)
     shifts = torch.arange(per_word, device=device, dtype=torch.int64) * bits
-    codes = codes.to(torch.int32).T.to(torch.int64)  # (in, out): a word's codes are adjacent rows
-    qweight = (codes.reshape(-1, per_word, out_features) << shifts.view(1, -1, 1)).sum(1) & _MASK32
+    codes = codes.to(torch.int32).transpose(1, 2).to(torch.int64)  # (n, in, out): a word's codes are adjacent rows
+    qweight = (codes.reshape(n, -1, per_word, out_features) << shifts.view(1, 1, -1, 1)).sum(2) & _MASK32
     zeros = torch.where(torch.isfinite(z), z, 0).to(torch.int64)
-    qzeros = (zeros.reshape(groups, -1, per_word) << shifts).sum(-1) & _MASK32
-    # The inputs' checks read once, after the words are made (one host read a pack): a
-    # refused pack's words are dropped, never returned.
+    qzeros = (zeros.reshape(n, groups, -1, per_word) << shifts).sum(-1) & _MASK32
+    # The inputs' checks read once, after the words are made (one host read a batch): a
+    # refused layer's words are not to be used.
     bad = torch.stack([
-        ((g < 0) | (g >= groups)).any(),
-        ~torch.isfinite(w).all(),
-        ((s == 0) | ~torch.isfinite(s)).any(),
-        ((z != torch.round(z)) | (z < 0) | (z > maxq) | ~torch.isfinite(z)).any(),
-    ]).tolist()
-    for flagged, what in zip(bad, (
-            "g_idx: a group outside [-%d, %d)" % (groups, groups),
-            "weight: a non-finite value",
-            "scales: a zero or non-finite scale",
-            "zeros: a value that is not an integer in [0, %d]" % maxq)):
-        if flagged:
-            raise ValueError(what)
-    return qweight.to(torch.int32), qzeros.to(torch.int32)
+        ((g < 0) | (g >= groups)).flatten(1).any(1),
+        ~torch.isfinite(w).flatten(1).all(1),
+        ((s == 0) | ~torch.isfinite(s)).flatten(1).any(1),
+        ((z != torch.round(z)) | (z < 0) | (z > maxq) | ~torch.isfinite(z)).flatten(1).any(1),
+    ], 1).tolist()
+    messages = ("g_idx: a group outside [-%d, %d)" % (groups, groups), "weight: a non-finite value",
+                "scales: a zero or non-finite scale", "zeros: a value that is not an integer in [0, %d]" % maxq)
+    refusals = [next((m for flagged, m in zip(flags, messages) if flagged), None) for flags in bad]
+    return qweight.to(torch.int32), qzeros.to(torch.int32), refusals
