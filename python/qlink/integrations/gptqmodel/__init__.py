@@ -133,9 +133,8 @@ def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pi
     expert_stage: True (the default) runs an MoE block's expert subsets through qlink's owned
     stage (docs/MOE.md: 1.5x qlink's per-batch path on a Qwen3-30B-A3B layer, its losses within
     0.015 % of that path's); False leaves them to GPTQModel's forwards and qlink's add_batch.
-    expert_budget: bytes one chunk of that stage's expert Hessians may take (twice over, as
-    they are made; the forwards run once a chunk), or None for half the GPU's free memory (no
-    bound in CPU memory).
+    expert_budget: bytes one chunk of that stage's expert Hessians may take (the forwards run
+    once a chunk), or None for half the GPU's free memory (no bound in CPU memory).
     GPTQModel's version is checked against HOST's (another warns once; UnsupportedHost
     under strict) and every name the seams touch must be where HOST says (HostChanged
     naming each that moved); nothing is replaced otherwise."""
@@ -166,7 +165,9 @@ def counters():
     calls through qlink, through the host by design ("host") or after qlink failed
     ("fallback"), and why; "hessians", the add_batch accumulations (run, shared, rows,
     native calls); "solves", the engine calls (made, layers, answered ahead, refused,
-    spread over every device); "staging", the moves' host staging (copies, twins, bytes);
+    spread over every device); "packs", the layers' words made with a solve call ("made"),
+    taken by their finalizers, missed (their inputs were not the solve's), dropped, refused;
+    "staging", the moves' host staging (copies, twins, bytes);
     "experts", the expert stage's blocks, experts, experts no token reached ("empty") or
     below their fallback threshold ("few"), rows and Hessian chunks."""
     return _integration.counters()

@@ -1,6 +1,6 @@
 """One installation of qlink in GPTQModel: the host names it resolved (_Host), the state
 its seams share (the Hessian accumulator and queue, the solve-ahead, the layer prefetch,
-the grouped batches' sample length, the expert stage's counts) and the installation's settings."""
+the packs made ahead, the grouped batches' sample length, the expert stage's counts) and the installation's settings."""
 import importlib
 
 import torch
@@ -11,6 +11,7 @@ from ..base import Installation
 from ..process_settings import check_interval
 from .expert_stage import ExpertCounts
 from .hessian_queue import Queue
+from .pack_ahead import PackAhead
 from .solve_ahead import SolveAhead
 from .structure import LayerPrefetch
 
@@ -57,6 +58,7 @@ class GPTQModelInstallation(Installation):
         self.accumulator = HessianAccumulator(ctx, precision=hessian_precision)
         self.queue = Queue(self)  # add_batch's calls of a forward, made as one native call
         self.ahead = SolveAhead(self)  # a subset's tasks solved in one engine call
+        self.packs = PackAhead()  # and their words packed with it
         self.expert_counts = ExpertCounts()  # the expert stage's blocks, experts and rows
         pin = read_ahead == "pinned" and not ctx.cpu_memory and torch.cuda.is_available()
         self.prefetch = LayerPrefetch(self.host.safe_open, pin, self.counters, self.guard)
@@ -69,6 +71,7 @@ class GPTQModelInstallation(Installation):
             self.queue.flush()
         finally:
             self.prefetch.close()
+            self.packs.clear()
 
     @property
     def grouped(self):
@@ -84,4 +87,5 @@ class GPTQModelInstallation(Installation):
 
     def counter_sections(self):
         return {"hessians": self.accumulator.counters(), "solves": self.ahead.counters(),
+                "packs": self.packs.counters(),
                 "staging": self.ctx.pinned_staging.counters(), "experts": self.expert_counts.snapshot()}

@@ -7,9 +7,10 @@ quantize would, and solves them in one call (each Hessian inverted once, all of 
 flight together); the others' quantize calls then take their results. A result is only
 given to a task whose Hessian is still the one it was solved with (the same merged tensor,
 sample count and no pending partial); otherwise, and when the engine refuses the batch,
-the task is solved alone. Where the context has several devices, a call of more than one
-task may run on all of them (the engine places the layers by cost: an MoE layer's experts
-spread over the GPUs), its first task's device first; the results are the same."""
+the task is solved alone. The call's layers' packed words are made with it (pack_ahead).
+Where the context has several devices, a call of more than one task may run on all of them
+(the engine places the layers by cost: an MoE layer's experts spread over the GPUs), its
+first task's device first; the results are the same."""
 import collections
 import logging
 import threading
@@ -72,6 +73,7 @@ class SolveAhead:
                 else:
                     self._count(batch)
                     self._counts["spread"] += placement is not None
+                    self.installation.packs.offer(batch, results, gptq.qcfg.bits)
                     for t, result in zip(siblings, results[1:]):
                         self._seen.pop(id(t), None)
                         self._solved[t] = _Solved(t.H, t.nsamples, result)
