@@ -1,7 +1,8 @@
 """qlink.quant.HessianAccumulator on the CPU backend: partials of calibration hooks through
 hessian_accumulate, modules reading one input sharing one accumulation (equal to each
 accumulating its own), sharing never crossing different inputs or different histories,
-refusals and failures leaving the caller's partial as it was, the precision argument."""
+refusals and failures leaving the caller's partial as it was, the precision argument;
+add_into's in-place partials equal add_many's."""
 import os
 
 import pytest
@@ -149,6 +150,25 @@ def test_an_moe_layers_experts_in_one_call_each_equal_their_rows_alone(cpu):
     counts = acc.counters()
     assert counts["calls"] == 2 and counts["accumulations"] == counts["shared"] == 2 * (experts - 1)
     assert counts["rows"] == alone.counters()["rows"]
+
+
+def test_partials_added_into_in_place_equal_add_manys_new_ones(cpu):
+    """add_into writes each caller-held partial in place, bit for bit what add_many returns
+    as a new tensor, blocks included; an item without rows leaves its partial alone."""
+    experts, gen = 4, torch.Generator().manual_seed(21)
+    acc, into = HessianAccumulator(cpu), HessianAccumulator(cpu)
+    held = [None] * experts
+    mine = [torch.zeros(16, 16) for _ in range(experts)]
+    storage = [p.data_ptr() for p in mine]
+    for batch in activations(3, 40, 16, seed=22):
+        rows = _routed(batch.reshape(-1, 16), experts, 2, gen)
+        blocks = [[r.shape[0] // 2, r.shape[0] - r.shape[0] // 2] for r in rows]
+        held = acc.add_many([(r, h, b) for r, h, b in zip(rows, held, blocks)])
+        into.add_into([(r, m, b) for r, m, b in zip(rows, mine, blocks)] + [(torch.empty(0, 16), mine[0])])
+    for e in range(experts - 1):
+        assert torch.equal(mine[e], held[e]), e
+    assert [p.data_ptr() for p in mine] == storage and not mine[experts - 1].any()
+    assert into.counters()["calls"] == 3 and into.counters()["rows"] == acc.counters()["rows"]
 
 
 def test_a_refused_item_leaves_every_partial_of_the_call_as_it_was(cpu):

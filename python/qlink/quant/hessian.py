@@ -108,8 +108,31 @@ class HessianAccumulator:
                 results.append(after)
         if not pending:
             return results
+        self._accumulate([(x, after, blocks) for _, x, after, blocks in pending.values()], device)
+        with self._lock:
+            for stale in [k for k, d in self._done.items() if not d.alive()]:
+                del self._done[stale]
+            for stale in [k for k, r in self._made.items() if r() is None]:
+                del self._made[stale]
+            for key, (partial, x, after, _) in pending.items():
+                self._done[key] = _Done(partial, x, after)
+                self._made[id(after)] = weakref.ref(after)
+        return results
+
+    def add_into(self, items, device=None):
+        """partial += x^T x, in place, for every (x, partial) or (x, partial, blocks) of
+        `items` (blocks as add_many's), all on one device, in one native call: for partials
+        the caller alone holds (an MoE stage's experts, each partial its own), where add_many's
+        new tensor a call would be a copy of every partial. Nothing is shared or remembered."""
+        items = [(x, partial, rest[0] if rest else 1) for x, partial, *rest in items
+                 if x.dim() and x.shape[-1] and x.numel()]
+        if items:
+            self._accumulate(items, device)
+
+    def _accumulate(self, items, device):
+        """after += x^T x for each (x, after, blocks), in one native call; counted."""
         inputs, targets, outputs = [], [], []
-        for _, x, after, blocks in pending.values():
+        for x, after, blocks in items:
             rows = x.reshape(-1, x.shape[-1])
             sizes = [rows.shape[0] // blocks] * blocks if isinstance(blocks, int) else list(blocks)
             split = list(torch.split(rows, sizes)) if len(sizes) > 1 else [x]
@@ -121,17 +144,9 @@ class HessianAccumulator:
                                     None if ids is None else ids * len(outputs), _streams(self.ctx, outputs),
                                     precision=self.precision, input_partials=targets if len(outputs) > 1 else None)
         with self._lock:
-            for stale in [k for k, d in self._done.items() if not d.alive()]:
-                del self._done[stale]
-            for stale in [k for k, r in self._made.items() if r() is None]:
-                del self._made[stale]
-            for key, (partial, x, after, _) in pending.items():
-                self._done[key] = _Done(partial, x, after)
-                self._made[id(after)] = weakref.ref(after)
-                self._counts["rows"] += x.numel() // x.shape[-1]
-            self._counts["accumulations"] += len(pending)
+            self._counts["rows"] += sum(x.numel() // x.shape[-1] for x, _, _ in items)
+            self._counts["accumulations"] += len(items)
             self._counts["calls"] += 1
-        return results
 
     def made(self, partial):
         """Whether `partial` is a tensor add() returned and may share with other holders

@@ -1,9 +1,8 @@
 """An MoE block's expert Hessians, accumulated as the expert stage's routed forwards
 (expert_pass) go: each forward's rows of every expert of a chunk added to that expert's
-partial in one native call, nothing of the rows kept. The experts are taken in consecutive
-chunks whose Hessians fit a memory budget (twice over: an add makes the partial after beside
-the one before), the forwards run once a chunk, the chunks placed over the devices in turn
-(any count).
+partial in one native call, in place (the partials are the sink's alone), nothing of the
+rows kept. The experts are taken in consecutive chunks whose Hessians fit a memory budget,
+the forwards run once a chunk, the chunks placed over the devices in turn (any count).
 
 Invariant: an expert's Hessian is the sum of its rows' products forward by forward, in
 forward order, whatever the chunking or placement: chunked equals unchunked, bit for bit."""
@@ -11,13 +10,13 @@ import torch
 
 
 def expert_chunks(experts, columns, budget):
-    """Consecutive chunks of range(experts) whose fp32 Hessians (columns^2 each), twice over,
-    fit `budget` bytes (None: one chunk)."""
-    need = 2 * 4 * columns * columns
+    """Consecutive chunks of range(experts) whose fp32 Hessians (columns^2 each) fit
+    `budget` bytes (None: one chunk)."""
+    need = 4 * columns * columns
     if budget is None:
         return [list(range(experts))]
     if need > budget:
-        raise ValueError("expert_budget %d bytes does not hold one expert's Hessian twice over (%d bytes)"
+        raise ValueError("expert_budget %d bytes does not hold one expert's Hessian (%d bytes)"
                          % (budget, need))
     per = budget // need
     return [list(range(start, min(start + per, experts))) for start in range(0, experts, per)]
@@ -31,8 +30,8 @@ def placement(chunks, devices):
 
 
 class ChunkHessians:
-    """An ExpertPass's sink: each forward's rows of the chunk's experts added to their partials
-    in one native call on qlink device `device` (None: the rows' own; a CUDA chunk's rows
+    """An ExpertPass's sink: each forward's rows of the chunk's experts added to their partials,
+    in place, in one native call on qlink device `device` (None: the rows' own; a CUDA chunk's rows
     move to its GPU). partials: {expert: fp32 X^T X so far}, experts without rows absent."""
 
     def __init__(self, accumulator, chunk, device=None):
@@ -43,16 +42,16 @@ class ChunkHessians:
         starts, at = {}, 0
         for expert, n in enumerate(counts):
             starts[expert], at = at, at + n
-        items, experts = [], []
+        items = []
         for expert in self.chunk:
             if counts[expert]:
                 x = rows[starts[expert]:starts[expert] + counts[expert]]
                 if self.device is not None and x.device.type == "cuda":
                     x = x.to(torch.device("cuda", self.device))
-                items.append((x, self.partials.get(expert)))
-                experts.append(expert)
-        if items:
-            self.partials.update(zip(experts, self.accumulator.add_many(items, device=self.device)))
+                if expert not in self.partials:
+                    self.partials[expert] = torch.zeros(x.shape[-1], x.shape[-1], dtype=torch.float32, device=x.device)
+                items.append((x, self.partials[expert]))
+        self.accumulator.add_into(items, device=self.device)
 
 
 def hessians(accumulator, forwards, experts, columns, budget=None, devices=None):

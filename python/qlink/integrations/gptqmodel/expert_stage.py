@@ -96,7 +96,7 @@ def stage_refusal(installation, looper, plan, processor, layer_inputs):
 
 
 def budget(installation, layer_inputs):
-    """Bytes a chunk's Hessians may take (twice over, as they are made): install(expert_budget=...),
+    """Bytes a chunk's Hessians may take: install(expert_budget=...),
     else half the free memory of the GPU the batches are on, else (CPU memory) no bound."""
     if installation.expert_budget is not None:
         return installation.expert_budget
