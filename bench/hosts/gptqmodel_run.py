@@ -59,19 +59,38 @@ def levels(q, scale, zero, g_idx, bits=4):
     return torch.round(q.float() / scale[:, g].float() + zero[:, g].float()).clamp(0, 2 ** bits - 1).to(torch.uint8)
 
 
+_POSITIONS = {}  # (length, device) -> (positions, their multipliers): made once a chunk length
+
+
 def device_checksum(t, chunk=1 << 23):
     """Three int64 sums of a tensor's words on its device (plain, position-weighted, xor with
     the position), enqueued without a host wait: a digest of the exact bits that costs the
-    timed run no device-to-host copy; chunked, so it adds little to peak memory."""
+    timed run no device-to-host copy; chunked, so it adds little to peak memory, and with few
+    operations a chunk (the positions are made once a length: the solves' worker threads run
+    it under the GIL the timed loop needs)."""
     import torch
     words = t.detach().contiguous().view(-1)
     words = words.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[words.element_size()])
-    sums = torch.zeros(3, dtype=torch.int64, device=words.device)
+    sums = None
     for at in range(0, words.numel(), chunk):
         w = words[at:at + chunk].to(torch.int64)
-        position = torch.arange(at, at + w.numel(), dtype=torch.int64, device=w.device)
-        sums += torch.stack([w.sum(), (w * (position * 2654435761 + 97)).sum(), (w ^ position).sum()])
-    return sums
+        key = (w.numel(), w.device)
+        if key not in _POSITIONS:
+            position = torch.arange(w.numel(), dtype=torch.int64, device=w.device)
+            _POSITIONS[key] = (position, position * 2654435761 + 97)
+        position, multiplier = _POSITIONS[key]
+        if at:
+            position, multiplier = position + at, multiplier + at * 2654435761
+        part = torch.stack([w.sum(), (w * multiplier).sum(), (w ^ position).sum()])
+        sums = part if sums is None else sums + part
+    return sums if sums is not None else torch.zeros(3, dtype=torch.int64, device=words.device)
+
+
+def solve_checksums(out):
+    """device_checksum of a solve's Q, and of its scales, zeros and g_idx as one run of bytes."""
+    import torch
+    small = torch.cat([t.detach().contiguous().view(-1).view(torch.uint8) for t in out[1:4]])
+    return [device_checksum(out[0]), device_checksum(small)]
 
 
 def _task_name(task):
@@ -127,7 +146,7 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
                 if on_stop is not None:
                     on_stop(time.perf_counter() - start)
                 os._exit(0)
-        into[name] = {"sums": [device_checksum(t) for t in out[:4]], "loss": out[5], "damp": out[6]}
+        into[name] = {"sums": solve_checksums(out), "loss": out[5], "damp": out[6]}
         if inputs:
             into[name]["input_sums"] = {"weight": weight, "hessian": hessians.pop(name, None)}
         if name in fed:
