@@ -632,3 +632,30 @@ def test_a_block_reaches_the_gpu_through_qlinks_moves(host, ctx, monkeypatch):
     moved = q.dispatch_block(Block(), None, {})
     assert all(p.device == gpu for p in moved.parameters())
     assert adapter.counters()["seams"]["block_dispatch"]["fallback"] == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() != 1, reason="needs exactly one GPU")
+def test_an_iteration_that_reads_the_device_from_the_host_is_not_captured(host, ctx, monkeypatch):
+    """An iteration that waits on the device (as AutoRound's own MoE routing does, a
+    nonzero per expert) runs eagerly throughout, the reason counted, and the tuning is
+    AutoRound's own (the first losses, the final error within 1 %)."""
+    from qlink.integrations.autoround import native_loop
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(host.auto_round.utils.device_manager.device_manager, "device", gpu)
+    own, _, own_losses = _tune(host, iters=30, token_ids=True, device=gpu)
+    iteration, captures = native_loop.NativeTuning.iteration, []
+
+    def reading(self):
+        iteration(self)
+        self.epoch.item()  # a host read of the device, as nonzero makes one
+
+    monkeypatch.setattr(native_loop.NativeTuning, "iteration", reading)
+    monkeypatch.setattr(native_loop.NativeTuning, "_capture", lambda self, stream: captures.append(1))
+    adapter.install("auto", ctx=ctx, strict=True)
+    tuned, _, _ = _tune(host, iters=30, token_ids=True, device=gpu)
+    assert captures == [] and torch.cuda.get_sync_debug_mode() == 0
+    assert adapter.counters()["seams"]["step_graph"]["reasons"] == {
+        "the iteration reads the device from the host (called a synchronizing CUDA operation)": 1}
+    (_, losses), = adapter.losses()
+    assert losses[:3] == pytest.approx(own_losses[:3], rel=1e-5)
+    assert abs(_error(tuned.cpu()) / _error(own.cpu()) - 1) < 0.01

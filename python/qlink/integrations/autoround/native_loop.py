@@ -31,8 +31,11 @@ per-iteration host work.
   losses are written into a device tensor at the step counter's index: the host reads
   them once, after the loop.
 - On a GPU the iteration (forward, backward, step) is captured once warm and replayed as
-  a CUDA graph; where it cannot be (not a GPU, a failed capture), it runs eagerly and the
-  reason is counted (the installation's "step_graph" counter).
+  a CUDA graph; where it cannot be (not a GPU, an iteration that reads the device from the
+  host, a failed capture), it runs eagerly and the reason is counted (the installation's
+  "step_graph" counter). The last warm-up iteration runs under PyTorch's sync debug mode:
+  an iteration that waits on the device (an MoE block routed by AutoRound's loop: a nonzero
+  per expert) is not captured, since the capture would fail there, part-way through.
 
 Nothing the host can see changes until commit(): the block stays unwrapped, the tuning
 state is qlink's own tensors. commit() wraps the block with AutoRound's wrappers and
@@ -41,8 +44,10 @@ logs AutoRound's summary line. check() refuses bad input before anything is allo
 naming the layer and the field; unsupported() names the options this loop does not cover
 (AutoRound's own loop runs those)."""
 import collections
+import contextlib
 import functools
 import re
+import warnings
 
 import torch
 
@@ -416,9 +421,15 @@ class NativeTuning:
                 if graph is not None:
                     graph.replay()
                     continue
-                self.iteration()
                 if i + 1 == WARMUP and reason is None:
-                    graph, reason = self._capture(stream)
+                    with _host_reads() as reads:
+                        self.iteration()
+                    if reads:
+                        reason = "the iteration reads the device from the host (%s)" % reads[0]
+                    else:
+                        graph, reason = self._capture(stream)
+                    continue
+                self.iteration()
         if stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(stream)
         graphs(reason)
@@ -472,6 +483,23 @@ class NativeTuning:
                      if id(t) in kept}
             out[name] = {key: t.to(cache, copy=True) for key, t in tuned.items()}
         return out
+
+
+@contextlib.contextmanager
+def _host_reads():
+    """Runs its body under PyTorch's sync debug mode ("warn"), the mode before restored;
+    the list it gives holds, after the body, the first line of each warning of a call that
+    waited on the device (an implicit synchronization: .item(), nonzero, a copy to the host)."""
+    reads = []
+    before = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield reads
+        finally:
+            torch.cuda.set_sync_debug_mode(before)
+    reads += [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message)]
 
 
 def _on_device(runner, others, device, dim):
