@@ -161,6 +161,22 @@ def test_gptq_pack_of_host_tensors_does_not_wait_for_the_callers_stream():
     assert all(d.device.type == "cuda" and torch.equal(d.cpu(), c) for d, c in zip(from_device, on_cpu))
 
 
+def test_gptq_pack_many_on_the_gpu_gives_the_cpus_words_layer_by_layer():
+    """A batch of MoE-expert-shaped layers (768 x 2048, act-order groups) packed on the GPU in
+    chunks gives each layer's CPU words, bit for bit."""
+    from qlink.quant import gptq_pack, gptq_pack_many
+    from test_gptq_pack import layer
+    layers = [layer(out_features=768, in_features=2048, group_size=128, bits=4, dtype=torch.bfloat16,
+                    act_order=True, seed=seed) for seed in range(6)]
+    args = [(lin.weight.detach(), s.T.contiguous(), z.T.contiguous(), g) for lin, s, z, g in layers]
+    qweight, qzeros, refusals = gptq_pack_many(*([a[i].cuda() for a in args] for i in range(4)), 4,
+                                               chunk_elements=4 * 768 * 2048)
+    assert refusals == [None] * 6 and qweight.is_cuda
+    for i, a in enumerate(args):
+        on_cpu = gptq_pack(*a, 4)
+        assert torch.equal(qweight[i].cpu(), on_cpu[0]) and torch.equal(qzeros[i].cpu(), on_cpu[1]), i
+
+
 @pytest.mark.parametrize("improved", [True, False])
 @pytest.mark.parametrize("group_size,cols", [(128, 512), (32, 512), (-1, 384)])  # team kernels; the generic one
 def test_v_stepped_in_the_backward_equals_the_backward_then_signsgd_on_the_gpu(ctx, group_size, cols, improved):
