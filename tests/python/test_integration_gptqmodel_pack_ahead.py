@@ -8,7 +8,6 @@ import torch
 
 from qlink.integrations import gptqmodel as adapter
 
-from stand_in_hosts import stand_in
 from test_integration_gptqmodel import host  # noqa: F401 (the fixture)
 
 
