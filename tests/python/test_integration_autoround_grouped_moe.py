@@ -1,8 +1,10 @@
-"""The grouped_moe seam over the AutoRound stand-in's sequential_moe_forward (an unfused
-Qwen3-MoE block): off by default and where no grouped GEMM runs (the CPU), AutoRound's loop
-with its output bit for bit, the reason counted; what the grouped path does not cover named
-(wrapped or biased projections, hooks, differing activations); a bad setting refused by name.
-The grouped path itself runs on a GPU (test_cuda_grouped_moe.py)."""
+"""The grouped_moe seams over the AutoRound stand-in's sequential_moe_forward (an unfused
+Qwen3-MoE block) and linear_loop_experts_forward (transformers 5's experts interface): off
+by default and where no grouped GEMM runs (the CPU), AutoRound's loop with its output bit for
+bit, the reason counted; what the grouped path does not cover named (wrapped or biased
+projections, hooks, differing activations, the experts' own gating, forced routing); the
+function transformers' mapping took while installed AutoRound's own once uninstalled; a bad
+setting refused by name. The grouped path itself runs on a GPU (test_cuda_grouped_moe.py)."""
 import pytest
 import qlink
 import torch
@@ -84,3 +86,73 @@ def test_the_grouped_arithmetic_is_autorounds_rows_weights_and_sums(block, monke
         results.append([out] + list(torch.autograd.grad((out ** 2).sum(), [x] + list(moe.experts.parameters()))))
     for theirs, mine in zip(*results):
         torch.testing.assert_close(mine, theirs, rtol=1e-12, atol=1e-12)
+
+
+@pytest.fixture
+def interface():
+    with stand_in("auto_round", adapter):
+        from auto_round.modeling.fused_moe import moe_experts_interface, utils
+        torch.manual_seed(1)
+        yield moe_experts_interface, utils, moe_experts_interface.LinearLoopExperts(HIDDEN, INTER, EXPERTS)
+
+
+def _routing(x):
+    weights, chosen = torch.topk(torch.softmax(torch.randn(x.shape[0], EXPERTS, dtype=x.dtype), -1), TOP_K)
+    return chosen, weights / weights.sum(-1, keepdim=True)
+
+
+def test_linear_loop_off_and_on_the_cpu_is_autorounds_and_uninstalled_its_own_again(interface, ctx):
+    module, _, experts = interface
+    x = torch.randn(TOKENS, HIDDEN)
+    chosen, weights = _routing(x)
+    theirs = module.linear_loop_experts_forward(experts, x, chosen, weights)
+    adapter.install("off", ctx=ctx, grouped_moe=True)
+    module.register_linear_loop_experts()  # AutoRound's prepare, while installed: the mapping takes qlink's
+    assert module.EXPERTS_FUNCTIONS["linear_loop"].__module__ == grouped_moe.__name__
+    assert torch.equal(experts(x, chosen, weights), theirs)
+    assert adapter.counters()["seams"]["grouped_moe"]["reasons"] == {
+        "no grouped GEMM for torch.float32 rows on cpu": 1}
+    adapter.uninstall()
+    assert module.linear_loop_experts_forward.__module__ == module.__name__
+    assert torch.equal(experts(x, chosen, weights), theirs)  # the mapping's function defers to AutoRound's
+
+
+def test_what_the_linear_loop_path_does_not_cover_is_named(interface, ctx, monkeypatch):
+    module, utils, experts = interface
+    monkeypatch.setattr(grouped_experts, "fits", lambda x: True)
+    monkeypatch.setattr(grouped_moe, "grouped_forward", lambda *args, **kwargs: pytest.fail("not to run"))
+    x = torch.randn(TOKENS, HIDDEN)
+    chosen, weights = _routing(x)
+    adapter.install("off", ctx=ctx, grouped_moe=True)
+    monkeypatch.setattr(utils, "FORCE_ALL_EXPERTS", True)
+    module.linear_loop_experts_forward(experts, x, chosen, weights)
+    monkeypatch.setattr(utils, "FORCE_ALL_EXPERTS", False)
+    experts._apply_gate = torch.nn.Identity()
+    module.linear_loop_experts_forward(experts, x, chosen, weights)
+    del experts._apply_gate
+    handle = getattr(experts, "2").up_proj.register_forward_hook(lambda *args: None)
+    module.linear_loop_experts_forward(experts, x, chosen, weights)
+    handle.remove()
+    assert adapter.counters()["seams"]["grouped_moe"]["reasons"] == {
+        "every expert's forced routing (AutoRound's coverage pass)": 1, "the experts' own gating (_apply_gate)": 1,
+        "expert 2.up_proj is hooked": 1}
+
+
+def test_the_linear_loop_grouped_arithmetic_is_autorounds(interface, ctx, monkeypatch):
+    """The linear_loop seam's grouped path with each group's product made by a loop (float64,
+    the CPU): the output and every gradient AutoRound's loop's."""
+    module, _, experts = interface
+    monkeypatch.setattr(torch, "_grouped_mm", _grouped_mm_by_loop, raising=False)
+    monkeypatch.setattr(grouped_experts, "fits", lambda x: True)
+    experts = experts.double()
+    x = torch.randn(2, TOKENS // 2, HIDDEN, dtype=torch.float64, requires_grad=True)
+    chosen, weights = _routing(x.detach().reshape(-1, HIDDEN))
+    theirs = module.linear_loop_experts_forward
+    adapter.install("off", ctx=ctx, grouped_moe=True)
+    results = []
+    for forward in (theirs, module.linear_loop_experts_forward):
+        out = forward(experts, x, chosen.view(2, -1, TOP_K), weights.view(2, -1, TOP_K))
+        results.append([out] + list(torch.autograd.grad((out ** 2).sum(), [x] + list(experts.parameters()))))
+    assert adapter.counters()["seams"]["grouped_moe"]["qlink"] == 1
+    for a, b in zip(*results):
+        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)

@@ -35,10 +35,11 @@ def activation(experts):
     return experts[0].act_fn if len(kinds) == 1 else None
 
 
-def unwatched_refusal(experts, device):
+def unwatched_refusal(experts, device, own_act=True):
     """Why split experts' module calls cannot give way to grouped GEMMs on `device`, or None:
     a global module hook, a hook on an expert or a projection (torch's, or GPTQModel's
-    forward_hook), a projection's weight elsewhere, or activations that differ."""
+    forward_hook), a projection's weight elsewhere, or (own_act: each expert applies its own
+    act_fn) activations that differ."""
     from torch.nn.modules import module
     if module._global_forward_hooks or module._global_forward_pre_hooks:
         return "a global module hook"
@@ -49,7 +50,7 @@ def unwatched_refusal(experts, device):
                 return "expert %d%s is hooked" % (index, name)
             if name and part.weight.device != device:
                 return "expert %d%s's weight is on %s" % (index, name, part.weight.device)
-    if activation(experts) is None:
+    if own_act and activation(experts) is None:
         return "the experts' activations differ"
     return None
 

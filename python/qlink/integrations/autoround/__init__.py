@@ -14,7 +14,7 @@ reason; "off" runs AutoRound's own code."""
 from ...defaults import configure
 from ..base import HostSpec, Integration
 from ..seams import Seam, SeamTable
-from .grouped_moe import make_sequential_moe_forward
+from .grouped_moe import make_linear_loop_experts_forward, make_sequential_moe_forward
 from .installation import _INPUTS, _ORCHESTRATOR, _RTN, _SIGN_ROUND, AutoRoundInstallation
 
 _QUANTIZER_STATE = [_SIGN_ROUND + "." + name for name in (
@@ -61,6 +61,10 @@ SEAMS = SeamTable("auto_round", [
     Seam("auto_round.modeling.fused_moe.utils:sequential_moe_forward", "grouped_moe",
          "an unfused MoE block's experts one module call after another: two grouped GEMMs (grouped_moe=True)",
          ["grouped_moe"], make_sequential_moe_forward, how="everywhere"),
+    Seam("auto_round.modeling.fused_moe.moe_experts_interface:linear_loop_experts_forward", "grouped_moe",
+         "transformers 5's experts (Qwen3-MoE): each expert's linears called in turn: two grouped GEMMs "
+         "(grouped_moe=True)", ["grouped_moe"], make_linear_loop_experts_forward, how="everywhere",
+         reads=["auto_round.modeling.fused_moe.utils:force_all_experts_routing_enabled"]),
 ])
 HOST = HostSpec("AutoRound", "auto_round", "auto_round.version", "0.15", "b9f3d00", SEAMS.host_names())
 

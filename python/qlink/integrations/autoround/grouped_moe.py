@@ -1,7 +1,10 @@
-"""AutoRound's unfused MoE blocks' experts loop (sequential_moe_forward: each expert's
-module called on its rows, one after another) as two grouped GEMMs (qlink's grouped_experts)
-with install(grouped_moe=True): in qlink's native loop a block's 128 experts then take one
-product for gate/up and one for down, forward and backward, instead of 128 small ones each.
+"""AutoRound's unfused MoE blocks' experts loops as two grouped GEMMs (qlink's
+grouped_experts) with install(grouped_moe=True): sequential_moe_forward (DeepSeek, GLM,
+Ernie, Qwen3.5's blocks: each expert's module called on its rows, one after another) and
+linear_loop_experts_forward (transformers 5's experts interface, Qwen3-MoE's: each expert's
+container's linears called in turn, the activation the experts module's own). In qlink's
+native loop a block's 128 experts then take one product for gate/up and one for down,
+forward and backward, instead of 128 small ones each.
 
 Invariant: the rows, the weighting and the sum over each token's top-k slots are AutoRound's
 (token-major rows, a sum over the slots in order); only the GEMMs round apart from the
@@ -20,8 +23,9 @@ PATCH = "grouped_moe"
 _PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
-def refusal(hidden_states, experts):
-    """Why these experts take AutoRound's loop, or None."""
+def refusal(hidden_states, experts, own_act=True):
+    """Why these experts take AutoRound's loop, or None. own_act: each expert has its act_fn
+    (else the experts module's one activation is applied)."""
     if not grouped_experts.fits(hidden_states):
         return "no grouped GEMM for %s rows on %s" % (hidden_states.dtype, hidden_states.device)
     for index, expert in enumerate(experts):
@@ -29,11 +33,12 @@ def refusal(hidden_states, experts):
             linear = getattr(expert, name, None)
             if type(linear) is not torch.nn.Linear or linear.bias is not None:
                 return "expert %d's %s is not a plain Linear without bias (%s)" % (index, name, type(linear).__name__)
-    return grouped_experts.unwatched_refusal(experts, hidden_states.device)
+    return grouped_experts.unwatched_refusal(experts, hidden_states.device, own_act)
 
 
-def grouped_forward(hidden_states, top_k_index, top_k_weights, experts, num_experts):
-    """sequential_moe_forward's result (see the module's docstring) from two grouped GEMMs."""
+def grouped_forward(hidden_states, top_k_index, top_k_weights, experts, num_experts, act=None):
+    """sequential_moe_forward's result (see the module's docstring) from two grouped GEMMs;
+    act: the activation (default the first expert's act_fn)."""
     tokens, top_k = top_k_index.shape
     chosen = top_k_index.reshape(-1)
     order = torch.argsort(chosen, stable=True)  # routed rows grouped by expert, each in AutoRound's order
@@ -43,7 +48,7 @@ def grouped_forward(hidden_states, top_k_index, top_k_weights, experts, num_expe
     gate_up, down = grouped_experts.stacked(experts)
     # Each token's rows by expand and a permutation: their gradients sum without atomics.
     rows = hidden_states.unsqueeze(1).expand(-1, top_k, -1).reshape(tokens * top_k, -1)[order]
-    out, _ = grouped_experts.linears(rows, ends, gate_up, down, experts[0].act_fn)
+    out, _ = grouped_experts.linears(rows, ends, gate_up, down, act or experts[0].act_fn)
     back = torch.empty_like(order)
     back[order] = torch.arange(order.numel(), device=order.device)
     out = out[back] * top_k_weights.reshape(-1).to(hidden_states.dtype).unsqueeze(-1)
@@ -63,3 +68,30 @@ def make_sequential_moe_forward(installation, original):
         counters.qlink(PATCH)
         return grouped_forward(hidden_states, top_k_index, top_k_weights, experts, num_experts)
     return sequential_moe_forward
+
+
+def make_linear_loop_experts_forward(installation, original):
+    """The experts interface's linear_loop forward. transformers keeps the function
+    registered in its experts mapping (by AutoRound's prepare, while installed, this one):
+    once uninstalled it is AutoRound's own again."""
+    counters, forced = installation.counters, installation.host.force_all_experts_routing_enabled
+
+    @like(original)
+    def linear_loop_experts_forward(experts_module, hidden_states, top_k_index, top_k_weights):
+        if installation.closed:
+            return original(experts_module, hidden_states, top_k_index, top_k_weights)
+        experts = [getattr(experts_module, str(i)) for i in range(experts_module.num_experts)]
+        why = "grouped_moe=False" if not installation.grouped_moe else (
+            "the experts' own gating (_apply_gate)" if hasattr(experts_module, "_apply_gate") else
+            "every expert's forced routing (AutoRound's coverage pass)" if forced() else
+            refusal(hidden_states, experts, own_act=False))
+        if why:
+            counters.host(PATCH, why)
+            return original(experts_module, hidden_states, top_k_index, top_k_weights)
+        counters.qlink(PATCH)
+        hidden = hidden_states.shape[-1]
+        out = grouped_forward(hidden_states.reshape(-1, hidden), top_k_index.reshape(-1, top_k_index.shape[-1]),
+                              top_k_weights.reshape(-1, top_k_weights.shape[-1]), experts, len(experts),
+                              act=experts_module.act_fn)
+        return out.view(hidden_states.shape)
+    return linear_loop_experts_forward

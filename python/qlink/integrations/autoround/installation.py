@@ -64,6 +64,7 @@ class AutoRoundInstallation(Installation):
         if grouped_moe not in (True, False):
             raise ValueError("grouped_moe must be True or False, got %r" % (grouped_moe,))
         self.grouped_moe = grouped_moe
+        self.closed = False  # uninstalled: a replacement the host still holds defers to the host's own
         super().__init__(ctx, strict, seams, host_spec)
         self.parallel, self.transport, self.check_replicas = parallel, transport, check_replicas
         self.host = _Host(self.names)
@@ -72,6 +73,9 @@ class AutoRoundInstallation(Installation):
         self._said = set()      # serial reasons already logged
         self.losses = []        # (block name, each iteration's loss) of the native loop
         self._deferring = threading.local()  # (quantizer, [(layer, option)]) while a block's RTN picks layers
+
+    def close(self):
+        self.closed = True
 
     def _make_quantize(self, original):
         counters = self.counters

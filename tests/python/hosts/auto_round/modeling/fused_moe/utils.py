@@ -16,3 +16,10 @@ def sequential_moe_forward(hidden_states, top_k_index, top_k_weights, experts, n
             out.index_copy_(0, at, experts[expert](rows.index_select(0, at)).to(out.dtype))
     out = out * top_k_weights.reshape(-1).to(hidden_states.dtype).unsqueeze(-1)
     return out.view(tokens, top_k, -1).sum(dim=1)
+
+
+FORCE_ALL_EXPERTS = False  # AutoRound's coverage pass (its environment switch)
+
+
+def force_all_experts_routing_enabled():
+    return FORCE_ALL_EXPERTS

@@ -1,0 +1,59 @@
+"""Stand-in for auto_round.modeling.fused_moe.moe_experts_interface: linear_loop_experts_forward,
+transformers 5's experts interface as AutoRound runs it (each expert's container called in
+turn on its routed rows, token-major, the experts module's act_fn; the rows weighted and
+summed over each token's slots; AutoRound's coverage pass, a forced routing whose output is
+discarded, is not here), registered into a mapping that stands in for transformers'
+ALL_EXPERTS_FUNCTIONS (looked up when registered, kept after), and an experts module that
+calls what the mapping holds."""
+import torch
+from torch import nn
+
+EXPERTS_FUNCTIONS = {}  # transformers' ALL_EXPERTS_FUNCTIONS._global_mapping
+
+
+def linear_loop_experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    shape = hidden_states.shape
+    hidden_states = hidden_states.reshape(-1, shape[-1])
+    top_k_index = top_k_index.reshape(-1, top_k_index.shape[-1])
+    top_k_weights = top_k_weights.reshape(-1, top_k_weights.shape[-1])
+    tokens, top_k = top_k_index.shape
+    token_idx = torch.arange(tokens, device=hidden_states.device).unsqueeze(1).expand(-1, top_k).reshape(-1)
+    expert_ids = top_k_index.reshape(-1)
+    rows = hidden_states[token_idx]
+    out = torch.zeros_like(rows)
+    for index in range(self.num_experts):
+        at = torch.nonzero(expert_ids == index, as_tuple=False).squeeze(-1)
+        if at.numel() == 0:
+            continue
+        expert = getattr(self, str(index))
+        x = rows.index_select(0, at)
+        out.index_copy_(0, at, expert.down_proj(self.act_fn(expert.gate_proj(x)) * expert.up_proj(x)).to(out.dtype))
+    out = out * top_k_weights.reshape(-1).to(hidden_states.dtype).unsqueeze(-1)
+    return out.view(tokens, top_k, -1).sum(dim=1).view(shape)
+
+
+def register_linear_loop_experts():
+    if "linear_loop" not in EXPERTS_FUNCTIONS:
+        EXPERTS_FUNCTIONS["linear_loop"] = linear_loop_experts_forward
+    return True
+
+
+class ExpertContainer(nn.Module):
+    def __init__(self, hidden, inter):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+
+class LinearLoopExperts(nn.Module):
+    """Qwen3-MoE's experts once AutoRound unfused them: numbered containers, one act_fn."""
+
+    def __init__(self, hidden, inter, num_experts):
+        super().__init__()
+        self.num_experts, self.act_fn = num_experts, nn.SiLU()
+        for index in range(num_experts):
+            self.add_module(str(index), ExpertContainer(hidden, inter))
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        return EXPERTS_FUNCTIONS["linear_loop"](self, hidden_states, top_k_index, top_k_weights)
