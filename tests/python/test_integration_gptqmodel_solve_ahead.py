@@ -104,3 +104,40 @@ def test_a_batch_the_engine_refuses_leaves_each_task_to_its_own_solve(host, monk
     counts = adapter.counters()["solves"]
     assert counts["refused"] == sizes.count(5) + sizes.count(4) + sizes.count(3) + sizes.count(2) >= 1
     assert counts["ahead"] == 0 and counts["layers"] == 5 and adapter.counters()["seams"]["quantize"]["qlink"] == 5
+
+
+def test_tasks_of_one_input_take_one_merged_hessian(host, monkeypatch):  # noqa: F811
+    """q/k/v (and the other pair) read one input, so they hold one partial: their merges give
+    one tensor, which the engine's call gets once for the three (one inverse)."""
+    hessians, real = [], solve.parallel_gptq
+
+    def recorder(layers, placement, **options):
+        hessians.append([id(layer.hessian) for layer in layers])
+        return real(layers, placement, **options)
+    monkeypatch.setattr(solve, "parallel_gptq", recorder)
+    adapter.install(ctx=host["ctx"], strict=True)
+    for t in subset(host):
+        t.quantize()
+    assert len(hessians) == 1 and len(hessians[0]) == 5 and len(set(hessians[0])) == 2
+
+
+def test_gptqmodels_own_solve_gets_a_merged_hessian_of_its_own(host, monkeypatch):  # noqa: F811
+    """Where the engine fails and GPTQModel's solve runs (it writes its task's Hessian in
+    place), each task's solve gets a copy: the next task of the same input still finds the
+    merge as it was made."""
+    seen = []
+
+    def writing(self, blocksize=128):
+        seen.append((id(self.H), bool(self.H.abs().sum() > 0)))
+        self.H.zero_()
+        return "host"
+    monkeypatch.setattr(host["gptq"].GPTQ, "quantize", writing)
+    adapter.install(ctx=host["ctx"], strict=False)
+
+    def failing(gptq):
+        raise RuntimeError("injected")
+    monkeypatch.setattr(adapter._integration.current.ahead, "result_for", failing)
+    tasks = subset(host)
+    assert [t.quantize() for t in tasks] == ["host"] * 5
+    assert all(untouched for _, untouched in seen) and len({i for i, _ in seen}) == 5
+    assert adapter.counters()["seams"]["quantize"]["fallback"] == 5

@@ -1,8 +1,13 @@
 """GPTQModel's per-module task as a subclass of its GPTQ, made where its processor builds
 tasks (gptq_processor.GPTQ): the per-batch Hessian through qlink's accumulator
-(hessian_queue.py), the partials merged in device order by qlink.reduce, the solve by
-qlink's native engine where it covers the task's options (solve.py, solve_ahead.py).
-Each method falls back to GPTQModel's own (super()) with its reason."""
+(hessian_queue.py), the partials merged in device order by qlink.reduce (tasks that read
+one input, q/k/v or an expert's gate and up, holding one partial take one merged tensor, so
+the engine inverts it once), the solve by qlink's native engine where it covers the task's
+options (solve.py, solve_ahead.py). Each method falls back to GPTQModel's own (super()) with
+its reason; GPTQModel's solve, which writes its task's Hessian in place, gets a copy of its own."""
+import threading
+import weakref
+
 import torch
 
 from ..patches import like
@@ -43,6 +48,50 @@ def _merge_refusal(ctx, partials, target):
     return None
 
 
+class SharedMerges:
+    """Merged Hessians by the partials (the same tensors, the same sample count and target)
+    they were made from, while both live: a second task of those partials takes the same
+    merged tensor. One that GPTQModel's own solve is to take is copied first (own())."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._made = {}  # key -> (weakref of the merged tensor, weakrefs of its partials)
+        self._merged = {}  # id -> weakref of every merged tensor in _made
+
+    @staticmethod
+    def _key(partials, total, target):
+        return tuple((str(d), id(p)) for d, p in partials), total, str(target)
+
+    def find(self, partials, total, target):
+        """The merged tensor made from exactly these partials, or None."""
+        with self._lock:
+            entry = self._made.get(self._key(partials, total, target))
+            hessian = entry[0]() if entry else None
+            if hessian is None or any(r() is not p for r, (_, p) in zip(entry[1], partials)):
+                return None
+            return hessian
+
+    def keep(self, partials, total, target, hessian):
+        with self._lock:
+            for key in [k for k, (h, _) in self._made.items() if h() is None]:
+                del self._made[key]
+            for key in [k for k, h in self._merged.items() if h() is None]:
+                del self._merged[key]
+            partial_refs = [weakref.ref(p) for _, p in partials]
+            self._made[self._key(partials, total, target)] = (weakref.ref(hessian), partial_refs)
+            self._merged[id(hessian)] = weakref.ref(hessian)
+
+    def own(self, gptq):
+        """gptq, its Hessian a copy of its own where it is a merged tensor another task may
+        hold (GPTQModel's solve writes it in place)."""
+        hessian = getattr(gptq, "H", None)
+        with self._lock:
+            ref = self._merged.get(id(hessian)) if hessian is not None else None
+            if ref is not None and ref() is hessian:
+                gptq.H = hessian.clone()
+        return gptq
+
+
 def make_materialize_global_hessian(installation, original):
     ctx, counters, guard = installation.ctx, installation.counters, installation.guard
     patch = "materialize_global_hessian"
@@ -61,6 +110,13 @@ def make_materialize_global_hessian(installation, original):
                 reason = "nothing to merge"
             else:
                 reason = _merge_refusal(ctx, partials, target)
+            if reason is None and unsupported(gptq, installation.host) is None:
+                # Only where the engine solves it: GPTQModel's solve writes its H in place.
+                same = installation.merges.find(partials, total, target)
+                if same is not None:
+                    merged(gptq, same, total)
+                    counters.qlink(patch)
+                    return None
             if reason is None:
                 def merge():
                     merged = torch.empty(gptq.columns, gptq.columns, dtype=torch.float32, device=target)
@@ -71,6 +127,7 @@ def make_materialize_global_hessian(installation, original):
 
                 def commit(hessian):
                     merged(gptq, hessian, total)
+                    installation.merges.keep(partials, total, target, hessian)
                     return True
 
                 # A fallback is the host's merge below, once this lock is released.
@@ -91,11 +148,12 @@ def make_quantize(installation, original):
         reason = unsupported(gptq, installation.host)
         if reason:
             counters.host("quantize", reason)
-            return original(gptq, blocksize)
+            return original(installation.merges.own(gptq), blocksize)
         # GPTQModel's solve starts by merging the Hessian; merged here once, outside the
         # guard (what the host's merge raises is its own), the host's solve finds it
         # merged if qlink's fails (GPTQModel's merge returns at once when nothing is new).
         gptq.finalize_hessian(target_device=getattr(gptq.module, "target_device", None))
-        return guard.attempt("quantize", lambda: installation.ahead.result_for(gptq), lambda: original(gptq, blocksize),
+        return guard.attempt("quantize", lambda: installation.ahead.result_for(gptq),
+                             lambda: original(installation.merges.own(gptq), blocksize),
                              commit=lambda result: solved(gptq, result))
     return quantize

@@ -10,6 +10,7 @@ from ...quant.hessian import HessianAccumulator
 from ..base import Installation
 from ..process_settings import check_interval
 from .expert_stage import ExpertCounts
+from .gptq import SharedMerges
 from .hessian_queue import Queue
 from .pack_ahead import PackAhead
 from .solve_ahead import SolveAhead
@@ -57,6 +58,7 @@ class GPTQModelInstallation(Installation):
         self.read_ahead = read_ahead
         self.accumulator = HessianAccumulator(ctx, precision=hessian_precision)
         self.queue = Queue(self)  # add_batch's calls of a forward, made as one native call
+        self.merges = SharedMerges()  # tasks of one input take one merged Hessian
         self.ahead = SolveAhead(self)  # a subset's tasks solved in one engine call
         self.packs = PackAhead()  # and their words packed with it
         self.expert_counts = ExpertCounts()  # the expert stage's blocks, experts and rows
