@@ -283,7 +283,7 @@ def test_fused_hessians_equal_defused_and_chunked_equal_one_chunk(host, defuser,
     accumulator = HessianAccumulator(host)
     whole, _ = expert_hessians.hessians(accumulator, _forwards(fused, record), EXPERTS, columns)
     split, _ = expert_hessians.hessians(accumulator, _forwards(defused(fused, defuser), record), EXPERTS, columns)
-    budget = 2 * 4 * columns ** 2  # two experts a chunk
+    budget = 2 * 2 * 4 * columns ** 2  # two experts a chunk
     chunked, count = expert_hessians.hessians(HessianAccumulator(host), _forwards(fused, record), EXPERTS, columns,
                                               budget=budget, devices=[0, 1])
     assert count == EXPERTS // 2
@@ -297,13 +297,13 @@ def test_fused_hessians_equal_defused_and_chunked_equal_one_chunk(host, defuser,
         torch.testing.assert_close(h.double(), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_chunks_fit_the_budget_and_go_round_the_devices():
+def test_chunks_fit_the_budget_twice_over_and_go_round_the_devices():
     assert expert_hessians.expert_chunks(5, 4, None) == [[0, 1, 2, 3, 4]]
-    # an expert's Hessian takes 4 * 4^2 = 64 bytes
-    assert expert_hessians.expert_chunks(5, 4, 128) == [[0, 1], [2, 3], [4]]
-    assert expert_hessians.expert_chunks(5, 4, 100) == [[0], [1], [2], [3], [4]]
-    with pytest.raises(ValueError, match=r"expert_budget 50 bytes does not hold one expert's Hessian \(64"):
-        expert_hessians.expert_chunks(5, 4, 50)
+    # an expert's Hessian takes 4 * 4^2 = 64 bytes, twice over with its inverse: 128
+    assert expert_hessians.expert_chunks(5, 4, 256) == [[0, 1], [2, 3], [4]]
+    assert expert_hessians.expert_chunks(5, 4, 200) == [[0], [1], [2], [3], [4]]
+    with pytest.raises(ValueError, match=r"expert_budget 100 bytes does not hold one expert's Hessian twice over"):
+        expert_hessians.expert_chunks(5, 4, 100)
     chunks = [[0], [1], [2], [3], [4]]
     assert expert_hessians.placement(chunks, ["a", "b", "c"]) == [
         ("a", [0]), ("b", [1]), ("c", [2]), ("a", [3]), ("b", [4])]
@@ -432,7 +432,7 @@ def test_chunks_are_solved_before_the_next_chunks_hessians_as_one_chunk(host, de
     monkeypatch.setattr(expert_stage, "ChunkHessians", hessians)
     monkeypatch.setattr(gptq_processor.GPTQProcessor, "process",
                         lambda self, module: events.append(("solve", module.name)) or process(self, module))
-    adapter.install(ctx=host, strict=True, expert_stage=True, expert_budget=6500)
+    adapter.install(ctx=host, strict=True, expert_stage=True, expert_budget=13000)
     chunked, chunked_results, chunked_dynamic = run_layer(copy.deepcopy(layer), monkeypatch)
     made_at = [i for i, (kind, _) in enumerate(events) if kind == "hessians"]
     assert len(made_at) >= 5 and adapter.counters()["experts"]["chunks"] == len(made_at)
@@ -459,11 +459,11 @@ def test_a_later_chunk_that_fails_leaves_the_rest_to_gptqmodels_forwards(host, d
         return made(accumulator, chunk, *args)
     monkeypatch.setattr(expert_stage, "ChunkHessians", failing_third)
     layer = defused(fused_layer(), defuser)
-    adapter.install(ctx=host, strict=True, expert_stage=True, expert_budget=6500)
+    adapter.install(ctx=host, strict=True, expert_stage=True, expert_budget=13000)
     with pytest.raises(FallbackRefused, match="expert_stage.*RuntimeError: injected"):
         run_layer(copy.deepcopy(layer), monkeypatch)
     calls.clear()
-    adapter.install(ctx=host, strict=False, expert_stage=True, expert_budget=6500)
+    adapter.install(ctx=host, strict=False, expert_stage=True, expert_budget=13000)
     mine, _, _ = run_layer(copy.deepcopy(layer), monkeypatch)
     assert len(mine) == 3 * (EXPERTS - 1)  # every routed expert's tasks solved, the last after GPTQModel's forwards
     assert adapter.counters()["seams"]["expert_stage"]["reasons"] == {"RuntimeError: injected": 1}

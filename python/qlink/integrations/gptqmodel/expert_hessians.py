@@ -1,8 +1,10 @@
 """An MoE block's expert Hessians, accumulated as the expert stage's routed forwards
 (expert_pass) go: each forward's rows of every expert of a chunk added to that expert's
 partial in one native call, in place (the partials are the sink's alone), nothing of the
-rows kept. The experts are taken in consecutive chunks whose Hessians fit a memory budget,
-the forwards run once a chunk, the chunks placed over the devices in turn (any count).
+rows kept. The experts are taken in consecutive chunks whose Hessians fit a memory budget
+twice over (the engine's solve of a chunk keeps each Hessian's inverse beside it until the
+call returns), the forwards run once a chunk, the chunks placed over the devices in turn
+(any count).
 
 Invariant: an expert's Hessian is the sum of its rows' products forward by forward, in
 forward order, whatever the chunking or placement: chunked equals unchunked, bit for bit."""
@@ -10,13 +12,13 @@ import torch
 
 
 def expert_chunks(experts, columns, budget):
-    """Consecutive chunks of range(experts) whose fp32 Hessians (columns^2 each) fit
-    `budget` bytes (None: one chunk)."""
-    need = 4 * columns * columns
+    """Consecutive chunks of range(experts) whose fp32 Hessians (columns^2 each), twice over,
+    fit `budget` bytes (None: one chunk)."""
+    need = 2 * 4 * columns * columns
     if budget is None:
         return [list(range(experts))]
     if need > budget:
-        raise ValueError("expert_budget %d bytes does not hold one expert's Hessian (%d bytes)"
+        raise ValueError("expert_budget %d bytes does not hold one expert's Hessian twice over (%d bytes)"
                          % (budget, need))
     per = budget // need
     return [list(range(start, min(start + per, experts))) for start in range(0, experts, per)]

@@ -96,7 +96,8 @@ def stage_refusal(installation, looper, plan, processor, layer_inputs):
 
 
 def budget(installation, layer_inputs):
-    """Bytes a chunk's Hessians may take: install(expert_budget=...),
+    """Bytes a chunk's Hessians may take, twice over (each one's inverse beside it in the
+    solve): install(expert_budget=...),
     else half the free memory of the GPU the batches are on, else (CPU memory) no bound."""
     if installation.expert_budget is not None:
         return installation.expert_budget
@@ -187,6 +188,7 @@ def make_run_subset_stage(installation, original):
                         task._device_hessian_partials[device] = hessian
                         count_batch(task, device, rows[expert], fwd=reached[expert])
                     installation.ahead.seen(task)  # fed, as add_batch says: the subset's solves in one call
+            made.clear()  # the tasks hold the partials now: each freed once its tasks' merge took it
 
         def solved(names, forward=False):
             """GPTQModel's stage over these modules (all of the plan's: the plan)."""
