@@ -409,6 +409,7 @@ def report(args, result, layers, codes, dequantized, packs):
         result["staging_counters"] = qlink_gptqmodel.counters()["staging"]
         result["solve_counters"] = qlink_gptqmodel.counters()["solves"]
         result["expert_counters"] = qlink_gptqmodel.counters()["experts"]
+        result["pack_counters"] = qlink_gptqmodel.counters()["packs"]
     # Which qlink ran (the wheel's or a source tree's), however it was loaded; not an import.
     result["qlink_package"] = getattr(sys.modules.get("qlink"), "__file__", None)
     if codes is not None:
