@@ -141,3 +141,24 @@ def test_gptqmodels_own_solve_gets_a_merged_hessian_of_its_own(host, monkeypatch
     assert [t.quantize() for t in tasks] == ["host"] * 5
     assert all(untouched for _, untouched in seen) and len({i for i, _ in seen}) == 5
     assert adapter.counters()["seams"]["quantize"]["fallback"] == 5
+
+
+def test_a_call_out_of_memory_halves_the_calls_after_it(host, monkeypatch):  # noqa: F811
+    """A call of five tasks that runs out of memory: the asker is solved alone, the others in
+    calls of at most two; every result the one its layer gets alone."""
+    sizes, real = [], solve.parallel_gptq
+
+    def tight(layers, placement, **options):
+        sizes.append(len(layers))
+        if len(layers) > 2:
+            raise RuntimeError("cuda: gpuMalloc: cudaErrorMemoryAllocation (out of memory)")
+        return real(layers, placement, **options)
+    monkeypatch.setattr(solve, "parallel_gptq", tight)
+    adapter.install(ctx=host["ctx"], strict=True)
+    got = [t.quantize() for t in subset(host)]
+    assert sizes == [5, 1, 2, 2]
+    assert adapter.counters()["solves"]["refused"] == 1 and adapter.counters()["solves"]["ahead"] == 2
+    monkeypatch.setattr(solve, "parallel_gptq", real)
+    adapter.install(ctx=host["ctx"], strict=True)
+    for t, mine in zip(subset(host), got):
+        assert same(t.quantize(), mine)

@@ -7,10 +7,11 @@ quantize would, and solves them in one call (each Hessian inverted once, all of 
 flight together); the others' quantize calls then take their results. A result is only
 given to a task whose Hessian is still the one it was solved with (the same merged tensor,
 sample count and no pending partial); otherwise, and when the engine refuses the batch,
-the task is solved alone. The call's layers' packed words are made with it (pack_ahead).
-Where the context has several devices, a call of more than one task may run on all of them
-(the engine places the layers by cost: an MoE layer's experts spread over the GPUs), its
-first task's device first; the results are the same."""
+the task is solved alone. A batch refused for want of memory halves the batches after it.
+The call's layers' packed words are made with it (pack_ahead). Where the context has several
+devices, a call of more than one task may run on all of them (the engine places the layers
+by cost: an MoE layer's experts spread over the GPUs), its first task's device first; the
+results are the same."""
 import collections
 import logging
 import threading
@@ -34,6 +35,7 @@ class SolveAhead:
         self._solved = weakref.WeakKeyDictionary()  # task -> _Solved
         self._counts = {"calls": 0, "layers": 0, "ahead": 0, "refused": 0, "spread": 0}
         self._placements = {}  # device ids, home first -> Placement (its threads kept)
+        self._most = None  # the most tasks a call takes, once a larger one ran out of memory
 
     def seen(self, gptq):
         with self._lock:
@@ -59,6 +61,8 @@ class SolveAhead:
             fed = [ref() for ref in self._seen.values()]
             self._seen = {id(t): weakref.ref(t) for t in fed if t is not None}
             siblings = [t for t in fed if t is not None and self._sibling(t, gptq)]
+            if self._most is not None:
+                siblings = siblings[:self._most - 1]
             batch = [gptq] + siblings
             if siblings:
                 try:
@@ -68,8 +72,11 @@ class SolveAhead:
                     results = solve(batch, ctx, placement)
                 except Exception as error:  # noqa: BLE001 (each task then solves alone, as before)
                     self._counts["refused"] += 1
-                    log.warning("qlink: %d GPTQ tasks in one call refused (%s: %s); solving each alone",
-                                len(batch), type(error).__name__, error)
+                    if "out of memory" in str(error).lower():
+                        self._most = max(1, len(batch) // 2)
+                    log.warning("qlink: %d GPTQ tasks in one call refused (%s: %s); this one solved alone, "
+                                "the others in calls of at most %s", len(batch), type(error).__name__, error,
+                                self._most or len(batch))
                 else:
                     self._count(batch)
                     self._counts["spread"] += placement is not None
