@@ -499,7 +499,8 @@ def _host_reads():
             yield reads
         finally:
             torch.cuda.set_sync_debug_mode(before)
-    reads += [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message)]
+    reads += [str(w.message).splitlines()[0].split(" (Triggered internally")[0] for w in caught
+              if "synchroniz" in str(w.message)]
 
 
 def _on_device(runner, others, device, dim):
