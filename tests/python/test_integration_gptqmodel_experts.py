@@ -297,12 +297,15 @@ def test_fused_hessians_equal_defused_and_chunked_equal_one_chunk(host, defuser,
         torch.testing.assert_close(h.double(), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_chunks_fit_the_budget_twice_over_and_go_round_the_devices():
+def test_chunks_fit_the_budget_and_go_round_the_devices():
     assert expert_hessians.expert_chunks(5, 4, None) == [[0, 1, 2, 3, 4]]
     # an expert's Hessian takes 4 * 4^2 = 64 bytes, twice over with its inverse: 128
     assert expert_hessians.expert_chunks(5, 4, 256) == [[0, 1], [2, 3], [4]]
     assert expert_hessians.expert_chunks(5, 4, 200) == [[0], [1], [2], [3], [4]]
-    with pytest.raises(ValueError, match=r"expert_budget 100 bytes does not hold one expert's Hessian twice over"):
+    # and 3 bytes a weight of its layers: 128 + 3 * 24 = 200
+    assert expert_hessians.expert_chunks(5, 4, 400, weights=24) == [[0, 1], [2, 3], [4]]
+    assert expert_hessians.expert_chunks(5, 4, 399, weights=24) == [[0], [1], [2], [3], [4]]
+    with pytest.raises(ValueError, match=r"expert_budget 100 bytes does not hold one expert's solve \(128"):
         expert_hessians.expert_chunks(5, 4, 100)
     chunks = [[0], [1], [2], [3], [4]]
     assert expert_hessians.placement(chunks, ["a", "b", "c"]) == [

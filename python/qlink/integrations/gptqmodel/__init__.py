@@ -133,9 +133,9 @@ def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pi
     expert_stage: True (the default) runs an MoE block's expert subsets through qlink's owned
     stage (docs/MOE.md: 1.5x qlink's per-batch path on a Qwen3-30B-A3B layer, its losses within
     0.015 % of that path's); False leaves them to GPTQModel's forwards and qlink's add_batch.
-    expert_budget: bytes one chunk of that stage's expert Hessians may take, twice over (the
-    solve keeps each one's inverse beside it; the forwards run once a chunk), or None for half
-    the GPU's free memory (no bound in CPU memory).
+    expert_budget: bytes one chunk of that stage's expert solves may take (each Hessian twice
+    over, with its inverse, and 3 bytes a weight; the forwards run once a chunk), or None for
+    half the GPU's free memory (no bound in CPU memory).
     GPTQModel's version is checked against HOST's (another warns once; UnsupportedHost
     under strict) and every name the seams touch must be where HOST says (HostChanged
     naming each that moved); nothing is replaced otherwise."""

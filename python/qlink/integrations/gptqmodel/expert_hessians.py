@@ -1,24 +1,25 @@
 """An MoE block's expert Hessians, accumulated as the expert stage's routed forwards
 (expert_pass) go: each forward's rows of every expert of a chunk added to that expert's
 partial in one native call, in place (the partials are the sink's alone), nothing of the
-rows kept. The experts are taken in consecutive chunks whose Hessians fit a memory budget
-twice over (the engine's solve of a chunk keeps each Hessian's inverse beside it until the
-call returns), the forwards run once a chunk, the chunks placed over the devices in turn
-(any count).
+rows kept. The experts are taken in consecutive chunks whose solve fits a memory budget:
+each Hessian twice over (the engine keeps its inverse beside it until the call returns) and
+3 bytes a weight of the expert's layers (the solve's codes and dequantized weight); the
+forwards run once a chunk, the chunks placed over the devices in turn (any count).
 
 Invariant: an expert's Hessian is the sum of its rows' products forward by forward, in
 forward order, whatever the chunking or placement: chunked equals unchunked, bit for bit."""
 import torch
 
 
-def expert_chunks(experts, columns, budget):
-    """Consecutive chunks of range(experts) whose fp32 Hessians (columns^2 each), twice over,
-    fit `budget` bytes (None: one chunk)."""
-    need = 2 * 4 * columns * columns
+def expert_chunks(experts, columns, budget, weights=0):
+    """Consecutive chunks of range(experts) whose solves fit `budget` bytes (None: one chunk):
+    each expert's fp32 Hessian (columns^2) twice over, and 3 bytes a weight of its `weights`
+    (the elements of the expert's layers the chunk solves)."""
+    need = 2 * 4 * columns * columns + 3 * weights
     if budget is None:
         return [list(range(experts))]
     if need > budget:
-        raise ValueError("expert_budget %d bytes does not hold one expert's Hessian twice over (%d bytes)"
+        raise ValueError("expert_budget %d bytes does not hold one expert's solve (%d bytes)"
                          % (budget, need))
     per = budget // need
     return [list(range(start, min(start + per, experts))) for start in range(0, experts, per)]

@@ -96,8 +96,8 @@ def stage_refusal(installation, looper, plan, processor, layer_inputs):
 
 
 def budget(installation, layer_inputs):
-    """Bytes a chunk's Hessians may take, twice over (each one's inverse beside it in the
-    solve): install(expert_budget=...),
+    """Bytes a chunk's solve may take (expert_hessians.expert_chunks counts it):
+    install(expert_budget=...),
     else half the free memory of the GPU the batches are on, else (CPU memory) no bound."""
     if installation.expert_budget is not None:
         return installation.expert_budget
@@ -175,7 +175,8 @@ def make_run_subset_stage(installation, original):
                 why = unsupported(processor.tasks[name], like, installation.host, installation.ctx)
                 if why:
                     raise ValueError("%s: %s" % (name, why))
-            chunks = expert_chunks(weights.num_experts, columns, budget(installation, layer_inputs))
+            solved_weights = sum(processor.tasks[name].module.weight.numel() for name in next(iter(by_expert.values())))
+            chunks = expert_chunks(weights.num_experts, columns, budget(installation, layer_inputs), solved_weights)
             sink = ChunkHessians(installation.accumulator, chunks[0])
             rows, reached = forwards(sink)
             return rows, reached, chunks, sink.partials
