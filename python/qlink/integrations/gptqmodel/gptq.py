@@ -110,8 +110,9 @@ def make_materialize_global_hessian(installation, original):
                 reason = "nothing to merge"
             else:
                 reason = _merge_refusal(ctx, partials, target)
-            if reason is None and unsupported(gptq, installation.host) is None:
-                # Only where the engine solves it: GPTQModel's solve writes its H in place.
+            # Shared only where the engine solves it: GPTQModel's solve writes its H in place.
+            shareable = reason is None and unsupported(gptq, installation.host) is None
+            if shareable:
                 same = installation.merges.find(partials, total, target)
                 if same is not None:
                     merged(gptq, same, total)
@@ -127,7 +128,8 @@ def make_materialize_global_hessian(installation, original):
 
                 def commit(hessian):
                     merged(gptq, hessian, total)
-                    installation.merges.keep(partials, total, target, hessian)
+                    if shareable:
+                        installation.merges.keep(partials, total, target, hessian)
                     return True
 
                 # A fallback is the host's merge below, once this lock is released.
