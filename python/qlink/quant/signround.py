@@ -51,7 +51,8 @@ class _SignRoundQdq(torch.autograd.Function):
         layer = dict(layer, weight=weight.detach(), v=v.detach(), min_scale=min_scale.detach(),
                      max_scale=max_scale.detach(), qdq=qdq)
         qctx.signround_qdq([layer], options, streams=_streams(qctx, [weight]))
-        ctx.spec, ctx.layer = spec, layer
+        # Not the output: a tensor held by its own grad_fn's ctx is a cycle no collector frees.
+        ctx.spec, ctx.layer = spec, dict(layer, qdq=None)
         ctx.shapes = (v.shape, min_scale.shape, max_scale.shape)
         return qdq
 
@@ -123,7 +124,9 @@ class _SignRoundQdqLayers(torch.autograd.Function):
             qctx.signround_qdq(records, options, streams=streams)
         else:
             qctx.signround_experts_qdq(records, options, tokens=experts["tokens"], streams=streams)
-        ctx.spec, ctx.records = spec, records
+        # Not the outputs: a tensor held by its own grad_fn's ctx is a cycle no collector frees
+        # (an MoE block's native loop kept every eager iteration's quant-dequantized weights).
+        ctx.spec, ctx.records = spec, [dict(r, qdq=None) for r in records]
         return tuple(r["qdq"] for r in records)
 
     @staticmethod
