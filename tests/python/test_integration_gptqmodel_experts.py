@@ -161,6 +161,17 @@ def _model():
     return type("Qwen3MoeQModel", (BaseQModel,), {"dynamic_expert_index": "num_experts"})()
 
 
+def test_the_stage_drops_the_layers_copies_of_the_experts_it_owns(host, defuser, monkeypatch):  # noqa: F811
+    adapter.install(ctx=host, strict=True, expert_stage=True)
+    dropped = []
+    monkeypatch.setattr(adapter._integration.current.prefetch, "drop_kept", lambda modules: dropped.append(modules))
+    run_layer(copy.deepcopy(defused(fused_layer(), defuser)), monkeypatch)
+    gate_up, down = dropped
+    assert sorted(gate_up) == sorted("mlp.experts.%d.%s" % (e, p) for e in range(EXPERTS) for p in ("gate_proj",
+                                                                                                    "up_proj"))
+    assert sorted(down) == sorted("mlp.experts.%d.down_proj" % e for e in range(EXPERTS))
+
+
 def test_the_owned_stage_gives_gptqmodels_hessians_counts_and_exclusions(host, defuser, monkeypatch):  # noqa: F811
     """GPTQModel's own path (qlink not installed: its hooks and add_batch per expert) against
     qlink's stage: the gate/up Hessians (GPTQModel's own solve in both) within the rounding

@@ -4,7 +4,8 @@ fill reads the next layer's tensors on qlink's helper thread and the next fill t
 (filled the same as by the host's own reads, counted); the fills of a layer's own modules
 take copies of its tensors read ahead (the first layer's, not read ahead, a fill to another
 device and a fill out of order read for themselves), fresh ones each time, so a fill that
-keeps what it is handed changes nothing for the next, dropped when the loop returns; a
+keeps what it is handed changes nothing for the next, dropped when the loop returns or
+when a stage owns their modules; a
 shard that is not safetensors is read ahead through the host's reader; a failed read-ahead
 falls back to the host's read (FallbackRefused under strict, the module untouched);
 uninstall gives both bindings back."""
@@ -149,6 +150,24 @@ def test_the_next_layers_fill_drops_the_layer_befores_copies(host):
     prefetch_state = adapter._integration.current.prefetch
     names = {name for _, name in prefetch_state._kept[0]._tensors}
     assert names and all(name.startswith("model.layers.2.") for name in names)
+
+
+def test_copies_a_stage_owns_are_dropped_and_their_fill_reads_for_itself(host):
+    adapter.install(ctx=host["ctx"], strict=True)
+    root = empty_shell()
+    fill(host, root, root.model.layers[0])
+    fill(host, root, root.model.layers[1])
+    prefetch_state = adapter._integration.current.prefetch
+    assert prefetch_state.drop_kept(["experts.1", "experts.7"]) == 1
+    names = {name for _, name in prefetch_state._kept[0]._tensors}
+    assert "model.layers.1.experts.1.weight" not in names and "model.layers.1.experts.0.weight" in names
+    expert = root.model.layers[1].experts[1]
+    expert.weight.data.zero_()
+    host["reads"].clear()
+    fill(host, root, expert)
+    assert_filled(host, root, 1)
+    assert [name for _, name in host["reads"]] == ["model.layers.1.experts.1.weight"]
+    assert prefetch_state.drop_kept([]) == 0
 
 
 def test_the_last_layers_copies_are_dropped_when_the_loop_returns(host):

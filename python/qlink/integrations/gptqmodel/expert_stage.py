@@ -167,6 +167,8 @@ def make_run_subset_stage(installation, original):
 
         def owned():
             _fill(looper, plan, rest["cur_layer_device"], skip=others)
+            # The experts make no second fill: their copies kept for one go back to the allocator.
+            installation.prefetch.drop_kept([n for members in by_expert.values() for n in members])
             weights, first = ExpertWeights(experts), layer_inputs[0][0]
             columns = first.shape[-1] if record == "inputs" else weights.inter
             # What add_batch would check of each expert's rows: their dtype, columns and device.
