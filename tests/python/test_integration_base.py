@@ -1,7 +1,8 @@
 """What both integrations share (qlink.integrations.base), against the stand-in hosts:
 the host version checked at install (another warns once, strict refuses it), every
 patched name resolved first (HostChanged naming the ones that moved, nothing patched),
-uninstall restoring only what is still qlink's, AutoRound's fallback and strict."""
+uninstall restoring only what is still qlink's, AutoRound's fallback and strict; a fallback
+running after qlink's failed attempt let go of what it held."""
 import importlib
 import logging
 import os
@@ -132,3 +133,24 @@ def test_the_source_lookup_finds_every_name_in_the_stand_ins_and_names_one_that_
     moved = SourceTree([str(tmp_path / "hosts")]).missing(adapter.HOST)
     assert "%s (no %s in %s)" % (first, path, module) in moved
     assert all(m.startswith(first) for m in moved)  # a class's members move with it
+
+
+def test_a_fallback_runs_after_qlinks_failed_attempt_let_go_of_its_memory():
+    """What a failed qlink attempt held in its frames (an out-of-memory error's block tuning
+    state) is released before the host's path runs in its place."""
+    import gc
+    import weakref
+
+    import torch
+    from qlink.integrations.patches import Counters, Guard
+    held = []
+
+    def attempt():
+        state = torch.zeros(1024)
+        held.append(weakref.ref(state))
+        raise RuntimeError("out of memory")
+
+    def host():
+        gc.collect()
+        return held[0]() is None
+    assert Guard(Counters(["p"]), strict=False).attempt("p", attempt, host) is True

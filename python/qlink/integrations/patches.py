@@ -81,7 +81,8 @@ class Guard:
 
         through_qlink(): qlink's work, changing nothing the host can see (new tensors,
         new modules). If it raises, host() runs in its place, once, counted as a fallback
-        (FallbackRefused instead under strict). commit(result), when given, then makes
+        (FallbackRefused instead under strict), after the error and its frames, and so what
+        qlink's attempt held, are released. commit(result), when given, then makes
         the result the host's (it may call the host's callbacks). What host() or commit()
         raises propagates as it is: the host's own errors are no qlink failure, and a
         fallback after the host's state changed would run the host's code twice."""
@@ -89,6 +90,10 @@ class Guard:
             result = through_qlink()
         except Exception as error:  # noqa: BLE001 (qlink's own failure: nothing of the host's ran)
             self.fallback(patch, error)
+            failed = True
+        else:
+            failed = False
+        if failed:  # out of the except block: the error's frames (qlink's memory) are gone first
             return host()
         if commit is not None:
             result = commit(result)

@@ -218,6 +218,8 @@ def make_run_subset_stage(installation, original):
                         forwards(sink)
                     except Exception as error:  # noqa: BLE001 (earlier chunks solved: the rest is GPTQModel's)
                         guard.fallback(PATCH, error)
+                        sink = None
+                    if sink is None:  # out of the except block: the failed pass's memory is gone first
                         last = solved(named(e for c in chunks[i:] for e in c if e in by_expert) + others,
                                       forward=True)
                         processed.update(last.processed_subset)
