@@ -372,30 +372,34 @@ def _processor(quantizer):
 
 
 def test_rehoming_a_task_moves_its_quantizer_through_qlink_first(host, monkeypatch):
+    """(A target other than the quantizer's: meta, which the CPU can move to.)"""
     adapter.install(ctx=host["ctx"], strict=True)
     moved = []
     monkeypatch.setattr(host["ctx"], "move_module_to_device", lambda m, d: moved.append((m, d)))
     quantizer = _Quantizer()
     looper = host["module_looper"].ModuleLooper()
-    looper._rehome_processor_task(_processor(quantizer), _Named(), torch.device("cpu"))
-    assert moved == [(quantizer, torch.device("cpu"))]
+    looper._rehome_processor_task(_processor(quantizer), _Named(), torch.device("meta"))
+    assert moved == [(quantizer, torch.device("meta"))]
     looper._rehome_processor_task(type("Processor", (), {"tasks": {}})(), _Named(), torch.device("cpu"))
     looper._rehome_processor_task(_processor(quantizer), _Named(), None)
+    looper._rehome_processor_task(_processor(_Quantizer()), _Named(), torch.device("cpu"))
+    assert moved == [(quantizer, torch.device("meta"))]
     assert adapter.counters()["seams"]["rehome_processor_task"] == {
-        "qlink": 1, "host": 2, "fallback": 0, "reasons": {"no quantizer module": 1, "no device": 1}}
+        "qlink": 1, "host": 3, "fallback": 0,
+        "reasons": {"no quantizer module": 1, "no device": 1, "already on the device": 1}}
 
 
 def test_a_failing_rehome_leaves_the_move_to_gptqmodel_or_raises_when_strict(host, monkeypatch):
     def failing(module, device):
         raise RuntimeError("injected")
     monkeypatch.setattr(host["ctx"], "move_module_to_device", failing)
-    quantizer, looper = _Quantizer(), host["module_looper"].ModuleLooper()
+    looper = host["module_looper"].ModuleLooper()
     adapter.install(ctx=host["ctx"])
-    looper._rehome_processor_task(_processor(quantizer), _Named(), torch.device("cpu"))
+    looper._rehome_processor_task(_processor(_Quantizer()), _Named(), torch.device("meta"))
     assert adapter.counters()["seams"]["rehome_processor_task"]["fallback"] == 1
     adapter.install(ctx=host["ctx"], strict=True)
     with pytest.raises(FallbackRefused, match="rehome_processor_task"):
-        looper._rehome_processor_task(_processor(quantizer), _Named(), torch.device("cpu"))
+        looper._rehome_processor_task(_processor(_Quantizer()), _Named(), torch.device("meta"))
 
 
 def test_the_layer_loop_makes_fixed_segments_where_the_process_asked_for_expandable_ones(host, monkeypatch):

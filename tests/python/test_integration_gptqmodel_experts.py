@@ -172,6 +172,14 @@ def test_the_stage_drops_the_layers_copies_of_the_experts_it_owns(host, defuser,
     assert sorted(down) == sorted("mlp.experts.%d.down_proj" % e for e in range(EXPERTS))
 
 
+def test_the_stage_moves_its_tasks_quantizers_in_one_move(host, defuser, monkeypatch):  # noqa: F811
+    adapter.install(ctx=host, strict=True, expert_stage=True)
+    moves, move = [], host.move_module_to_device
+    monkeypatch.setattr(host, "move_module_to_device", lambda m, d: moves.append(len(list(m.children()))) or move(m, d))
+    run_layer(copy.deepcopy(defused(fused_layer(), defuser)), monkeypatch)
+    assert moves == [2 * EXPERTS, EXPERTS]  # gate/up's, then down's
+
+
 def test_the_owned_stage_gives_gptqmodels_hessians_counts_and_exclusions(host, defuser, monkeypatch):  # noqa: F811
     """GPTQModel's own path (qlink not installed: its hooks and add_batch per expert) against
     qlink's stage: the gate/up Hessians (GPTQModel's own solve in both) within the rounding

@@ -31,6 +31,7 @@ from .expert_hessians import ChunkHessians, expert_chunks
 from .expert_layout import ExpertWeights, refusal as layout_refusal
 from .expert_pass import ExpertPass
 from .hessian_queue import unsupported
+from .model_moves import _has_meta
 
 PATCH = "expert_stage"
 _EXPERT = re.compile(r"^(?P<block>.+)\.(?P<index>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)$")
@@ -134,6 +135,15 @@ def _fill(looper, plan, device, skip=()):
             looper._prepare_named_module_for_forward(named_module=named, fallback_device=device)
 
 
+def _quantizers_to(installation, tasks, device):
+    """The tasks' quantizers moved to `device` in one qlink move: GPTQModel rehomes each
+    task's before its solve, one move a module (388 an MoE layer), and then finds it there."""
+    quantizers = [q for q in (getattr(t, "quantizer", None) for t in tasks)
+                  if isinstance(q, torch.nn.Module) and not _has_meta(q)]
+    if quantizers:
+        installation.ctx.move_module_to_device(torch.nn.ModuleList(quantizers), device)
+
+
 def make_run_subset_stage(installation, original):
     """GPTQModel's run_subset_stage for `installation` (qlink.integrations.gptqmodel's)."""
     counters, guard = installation.counters, installation.guard
@@ -167,8 +177,10 @@ def make_run_subset_stage(installation, original):
 
         def owned():
             _fill(looper, plan, rest["cur_layer_device"], skip=others)
+            owned_names = [n for members in by_expert.values() for n in members]
             # The experts make no second fill: their copies kept for one go back to the allocator.
-            installation.prefetch.drop_kept([n for members in by_expert.values() for n in members])
+            installation.prefetch.drop_kept(owned_names)
+            _quantizers_to(installation, [processor.tasks[n] for n in owned_names], rest["cur_layer_device"])
             weights, first = ExpertWeights(experts), layer_inputs[0][0]
             columns = first.shape[-1] if record == "inputs" else weights.inter
             # What add_batch would check of each expert's rows: their dtype, columns and device.

@@ -9,6 +9,7 @@ import torch
 from ..patches import like
 from ..process_settings import fixed_segments, short_switch_interval
 from . import input_cache
+from ...streams import resolved_device
 from .model_moves import _has_meta
 
 
@@ -76,6 +77,8 @@ def make_rehome_processor_task(installation, original):
                           else "no device")
         elif _has_meta(quantizer):
             counters.host("rehome_processor_task", "meta (offloaded) tensors")
+        elif all(t.device == resolved_device(target_device) for t in quantizer.buffers()):
+            counters.host("rehome_processor_task", "already on the device")  # the expert stage moved it
         else:  # GPTQModel's own moves below find the quantizer's tensors in place
             guard.attempt("rehome_processor_task", lambda: ctx.move_module_to_device(quantizer, target_device),
                           lambda: None)
