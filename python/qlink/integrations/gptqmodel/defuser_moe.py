@@ -53,7 +53,7 @@ def make_run_routed_experts(installation, original):
             return original(experts, hidden_states, routing_weights, selected_experts, num_experts)
         order, counts = plan
         why = _grouped_refusal(experts, hidden_states) if installation.expert_stage else "expert_stage=False"
-        installation.counters.host(GROUPED, why) if why else installation.counters.qlink(GROUPED)
+        installation.counters.record(GROUPED, why)
         if why is None:
             gate_up, down = ExpertWeights(experts).stacked()
             x = hidden_states[order % tokens]

@@ -98,8 +98,8 @@ def stage_refusal(installation, looper, plan, processor, layer_inputs):
 
 def budget(installation, layer_inputs):
     """Bytes a chunk's solve may take (expert_hessians.expert_chunks counts it):
-    install(expert_budget=...),
-    else half the free memory of the GPU the batches are on, else (CPU memory) no bound."""
+    install(expert_budget=...), else half the free memory of the GPU the batches are on,
+    else (CPU memory) no bound."""
     if installation.expert_budget is not None:
         return installation.expert_budget
     first = layer_inputs[0][0]
@@ -175,9 +175,12 @@ def make_run_subset_stage(installation, original):
             _forwards(module, routed, experts, layer_inputs, layer_input_kwargs, position_ids, attention_masks)
             return routed.totals()
 
+        def named(experts_in):
+            return [name for e in experts_in for name in by_expert[e]]
+
         def owned():
             _fill(looper, plan, rest["cur_layer_device"], skip=others)
-            owned_names = [n for members in by_expert.values() for n in members]
+            owned_names = named(by_expert)
             # The experts make no second fill: their copies kept for one go back to the allocator.
             installation.prefetch.drop_kept(owned_names)
             _quantizers_to(installation, [processor.tasks[n] for n in owned_names], rest["cur_layer_device"])
@@ -185,7 +188,7 @@ def make_run_subset_stage(installation, original):
             columns = first.shape[-1] if record == "inputs" else weights.inter
             # What add_batch would check of each expert's rows: their dtype, columns and device.
             like = torch.empty(0, columns, dtype=first.dtype, device=first.device)
-            for name in (name for members in by_expert.values() for name in members):
+            for name in owned_names:
                 why = unsupported(processor.tasks[name], like, installation.host, installation.ctx)
                 if why:
                     raise ValueError("%s: %s" % (name, why))
@@ -210,9 +213,6 @@ def make_run_subset_stage(installation, original):
             part = plan if len(set(names)) == len(plan.modules) else plan.for_modules(
                 {name: named for name, named in plan.modules.items() if name in names})
             return original(looper, **dict(args, plan=dataclasses.replace(part, execute_forward=forward)))
-
-        def named(experts_in):
-            return [name for e in experts_in for name in by_expert[e]]
 
         def commit(result):
             rows, reached, chunks, made = result

@@ -3,8 +3,8 @@
 GPTQModel's finalizers call pack_block, which imports its native packer at each call
 (pack_block_ext.pack_block_cpu, a torch extension built where a compiler is) and packs in
 Python, 32 input columns at a time under the layer's lock, when that raises. qlink takes
-the packer's slot: the same words, bit for bit, on the GPU (on the CPU without one), or the words made
-when the layer was solved (pack_ahead), where its inputs are the solve's. The
+the packer's slot: the same words, bit for bit, on the GPU (on the CPU without one), or the
+words made when the layer was solved (pack_ahead), where its inputs are the solve's. The
 host's path is the slot's original (absent, it raises, and pack_block packs in Python).
 pack_block swallows what its packer raises, so under strict the refusal is carried past
 it and raised, naming the layer, once pack_block returns."""
