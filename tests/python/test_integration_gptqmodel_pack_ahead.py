@@ -9,6 +9,7 @@ import torch
 from qlink.integrations import gptqmodel as adapter
 
 from test_integration_gptqmodel import host  # noqa: F401 (the fixture)
+from test_integration_gptqmodel_solve_ahead import subset as solve_ahead_subset
 
 
 @pytest.fixture
@@ -18,20 +19,9 @@ def qlinear(host):  # noqa: F811 (the fixture's value)
 
 
 def subset(host, layer=0, seed=0):  # noqa: F811 (the fixture's value)
-    """Five tasks fed as a subset's forwards feed them, named as GPTQModel names an MoE
-    layer's experts: three read one input (64 x 256 weights), two another (32 x 128)."""
-    torch.manual_seed(seed)
-    qcfg = host["config"].QuantizeConfig(damp_percent=0.05, group_size=32)
-    tasks = []
-    for count, (out_features, in_features) in ((3, (64, 256)), (2, (32, 128))):
-        x = torch.randn(300, 16) @ torch.randn(16, in_features) + 0.1 * torch.randn(300, in_features)
-        for _ in range(count):
-            g = host["gptq_processor"].GPTQ(torch.nn.Linear(in_features, out_features), qcfg)
-            g.quantizer.configure(perchannel=True)
-            g.name = "model.layers.%d.mlp.experts.%d.gate_proj" % (layer, len(tasks))
-            tasks.append(g)
-            g.add_batch(x, None)
-    return tasks
+    """The solve-ahead tests' five tasks in shapes the packed layout holds (64 x 256 and
+    32 x 128, groups of 32), named as GPTQModel names an MoE layer's experts."""
+    return solve_ahead_subset(host, seed=seed, rows=64, group_size=32, layer=layer)
 
 
 def finalized(qlinear, task, result, scales=None):

@@ -16,21 +16,39 @@ from qlink.quant import GPTQLayer
 from test_integration_gptqmodel import host  # noqa: F401 (the fixture)
 
 
-def subset(host, seed=0):  # noqa: F811 (the fixture's value)
-    """Five tasks fed as one subset's forwards feed them: q/k/v read one input (48 x 256
-    weights), two read another (32 x 128)."""
+def subset(host, seed=0, rows=48, group_size=None, layer=None):  # noqa: F811 (the fixture's value)
+    """Five tasks fed as one subset's forwards feed them: q/k/v read one input (rows x 256
+    weights), two read another (32 x 128). group_size: the QuantizeConfig's (None: its
+    default); layer: the tasks named as GPTQModel names that layer's MoE experts."""
     torch.manual_seed(seed)
-    qcfg = host["config"].QuantizeConfig(damp_percent=0.05)
+    options = {} if group_size is None else {"group_size": group_size}
+    qcfg = host["config"].QuantizeConfig(damp_percent=0.05, **options)
     tasks = []
-    for count, (out_features, in_features) in ((3, (48, 256)), (2, (32, 128))):
+    for count, (out_features, in_features) in ((3, (rows, 256)), (2, (32, 128))):
         x = torch.randn(300, 16) @ torch.randn(16, in_features) + 0.1 * torch.randn(300, in_features)
         for _ in range(count):
             g = host["gptq_processor"].GPTQ(torch.nn.Linear(in_features, out_features), qcfg)
             g.quantizer.configure(perchannel=True)
+            if layer is not None:
+                g.name = "model.layers.%d.mlp.experts.%d.gate_proj" % (layer, len(tasks))
             tasks.append((g, x))
     for g, x in tasks:
         g.add_batch(x, None)
     return [g for g, _ in tasks]
+
+
+def engine_refusing_above(monkeypatch, most, error):
+    """The engine made to raise `error` for a call of more than `most` layers; returns the
+    list of every call's layer count."""
+    sizes, real = [], solve.parallel_gptq
+
+    def engine(layers, placement, **options):
+        sizes.append(len(layers))
+        if len(layers) > most:
+            raise error
+        return real(layers, placement, **options)
+    monkeypatch.setattr(solve, "parallel_gptq", engine)
+    return sizes
 
 
 def same(a, b):
@@ -91,14 +109,7 @@ def test_on_one_device_the_call_is_not_spread(host, library):  # noqa: F811
 def test_a_batch_the_engine_refuses_leaves_each_task_to_its_own_solve(host, monkeypatch):  # noqa: F811
     adapter.install(ctx=host["ctx"], strict=True)
     tasks = subset(host)
-    real, sizes = solve.parallel_gptq, []
-
-    def refusing(layers, placement, **options):
-        sizes.append(len(layers))
-        if len(layers) > 1:
-            raise ValueError("injected")
-        return real(layers, placement, **options)
-    monkeypatch.setattr(solve, "parallel_gptq", refusing)
+    sizes = engine_refusing_above(monkeypatch, 1, ValueError("injected"))
     for t in tasks:
         t.quantize()
     counts = adapter.counters()["solves"]
@@ -146,19 +157,13 @@ def test_gptqmodels_own_solve_gets_a_merged_hessian_of_its_own(host, monkeypatch
 def test_a_call_out_of_memory_halves_the_calls_after_it(host, monkeypatch):  # noqa: F811
     """A call of five tasks that runs out of memory: the asker is solved alone, the others in
     calls of at most two; every result the one its layer gets alone."""
-    sizes, real = [], solve.parallel_gptq
-
-    def tight(layers, placement, **options):
-        sizes.append(len(layers))
-        if len(layers) > 2:
-            raise RuntimeError("cuda: gpuMalloc: cudaErrorMemoryAllocation (out of memory)")
-        return real(layers, placement, **options)
-    monkeypatch.setattr(solve, "parallel_gptq", tight)
+    sizes = engine_refusing_above(monkeypatch, 2,
+                                  RuntimeError("cuda: gpuMalloc: cudaErrorMemoryAllocation (out of memory)"))
     adapter.install(ctx=host["ctx"], strict=True)
     got = [t.quantize() for t in subset(host)]
     assert sizes == [5, 1, 2, 2]
     assert adapter.counters()["solves"]["refused"] == 1 and adapter.counters()["solves"]["ahead"] == 2
-    monkeypatch.setattr(solve, "parallel_gptq", real)
+    monkeypatch.undo()  # the engine as it is
     adapter.install(ctx=host["ctx"], strict=True)
     for t, mine in zip(subset(host), got):
         assert same(t.quantize(), mine)

@@ -5,15 +5,16 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..fused_moe.moe_experts_interface import ExpertContainer
 from ..fused_moe.utils import sequential_moe_forward
 
 
-class Expert(nn.Module):
+class Expert(ExpertContainer):
+    """An expert's three projections, as the experts interface's container holds them, with
+    its own activation and forward."""
+
     def __init__(self, hidden, inter):
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, inter, bias=False)
-        self.up_proj = nn.Linear(hidden, inter, bias=False)
-        self.down_proj = nn.Linear(inter, hidden, bias=False)
+        super().__init__(hidden, inter)
         self.act_fn = nn.SiLU()
 
     def forward(self, x):
