@@ -27,8 +27,8 @@
 #     loop_slope qlink ieee_fp32 at 2 layers sampled and profiled, PRECISIONS at SLOPE_LAYERS
 #     loop_host8 GPTQModel alone at 8 layers
 #     ar ar0 ar_stacks  AutoRound alone and with qlink at AR_ITERS (ar0: iters 0; ar_stacks: profiled)
-#     ar_moe_host ar_moe_qlink  AutoRound on the 2-layer Qwen3-MoE model (moe_models first): alone with the
-#                gc freeze; with qlink, with qlink and grouped_moe; at AR_MOE_ITERS (50), then at iters 0
+#     ar_moe_host ar_moe_qlink ar_moe_grouped  AutoRound on the 2-layer Qwen3-MoE model (moe_models first):
+#                alone with the gc freeze; with qlink; with qlink and grouped_moe; at AR_MOE_ITERS (50), then 0
 #     moe_check moe_solve moe moe_samples  the Qwen3-MoE runs (issue 20)
 #     archs      arch_table.py: GPTQModel alone and qlink strict on each architecture's small model
 #     archs_ref  arch_table.py --references on Qwen3 and Mixtral (alone reversed, alone in float64)
@@ -53,7 +53,7 @@
 #     breakdown  GPTQModel alone with each of qlink's process settings (gc, switch, segments) at
 #                2 and 4 layers; AutoRound alone with each (AR_ITERS)
 #   Groups: gpu, hosts, issue20 (moe_check moe_solve moe), issue22 (ar ar0), issue23 (hprec loop loop_slope),
-#   ar_moe (ar_moe_host ar_moe_qlink)
+#   ar_moe (ar_moe_host ar_moe_qlink ar_moe_grouped)
 # Environment: BUDGET (seconds for the whole run, 540 by default, 0 for none: a command's
 # limit is cut to what is left, and one with less than 10 s left is skipped, so the archive is
 # always made), DRY_RUN=1 (say each command, run none), KEEP_RAW=0 (remove OUTDIR once packed),
@@ -77,7 +77,7 @@ declare -A groups=(
   [issue20]="moe_check moe_solve moe"
   [issue22]="ar ar0"
   [issue23]="hprec loop loop_slope"
-  [ar_moe]="ar_moe_host ar_moe_qlink"
+  [ar_moe]="ar_moe_host ar_moe_qlink ar_moe_grouped"
 )
 
 lib=$P/python/qlink/lib/libqlink.so
@@ -233,11 +233,15 @@ part_ar_moe_host() {  # issue 42: AutoRound alone (gc freeze) on the 2-layer Qwe
   autoround_run ar_moe_host 420 --iters "${AR_MOE_ITERS:-50}" --settings gc
   autoround_run ar0_moe_host 200 --iters 0 --settings gc
 }
-part_ar_moe_qlink() {  # the same with qlink, and with qlink and grouped_moe; then iters 0
+part_ar_moe_qlink() {  # the same with qlink's defaults, then iters 0
   local model=/tmp/qwen3moe-2layers
   autoround_run ar_moe_qlink 420 --iters "${AR_MOE_ITERS:-50}" --qlink auto
+  autoround_run ar0_moe_qlink 200 --iters 0 --qlink auto
+}
+part_ar_moe_grouped() {  # the same with qlink and grouped_moe
+  local model=/tmp/qwen3moe-2layers
   autoround_run ar_moe_grouped 420 --iters "${AR_MOE_ITERS:-50}" --qlink auto --grouped-moe
-  autoround_run ar0_moe_qlink 200 --iters 0 --qlink auto --grouped-moe
+  autoround_run ar0_moe_grouped 200 --iters 0 --qlink auto --grouped-moe
 }
 part_moe_check() { run moe_check 300 python3 check_defuser.py --model /tmp/qwen3moe-2layers; }
 part_moe_solve() {  # one layer's routed Hessians and 384 expert solves, qlink vs GPTQModel's own
@@ -369,7 +373,7 @@ part_moe_samples() {  # every thread sampled (the sampling stretches the run)
   gptqmodel_run moe_samples 300 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink --strict \
     --samples-out "$out/moe_samples.txt"
 }
-host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks ar_moe_host ar_moe_qlink \
+host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks ar_moe_host ar_moe_qlink ar_moe_grouped \
 moe_check moe_solve moe moe_samples speed_models speed breakdown divergence moe_stage moe_stage_samples moe_nostage \
 moe_host moe_spread moe_235b moe_dsv3 "
 

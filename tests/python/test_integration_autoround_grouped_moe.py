@@ -127,14 +127,18 @@ def test_what_the_linear_loop_path_does_not_cover_is_named(interface, ctx, monke
     monkeypatch.setattr(utils, "FORCE_ALL_EXPERTS", True)
     module.linear_loop_experts_forward(experts, x, chosen, weights)
     monkeypatch.setattr(utils, "FORCE_ALL_EXPERTS", False)
-    experts._apply_gate = torch.nn.Identity()
+
+    def tanh_gate(gate_up):
+        gate, up = gate_up.chunk(2, dim=-1)
+        return torch.tanh(gate) * up
+    experts._apply_gate = tanh_gate  # transformers' default gate (the class's) takes the grouped GEMMs
     module.linear_loop_experts_forward(experts, x, chosen, weights)
     del experts._apply_gate
     handle = getattr(experts, "2").up_proj.register_forward_hook(lambda *args: None)
     module.linear_loop_experts_forward(experts, x, chosen, weights)
     handle.remove()
     assert adapter.counters()["seams"]["grouped_moe"]["reasons"] == {
-        "every expert's forced routing (AutoRound's coverage pass)": 1, "the experts' own gating (_apply_gate)": 1,
+        "every expert's forced routing (AutoRound's coverage pass)": 1, "the experts' own gate (tanh_gate)": 1,
         "expert 2.up_proj is hooked": 1}
 
 

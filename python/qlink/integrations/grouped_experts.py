@@ -35,6 +35,16 @@ def activation(experts):
     return experts[0].act_fn if len(kinds) == 1 else None
 
 
+def custom_gate(experts_module):
+    """The name of the experts module's own gate (`_apply_gate`) where it is not transformers'
+    default, act_fn(gate) * up, which the grouped GEMMs compute; else None."""
+    gate = getattr(experts_module, "_apply_gate", None)
+    if gate is None:
+        return None
+    name = getattr(getattr(gate, "__func__", gate), "__name__", None)
+    return None if name == "_default_apply_gate" else (name or type(gate).__name__)
+
+
 def unwatched_refusal(experts, device, own_act=True):
     """Why split experts' module calls cannot give way to grouped GEMMs on `device`, or None:
     a global module hook, a hook on an expert or a projection (torch's, or GPTQModel's

@@ -2,7 +2,8 @@
 grouped_experts) with install(grouped_moe=True): sequential_moe_forward (DeepSeek, GLM,
 Ernie, Qwen3.5's blocks: each expert's module called on its rows, one after another) and
 linear_loop_experts_forward (transformers 5's experts interface, Qwen3-MoE's: each expert's
-container's linears called in turn, the activation the experts module's own). In qlink's
+container's linears called in turn, the activation the experts module's own or transformers'
+default gate, act_fn(gate) * up). In qlink's
 native loop a block's 128 experts then take one product for gate/up and one for down,
 forward and backward, instead of 128 small ones each.
 
@@ -82,7 +83,8 @@ def make_linear_loop_experts_forward(installation, original):
             return original(experts_module, hidden_states, top_k_index, top_k_weights)
         experts = [getattr(experts_module, str(i)) for i in range(experts_module.num_experts)]
         why = "grouped_moe=False" if not installation.grouped_moe else (
-            "the experts' own gating (_apply_gate)" if hasattr(experts_module, "_apply_gate") else
+            "the experts' own gate (%s)" % grouped_experts.custom_gate(experts_module)
+            if grouped_experts.custom_gate(experts_module) else
             "every expert's forced routing (AutoRound's coverage pass)" if forced() else
             refusal(hidden_states, experts, own_act=False))
         if why:

@@ -22,9 +22,8 @@ def refusal(experts):
     if _fused(experts):
         if getattr(experts, "has_bias", False) or getattr(experts, "is_transposed", False):
             return "fused experts with a bias or a transposed layout"
-        gate = getattr(type(experts), "_apply_gate", None)
-        if gate is not None and getattr(gate, "__name__", "") != "_default_apply_gate":
-            return "fused experts with their own gate (%s)" % getattr(gate, "__name__", gate)
+        if grouped_experts.custom_gate(experts):
+            return "fused experts with their own gate (%s)" % grouped_experts.custom_gate(experts)
         return None
     if not isinstance(experts, torch.nn.ModuleList) or len(experts) == 0:
         return "experts that are neither split per expert nor fused (%s)" % type(experts).__name__

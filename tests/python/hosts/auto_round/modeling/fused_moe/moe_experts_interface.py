@@ -1,6 +1,7 @@
 """Stand-in for auto_round.modeling.fused_moe.moe_experts_interface: linear_loop_experts_forward,
 transformers 5's experts interface as AutoRound runs it (each expert's container called in
-turn on its routed rows, token-major, the experts module's act_fn; the rows weighted and
+turn on its routed rows, token-major, the gate the experts module's _apply_gate, which
+transformers' use_experts_implementation gives every experts class; the rows weighted and
 summed over each token's slots; AutoRound's coverage pass, a forced routing whose output is
 discarded, is not here), registered into a mapping that stands in for transformers'
 ALL_EXPERTS_FUNCTIONS (looked up when registered, kept after), and an experts module that
@@ -27,7 +28,10 @@ def linear_loop_experts_forward(self, hidden_states, top_k_index, top_k_weights)
             continue
         expert = getattr(self, str(index))
         x = rows.index_select(0, at)
-        out.index_copy_(0, at, expert.down_proj(self.act_fn(expert.gate_proj(x)) * expert.up_proj(x)).to(out.dtype))
+        gate, up = expert.gate_proj(x), expert.up_proj(x)
+        gated = self._apply_gate(torch.cat([gate, up], dim=-1)) if hasattr(self, "_apply_gate") else \
+            self.act_fn(gate) * up
+        out.index_copy_(0, at, expert.down_proj(gated).to(out.dtype))
     out = out * top_k_weights.reshape(-1).to(hidden_states.dtype).unsqueeze(-1)
     return out.view(tokens, top_k, -1).sum(dim=1).view(shape)
 
@@ -36,6 +40,12 @@ def register_linear_loop_experts():
     if "linear_loop" not in EXPERTS_FUNCTIONS:
         EXPERTS_FUNCTIONS["linear_loop"] = linear_loop_experts_forward
     return True
+
+
+def _default_apply_gate(self, gate_up_out):
+    """transformers.integrations.moe's default gate (use_experts_implementation's)."""
+    gate, up = gate_up_out.chunk(2, dim=-1)
+    return self.act_fn(gate) * up
 
 
 class ExpertContainer(nn.Module):
@@ -47,7 +57,10 @@ class ExpertContainer(nn.Module):
 
 
 class LinearLoopExperts(nn.Module):
-    """Qwen3-MoE's experts once AutoRound unfused them: numbered containers, one act_fn."""
+    """Qwen3-MoE's experts once AutoRound unfused them: numbered containers, one act_fn,
+    transformers' default gate."""
+
+    _apply_gate = _default_apply_gate
 
     def __init__(self, hidden, inter, num_experts):
         super().__init__()
