@@ -6,7 +6,9 @@ for the GPU's busy share (its operator table to FILE); --cprofile FILE times the
 under cProfile instead (its table to FILE). Each run: the wall time of quantize(), the tuning time of
 AutoRound's own log line ("quantization tuning time"), each block's loss line, and the
 quantized model's output error on held-out sequences (MSE of the last hidden state
-against the bf16 model's, fp32). Prints and writes JSON; qlink's plans and counters.
+against the bf16 model's, fp32), the same after each block (AutoRound prints its block
+losses at 6 decimals), and the peak GPU memory PyTorch allocated. Prints and writes JSON;
+qlink's plans and counters.
 
     python3 autoround_run.py --model DIR --iters 200|0 [--qlink auto|N|off [--grouped-moe]] [--strict]
         [--runs 2] [--profile FILE [--profile-stacks] [--idle FILE]] [--cprofile FILE] [--heldout 16]
@@ -50,12 +52,31 @@ def tuning_time(lines):
     return times[-1] if times else None
 
 
-def last_hidden(model, tokens, batch=4):
-    """The model's last hidden state of every held-out sequence, fp32 on the GPU."""
+def block_outputs(model, tokens, batch=4):
+    """Each decoder block's output of every held-out sequence, then the last hidden state
+    (after the final norm), fp32 on the GPU: read by forward hooks on the blocks."""
     import torch
-    with torch.no_grad():
-        return torch.cat([model.model(input_ids=tokens[i:i + batch].cuda()).last_hidden_state.float()
-                          for i in range(0, len(tokens), batch)])
+    blocks = list(model.model.layers)
+    kept = [[] for _ in range(len(blocks) + 1)]
+
+    def keep(index):
+        return lambda module, inputs, output: kept[index].append(
+            (output[0] if isinstance(output, tuple) else output).float())
+    handles = [block.register_forward_hook(keep(index)) for index, block in enumerate(blocks)]
+    try:
+        with torch.no_grad():
+            for i in range(0, len(tokens), batch):
+                kept[-1].append(model.model(input_ids=tokens[i:i + batch].cuda()).last_hidden_state.float())
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [torch.cat(each) for each in kept]
+
+
+def errors(outputs, reference):
+    """(the last hidden state's MSE, each block's output MSE) against the reference's."""
+    each = [float(((out - ref) ** 2).mean()) for out, ref in zip(outputs, reference)]
+    return each[-1], each[:-1]
 
 
 TUNING_MARK = "qlink_bench::tuning"
@@ -93,6 +114,7 @@ def quantize_once(args, tokenizer, heldout, reference, profile=False, cprofile=N
     ar = AutoRound(model, scheme="W4A16", tokenizer=tokenizer, dataset=batches, iters=args.iters,
                    nsamples=args.samples, seqlen=args.seqlen, batch_size=8, device_map=0)
     run = {"profiled": profile}
+    torch.cuda.reset_peak_memory_stats()
     if profile:
         sampler = idle.Sampler()
         if args.idle:
@@ -107,13 +129,14 @@ def quantize_once(args, tokenizer, heldout, reference, profile=False, cprofile=N
         with python_profile(cprofile), process_settings(args.settings), timed(run, "quantize_s"):
             ar.quantize()
     autoround_log.removeHandler(lines)
+    run["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)
     run["tuning_s"], run["block_lines"] = tuning_time(lines.lines), lines.lines
     run["final_losses"] = final_losses(lines.lines)
     if profile:  # the share of the quantize call's wall time with a kernel (or a copy) running
         run["gpu_busy_kernels"], run["gpu_busy_kernels_or_copies"] = busy_shares(prof, run["quantize_s"])
         kernel_table(prof, args.profile, stacks=args.profile_stacks)
     model.to("cuda")  # quantized in place (fake-quantized weights), left on the CPU by AutoRound
-    run["output_mse"] = float(((last_hidden(model, heldout) - reference) ** 2).mean())
+    run["output_mse"], run["block_mse"] = errors(block_outputs(model, heldout), reference)
     del ar, model
     gc.collect()
     torch.cuda.empty_cache()
@@ -152,7 +175,7 @@ def main():
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
     heldout = token_batches(args.heldout, args.seqlen, seed=2)  # not among the calibration's (seed 1)
     model = load(args.model).to("cuda")
-    reference = last_hidden(model, heldout)  # the bf16 model's
+    reference = block_outputs(model, heldout)  # the bf16 model's
     del model
     torch.cuda.empty_cache()
     if args.qlink is not None:
@@ -165,7 +188,8 @@ def main():
                                            cprofile=args.cprofile if r == args.runs - 1 else None)
                              for r in range(args.runs)]
     timed_run = runs[args.runs - 1]
-    result.update({k: timed_run[k] for k in ("quantize_s", "tuning_s", "final_losses", "output_mse")})
+    result.update({k: timed_run[k] for k in ("quantize_s", "tuning_s", "final_losses", "output_mse", "block_mse",
+                                             "peak_gib")})
     result["warmup_tuning_s"] = runs[0]["tuning_s"]
 
     def qlink_state():
