@@ -198,8 +198,10 @@ def test_the_owned_stage_gives_gptqmodels_hessians_counts_and_exclusions(host, d
         assert rows == other_rows, name
         tolerance = 1e-5 if name in gate_up else 2e-2  # down reads the solved gate/up, solved apart
         torch.testing.assert_close(other, h, rtol=tolerance, atol=tolerance, msg=name)
+    seconds = {key: counts["experts"].pop(key) for key in ("forwards_s", "solved_s")}
     assert counts["experts"] == {"blocks": 2, "experts": 2 * EXPERTS, "empty": 2, "few": 0,
                                  "rows": 2 * BATCHES * SEQ * TOP_K, "chunks": 2}
+    assert seconds["forwards_s"] > 0 and seconds["solved_s"] > 0
 
 
 def test_the_stage_is_the_default_and_expert_stage_false_leaves_gptqmodels(host, defuser, monkeypatch):  # noqa: F811

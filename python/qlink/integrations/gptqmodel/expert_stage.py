@@ -22,6 +22,7 @@ GPTQModel's own. On unless install(expert_stage=False) (docs/MOE.md has its meas
 import dataclasses
 import re
 import threading
+import time
 
 import torch
 
@@ -59,11 +60,14 @@ def expert_subset(names):
 
 class ExpertCounts:
     """The "experts" section of counters(): blocks owned, experts seen, experts no token
-    reached, experts below their fallback threshold, rows, Hessian chunks."""
+    reached, experts below their fallback threshold, rows, Hessian chunks; and the seconds
+    the stage spent in its forwards and in GPTQModel's stage over its modules (the solves,
+    packs and what GPTQModel does per module), the split of a layer's time each run reports."""
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.values = {"blocks": 0, "experts": 0, "empty": 0, "few": 0, "rows": 0, "chunks": 0}
+        self.values = {"blocks": 0, "experts": 0, "empty": 0, "few": 0, "rows": 0, "chunks": 0,
+                       "forwards_s": 0.0, "solved_s": 0.0}
 
     def add(self, **counts):
         with self.lock:
@@ -171,9 +175,12 @@ def make_run_subset_stage(installation, original):
 
         def forwards(sink):
             """The routed forwards of every batch, the pass's rows to `sink`: (rows, reached)."""
+            start = time.perf_counter()
             routed = ExpertPass(ExpertWeights(experts), record, sink)
             _forwards(module, routed, experts, layer_inputs, layer_input_kwargs, position_ids, attention_masks)
-            return routed.totals()
+            totals = routed.totals()
+            installation.expert_counts.add(forwards_s=time.perf_counter() - start)
+            return totals
 
         def named(experts_in):
             return [name for e in experts_in for name in by_expert[e]]
@@ -210,9 +217,12 @@ def make_run_subset_stage(installation, original):
 
         def solved(names, forward=False):
             """GPTQModel's stage over these modules (all of the plan's: the plan)."""
+            start = time.perf_counter()
             part = plan if len(set(names)) == len(plan.modules) else plan.for_modules(
                 {name: named for name, named in plan.modules.items() if name in names})
-            return original(looper, **dict(args, plan=dataclasses.replace(part, execute_forward=forward)))
+            result = original(looper, **dict(args, plan=dataclasses.replace(part, execute_forward=forward)))
+            installation.expert_counts.add(solved_s=time.perf_counter() - start)
+            return result
 
         def commit(result):
             rows, reached, chunks, made = result
