@@ -9,11 +9,19 @@ import pytest
 import torch
 
 from qlink.integrations import autoround as adapter
+from qlink.integrations import grouped_experts
 from qlink.integrations.autoround import native_loop
 
 from test_integration_autoround import HIDDEN, SEQ, cpu, host  # noqa: F401 (host: the stand-in's fixture)
+from test_integration_autoround_grouped_moe import _grouped_mm_by_loop
 
 EXPERTS = 4
+
+
+def _scheme(linear, name):
+    """AutoRound's W4A16 keys on a linear, as it sets them on every layer it quantizes."""
+    linear.bits, linear.group_size, linear.global_name = 4, 32, name
+    linear.data_type, linear.act_bits, linear.super_bits, linear.super_group_size = "int", 16, None, None
 
 
 class Expert(torch.nn.Module):
@@ -22,8 +30,7 @@ class Expert(torch.nn.Module):
         self.up = torch.nn.Linear(HIDDEN, 2 * HIDDEN)
         self.down = torch.nn.Linear(2 * HIDDEN, HIDDEN)
         for name, m in (("up", self.up), ("down", self.down)):
-            m.bits, m.group_size, m.global_name = 4, 32, "block.experts.%d.%s" % (index, name)
-            m.data_type, m.act_bits, m.super_bits, m.super_group_size = "int", 16, None, None
+            _scheme(m, "block.experts.%d.%s" % (index, name))
 
     def forward(self, x):
         return self.down(torch.nn.functional.silu(self.up(x)))
@@ -57,17 +64,38 @@ class MoeBlock(torch.nn.Module):
         return out if shift is None else out + shift
 
 
-class Model(torch.nn.Module):
+class InterfaceBlock(torch.nn.Module):
+    """A Qwen3-MoE block as AutoRound 0.15 tunes it: a top-2 router, then transformers 5's
+    experts interface (the stand-in's LinearLoopExperts: the linear_loop function its
+    mapping holds, gate, up and down linears without bias, transformers' default gate)."""
+
     def __init__(self):
         super().__init__()
-        self.block = MoeBlock()
+        from auto_round.modeling.fused_moe import moe_experts_interface
+        self.gate = torch.nn.Linear(HIDDEN, EXPERTS, bias=False)
+        self.experts = moe_experts_interface.LinearLoopExperts(HIDDEN, HIDDEN, EXPERTS)
+        for e in range(EXPERTS):
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                _scheme(getattr(getattr(self.experts, str(e)), name), "block.experts.%d.%s" % (e, name))
+
+    def forward(self, hidden_states, scale=None, shift=None):
+        flat = hidden_states.reshape(-1, HIDDEN)
+        weights, chosen = torch.topk(torch.softmax(self.gate(flat), -1), 2)
+        out = self.experts(flat, chosen, weights / weights.sum(-1, keepdim=True)).reshape(hidden_states.shape) * scale
+        return out if shift is None else out + shift
 
 
-def _tune(host, seed=0, nsamples=16, batch_size=4, layers=None, **config):  # noqa: F811
+class Model(torch.nn.Module):
+    def __init__(self, block):
+        super().__init__()
+        self.block = block()
+
+
+def _tune(host, seed=0, nsamples=16, batch_size=4, layers=None, block=MoeBlock, **config):  # noqa: F811
     """The MoE block tuned from one start and AutoRound's draws: (model, best_params, the
     stand-in loop's losses or None)."""
     torch.manual_seed(seed)
-    model = Model()
+    model = Model(block)
     for name, options in (layers or {}).items():
         for key, value in options.items():
             setattr(model.block.get_submodule(name), key, value)
@@ -189,3 +217,30 @@ def test_the_eager_iterations_keep_nothing_of_the_ones_before(host, library, mon
     _tune(host, iters=8, layers={"experts.%d.%s" % (e, p): {"sym": True}
                                  for e in range(EXPERTS) for p in ("up", "down")})
     assert len(sizes) == 8 and len(set(sizes[2:])) == 1, sizes
+
+
+def test_the_native_loop_runs_transformers_experts_as_grouped_gemms(host, library, monkeypatch):  # noqa: F811
+    """With grouped_moe=True the native loop's quant-dequantized expert weights reach the
+    linear_loop seam's grouped GEMMs (each group's product made by a loop here, the CPU
+    having no torch._grouped_mm): every iteration's loss and the tuned block equal the
+    native loop's over AutoRound's per-expert calls, within float32 rounding."""
+    from auto_round.modeling.fused_moe import moe_experts_interface
+    monkeypatch.setattr(grouped_experts, "fits", lambda x: True)
+    monkeypatch.setattr(torch, "_grouped_mm", _grouped_mm_by_loop, raising=False)
+    runs = []
+    for grouped in (False, True):
+        adapter.install("auto", ctx=cpu(library, 1), strict=True, grouped_moe=grouped)
+        moe_experts_interface.EXPERTS_FUNCTIONS.pop("linear_loop", None)
+        moe_experts_interface.register_linear_loop_experts()  # AutoRound's prepare: the mapping takes qlink's
+        model, best, _ = _tune(host, iters=12, block=InterfaceBlock)
+        (_, losses), = adapter.losses()
+        runs.append((model, best, losses, adapter.counters()["seams"]))
+    (plain, plain_best, plain_losses, plain_counts), (mine, best, losses, counts) = runs
+    assert plain_counts["grouped_moe"]["reasons"] == {"grouped_moe=False": plain_counts["grouped_moe"]["host"]}
+    assert counts["grouped_moe"]["host"] == 0, counts["grouped_moe"]
+    assert counts["grouped_moe"]["qlink"] == plain_counts["grouped_moe"]["host"]
+    assert counts["quantize_block"]["qlink"] == 1 and counts["grouped_experts"]["qlink"] == 1
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(plain_losses), rtol=1e-5, atol=0)
+    assert set(best) == set(plain_best)
+    for (name, x), y in zip(mine.block.named_parameters(), plain.block.parameters()):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6, msg=name)

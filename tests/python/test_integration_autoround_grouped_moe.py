@@ -50,11 +50,24 @@ def test_what_the_grouped_path_does_not_cover_is_named(block, monkeypatch):
     x = torch.randn(TOKENS, HIDDEN)
     assert grouped_moe.refusal(x, moe.experts) is None
 
-    class Wrapper(torch.nn.Linear):  # AutoRound's wrapped layers during its own tuning
+    class Wrapper(torch.nn.Module):  # AutoRound's WrapperLinear during its own tuning
+        def __init__(self, layer):
+            super().__init__()
+            self.orig_layer = layer
+
+    class Hooked(torch.nn.Linear):  # a Linear with a forward of its own (GPTQModel's HookedLinear)
+        def forward(self, x):
+            return super().forward(x)
+
+    class Swapped(torch.nn.Linear):  # torch 1.13's functional_call swaps the class, not the forward
         pass
-    wrapped = Wrapper(HIDDEN, INTER, bias=False)
-    original, moe.experts[1].up_proj = moe.experts[1].up_proj, wrapped
+    original = moe.experts[1].up_proj
+    moe.experts[1].up_proj = Wrapper(original)
     assert grouped_moe.refusal(x, moe.experts) == "expert 1's up_proj is not a plain Linear without bias (Wrapper)"
+    moe.experts[1].up_proj = Hooked(HIDDEN, INTER, bias=False)
+    assert grouped_moe.refusal(x, moe.experts) == "expert 1's up_proj is not a plain Linear without bias (Hooked)"
+    moe.experts[1].up_proj = Swapped(HIDDEN, INTER, bias=False)
+    assert grouped_moe.refusal(x, moe.experts) is None
     moe.experts[1].up_proj = original
     handle = moe.experts[2].down_proj.register_forward_hook(lambda *args: None)
     assert grouped_moe.refusal(x, moe.experts) == "expert 2.down_proj is hooked"

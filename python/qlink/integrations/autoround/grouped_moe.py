@@ -32,7 +32,9 @@ def refusal(hidden_states, experts, own_act=True):
     for index, expert in enumerate(experts):
         for name in _PROJECTIONS:
             linear = getattr(expert, name, None)
-            if type(linear) is not torch.nn.Linear or linear.bias is not None:
+            # nn.Linear's own forward (functional_call's parameter swap may subclass it), no bias
+            if not isinstance(linear, torch.nn.Linear) or type(linear).forward is not torch.nn.Linear.forward \
+                    or linear.bias is not None:
                 return "expert %d's %s is not a plain Linear without bias (%s)" % (index, name, type(linear).__name__)
     return grouped_experts.unwatched_refusal(experts, hidden_states.device, own_act)
 
