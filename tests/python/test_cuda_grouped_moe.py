@@ -1,13 +1,17 @@
 """AutoRound's unfused MoE block through the grouped_moe seam on a GPU (bf16, sm90+, PyTorch's
 grouped GEMM): the output and the gradients of the input and of every expert's weights
 within bf16 rounding of AutoRound's loop's (the stand-in's sequential_moe_forward, and its
-linear_loop_experts_forward), the grouped path counted; skipped without such a GPU."""
+linear_loop_experts_forward), the grouped path counted; and the native loop over a
+transformers-style Qwen3-MoE block with the experts grouped: no host read in an iteration,
+so its step replays as a CUDA graph. Skipped without such a GPU."""
 import pytest
 import torch
 
 from qlink.integrations import autoround as adapter
 from qlink.integrations import grouped_experts
 
+from test_integration_autoround import host  # noqa: F401 (fixture)
+from test_integration_autoround_experts import InterfaceBlock, _tune
 from test_integration_autoround_grouped_moe import (  # noqa: F401 (fixtures)
     EXPERTS, HIDDEN, TOKENS, TOP_K, block, ctx, interface)
 
@@ -57,3 +61,28 @@ def test_the_linear_loop_experts_grouped_equal_autorounds_loop_within_bf16_round
     assert adapter.counters()["seams"]["grouped_moe"]["qlink"] == 1
     for a, b in zip(mine, theirs):
         torch.testing.assert_close(a, b, rtol=1.6e-2, atol=1e-2)
+
+
+def test_the_native_loop_replays_a_transformers_moe_block_grouped_as_a_graph(host, ctx, monkeypatch):  # noqa: F811
+    """bf16 on one GPU: with grouped_moe=True every iteration's experts are the grouped
+    GEMMs, nothing reads the device from the host, and the step is captured (step_graph);
+    AutoRound's per-expert calls, which read each expert's row count, run eagerly. The
+    tuned block's losses agree within bf16 rounding (the first ones) and their best within 2 %."""
+    from auto_round.modeling.fused_moe import moe_experts_interface
+    from auto_round.utils import device_manager
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(device_manager.device_manager, "device", gpu)
+    runs = []
+    for grouped in (False, True):
+        adapter.install("auto", ctx=ctx, strict=True, grouped_moe=grouped)
+        moe_experts_interface.EXPERTS_FUNCTIONS.pop("linear_loop", None)
+        moe_experts_interface.register_linear_loop_experts()  # AutoRound's prepare: the mapping takes qlink's
+        _tune(host, iters=30, block=InterfaceBlock, device=gpu, dtype=torch.bfloat16)
+        (_, losses), = adapter.losses()
+        runs.append((losses, adapter.counters()["seams"]))
+    (plain_losses, plain), (losses, mine) = runs
+    assert plain["step_graph"]["qlink"] == 0 and plain["grouped_moe"]["qlink"] == 0
+    assert mine["step_graph"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
+    assert mine["grouped_moe"]["host"] == 0 and mine["grouped_moe"]["qlink"] > 0
+    assert losses[:2] == pytest.approx(plain_losses[:2], rel=2e-2)
+    assert min(losses) == pytest.approx(min(plain_losses), rel=2e-2)

@@ -91,21 +91,26 @@ class Model(torch.nn.Module):
         self.block = block()
 
 
-def _tune(host, seed=0, nsamples=16, batch_size=4, layers=None, block=MoeBlock, **config):  # noqa: F811
-    """The MoE block tuned from one start and AutoRound's draws: (model, best_params, the
-    stand-in loop's losses or None)."""
+def _tune(host, seed=0, layers=None, block=MoeBlock, device="cpu", dtype=torch.float32, **config):  # noqa: F811
+    """The MoE block tuned from one start and AutoRound's draws on `device` in `dtype`:
+    (model, best_params, the stand-in loop's losses or None)."""
     torch.manual_seed(seed)
     model = Model(block)
     for name, options in (layers or {}).items():
         for key, value in options.items():
             setattr(model.block.get_submodule(name), key, value)
+    nsamples, batch_size = 16, 4
     inputs = [torch.randn(1, SEQ, HIDDEN) for _ in range(nsamples)]
     others = {"scale": torch.tensor(1.5), "shift": [torch.randn(1, 1, HIDDEN) * 0.1 for _ in range(nsamples)]}
+    if device != "cpu" or dtype != torch.float32:  # where AutoRound has dispatched the block and cached its data
+        model.to(device, dtype)
+        inputs = [x.to(device, dtype) for x in inputs]
+        others = {"scale": others["scale"].to(device, dtype), "shift": [t.to(device, dtype) for t in others["shift"]]}
     with torch.no_grad():
         outputs = [model.block(x, scale=others["scale"], shift=s) for x, s in zip(inputs, others["shift"])]
     q = host.sign_round.SignRoundQuantizer(host.sign_round.SignRoundConfig(**config))
     q.model = model
-    q.block_forward = host.block_runner.BlockForwardRunner(batch_size=batch_size, device="cpu", cache_device="cpu")
+    q.block_forward = host.block_runner.BlockForwardRunner(batch_size=batch_size, device=device, cache_device=device)
     q.calibration_context.batch_size = batch_size
     random.seed(seed)
     block_ctx = types.SimpleNamespace(block_name="block", block_index=0, block_cnt=2)
