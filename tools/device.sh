@@ -34,6 +34,7 @@
 #     archs_ref  arch_table.py --references on Qwen3 and Mixtral (alone reversed, alone in float64)
 #     trained    trained_model.py: the model trained on corpus/ and its quantizations' perplexity
 #     attn       attention_determinism.py: each SDPA backend's bytes over 12 fresh processes
+#     walks      finalize_walks.py: GPTQModel's per-module walks of the model at 2, 48, 94 MoE layers, qlink's lookups
 #     worlds     the GPTQ engine's worlds test on this machine's CPU (bin/, blas.tar.xz's OpenBLAS), on
 #                the kernels it picks and on its Haswell, SkylakeX and Cooperlake ones
 #     speed_models  the 7B-shaped models of 2, 4 and 32 layers and a 70B-shaped layer; GPTQModel's
@@ -272,6 +273,7 @@ part_archs_ref() {
     --references --out "$out/arch_ref.json"
 }
 part_attn() { run attn 200 python3 "$P/bench/attention_determinism.py" --processes 12; }
+part_walks() { run walks 120 python3 "$P/bench/finalize_walks.py" --hosts "$P/hosts:$hosts_dir/standins"; }
 part_worlds() {  # on OpenBLAS's kernels for this processor, then on its Haswell, SkylakeX, Cooperlake ones
   local blas=$build/blas core
   mkdir -p "$blas" && tar -xJf "$P/blas.tar.xz" -C "$blas"
@@ -373,9 +375,9 @@ part_moe_samples() {  # every thread sampled (the sampling stretches the run)
   gptqmodel_run moe_samples 300 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink --strict \
     --samples-out "$out/moe_samples.txt"
 }
-host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks ar_moe_host ar_moe_qlink ar_moe_grouped \
-moe_check moe_solve moe moe_samples speed_models speed breakdown divergence moe_stage moe_stage_samples moe_nostage \
-moe_host moe_spread moe_235b moe_dsv3 "
+host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks \
+ar_moe_host ar_moe_qlink ar_moe_grouped moe_check moe_solve moe moe_samples speed_models speed breakdown divergence \
+moe_stage moe_stage_samples moe_nostage moe_host moe_spread moe_235b moe_dsv3 "
 
 [ $# -ge 1 ] || usage
 case $1 in

@@ -1,6 +1,7 @@
 """The GPTQModel rules qlink's seams restate, each pinned to the host function it copies
 (qlink.integrations.contracts): what a batch, a merge and a solve leave on a GPTQ task,
-and what GPTQModel's clone does to each replica."""
+what GPTQModel's clone does to each replica, and what a module's finalize reads of the
+model's walks."""
 from ..contracts import Contract
 
 CONTRACT = Contract("GPTQModel")
@@ -40,3 +41,35 @@ def replica_ready(replica, device, clear):
     replica.eval()
     clear(replica)
     replica._gptqmodule_device_hint = device
+
+
+def along(root, path):
+    """The module at dotted `path` under `root` through its children, or None."""
+    node = root
+    for part in path.split("."):
+        node = node._modules.get(part) if node is not None else None
+    return node
+
+
+@CONTRACT.copies("gptqmodel/looper/gptq_processor.py", "GPTQProcessor.submodule_finalize", "f603d0e8379ff955")
+@CONTRACT.copies("gptqmodel/utils/model.py", "find_modules", "c9502da81e73c3e3")
+def finalized_entry(root, path, types):
+    """What submodule_finalize reads of find_modules(model.model[, types]): the entry of
+    the module at `path` it finalizes ({path: module} where that module is of `types`, else
+    none). None where the walk stops above it (at the root or an ancestor of `types`) or
+    the path leads nowhere: the host's walk decides there."""
+    node = root
+    for part in path.split("."):
+        if node is None or isinstance(node, types):
+            return None
+        node = node._modules.get(part)
+    if node is None:
+        return None
+    return {path: node} if isinstance(node, types) else {}
+
+
+@CONTRACT.copies("gptqmodel/utils/offload.py", "get_module_fullname", "09ffe106ba5c7d05")
+def leads_to(root, path, module):
+    """Whether `path` names `module` under `root` as get_module_fullname would: the dotted
+    path of its children to a module held at one place."""
+    return along(root, path) is module

@@ -1,6 +1,7 @@
 """One installation of qlink in GPTQModel: the host names it resolved (_Host), the state
 its seams share (the Hessian accumulator and queue, the solve-ahead, the layer prefetch,
-the packs made ahead, the grouped batches' sample length, the expert stage's counts) and the installation's settings."""
+the packs made ahead, the grouped batches' sample length, the expert stage's counts, the
+finalizes' lookups) and the installation's settings."""
 import importlib
 
 import torch
@@ -10,6 +11,7 @@ from ...quant.hessian import HessianAccumulator
 from ..base import Installation
 from ..process_settings import check_interval
 from .expert_stage import ExpertCounts
+from .finalize_lookups import FinalizeLookups
 from .gptq import SharedMerges
 from .hessian_queue import Queue
 from .pack_ahead import PackAhead
@@ -34,6 +36,7 @@ class _Host:
         self.add_batch = names["gptqmodel.quantization.gptq:GPTQ.add_batch"]
         self.qualified_name = names["gptqmodel.utils.structure:_get_qualified_name"]
         self.safe_open = names["gptqmodel.utils.structure:safe_open"]
+        self.supported_types = names["gptqmodel.utils.model:SUPPORTS_MODULE_TYPES"]
         self.task_class = None  # the processor's GPTQ while installed (gptq.make_task_class)
         self.routed = False     # whether defuser's routed experts' loop is qlink's
 
@@ -62,6 +65,7 @@ class GPTQModelInstallation(Installation):
         self.ahead = SolveAhead(self)  # a subset's tasks solved in one engine call
         self.packs = PackAhead()  # and their words packed with it
         self.expert_counts = ExpertCounts()  # the expert stage's blocks, experts and rows
+        self.lookups = FinalizeLookups(self.counters, lambda: self.host.supported_types)  # finalizes' own paths
         pin = read_ahead == "pinned" and not ctx.cpu_memory and torch.cuda.is_available()
         self.prefetch = LayerPrefetch(self.host.safe_open, pin, self.counters, self.guard)
         # Each sample's tokens where the loop's cache holds grouped one-sample batches

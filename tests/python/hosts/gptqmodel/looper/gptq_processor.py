@@ -1,11 +1,15 @@
 """Stand-in for gptqmodel.looper.gptq_processor: the processor whose hooks feed GPTQ, and
 the module-level GPTQ it builds its tasks from (GPTQModel's preprocess calls GPTQ(...));
-its tasks keyed by module name, and process(), which solves a module's task and writes the
-quantized weight back, as the host's does before the next subset's forwards."""
+its tasks keyed by module name; process(), which solves a module's task and writes the
+quantized weight back, as the host's does before the next subset's forwards; and
+submodule_finalize, which puts the quantized linear in the model and packs it, finding both
+by walks of the whole model as the host's does."""
 import torch
 
+from ..nn_modules.qlinear import PackableQuantLinear
 from ..quantization.config import QuantizeConfig
 from ..quantization.gptq import GPTQ  # noqa: F401 (the name the processor builds its tasks from)
+from ..utils.model import create_quant_module, find_modules, pack_module
 
 
 class GPTQProcessor:
@@ -22,3 +26,12 @@ class GPTQProcessor:
         with torch.inference_mode():
             result = self.results[module.name] = task.quantize()
             module.module.weight.data = result[0]
+
+    def submodule_finalize(self, module, model, **kwargs):
+        q_scales, q_zeros, q_g_idx = self.results[module.name][1:4]
+        layers = find_modules(model.model)
+        create_quant_module(name=module.full_name, bits=self.qcfg.bits, module=model.model)
+        qModules = {name: submodule for name, submodule in find_modules(model.model, [PackableQuantLinear]).items()
+                    if name == module.full_name}
+        pack_module(name=module.full_name, qModules=qModules, q_scales=q_scales, q_zeros=q_zeros, q_g_idx=q_g_idx,
+                    layers=layers)
