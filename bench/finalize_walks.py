@@ -6,8 +6,9 @@ layer's modules; qlink's finalize_lookups go down the module's own path instead.
 Builds an MoE-shaped module tree (no weights: 1 x 1 linears) of each --layers count and
 times, for the last layer's last expert: a named_modules walk to it (the offload's name),
 GPTQModel's find_modules where --hosts names its tree (importing gptqmodel needs its
-dependencies: the GPU machine's image with the stand-ins, a second path), and qlink's lookups. Prints JSON: per layer count,
-the milliseconds of each and the seconds a layer's --modules finalizes would spend walking.
+dependencies: the GPU machine's image with the stand-ins, a second path), and qlink's
+lookups. Prints JSON: per layer count, the milliseconds of each and the seconds a layer's
+--modules finalizes would spend walking.
 
     python3 bench/finalize_walks.py [--layers 2,48,94] [--experts 128] [--modules 388] [--hosts DIR[:DIR]]
 """

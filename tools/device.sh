@@ -49,8 +49,10 @@
 #     moe_nostage  qlink's defaults but expert_stage=False at 2
 #     moe_host   GPTQModel alone to layer 1's first solve, then the stage with ieee_fp32: layer 0's codes compared
 #     moe_spread GPTQModel alone so again with its samples reversed, its codes against moe_host's (after it)
-#     moe_235b   a Qwen3-235B-A22B-shaped 2-layer model through the stage (made first; not yet run)
-#     moe_dsv3   a DeepSeek-V3-shaped 1-layer model through the stage (made first; not yet run)
+#     moe_235b   a Qwen3-235B-A22B-shaped 2-layer model through the stage (made first)
+#     moe_dsv3   a DeepSeek-V3-shaped 1-layer model through the stage (made first)
+#     moe_tree   Qwen3-30B-A3B's module tree with small matrices: GPTQModel alone and qlink's defaults to layer 2 at 2
+#                and 48 layers (the per-module costs as the model grows), then qlink's whole 48-layer run
 #     breakdown  GPTQModel alone with each of qlink's process settings (gc, switch, segments) at
 #                2 and 4 layers; AutoRound alone with each (AR_ITERS)
 #   Groups: gpu, hosts, issue20 (moe_check moe_solve moe), issue22 (ar ar0), issue23 (hprec loop loop_slope),
@@ -359,6 +361,19 @@ make_deepseek_v3; make_deepseek_v3('/tmp/deepseek-v3-1layer', layers=1)"
   gptqmodel_run dsv3_stage 500 --model /tmp/deepseek-v3-1layer --layers 1 --model-kind deepseek_v3 --qlink \
     --strict --defaults --expert-stage on
 }
+part_moe_tree() {  # issue 41: the loop's costs per module at a whole model's size (Qwen3-30B-A3B's module tree,
+  # small matrices): GPTQModel alone and qlink's defaults to layer 2's first solve at 2 and at 48 layers, then
+  # qlink's whole 48-layer run
+  local n
+  for n in 2 48; do
+    gptqmodel_run tree${n}_host 300 --model /tmp/qwen3tree-${n}layers --layers $n --model-kind qwen3_moe_tree \
+      --stop-at-layer 2
+    gptqmodel_run tree${n}_qlink 300 --model /tmp/qwen3tree-${n}layers --layers $n --model-kind qwen3_moe_tree \
+      --qlink --strict --defaults --stop-at-layer 2
+  done
+  gptqmodel_run tree48_qlink_whole 500 --model /tmp/qwen3tree-48layers --layers 48 --model-kind qwen3_moe_tree \
+    --qlink --strict --defaults
+}
 part_breakdown() {
   local n s
   for n in 2 4; do
@@ -377,7 +392,7 @@ part_moe_samples() {  # every thread sampled (the sampling stretches the run)
 }
 host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks \
 ar_moe_host ar_moe_qlink ar_moe_grouped moe_check moe_solve moe moe_samples speed_models speed breakdown divergence \
-moe_stage moe_stage_samples moe_nostage moe_host moe_spread moe_235b moe_dsv3 "
+moe_stage moe_stage_samples moe_nostage moe_host moe_spread moe_235b moe_dsv3 moe_tree "
 
 [ $# -ge 1 ] || usage
 case $1 in

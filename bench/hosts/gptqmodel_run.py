@@ -9,7 +9,7 @@ Nothing the script records waits on the device or copies to the host inside the 
 call (device checksums, turned into digests after it).
 
     python3 gptqmodel_run.py --model DIR [--layers N]
-        [--model-kind llama|llama70b|qwen3_moe|qwen3_235b|deepseek_v3|ARCH]
+        [--model-kind llama|llama70b|qwen3_moe|qwen3_235b|qwen3_moe_tree|deepseek_v3|ARCH]
         [--qlink [--strict] [--defaults] [--expert-stage on|off] [--read-ahead pinned|pageable|off]
          [--switch-interval S|off] [--landing pinned|pageable] [--segments fixed|host] | --guards]
         [--precision ieee_fp32|tensor] [--reversed] [--hessian-f64] [--codes FILE.pt]
@@ -19,7 +19,8 @@ call (device checksums, turned into digests after it).
 
 --layers: decoder layers of the model made at DIR (if DIR has none yet); --model-kind: a
 LLaMA-7B-shaped one (default), a LLaMA-70B-shaped one (llama70b), a Qwen3-30B-A3B-, Qwen3-235B-A22B-
-or DeepSeek-V3-shaped MoE (its experts split by the defuser stand-in as GPTQModel loads it), or a small one of an
+or DeepSeek-V3-shaped MoE (its experts split by the defuser stand-in as GPTQModel loads it), Qwen3-30B-A3B's
+module tree with small matrices (qwen3_moe_tree: the loop's costs per module), or a small one of an
 architecture of common.ARCHS (common.make_arch: opt, llama_gqa, ... mixtral; arch_table.py).
 --precision: install's hessian_precision (its default where not given). --input-digests:
 digests of each solve's weight and merged Hessian beside its result's (where two runs part,
@@ -45,9 +46,9 @@ import sys
 import time
 
 import idle
-from common import (ARCHS, LLAMA_70B, QWEN3_235B, busy_shares, install_guards, kernel_table, launch_mark_kernel,
-                    make_arch, make_deepseek_v3, make_llama, make_qwen3_moe, process_settings, profiler_activities,
-                    python_profile, setup_paths, stack_samples, timed, token_batches, write)
+from common import (ARCHS, LLAMA_70B, QWEN3_235B, QWEN3_MOE_TREE, busy_shares, install_guards, kernel_table,
+                    launch_mark_kernel, make_arch, make_deepseek_v3, make_llama, make_qwen3_moe, process_settings,
+                    profiler_activities, python_profile, setup_paths, stack_samples, timed, token_batches, write)
 
 setup_paths()
 
@@ -233,6 +234,9 @@ def combined_digest(layers):
     return hashlib.sha256("".join(layers[k]["digest"] for k in sorted(layers)).encode()).hexdigest()
 
 
+MOE_SHAPES = {"qwen3_moe": {}, "qwen3_235b": QWEN3_235B, "qwen3_moe_tree": QWEN3_MOE_TREE}  # make_qwen3_moe's
+
+
 def main():
     a = argparse.ArgumentParser()
     a.add_argument("--model", required=True)
@@ -246,7 +250,7 @@ def main():
     a.add_argument("--samples", type=int, default=128)
     a.add_argument("--seqlen", type=int, default=2048)
     a.add_argument("--layers", type=int, default=2)
-    a.add_argument("--model-kind", choices=("llama", "llama70b", "qwen3_moe", "qwen3_235b", "deepseek_v3") + ARCHS,
+    a.add_argument("--model-kind", choices=("llama", "llama70b", "deepseek_v3") + tuple(MOE_SHAPES) + ARCHS,
                    default="llama")
     a.add_argument("--precision", choices=("ieee_fp32", "tensor"))
     a.add_argument("--stop-at-layer", type=int, help="end the run at this layer's first solve (its time printed)")
@@ -296,8 +300,8 @@ def main():
     import torch
     if args.model_kind in ARCHS:
         make_arch(args.model, args.model_kind, layers=args.layers)
-    elif args.model_kind in ("qwen3_moe", "qwen3_235b"):
-        make_qwen3_moe(args.model, layers=args.layers, **(QWEN3_235B if args.model_kind == "qwen3_235b" else {}))
+    elif args.model_kind in MOE_SHAPES:
+        make_qwen3_moe(args.model, layers=args.layers, **MOE_SHAPES[args.model_kind])
     elif args.model_kind == "deepseek_v3":
         make_deepseek_v3(args.model, layers=args.layers)
     else:
