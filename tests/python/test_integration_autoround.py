@@ -659,3 +659,26 @@ def test_an_iteration_that_reads_the_device_from_the_host_is_not_captured(host, 
     (_, losses), = adapter.losses()
     assert losses[:3] == pytest.approx(own_losses[:3], rel=1e-5)
     assert abs(_error(tuned.cpu()) / _error(own.cpu()) - 1) < 0.01
+
+
+def test_turning_the_sync_debug_mode_on_is_no_host_read(monkeypatch):
+    """PyTorch warns once a process as the sync debug mode turns on; only a synchronizing
+    call's warning counts as the iteration reading the device (the first block's graph was
+    refused on the H200 for the former)."""
+    import warnings
+    from qlink.integrations.autoround import native_loop
+    mode = [0]
+
+    def set_mode(value):
+        if value == "warn" and not mode[0]:
+            warnings.warn("Synchronization debug mode is a prototype feature and does not yet detect all "
+                          "synchronizing operations (Triggered internally at CUDAContext.cpp)")
+        mode[0] = value
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: mode[0])
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", set_mode)
+    with native_loop._host_reads() as reads:
+        pass
+    assert reads == [] and mode[0] == 0
+    with native_loop._host_reads() as reads:
+        warnings.warn("called a synchronizing CUDA operation (Triggered internally at CUDAFunctions.cpp)")
+    assert reads == ["called a synchronizing CUDA operation"]

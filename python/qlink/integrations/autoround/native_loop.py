@@ -489,7 +489,9 @@ class NativeTuning:
 def _host_reads():
     """Runs its body under PyTorch's sync debug mode ("warn"), the mode before restored;
     the list it gives holds, after the body, the first line of each warning of a call that
-    waited on the device (an implicit synchronization: .item(), nonzero, a copy to the host)."""
+    waited on the device (an implicit synchronization: .item(), nonzero, a copy to the host).
+    The warning PyTorch gives once a process on turning the mode on ("Synchronization debug
+    mode is a prototype feature ...") is not a read: it refused the first block's graph."""
     reads = []
     before = torch.cuda.get_sync_debug_mode()
     with warnings.catch_warnings(record=True) as caught:
@@ -500,7 +502,7 @@ def _host_reads():
         finally:
             torch.cuda.set_sync_debug_mode(before)
     reads += [str(w.message).splitlines()[0].split(" (Triggered internally")[0] for w in caught
-              if "synchroniz" in str(w.message)]
+              if "synchroniz" in str(w.message) and "prototype feature" not in str(w.message)]
 
 
 def _on_device(runner, others, device, dim):
