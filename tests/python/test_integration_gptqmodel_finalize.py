@@ -118,3 +118,37 @@ def test_what_the_finalize_reads_of_a_walk_is_its_modules_entry():
     assert finalized_entry(model, "layers.4.mlp.nowhere", (nn.Linear,)) is None  # the host's walk decides
     assert finalized_entry(model, FULL_NAME, (nn.ModuleList,)) is None  # the walk stops above it
     assert finalized_entry(model, "layers.4", (nn.Module,)) is None  # at the root
+
+
+def _counted(named_modules, model, walks):
+    """named_modules, each walk of the whole model counted (not the walk's inner calls)."""
+    def counting(self, *args, **kwargs):
+        if self is model and not args and not kwargs:
+            walks.append(1)
+        return named_modules(self, *args, **kwargs)
+    return counting
+
+
+def test_the_fills_names_come_from_an_index_of_the_model(host, cpu, monkeypatch):
+    """_get_qualified_name (the lazy fill's name of a module): the host's name, from one
+    walk for every module of the model; a module put in since, and one moved, make one walk
+    more; the model itself and a module not in it get the host's walk and error."""
+    from gptqmodel.utils import structure
+    model, walks = _model().model, []
+    adapter.install(ctx=cpu)
+    named_modules = nn.Module.named_modules
+    monkeypatch.setattr(nn.Module, "named_modules", _counted(named_modules, model, walks))
+    for path in ("layers.0.mlp.experts.1.up_proj", "layers.5.mlp", FULL_NAME, "embed"):
+        assert structure._get_qualified_name(model, model.get_submodule(path)) == path
+    assert len(walks) == 1
+    model.layers[3].mlp.experts[0].down_proj = added = nn.Linear(32, HIDDEN, bias=False)
+    assert structure._get_qualified_name(model, added) == "layers.3.mlp.experts.0.down_proj"
+    moved = model.layers[1].mlp
+    del model.layers[1].mlp
+    model.layers[2].other = moved
+    assert structure._get_qualified_name(model, moved) == "layers.2.other"
+    assert len(walks) == 3
+    with pytest.raises(ValueError):
+        structure._get_qualified_name(model, nn.Linear(1, 1))
+    assert adapter.counters()["seams"]["qualified_names"] == {
+        "qlink": 6, "host": 1, "fallback": 0, "reasons": {"the model itself or a module not in it": 1}}

@@ -69,7 +69,8 @@ def finalized_entry(root, path, types):
 
 
 @CONTRACT.copies("gptqmodel/utils/offload.py", "get_module_fullname", "09ffe106ba5c7d05")
+@CONTRACT.copies("gptqmodel/utils/structure.py", "_get_qualified_name", "76e58c58e1029f29")
 def leads_to(root, path, module):
-    """Whether `path` names `module` under `root` as get_module_fullname would: the dotted
-    path of its children to a module held at one place."""
+    """Whether `path` names `module` under `root` as get_module_fullname and
+    _get_qualified_name would: the dotted path of its children to a module held at one place."""
     return along(root, path) is module

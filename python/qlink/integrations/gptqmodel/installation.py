@@ -1,7 +1,7 @@
 """One installation of qlink in GPTQModel: the host names it resolved (_Host), the state
 its seams share (the Hessian accumulator and queue, the solve-ahead, the layer prefetch,
 the packs made ahead, the grouped batches' sample length, the expert stage's counts, the
-finalizes' lookups) and the installation's settings."""
+finalizes' lookups, the modules' names indexed) and the installation's settings."""
 import importlib
 
 import torch
@@ -12,6 +12,7 @@ from ..base import Installation
 from ..process_settings import check_interval
 from .expert_stage import ExpertCounts
 from .finalize_lookups import FinalizeLookups
+from .qualified_names import QualifiedNames
 from .gptq import SharedMerges
 from .hessian_queue import Queue
 from .pack_ahead import PackAhead
@@ -66,6 +67,7 @@ class GPTQModelInstallation(Installation):
         self.packs = PackAhead()  # and their words packed with it
         self.expert_counts = ExpertCounts()  # the expert stage's blocks, experts and rows
         self.lookups = FinalizeLookups(self.counters, lambda: self.host.supported_types)  # finalizes' own paths
+        self.paths = QualifiedNames(self.counters, self.host.qualified_name)  # the fills' module names, indexed
         pin = read_ahead == "pinned" and not ctx.cpu_memory and torch.cuda.is_available()
         self.prefetch = LayerPrefetch(self.host.safe_open, pin, self.counters, self.guard)
         # Each sample's tokens where the loop's cache holds grouped one-sample batches

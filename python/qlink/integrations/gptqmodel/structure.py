@@ -170,12 +170,12 @@ class LayerPrefetch:
             tensors = self._read_ahead(turtle, path) if layer else self._kept_for(why, device)
             if tensors is None:
                 module = original(turtle, target_model=target_model, target_submodule=target_submodule,
-                                  device=device, non_blocking=non_blocking, module_path=module_path, **kwargs)
+                                  device=device, non_blocking=non_blocking, module_path=path, **kwargs)
             else:
                 self._ready.tensors = tensors
                 try:  # what the fill raises is the host's own (it may have filled part of the module)
                     module = original(turtle, target_model=target_model, target_submodule=target_submodule,
-                                      device=device, non_blocking=True, module_path=module_path, **kwargs)
+                                      device=device, non_blocking=True, module_path=path, **kwargs)
                 finally:
                     self._ready.tensors = None
             if layer:
