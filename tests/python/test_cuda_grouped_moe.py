@@ -75,8 +75,7 @@ def test_the_native_loop_replays_a_transformers_moe_block_grouped_as_a_graph(hos
     runs = []
     for grouped in (False, True):
         adapter.install("auto", ctx=ctx, strict=True, grouped_moe=grouped)
-        moe_experts_interface.EXPERTS_FUNCTIONS.pop("linear_loop", None)
-        moe_experts_interface.register_linear_loop_experts()  # AutoRound's prepare: the mapping takes qlink's
+        moe_experts_interface.register_linear_loop_experts()  # AutoRound's prepare (the first: qlink's)
         _tune(host, iters=30, block=InterfaceBlock, device=gpu, dtype=torch.bfloat16)
         (_, losses), = adapter.losses()
         runs.append((losses, adapter.counters()["seams"]))

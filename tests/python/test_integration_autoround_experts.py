@@ -235,8 +235,7 @@ def test_the_native_loop_runs_transformers_experts_as_grouped_gemms(host, librar
     runs = []
     for grouped in (False, True):
         adapter.install("auto", ctx=cpu(library, 1), strict=True, grouped_moe=grouped)
-        moe_experts_interface.EXPERTS_FUNCTIONS.pop("linear_loop", None)
-        moe_experts_interface.register_linear_loop_experts()  # AutoRound's prepare: the mapping takes qlink's
+        moe_experts_interface.register_linear_loop_experts()  # AutoRound's prepare (the first: qlink's)
         model, best, _ = _tune(host, iters=12, block=InterfaceBlock)
         (_, losses), = adapter.losses()
         runs.append((model, best, losses, adapter.counters()["seams"]))

@@ -121,13 +121,32 @@ def test_linear_loop_off_and_on_the_cpu_is_autorounds_and_uninstalled_its_own_ag
     theirs = module.linear_loop_experts_forward(experts, x, chosen, weights)
     adapter.install("off", ctx=ctx, grouped_moe=True)
     module.register_linear_loop_experts()  # AutoRound's prepare, while installed: the mapping takes qlink's
-    assert module.EXPERTS_FUNCTIONS["linear_loop"].__module__ == grouped_moe.__name__
+    assert module.ALL_EXPERTS_FUNCTIONS._global_mapping["linear_loop"].__module__ == grouped_moe.__name__
     assert torch.equal(experts(x, chosen, weights), theirs)
     assert adapter.counters()["seams"]["grouped_moe"]["reasons"] == {
         "no grouped GEMM for torch.float32 rows on cpu": 1}
     adapter.uninstall()
     assert module.linear_loop_experts_forward.__module__ == module.__name__
     assert torch.equal(experts(x, chosen, weights), theirs)  # the mapping's function defers to AutoRound's
+
+
+def test_a_registration_made_before_install_goes_through_qlink_until_uninstalled(interface, ctx):
+    """AutoRound prepared a model before install() (its function the mapping's first), or an
+    earlier installation did: the mapping holds this installation's function until it is
+    uninstalled, then what it held."""
+    module, _, experts = interface
+    mapping = module.ALL_EXPERTS_FUNCTIONS._global_mapping
+    module.register_linear_loop_experts()
+    theirs = mapping["linear_loop"]
+    x = torch.randn(TOKENS, HIDDEN)
+    chosen, weights = _routing(x)
+    for grouped in (False, True):  # the second install replaces the first's function
+        adapter.install("off", ctx=ctx, grouped_moe=grouped)
+        experts(x, chosen, weights)
+        assert adapter.counters()["seams"]["grouped_moe"]["host"] == 1
+    assert mapping["linear_loop"].__module__ == grouped_moe.__name__
+    adapter.uninstall()
+    assert mapping["linear_loop"] is theirs
 
 
 def test_what_the_linear_loop_path_does_not_cover_is_named(interface, ctx, monkeypatch):

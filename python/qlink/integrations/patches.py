@@ -131,6 +131,12 @@ class Rebindings:
         self._undo.append((_label(owner, name), lambda: vars(owner).get(name) is value,
                            lambda: setattr(owner, name, old)))
 
+    def entry(self, mapping, key, value, label):
+        """mapping[key] = value (a registry's entry, such as transformers' experts functions)."""
+        old = mapping[key]
+        mapping[key] = value
+        self._undo.append((label, lambda: mapping.get(key) is value, lambda: mapping.__setitem__(key, old)))
+
     def everywhere(self, original, replacement, package):
         """`original` replaced by `replacement` in every loaded module of `package` (the
         defining one and each that imported it by name) and in every default argument of

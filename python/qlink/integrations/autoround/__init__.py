@@ -64,7 +64,9 @@ SEAMS = SeamTable("auto_round", [
     Seam("auto_round.modeling.fused_moe.moe_experts_interface:linear_loop_experts_forward", "grouped_moe",
          "transformers 5's experts (Qwen3-MoE): each expert's linears called in turn: two grouped GEMMs "
          "(grouped_moe=True)", ["grouped_moe"], make_linear_loop_experts_forward, how="everywhere",
-         reads=["auto_round.modeling.fused_moe.utils:force_all_experts_routing_enabled"]),
+         reads=["auto_round.modeling.fused_moe.utils:force_all_experts_routing_enabled",
+                "auto_round.modeling.fused_moe.moe_experts_interface:ALL_EXPERTS_FUNCTIONS",
+                "auto_round.modeling.fused_moe.moe_experts_interface:LINEAR_LOOP_IMPL"]),
 ])
 HOST = HostSpec("AutoRound", "auto_round", "auto_round.version", "0.15", "b9f3d00", SEAMS.host_names())
 

@@ -74,9 +74,10 @@ def make_sequential_moe_forward(installation, original):
 
 
 def make_linear_loop_experts_forward(installation, original):
-    """The experts interface's linear_loop forward. transformers keeps the function
-    registered in its experts mapping (by AutoRound's prepare, while installed, this one):
-    once uninstalled it is AutoRound's own again."""
+    """The experts interface's linear_loop forward. transformers keeps the first function
+    registered in its experts mapping (by AutoRound's prepare): registered while installed,
+    this one, which is AutoRound's own again once uninstalled; registered before (AutoRound's,
+    or an earlier installation's), the mapping holds this one instead until uninstalled."""
     counters, forced = installation.counters, installation.host.force_all_experts_routing_enabled
 
     @like(original)
@@ -98,4 +99,10 @@ def make_linear_loop_experts_forward(installation, original):
                               top_k_weights.reshape(-1, top_k_weights.shape[-1]), experts, len(experts),
                               act=experts_module.act_fn)
         return out.view(hidden_states.shape)
+    host = installation.host
+    mapping = getattr(host.ALL_EXPERTS_FUNCTIONS, "_global_mapping", None)  # None: transformers < 5
+    held = mapping.get(host.LINEAR_LOOP_IMPL) if mapping is not None else None
+    if held is not None and (held is original or getattr(held, "__wrapped__", None) is original):
+        installation.rebindings.entry(mapping, host.LINEAR_LOOP_IMPL, linear_loop_experts_forward,
+                                      "transformers' experts functions[%r]" % host.LINEAR_LOOP_IMPL)
     return linear_loop_experts_forward

@@ -4,12 +4,15 @@ turn on its routed rows, token-major, the gate the experts module's _apply_gate,
 transformers' use_experts_implementation gives every experts class; the rows weighted and
 summed over each token's slots; AutoRound's coverage pass, a forced routing whose output is
 discarded, is not here), registered into a mapping that stands in for transformers'
-ALL_EXPERTS_FUNCTIONS (looked up when registered, kept after), and an experts module that
-calls what the mapping holds."""
+ALL_EXPERTS_FUNCTIONS (its first registration kept), and an experts module that calls what
+the mapping holds."""
+import types
+
 import torch
 from torch import nn
 
-EXPERTS_FUNCTIONS = {}  # transformers' ALL_EXPERTS_FUNCTIONS._global_mapping
+ALL_EXPERTS_FUNCTIONS = types.SimpleNamespace(_global_mapping={})  # transformers' experts functions
+LINEAR_LOOP_IMPL = "linear_loop"
 
 
 def linear_loop_experts_forward(self, hidden_states, top_k_index, top_k_weights):
@@ -37,8 +40,8 @@ def linear_loop_experts_forward(self, hidden_states, top_k_index, top_k_weights)
 
 
 def register_linear_loop_experts():
-    if "linear_loop" not in EXPERTS_FUNCTIONS:
-        EXPERTS_FUNCTIONS["linear_loop"] = linear_loop_experts_forward
+    if LINEAR_LOOP_IMPL not in ALL_EXPERTS_FUNCTIONS._global_mapping:
+        ALL_EXPERTS_FUNCTIONS._global_mapping[LINEAR_LOOP_IMPL] = linear_loop_experts_forward
     return True
 
 
@@ -69,4 +72,4 @@ class LinearLoopExperts(nn.Module):
             self.add_module(str(index), ExpertContainer(hidden, inter))
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
-        return EXPERTS_FUNCTIONS["linear_loop"](self, hidden_states, top_k_index, top_k_weights)
+        return ALL_EXPERTS_FUNCTIONS._global_mapping[LINEAR_LOOP_IMPL](self, hidden_states, top_k_index, top_k_weights)
