@@ -1,7 +1,8 @@
 """A HostSpec's names looked up in the host's source tree without importing it: where the
 host's own dependencies are not installed (this build machine), its tree still says
 whether every name the patches touch is where the integration expects it. Module-level
-definitions, assignments and imports count (star imports and base classes followed);
+definitions, assignments and imports count, those in a module-level try or if too (an
+optional import and its fallback; star imports and base classes followed);
 a class's "attr" counts as a member or as self.attr set in it or a base class. A contract's
 restated rules are digested from the same tree (changed_rules)."""
 import ast
@@ -50,13 +51,14 @@ class SourceTree:
             return "no module %s" % module
         tree, is_package = parsed
         head, rest = parts[0], parts[1:]
-        for node in tree.body:
+        why = None  # the first binding of head that did not lead on (another may: an import's fallback)
+        for node in _statements(tree.body):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == head:
                 if not rest:
                     return None
                 if isinstance(node, ast.ClassDef) and len(rest) == 1 and self._class_has(module, node, rest[0], seen):
                     return None
-                return "no %s in %s.%s" % (".".join(rest), module, head)
+                why = why or "no %s in %s.%s" % (".".join(rest), module, head)
             if not rest and head in _assigned(node):
                 return None
             if isinstance(node, ast.ImportFrom):
@@ -66,9 +68,13 @@ class SourceTree:
                         return None
                     if (alias.asname or alias.name) == head:
                         if not rest or self.module(source + "." + alias.name) is not None:
-                            return None if not rest else self._find(source + "." + alias.name, rest, seen)
-                        return self._find(source, [alias.name] + rest, seen)
-        return "no %s in %s" % (head, module)
+                            found = None if not rest else self._find(source + "." + alias.name, rest, seen)
+                        else:
+                            found = self._find(source, [alias.name] + rest, seen)
+                        if found is None:
+                            return None
+                        why = why or found
+        return why or "no %s in %s" % (head, module)
 
     def _class_has(self, module, cls, attr, seen):
         for node in ast.walk(cls):
@@ -83,6 +89,18 @@ class SourceTree:
             if isinstance(base, ast.Name) and self._find(module, [base.id, attr], seen) is None:
                 return True
         return False
+
+
+def _statements(body):
+    """A module body's statements, those of its try and if blocks (every branch) included."""
+    for node in body:
+        yield node
+        if isinstance(node, ast.Try):
+            for branch in [node.body, node.orelse, node.finalbody] + [h.body for h in node.handlers]:
+                yield from _statements(branch)
+        elif isinstance(node, ast.If):
+            yield from _statements(node.body)
+            yield from _statements(node.orelse)
 
 
 def _assigned(node):

@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import sys
+import types
 
 import pytest
 import qlink
@@ -133,6 +134,20 @@ def test_the_source_lookup_finds_every_name_in_the_stand_ins_and_names_one_that_
     moved = SourceTree([str(tmp_path / "hosts")]).missing(adapter.HOST)
     assert "%s (no %s in %s)" % (first, path, module) in moved
     assert all(m.startswith(first) for m in moved)  # a class's members move with it
+
+
+def test_the_source_lookup_takes_an_optional_imports_fallback(tmp_path):
+    """A name bound in a module-level try (an import of a package outside the tree) or its
+    except branch (AutoRound's ALL_EXPERTS_FUNCTIONS without transformers 5) is found; one in
+    no branch is not."""
+    package = tmp_path / "host"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "interface.py").write_text(
+        "try:\n    from elsewhere.moe import FUNCTIONS\n    HAS = True\nexcept ImportError:\n"
+        "    FUNCTIONS = None\n    HAS = False\nif HAS:\n    KIND = 'linear_loop'\n")
+    spec = types.SimpleNamespace(names=["host.interface:FUNCTIONS", "host.interface:KIND", "host.interface:GONE"])
+    assert SourceTree([str(tmp_path)]).missing(spec) == ["host.interface:GONE (no GONE in host.interface)"]
 
 
 def test_a_fallback_runs_after_qlinks_failed_attempt_let_go_of_its_memory():
