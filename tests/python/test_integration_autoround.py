@@ -35,15 +35,20 @@ def cpu(library, devices):
     return qlink.load({"backend": "cpu", "cpu_devices": devices, "log_level": "off"}, library=library)
 
 
+def scheme(linear, name):
+    """AutoRound's W4A16 keys on a linear: it sets every key of its scheme on each layer it
+    quantizes, None where unused."""
+    linear.bits, linear.group_size, linear.global_name = 4, 32, name
+    linear.data_type, linear.act_bits, linear.super_bits, linear.super_group_size = "int", 16, None, None
+
+
 class Block(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.up = torch.nn.Linear(HIDDEN, 2 * HIDDEN)
         self.down = torch.nn.Linear(2 * HIDDEN, HIDDEN)
         for name, m in (("up", self.up), ("down", self.down)):
-            m.bits, m.group_size, m.global_name = 4, 32, "block." + name
-            # AutoRound sets every key of its scheme on each layer, None where unused (W4A16).
-            m.data_type, m.act_bits, m.super_bits, m.super_group_size = "int", 16, None, None
+            scheme(m, "block." + name)
 
     def forward(self, hidden_states, scale=None, shift=None):
         out = self.down(torch.nn.functional.silu(self.up(hidden_states))) * scale

@@ -12,16 +12,10 @@ from qlink.integrations import autoround as adapter
 from qlink.integrations import grouped_experts
 from qlink.integrations.autoround import native_loop
 
-from test_integration_autoround import HIDDEN, SEQ, cpu, host  # noqa: F401 (host: the stand-in's fixture)
+from test_integration_autoround import HIDDEN, SEQ, cpu, host, scheme  # noqa: F401 (host: the stand-in's fixture)
 from test_integration_autoround_grouped_moe import _grouped_mm_by_loop
 
 EXPERTS = 4
-
-
-def _scheme(linear, name):
-    """AutoRound's W4A16 keys on a linear, as it sets them on every layer it quantizes."""
-    linear.bits, linear.group_size, linear.global_name = 4, 32, name
-    linear.data_type, linear.act_bits, linear.super_bits, linear.super_group_size = "int", 16, None, None
 
 
 class Expert(torch.nn.Module):
@@ -30,7 +24,7 @@ class Expert(torch.nn.Module):
         self.up = torch.nn.Linear(HIDDEN, 2 * HIDDEN)
         self.down = torch.nn.Linear(2 * HIDDEN, HIDDEN)
         for name, m in (("up", self.up), ("down", self.down)):
-            _scheme(m, "block.experts.%d.%s" % (index, name))
+            scheme(m, "block.experts.%d.%s" % (index, name))
 
     def forward(self, x):
         return self.down(torch.nn.functional.silu(self.up(x)))
@@ -76,7 +70,7 @@ class InterfaceBlock(torch.nn.Module):
         self.experts = moe_experts_interface.LinearLoopExperts(HIDDEN, HIDDEN, EXPERTS)
         for e in range(EXPERTS):
             for name in ("gate_proj", "up_proj", "down_proj"):
-                _scheme(getattr(getattr(self.experts, str(e)), name), "block.experts.%d.%s" % (e, name))
+                scheme(getattr(getattr(self.experts, str(e)), name), "block.experts.%d.%s" % (e, name))
 
     def forward(self, hidden_states, scale=None, shift=None):
         flat = hidden_states.reshape(-1, HIDDEN)

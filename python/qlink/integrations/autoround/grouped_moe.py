@@ -85,9 +85,9 @@ def make_linear_loop_experts_forward(installation, original):
         if installation.closed:
             return original(experts_module, hidden_states, top_k_index, top_k_weights)
         experts = [getattr(experts_module, str(i)) for i in range(experts_module.num_experts)]
+        gate = grouped_experts.custom_gate(experts_module) if installation.grouped_moe else None
         why = "grouped_moe=False" if not installation.grouped_moe else (
-            "the experts' own gate (%s)" % grouped_experts.custom_gate(experts_module)
-            if grouped_experts.custom_gate(experts_module) else
+            "the experts' own gate (%s)" % gate if gate else
             "every expert's forced routing (AutoRound's coverage pass)" if forced() else
             refusal(hidden_states, experts, own_act=False))
         if why:

@@ -4,7 +4,8 @@ partial in one native call, in place (the partials are the sink's alone), nothin
 rows kept. The experts are taken in consecutive chunks whose solve fits a memory budget:
 each Hessian twice over (the engine keeps its inverse beside it until the call returns) and
 3 bytes a weight of the expert's layers (the solve's codes and dequantized weight); the
-forwards run once a chunk, the chunks placed over the devices in turn (any count).
+forwards run once a chunk. hessians() places the chunks over devices in turn (any count);
+the expert stage runs its chunks on the rows' device, each solved before the next.
 
 Invariant: an expert's Hessian is the sum of its rows' products forward by forward, in
 forward order, whatever the chunking or placement: chunked equals unchunked, bit for bit."""

@@ -22,8 +22,9 @@ def refusal(experts):
     if _fused(experts):
         if getattr(experts, "has_bias", False) or getattr(experts, "is_transposed", False):
             return "fused experts with a bias or a transposed layout"
-        if grouped_experts.custom_gate(experts):
-            return "fused experts with their own gate (%s)" % grouped_experts.custom_gate(experts)
+        gate = grouped_experts.custom_gate(experts)
+        if gate:
+            return "fused experts with their own gate (%s)" % gate
         return None
     if not isinstance(experts, torch.nn.ModuleList) or len(experts) == 0:
         return "experts that are neither split per expert nor fused (%s)" % type(experts).__name__

@@ -25,7 +25,7 @@ class FinalizeLookups:
     names of the modules finalizes made (until their offload asks for them)."""
 
     def __init__(self, counters, supported_types):
-        self.counters, self.supported_types = counters, supported_types
+        self.counters, self.supported_types = counters, supported_types  # the host's list, read at each call
         self._finalizing = threading.local()
         self._lock = threading.Lock()
         self._names = weakref.WeakKeyDictionary()  # a finalized module -> its path under the model
@@ -55,7 +55,7 @@ class FinalizeLookups:
         def find_modules(module, layers=None, name=""):
             at = getattr(self._finalizing, "at", None)
             if at is not None and module is at[0] and name == "":
-                found = finalized_entry(module, at[1], tuple(layers or self.supported_types()))
+                found = finalized_entry(module, at[1], tuple(layers or self.supported_types))
                 if found is not None:
                     return found
             return original(module, layers, name)

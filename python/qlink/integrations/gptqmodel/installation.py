@@ -66,7 +66,7 @@ class GPTQModelInstallation(Installation):
         self.ahead = SolveAhead(self)  # a subset's tasks solved in one engine call
         self.packs = PackAhead()  # and their words packed with it
         self.expert_counts = ExpertCounts()  # the expert stage's blocks, experts and rows
-        self.lookups = FinalizeLookups(self.counters, lambda: self.host.supported_types)  # finalizes' own paths
+        self.lookups = FinalizeLookups(self.counters, self.host.supported_types)  # finalizes' own paths
         self.paths = QualifiedNames(self.counters, self.host.qualified_name)  # the fills' module names, indexed
         pin = read_ahead == "pinned" and not ctx.cpu_memory and torch.cuda.is_available()
         self.prefetch = LayerPrefetch(self.host.safe_open, pin, self.counters, self.guard)
