@@ -20,10 +20,12 @@ def _clamp(x, min=None, max=None):
     return torch.clamp(x.float(), min=bound(min), max=bound(max)).to(x.dtype)
 
 
-def reference_qdq(weight, v, min_scale, max_scale, bits, group_size, sym, scale_dtype=torch.float16,
-                  q_scale_thresh=1e-5):
-    """WrapperLinear's quant-dequant of weight (rows, columns) with v (groups, group_len) and
-    min_scale / max_scale (groups,), the range factors clamped to [0, 1] in place first."""
+def reference_qdq_parts(weight, v, min_scale, max_scale, bits, group_size, sym, scale_dtype=torch.float16,
+                        q_scale_thresh=1e-5):
+    """WrapperLinear's _qdq_weight of weight (rows, columns) with v (groups, group_len) and
+    min_scale / max_scale (groups,), the range factors clamped to [0, 1] in place first:
+    (the quant-dequantized weight, each group's scale (groups, 1), its zero point: (groups,
+    1) asymmetric, the int maxq symmetric, as AutoRound's int functions return it)."""
     with torch.no_grad():
         min_scale.clamp_(0.0, 1.0)
         max_scale.clamp_(0.0, 1.0)
@@ -42,7 +44,7 @@ def reference_qdq(weight, v, min_scale, max_scale, bits, group_size, sym, scale_
         scale = torch.where(scale < 0, _clamp(scale, max=-q_scale_thresh), _clamp(scale, min=q_scale_thresh))
         scale = scale.unsqueeze(dim=-1)
         levels = torch.clamp(_straight_through_round(grouped / scale + v), -maxq, maxq - 1)
-        out = (scale * levels).to(grouped.dtype)
+        out, zero = (scale * levels).to(grouped.dtype), maxq
     else:
         maxq = int(2.0 ** bits) - 1
         lo = low * min_scale
@@ -52,7 +54,14 @@ def reference_qdq(weight, v, min_scale, max_scale, bits, group_size, sym, scale_
         scale = scale.unsqueeze(dim=-1)
         levels = torch.clamp(_straight_through_round(grouped / scale + v) + zero, 0, maxq)
         out = (scale * (levels - zero)).to(grouped.dtype)
-    return out.reshape(rows, cols).to(weight.dtype)
+    return out.reshape(rows, cols).to(weight.dtype), scale, zero
+
+
+def reference_qdq(weight, v, min_scale, max_scale, bits, group_size, sym, scale_dtype=torch.float16,
+                  q_scale_thresh=1e-5):
+    """The quant-dequantized weight of reference_qdq_parts."""
+    return reference_qdq_parts(weight, v, min_scale, max_scale, bits, group_size, sym, scale_dtype,
+                               q_scale_thresh)[0]
 
 
 class ReferenceSignSGD(torch.optim.Optimizer):

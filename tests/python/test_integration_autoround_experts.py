@@ -131,6 +131,16 @@ def _assert_equal_tuning(a, b, a_best, b_best, clamp):
             assert torch.equal(t, b_best[layer][key]), (layer, key)
     for (n, x), y in zip(a.block.named_parameters(), b.block.parameters()):
         assert torch.equal(x, y), n
+    assert_equal_unwraps(a.block, b.block)
+
+
+def assert_equal_unwraps(a, b):
+    """What each quantized layer's unwrap wrote besides its weight (scale, zp, iters): equal."""
+    for (name, x), y in zip(a.named_modules(), b.modules()):
+        if getattr(x, "bits", 16) <= 8:
+            for key in ("scale", "zp", "iters"):
+                u, v = getattr(x, key), getattr(y, key)
+                assert (torch.equal(u, v) and u.dtype == v.dtype) if torch.is_tensor(u) else u == v, (name, key)
 
 
 CASES = {"sym int4": dict(iters=30), "asym, a minmax lr of its own": dict(iters=20, minmax_lr=0.01),
@@ -155,6 +165,7 @@ def test_experts_tuned_together_equal_autorounds_per_expert_tuning(host, library
     counters = adapter.counters()["seams"]
     assert counters["quantize_block"]["qlink"] == 1
     assert counters["grouped_experts"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
+    assert counters["grouped_unwrap"] == {"qlink": 2, "host": 0, "fallback": 0, "reasons": {}}  # ups, downs
     assert calls[:2] == [["experts.%d.%s" % (e, p) for e in range(EXPERTS)] for p in ("up", "down")]
     assert steps == [1] * config["iters"]  # every tensor of the step in one call
     (_, losses), = adapter.losses()
@@ -182,6 +193,8 @@ def test_experts_unlike_each_other_send_the_whole_block_layer_by_layer(host, lib
     assert counters["quantize_block"]["qlink"] == 1
     assert counters["grouped_experts"]["reasons"] == {
         "experts experts.*.up: expert 2 has options (4, 16, True, torch.float16, 1e-05), unlike expert 0's": 1}
+    assert counters["grouped_unwrap"]["qlink"] == 2
+    assert counters["grouped_unwrap"]["reasons"] == {"layer 'experts.2.up': no other layer of its shape and options": 1}
     (_, losses), = adapter.losses()
     assert losses == own_losses
     _assert_equal_tuning(own, tuned, own_best, best, clamp=True)

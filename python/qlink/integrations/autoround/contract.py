@@ -1,11 +1,14 @@
 """The AutoRound rules qlink's block tuning restates (its native loop and its data-parallel
 loop alike), each pinned to the host function it copies (qlink.integrations.contracts):
 the learning rates of a layer's groups, the cached valid-token mask, the batch an
-iteration draws, what a one-device dispatch leaves on the quantizer."""
+iteration draws, what a one-device dispatch leaves on the quantizer, which layers a
+block's wrap takes, a layer's RTN, and which layers' unwraps may be stacked by rows."""
 from ..contracts import Contract
 
 CONTRACT = Contract("AutoRound")
 _SIGN_ROUND = "auto_round/algorithms/quantization/sign_round/quantizer.py"
+_WRAPPER = "auto_round/wrapper.py"
+_INT = "auto_round/data_type/int.py"
 
 
 @CONTRACT.copies(_SIGN_ROUND, "SignRoundQuantizer.quantize_block", "9350ddef06b5b08f")
@@ -41,3 +44,70 @@ def global_batch_size(q, nsamples):
 def dispatched(q, device):
     """What a block's dispatch to one device leaves on the quantizer for its tuning."""
     q._card_0_in_high_risk, q._loss_device = False, device
+
+
+@CONTRACT.copies(_WRAPPER, "wrapper_block", "908bee47229d8a7b")
+def wrapped_layers(host, block):
+    """wrapper_block's split of a block's layers: ([(name, layer)] it wraps, [names] it
+    leaves unquantized), in its order (its norm wrapping, for enable_norm_bias_tuning, which
+    the native loop does not cover, aside)."""
+    quantized, unquantized = [], []
+    for name, m in block.named_modules():
+        if type(m) in tuple(host.SUPPORTED_LAYER_TYPES):
+            if host.check_to_quantized(m):
+                quantized.append((name, m))
+            else:
+                unquantized.append(name)
+    return quantized, unquantized
+
+
+@CONTRACT.copies("auto_round/algorithms/quantization/base.py", "BaseQuantizer._quantize_layer_via_rtn",
+                 "90c942d12fe1e7e0")
+def plain_rtn(q, host, layer, disable_opt_rtn):
+    """(the tuning device, WrapperLinear's keyword arguments) of AutoRound's RTN of `layer`
+    where it is plain RTN (optimized RTN turned off, by the caller or, for an MoE model's
+    routed experts, by AutoRound, which says so once), else None (an imatrix search per
+    layer). A layer grouped_unwrap stacks needs nothing else of it: the conversion returns
+    it as it is (no quantized_weight_type or config), set_module puts back what is there
+    and .to() finds it on the device."""
+    if disable_opt_rtn is None:
+        disable_opt_rtn = bool(getattr(q.config, "disable_opt_rtn", False))
+    if (not disable_opt_rtn and getattr(q.config, "orig_disable_opt_rtn", None) is None
+            and q.model_context.is_moe_model and "expert" in layer.global_name
+            and "shared_expert" not in layer.global_name and q.config.super_bits is None):
+        disable_opt_rtn = True
+        host.logger.warning_once("MoE layer detected: optimized RTN is disabled for efficiency. "
+                                 "Use `--enable_opt_rtn` to force-enable it for MoE layers.")
+    if not disable_opt_rtn:
+        return None
+    device = layer.tuning_device if hasattr(layer, "tuning_device") else host.device_manager.device
+    return device, dict(device=device, enable_minmax_tuning=False, enable_norm_bias_tuning=False,
+                        enable_round_tuning=False, enable_torch_compile=q.compress_context.enable_torch_compile,
+                        disable_opt_rtn=True, iters=0)
+
+
+@CONTRACT.copies(_WRAPPER, "WrapperLinear.unwrapper", "d39d7bba79ad8443")
+@CONTRACT.copies(_WRAPPER, "WrapperLinear._qdq_weight", "86e27043f44be127")
+@CONTRACT.copies(_WRAPPER, "WrapperLinear._init_tuning_params_and_quant_func", "caa3eae77a9bd497")
+@CONTRACT.copies("auto_round/data_type/utils.py", "reshape_pad_tensor_by_group_size", "d36b7188c18c844b")
+@CONTRACT.copies(_INT, "quant_tensor_sym", "0fe036211a059004")
+@CONTRACT.copies(_INT, "quant_tensor_asym", "aeac945da1346ca2")
+@CONTRACT.copies(_INT, "quant_tensor_rtn_sym", "d1d9b1ce1a24c515")
+def row_stacking_refusal(state, shape):
+    """Why a layer with these attributes (`state`) and weight `shape` cannot be unwrapped
+    with others by stacking their rows, or None. The unwrap of an int layer (data_type int, an
+    int group size, no activation quantization, super groups or global scale) computes each
+    group of group_size columns of a row on its own (its range, scale and zero point, with the
+    rounding offsets and range factors of that group), ignores an imatrix (plain RTN and the
+    tuned quant-dequant), and writes the weight, scale and zp by rows and iters: stacked rows
+    give each layer its own. A one-group weight's scale is written flat, not by rows."""
+    group_size, (rows, cols) = state.get("group_size"), shape
+    checks = [
+        (state.get("data_type") != "int", "data_type %r" % (state.get("data_type"),)),
+        (not isinstance(group_size, int) or group_size == 0, "group_size %r" % (group_size,)),
+        ((state.get("act_bits") or 16) <= 8, "activation quantization (act_bits %s)" % (state.get("act_bits"),)),
+        (any(state.get(k) is not None for k in ("super_bits", "weight_global_scale")),
+         "super groups or a global scale"),
+        (rows == 1 and (group_size == -1 or group_size >= cols), "a one-group weight"),
+    ]
+    return next((why for failed, why in checks if failed), None)

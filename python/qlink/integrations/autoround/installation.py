@@ -10,11 +10,13 @@ import torch
 
 from ...pinned_staging import stageable
 from ...plan import check_setting, resolve_plan
+from ...streams import resolved_device
 from ...quant.placement import Placement
 from ..base import Installation
 from ..patches import like
 from ..process_settings import frozen_gc
-from .contract import dispatched, global_batch_size, valid_token_mask
+from . import grouped_unwrap
+from .contract import dispatched, global_batch_size, plain_rtn, valid_token_mask, wrapped_layers
 from .native_loop import NativeTuning, check, unsupported
 from .parallel_tuning import finish_block, make_mirrors, move_tensor_attributes, run_on_replicas, tune_block
 
@@ -249,23 +251,45 @@ class AutoRoundInstallation(Installation):
                 self.counters.record("v_step", tuning.v_step_refusal)
                 if tuning.has_experts:
                     self.counters.record("grouped_experts", tuning.experts_refusal)
-                return tuning.run(lambda why: self.counters.record("step_graph", why))
+                return tuning.run(lambda why: self.counters.record("step_graph", why)), tuning.best_on_device()
             except Exception:
                 random.setstate(sampler_state)  # AutoRound's loop, if it runs instead, draws as it would have
                 raise
 
         def commit(result):
-            best_params, losses, best_iter, last_loss = result
+            (best_params, losses, best_iter, last_loss), on_device = result
             self.losses.append((name, losses))
-            quantized, unquantized = q.wrapper_block(block, q.enable_minmax_tuning, q.enable_norm_bias_tuning,
-                                                     enable_torch_compile=q.compress_context.enable_torch_compile,
-                                                     device=device)
+            quantized, unquantized = self._wrap_block(q, block, on_device if best_params else {}, device)
             finish_block(h, q, block, best_params, quantized, unquantized,
                          ", loss iter 0: %.6f -> iter %d: %.6f" % (losses[0], best_iter, last_loss))
             return best_params
 
         return self.guard.attempt("quantize_block", tune, lambda: original(q, *args, input_ids=input_ids, **kwargs),
                                   commit)
+
+    def _wrap_block(self, q, block, best, device):
+        """AutoRound's wrapper_block of the tuned block, but for the layers grouped_unwrap
+        stacks: those are unwrapped here with their best parameters (`best`: {name: {key:
+        tensor}}, {} where the tuning kept none), a group at a time, so unwrapper_block finds
+        only the others wrapped. Returns wrapper_block's (quantized names, unquantized names)."""
+        h = self.host
+        kwargs = dict(enable_minmax_tuning=q.enable_minmax_tuning, enable_norm_bias_tuning=q.enable_norm_bias_tuning,
+                      enable_torch_compile=q.compress_context.enable_torch_compile, device=device)
+        quantized, unquantized = wrapped_layers(h, block)
+        stacked, single = grouped_unwrap.groups([(n, m, resolved_device(device)) for n, m in quantized])
+        for why in single.values():
+            self.counters.host("grouped_unwrap", why)
+        done = set()
+        for members in stacked:
+            names = [n for n, _ in members]
+            if self.guard.attempt("grouped_unwrap", lambda: grouped_unwrap.unwrap(
+                    h.WrapperLinear, [m for _, m in members], [best.get(n) for n in names], **kwargs) or True,
+                    lambda: False):
+                done.update(names)
+        for n, m in quantized:
+            if n not in done:
+                h.set_module(block, n, h.WrapperLinear(m, **kwargs))
+        return [n for n, _ in quantized], unquantized
 
     # -- iters=0 ------------------------------------------------------------------------------
 
@@ -276,17 +300,21 @@ class AutoRoundInstallation(Installation):
             parts = {"largest layer": 4 * max((_nbytes([m.weight]) for m in linears), default=0)}
             block_ctx = kwargs.get("block_ctx", args[4] if len(args) > 4 else None)
             plan = self.plan(getattr(block_ctx, "block_name", ""), 0, 1, block, parts)
-            if plan.world < 2 or len(linears) < 2:
-                self.counters.host("rtn_layers", "; ".join(plan.left_out) or "a block of one layer")
+            if len(linears) < 2:
+                self.counters.host("rtn_layers", "a block of one layer")
                 return original(q, block, *args, **kwargs)
-            deferred = []  # AutoRound's own loop picks the layers; they run spread out below
+            deferred = []  # AutoRound's own loop picks the layers; they run below
             self._deferring.layers = (q, deferred)
             try:
                 result = original(q, block, *args, **kwargs)
             finally:
                 self._deferring.layers = None
-            self._spread_layers(q, deferred, self.placement(plan))
-            self.counters.qlink("rtn_layers")
+            if plan.world < 2:
+                self.counters.host("rtn_layers", "; ".join(plan.left_out))
+                self._grouped_rtn(q, deferred)
+            else:
+                self._spread_layers(q, deferred, self.placement(plan))
+                self.counters.qlink("rtn_layers")
             return result
         return quantize_block
 
@@ -299,6 +327,36 @@ class AutoRoundInstallation(Installation):
                 return None
             return original(q, layer, disable_opt_rtn=disable_opt_rtn)
         return _quantize_layer_via_rtn
+
+    def _grouped_rtn(self, q, deferred):
+        """The deferred layers' RTN on one device: those AutoRound quantizes by plain RTN
+        unwrapped stacked by shape and options (grouped_unwrap: one unwrap of AutoRound's a
+        group), the others (optimized RTN, a layer of a kind) by its own
+        _quantize_layer_via_rtn, each in its turn; counted under "grouped_unwrap"."""
+        h, options = self.host, {}
+        plain, alone = [], []
+        for layer, option in deferred:
+            rtn = plain_rtn(q, h, layer, option)
+            if rtn is None:
+                self.counters.host("grouped_unwrap", "optimized RTN (a scale search a layer)")
+                alone.append((layer, option))
+                continue
+            device, kwargs = rtn
+            options[id(layer)] = (layer, option, kwargs)
+            plain.append((layer.global_name, layer, resolved_device(device)))
+        stacked, single = grouped_unwrap.groups(plain)
+        for why in single.values():
+            self.counters.host("grouped_unwrap", why)
+        alone += [options[id(layer)][:2] for name, layer, _ in plain if name in single]
+        for members in stacked:
+            layers = [layer for _, layer in members]
+            kwargs = options[id(layers[0])][2]
+            self.guard.attempt("grouped_unwrap",
+                               lambda: grouped_unwrap.unwrap(h.WrapperLinear, layers, [None] * len(layers), **kwargs),
+                               lambda: [q._quantize_layer_via_rtn(layer, disable_opt_rtn=options[id(layer)][1])
+                                        for layer in layers])
+        for layer, option in alone:
+            q._quantize_layer_via_rtn(layer, disable_opt_rtn=option)
 
     def _spread_layers(self, q, deferred, placement):
         """Each deferred layer quantized by AutoRound's own _quantize_layer_via_rtn on one of

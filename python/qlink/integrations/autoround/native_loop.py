@@ -38,11 +38,11 @@ per-iteration host work.
   per expert) is not captured, since the capture would fail there, part-way through.
 
 Nothing the host can see changes until commit(): the block stays unwrapped, the tuning
-state is qlink's own tensors. commit() wraps the block with AutoRound's wrappers and
-unwraps it with the best parameters (AutoRound's own arithmetic writes the weights), and
-logs AutoRound's summary line. check() refuses bad input before anything is allocated,
-naming the layer and the field; unsupported() names the options this loop does not cover
-(AutoRound's own loop runs those)."""
+state is qlink's own tensors. commit() unwraps the block with the best parameters through
+AutoRound's own wrappers (its arithmetic writes the weights; same-shaped layers stacked, one
+unwrap a group: grouped_unwrap), and logs AutoRound's summary line. check() refuses bad
+input before anything is allocated, naming the layer and the field; unsupported() names the
+options this loop does not cover (AutoRound's own loop runs those)."""
 import collections
 import contextlib
 import functools
@@ -472,17 +472,18 @@ class NativeTuning:
             return None, "capture failed: %s: %s" % (type(error).__name__, error)
         return graph, None
 
-    def _best_params(self):
-        """collect_best_params' layout: {layer: {"value", "min_scale", "max_scale"}} of the
-        tuned tensors, on AutoRound's cache device."""
-        cache = self.q.compress_context.cache_device
+    def best_on_device(self):
+        """{layer: {"value", "min_scale", "max_scale"}} of the best parameters the engine kept,
+        its own tensors on the tuning device (no copy)."""
         kept = dict(zip(map(id, self.params), self.best))
-        out = {}
-        for name, _, _ in self.layers:
-            tuned = {key: kept[id(t)] for key, t in zip(("value", "min_scale", "max_scale"), self.state[name])
-                     if id(t) in kept}
-            out[name] = {key: t.to(cache, copy=True) for key, t in tuned.items()}
-        return out
+        return {name: {key: kept[id(t)] for key, t in zip(("value", "min_scale", "max_scale"), self.state[name])
+                       if id(t) in kept} for name, _, _ in self.layers}
+
+    def _best_params(self):
+        """collect_best_params' layout: best_on_device() copied to AutoRound's cache device."""
+        cache = self.q.compress_context.cache_device
+        return {name: {key: t.to(cache, copy=True) for key, t in tuned.items()}
+                for name, tuned in self.best_on_device().items()}
 
 
 @contextlib.contextmanager

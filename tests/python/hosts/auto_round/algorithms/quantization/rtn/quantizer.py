@@ -3,10 +3,7 @@ imatrix-weighted scale search) per layer."""
 import torch
 
 from auto_round.algorithms.quantization.base import BaseQuantizer
-
-
-def check_to_quantized(m):
-    return isinstance(m, torch.nn.Linear) and getattr(m, "bits", 16) <= 8
+from auto_round.utils import check_to_quantized
 
 
 class RTNQuantizer(BaseQuantizer):
