@@ -295,18 +295,30 @@ def _forwards(layer, record, count=BATCHES):
     return forwards
 
 
+def _hessians(accumulator, forwards, columns, budget=None, devices=(None,)):
+    """({expert: its Hessian}, the count of chunks): the forwards run once a chunk of
+    expert_chunks(budget), chunk i's sink on qlink device devices[i % len(devices)]."""
+    out = {}
+    chunks = expert_hessians.expert_chunks(EXPERTS, columns, budget)
+    for i, chunk in enumerate(chunks):
+        sink = expert_hessians.ChunkHessians(accumulator, chunk, devices[i % len(devices)])
+        forwards(sink)
+        out.update(sink.partials)
+    return out, len(chunks)
+
+
 @pytest.mark.parametrize("record", ["inputs", "intermediates"])
 def test_fused_hessians_equal_defused_and_chunked_equal_one_chunk(host, defuser, record):  # noqa: F811
     """Each expert's Hessian is the sum of its rows' products forward by forward: fused equals
-    defused, chunks (each its own run of the forwards, placed over two devices) equal one."""
+    defused, chunks (each its own run of the forwards, on either of two devices) equal one."""
     fused = fused_layer()
     columns = HIDDEN if record == "inputs" else INTER
     accumulator = HessianAccumulator(host)
-    whole, _ = expert_hessians.hessians(accumulator, _forwards(fused, record), EXPERTS, columns)
-    split, _ = expert_hessians.hessians(accumulator, _forwards(defused(fused, defuser), record), EXPERTS, columns)
+    whole, _ = _hessians(accumulator, _forwards(fused, record), columns)
+    split, _ = _hessians(accumulator, _forwards(defused(fused, defuser), record), columns)
     budget = 2 * 2 * 4 * columns ** 2  # two experts a chunk
-    chunked, count = expert_hessians.hessians(HessianAccumulator(host), _forwards(fused, record), EXPERTS, columns,
-                                              budget=budget, devices=[0, 1])
+    chunked, count = _hessians(HessianAccumulator(host), _forwards(fused, record), columns, budget=budget,
+                               devices=[0, 1])
     assert count == EXPERTS // 2
     assert sorted(whole) == sorted(split) == sorted(chunked) == list(range(EXPERTS - 1))
     recorded = Recorded()
@@ -318,7 +330,7 @@ def test_fused_hessians_equal_defused_and_chunked_equal_one_chunk(host, defuser,
         torch.testing.assert_close(h.double(), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_chunks_fit_the_budget_and_go_round_the_devices():
+def test_chunks_fit_the_budget():
     assert expert_hessians.expert_chunks(5, 4, None) == [[0, 1, 2, 3, 4]]
     # an expert's Hessian takes 4 * 4^2 = 64 bytes, twice over with its inverse: 128
     assert expert_hessians.expert_chunks(5, 4, 256) == [[0, 1], [2, 3], [4]]
@@ -328,11 +340,6 @@ def test_chunks_fit_the_budget_and_go_round_the_devices():
     assert expert_hessians.expert_chunks(5, 4, 399, weights=24) == [[0], [1], [2], [3], [4]]
     with pytest.raises(ValueError, match=r"expert_budget 100 bytes does not hold one expert's solve \(128"):
         expert_hessians.expert_chunks(5, 4, 100)
-    chunks = [[0], [1], [2], [3], [4]]
-    assert expert_hessians.placement(chunks, ["a", "b", "c"]) == [
-        ("a", [0]), ("b", [1]), ("c", [2]), ("a", [3]), ("b", [4])]
-    with pytest.raises(ValueError, match="devices must name at least one device"):
-        expert_hessians.placement(chunks, [])
 
 
 def _plan_case(case, layer, processor):

@@ -4,11 +4,11 @@ partial in one native call, in place (the partials are the sink's alone), nothin
 rows kept. The experts are taken in consecutive chunks whose solve fits a memory budget:
 each Hessian twice over (the engine keeps its inverse beside it until the call returns) and
 3 bytes a weight of the expert's layers (the solve's codes and dequantized weight); the
-forwards run once a chunk. hessians() places the chunks over devices in turn (any count);
-the expert stage runs its chunks on the rows' device, each solved before the next.
+forwards run once a chunk. The expert stage runs its chunks on the rows' device, each solved
+before the next.
 
 Invariant: an expert's Hessian is the sum of its rows' products forward by forward, in
-forward order, whatever the chunking or placement: chunked equals unchunked, bit for bit."""
+forward order, whatever the chunking or the device: chunked equals unchunked, bit for bit."""
 import torch
 
 
@@ -24,13 +24,6 @@ def expert_chunks(experts, columns, budget, weights=0):
                          % (budget, need))
     per = budget // need
     return [list(range(start, min(start + per, experts))) for start in range(0, experts, per)]
-
-
-def placement(chunks, devices):
-    """[(device, chunk)]: chunk i on devices[i % len(devices)], for any count of devices."""
-    if not devices:
-        raise ValueError("devices must name at least one device, got %r" % (devices,))
-    return [(devices[i % len(devices)], chunk) for i, chunk in enumerate(chunks)]
 
 
 class ChunkHessians:
@@ -56,16 +49,3 @@ class ChunkHessians:
                     self.partials[expert] = torch.zeros(x.shape[-1], x.shape[-1], dtype=torch.float32, device=x.device)
                 items.append((x, self.partials[expert]))
         self.accumulator.add_into(items, device=self.device)
-
-
-def hessians(accumulator, forwards, experts, columns, budget=None, devices=None):
-    """({expert: its Hessian}, the count of chunks) of a block's `experts` experts whose rows
-    are `columns` wide: forwards(sink) runs the routed forwards once with that sink, once a
-    chunk; chunks placed over `devices` (qlink device ids; None: the rows' own)."""
-    out = {}
-    chunks = expert_chunks(experts, columns, budget)
-    for device, chunk in placement(chunks, devices or [None]):
-        sink = ChunkHessians(accumulator, chunk, device)
-        forwards(sink)
-        out.update(sink.partials)
-    return out, len(chunks)
