@@ -50,7 +50,7 @@ def _assert_equal(a, b):
 
 
 @pytest.mark.parametrize("name", ["RTNQuantizer", "OptimizedRTNQuantizer"])
-def test_iters_0_on_one_device_unwraps_each_projections_experts_in_one_call(host, library, name):
+def test_iters_0_on_one_device_unwraps_each_projections_experts_in_one_call(host, library, name):  # noqa: F811
     own = _rtn(host, getattr(host.rtn, name))
     adapter.install("auto", ctx=cpu(library, 1), strict=True)
     mine = _rtn(host, getattr(host.rtn, name))
