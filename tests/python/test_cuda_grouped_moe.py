@@ -85,3 +85,38 @@ def test_the_native_loop_replays_a_transformers_moe_block_grouped_as_a_graph(hos
     assert mine["grouped_moe"]["host"] == 0 and mine["grouped_moe"]["qlink"] > 0
     assert losses[:2] == pytest.approx(plain_losses[:2], rel=2e-2)
     assert min(losses) == pytest.approx(min(plain_losses), rel=2e-2)
+
+
+def test_autorounds_imatrix_hooks_kept_on_the_gpu(interface, ctx):  # noqa: F811
+    """AutoRound's imatrix hooks on the grouped path (one segmented reduction on the GPU):
+    the gate/up inputs' sums within fp32 rounding of the hooks' over AutoRound's loop, the
+    down inputs' within bf16 rounding (its rows come from another GEMM), the counts equal."""
+    import copy
+
+    from auto_round.algorithms.quantization.rtn.quantizer import OptimizedRTNQuantizer
+    module, _, experts = interface
+    experts = experts.cuda().to(torch.bfloat16)
+    for m in experts.modules():
+        if isinstance(m, torch.nn.Linear):
+            m.bits = 4
+    x = torch.randn(TOKENS * 8, HIDDEN, device="cuda").to(torch.bfloat16)
+    weights, chosen = torch.topk(torch.softmax(torch.randn(x.shape[0], EXPERTS, device="cuda"), -1), TOP_K)
+    weights = (weights / weights.sum(-1, keepdim=True)).to(torch.bfloat16)
+
+    def collected():
+        clone = copy.deepcopy(experts)
+        handles = OptimizedRTNQuantizer(None)._register_imatrix_hooks(clone, with_count=True)
+        with torch.no_grad():
+            module.linear_loop_experts_forward(clone, x, chosen, weights)
+        for handle in handles:
+            handle.remove()
+        return {n: (m.imatrix, m.imatrix_cnt) for n, m in clone.named_modules() if hasattr(m, "imatrix")}
+    theirs = collected()
+    adapter.install("off", ctx=ctx, grouped_moe=True)
+    mine = collected()
+    assert adapter.counters()["seams"]["grouped_moe"]["qlink"] == 1
+    assert sorted(mine) == sorted(theirs)
+    for name, (imatrix, count) in theirs.items():
+        assert mine[name][1] == count, name
+        tolerance = 2e-2 if name.endswith("down_proj") else 1e-5
+        torch.testing.assert_close(mine[name][0], imatrix, rtol=tolerance, atol=1e-3, msg=name)

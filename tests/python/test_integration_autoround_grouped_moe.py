@@ -4,7 +4,10 @@ by default and where no grouped GEMM runs (the CPU), AutoRound's loop with its o
 bit, the reason counted; what the grouped path does not cover named (wrapped or biased
 projections, hooks, differing activations, the experts' own gating, forced routing); the
 function transformers' mapping took while installed AutoRound's own once uninstalled; a bad
-setting refused by name. The grouped path itself runs on a GPU (test_cuda_grouped_moe.py)."""
+setting refused by name; AutoRound's imatrix hooks kept. The grouped path itself runs on a
+GPU (test_cuda_grouped_moe.py)."""
+import copy
+
 import pytest
 import qlink
 import torch
@@ -192,3 +195,43 @@ def test_the_linear_loop_grouped_arithmetic_is_autorounds(interface, ctx, monkey
     assert adapter.counters()["seams"]["grouped_moe"]["qlink"] == 1
     for a, b in zip(*results):
         torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
+
+
+def test_autorounds_imatrix_hooks_are_kept_by_the_grouped_path(interface, ctx, monkeypatch):
+    """At iters=0 AutoRound's optimized RTN hooks every quantized linear to collect its
+    imatrix in the block's reference forward: the grouped path keeps them, each projection's
+    imatrix within fp32 rounding of the hooks' over AutoRound's loop, its row count equal, and
+    an expert no token reached none; a hook of another kind still sends the block to the loop."""
+    from auto_round.algorithms.quantization.rtn.quantizer import OptimizedRTNQuantizer
+    module, _, experts = interface
+    monkeypatch.setattr(torch, "_grouped_mm", _grouped_mm_by_loop, raising=False)
+    monkeypatch.setattr(grouped_experts, "fits", lambda x: True)
+    for expert in range(EXPERTS):
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            getattr(getattr(experts, str(expert)), name).bits = 4
+    xs = [torch.randn(TOKENS, HIDDEN) for _ in range(3)]
+    routes = [_routing(x) for x in xs]
+    for chosen, _ in routes:
+        chosen[chosen == EXPERTS - 1] = 0  # the last expert never reached
+
+    def collected(forward):
+        clone = copy.deepcopy(experts)
+        handles = OptimizedRTNQuantizer(None)._register_imatrix_hooks(clone, with_count=True)
+        for x, (chosen, weights) in zip(xs, routes):
+            forward(clone, x, chosen, weights)
+        for handle in handles:
+            handle.remove()
+        return {n: (m.imatrix, m.imatrix_cnt) for n, m in clone.named_modules() if hasattr(m, "imatrix")}
+    theirs = collected(module.linear_loop_experts_forward)
+    adapter.install("off", ctx=ctx, grouped_moe=True)
+    mine = collected(module.linear_loop_experts_forward)
+    assert adapter.counters()["seams"]["grouped_moe"] == {"qlink": 3, "host": 0, "fallback": 0, "reasons": {}}
+    assert sorted(mine) == sorted(theirs) and not any(n.startswith("%d." % (EXPERTS - 1)) for n in mine)
+    for name, (imatrix, count) in theirs.items():
+        assert mine[name][1] == count, name
+        torch.testing.assert_close(mine[name][0], imatrix, rtol=1e-6, atol=0, msg=name)
+    assert mine["0.gate_proj"][0] is not mine["0.up_proj"][0]
+    handle = getattr(experts, "1").down_proj.register_forward_hook(lambda *args: None)
+    collected(module.linear_loop_experts_forward)
+    handle.remove()
+    assert adapter.counters()["seams"]["grouped_moe"]["reasons"] == {"expert 1.down_proj is hooked": 3}

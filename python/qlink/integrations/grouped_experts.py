@@ -45,18 +45,20 @@ def custom_gate(experts_module):
     return None if name == "_default_apply_gate" else (name or type(gate).__name__)
 
 
-def unwatched_refusal(experts, device, own_act=True):
+def unwatched_refusal(experts, device, own_act=True, kept_hooks=None):
     """Why split experts' module calls cannot give way to grouped GEMMs on `device`, or None:
     a global module hook, a hook on an expert or a projection (torch's, or GPTQModel's
-    forward_hook), a projection's weight elsewhere, or (own_act: each expert applies its own
-    act_fn) activations that differ."""
+    forward_hook) but a projection's whose effect the caller makes itself (kept_hooks(part)
+    true), a projection's weight elsewhere, or (own_act: each expert applies its own act_fn)
+    activations that differ."""
     from torch.nn.modules import module
     if module._global_forward_hooks or module._global_forward_pre_hooks:
         return "a global module hook"
     for index, expert in enumerate(experts):
         for name, part in (("", expert), (".gate_proj", expert.gate_proj), (".up_proj", expert.up_proj),
                            (".down_proj", expert.down_proj)):
-            if part._forward_hooks or part._forward_pre_hooks or getattr(part, "forward_hook", None):
+            hooked = part._forward_hooks or part._forward_pre_hooks or getattr(part, "forward_hook", None)
+            if hooked and not (name and kept_hooks is not None and kept_hooks(part)):
                 return "expert %d%s is hooked" % (index, name)
             if name and part.weight.device != device:
                 return "expert %d%s's weight is on %s" % (index, name, part.weight.device)

@@ -2,7 +2,8 @@
 loop alike), each pinned to the host function it copies (qlink.integrations.contracts):
 the learning rates of a layer's groups, the cached valid-token mask, the batch an
 iteration draws, what a one-device dispatch leaves on the quantizer, which layers a
-block's wrap takes, a layer's RTN, and which layers' unwraps may be stacked by rows."""
+block's wrap takes, a layer's RTN, which layers' unwraps may be stacked by rows, and the
+imatrix optimized RTN's forward hooks collect."""
 from ..contracts import Contract
 
 CONTRACT = Contract("AutoRound")
@@ -111,3 +112,33 @@ def row_stacking_refusal(state, shape):
         (rows == 1 and (group_size == -1 or group_size >= cols), "a one-group weight"),
     ]
     return next((why for failed, why in checks if failed), None)
+
+
+_COLLECTOR = "OptimizedRTNQuantizer._register_imatrix_hooks.<locals>.collect_imatrix"
+
+
+@CONTRACT.copies("auto_round/algorithms/quantization/rtn/quantizer.py", "OptimizedRTNQuantizer._register_imatrix_hooks",
+                 "7c46879ef4c4d20d")
+def imatrix_hook(hook):
+    """Whether forward hook `hook` is AutoRound's imatrix collector: (True, with_count), else
+    (False, None). It adds the fp32 sum of its layer's input rows squared to the layer's
+    imatrix (made by the first call) and, with_count, the rows to its imatrix_cnt."""
+    if getattr(hook, "__qualname__", None) != _COLLECTOR:
+        return False, None
+    cells = dict(zip(hook.__code__.co_freevars, hook.__closure__ or ()))
+    return ("with_count" in cells), (bool(cells["with_count"].cell_contents) if "with_count" in cells else None)
+
+
+@CONTRACT.copies("auto_round/algorithms/quantization/rtn/quantizer.py", "OptimizedRTNQuantizer._register_imatrix_hooks",
+                 "7c46879ef4c4d20d")
+def add_imatrix(module, squared, rows, with_count):
+    """The collector's effect of one call of `module` on `rows` input rows whose squares sum
+    to `squared` (fp32, one per input column)."""
+    if not hasattr(module, "imatrix"):
+        module.imatrix = squared
+        if with_count:
+            module.imatrix_cnt = rows
+        return
+    module.imatrix += squared.to(module.imatrix.device)
+    if with_count:
+        module.imatrix_cnt += rows

@@ -11,14 +11,19 @@ Invariant: the rows, the weighting and the sum over each token's top-k slots are
 (token-major rows, a sum over the slots in order); only the GEMMs round apart from the
 per-expert linears' (within bf16 rounding). Nothing syncs with the host (the experts' row
 counts stay on the device), so the native loop's CUDA graph can hold it, and no gradient is
-summed by atomics (deterministic backward). Where an expert is
-not plain nn.Linear projections without bias (AutoRound's wrapped layers during its own
-tuning), a hook watches one, the activations differ or no grouped GEMM runs on the rows,
-AutoRound's loop runs, the reason counted ("grouped_moe")."""
+summed by atomics (deterministic backward). AutoRound's imatrix hooks (its optimized RTN's,
+on every quantized linear in a block's reference forward at iters=0) are kept: each hooked
+projection's imatrix and row count grow as the hook would grow them, the fp32 sums of
+squares of each expert's rows summed in one segmented reduction (within fp32 rounding of the
+hook's; one host read a forward for the counts). Where an expert is not plain nn.Linear
+projections without bias (AutoRound's wrapped layers during its own tuning), another hook
+watches one, the activations differ or no grouped GEMM runs on the rows, AutoRound's loop
+runs, the reason counted ("grouped_moe")."""
 import torch
 
 from .. import grouped_experts
 from ..patches import like
+from .contract import add_imatrix, imatrix_hook
 
 PATCH = "grouped_moe"
 _PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
@@ -36,7 +41,37 @@ def refusal(hidden_states, experts, own_act=True):
             if not isinstance(linear, torch.nn.Linear) or type(linear).forward is not torch.nn.Linear.forward \
                     or linear.bias is not None:
                 return "expert %d's %s is not a plain Linear without bias (%s)" % (index, name, type(linear).__name__)
-    return grouped_experts.unwatched_refusal(experts, hidden_states.device, own_act)
+    return grouped_experts.unwatched_refusal(experts, hidden_states.device, own_act, kept_hooks=_only_imatrix)
+
+
+def _only_imatrix(part):
+    """Whether every hook on `part` is AutoRound's imatrix collector, a plain forward hook."""
+    hooks = part._forward_hooks
+    return bool(hooks) and not part._forward_pre_hooks and not getattr(part, "forward_hook", None) \
+        and not getattr(part, "_forward_hooks_with_kwargs", None) \
+        and not getattr(part, "_forward_hooks_always_called", None) \
+        and all(imatrix_hook(hook)[0] for hook in hooks.values())
+
+
+def _collect_imatrix(experts, rows, h, counts):
+    """What the projections' imatrix hooks would collect had each expert been called on its
+    rows (`rows` and `h`, the gate/up and the down inputs, sorted by expert, `counts` each)."""
+    hooked = [(e, name) for e, expert in enumerate(experts) for name in _PROJECTIONS
+              if getattr(expert, name)._forward_hooks]
+    if not hooked:
+        return
+    rows_of = counts.tolist()  # the hook counts rows as an int: the one host read of the forward
+    lengths = counts.long()
+    squares = {"inputs": torch.segment_reduce(rows.float().pow(2), "sum", lengths=lengths, axis=0),
+               "intermediates": torch.segment_reduce(h.float().pow(2), "sum", lengths=lengths, axis=0)}
+    for e, name in hooked:
+        if not rows_of[e]:
+            continue  # AutoRound's loop calls no expert without rows
+        part = getattr(experts[e], name)
+        squared = squares["intermediates" if name == "down_proj" else "inputs"][e]
+        for hook in part._forward_hooks.values():
+            add_imatrix(part, squared if hasattr(part, "imatrix") else squared.clone(), rows_of[e],
+                        imatrix_hook(hook)[1])
 
 
 def grouped_forward(hidden_states, top_k_index, top_k_weights, experts, num_experts, act=None):
@@ -51,7 +86,8 @@ def grouped_forward(hidden_states, top_k_index, top_k_weights, experts, num_expe
     gate_up, down = grouped_experts.stacked(experts)
     # Each token's rows by expand and a permutation: their gradients sum without atomics.
     rows = hidden_states.unsqueeze(1).expand(-1, top_k, -1).reshape(tokens * top_k, -1)[order]
-    out, _ = grouped_experts.linears(rows, ends, gate_up, down, act or experts[0].act_fn)
+    out, h = grouped_experts.linears(rows, ends, gate_up, down, act or experts[0].act_fn)
+    _collect_imatrix(experts, rows, h, counts)
     back = torch.empty_like(order)
     back[order] = torch.arange(order.numel(), device=order.device)
     out = out[back] * top_k_weights.reshape(-1).to(hidden_states.dtype).unsqueeze(-1)

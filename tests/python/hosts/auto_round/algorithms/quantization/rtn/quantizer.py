@@ -1,5 +1,6 @@
 """Stand-in for AutoRound's iters=0 quantizers: RTN per layer, and optimized RTN (an
-imatrix-weighted scale search) per layer."""
+imatrix-weighted scale search) per layer, its imatrix collected by forward hooks on the
+block's quantized layers in the block's reference forward."""
 import torch
 
 from auto_round.algorithms.quantization.base import BaseQuantizer
@@ -17,6 +18,25 @@ class RTNQuantizer(BaseQuantizer):
 
 
 class OptimizedRTNQuantizer(RTNQuantizer):
+    def register_fp_input_forward_hooks(self, block):
+        return self._register_imatrix_hooks(block, with_count=True)
+
+    def _register_imatrix_hooks(self, model, *, with_count=False):
+        def collect_imatrix(module, input, output):
+            input = input[0] if isinstance(input, (tuple, list)) else input
+            squared = torch.sum(torch.pow(input.reshape(-1, input.shape[-1]).to(torch.float32), 2), dim=0)
+            if not hasattr(module, "imatrix"):
+                module.imatrix = squared
+                if with_count:
+                    module.imatrix_cnt = input.shape[0]
+                return
+            module.imatrix += squared.to(module.imatrix.device)
+            if with_count:
+                module.imatrix_cnt += input.shape[0]
+
+        return [m.register_forward_hook(collect_imatrix) for _, m in model.named_modules()
+                if isinstance(m, torch.nn.Linear) and check_to_quantized(m)]
+
     @torch.no_grad()
     def quantize_block(self, block, fp_inputs, input_others, fp_outputs, q_inputs, block_ctx, input_ids=None,
                        **kwargs):
