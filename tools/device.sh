@@ -35,6 +35,8 @@
 #     trained    trained_model.py: the model trained on corpus/ and its quantizations' perplexity
 #     attn       attention_determinism.py: each SDPA backend's bytes over 12 fresh processes
 #     walks      finalize_walks.py: GPTQModel's per-module walks of the model at 2, 48, 94 MoE layers, qlink's lookups
+#     unwrap     check_unwrap.py: AutoRound's own unwrap of 128 experts one by one against qlink's stacked
+#                unwrap (bit for bit, and the time of each), RTN and a tuned block's end
 #     worlds     the GPTQ engine's worlds test on this machine's CPU (bin/, blas.tar.xz's OpenBLAS), on
 #                the kernels it picks and on its Haswell, SkylakeX and Cooperlake ones
 #     speed_models  the 7B-shaped models of 2, 4 and 32 layers and a 70B-shaped layer; GPTQModel's
@@ -276,6 +278,10 @@ part_archs_ref() {
 }
 part_attn() { run attn 200 python3 "$P/bench/attention_determinism.py" --processes 12; }
 part_walks() { run walks 120 python3 "$P/bench/finalize_walks.py" --hosts "$P/hosts:$hosts_dir/standins"; }
+part_unwrap() {
+  local cwd=$hosts_dir
+  run unwrap 120 python3 check_unwrap.py
+}
 part_worlds() {  # on OpenBLAS's kernels for this processor, then on its Haswell, SkylakeX, Cooperlake ones
   local blas=$build/blas core
   mkdir -p "$blas" && tar -xJf "$P/blas.tar.xz" -C "$blas"
@@ -392,7 +398,7 @@ part_moe_samples() {  # every thread sampled (the sampling stretches the run)
 }
 host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks \
 ar_moe_host ar_moe_qlink ar_moe_grouped moe_check moe_solve moe moe_samples speed_models speed breakdown divergence \
-moe_stage moe_stage_samples moe_nostage moe_host moe_spread moe_235b moe_dsv3 moe_tree "
+moe_stage moe_stage_samples moe_nostage moe_host moe_spread moe_235b moe_dsv3 moe_tree unwrap "
 
 [ $# -ge 1 ] || usage
 case $1 in

@@ -1,5 +1,6 @@
 """AutoRound's unwraps of same-shaped layers stacked (grouped_unwrap) on the AutoRound
-stand-in, CPU backend: iters=0 on one device (RTN and optimized RTN of an MoE block, whose
+stand-in, CPU backend, the CPU standing in for a GPU (on a real CPU device the stacking is
+slower and refused): iters=0 on one device (RTN and optimized RTN of an MoE block, whose
 routed experts AutoRound quantizes by plain RTN) equal to AutoRound's layer-by-layer RTN in
 every weight and every attribute the unwrap writes; the layers the stacking refuses, each
 reason named; a stacked unwrap that sets something unknown writes nothing."""
@@ -13,6 +14,12 @@ from qlink.integrations.autoround import grouped_unwrap
 
 from test_integration_autoround import cpu, host, scheme  # noqa: F401 (host: the stand-in's fixture)
 from test_integration_autoround_experts import EXPERTS, MoeBlock, assert_equal_unwraps
+
+
+@pytest.fixture(autouse=True)
+def stacking_on_the_cpu(monkeypatch):
+    """The CPU stands in for a GPU, where stacking pays."""
+    monkeypatch.setattr(grouped_unwrap, "worth_stacking", lambda device: True)
 
 
 class Model(torch.nn.Module):
@@ -60,7 +67,7 @@ def test_iters_0_on_one_device_unwraps_each_projections_experts_in_one_call(host
     assert counters["grouped_unwrap"]["qlink"] == 2  # the ups, the downs
     # Optimized RTN searches each layer's scales on its own imatrix; AutoRound turns it off for an
     # MoE model's routed experts, which are stacked then.
-    assert counters["grouped_unwrap"]["reasons"] == ({"layer 'block.attn': no other layer of its shape and options": 1}
+    assert counters["grouped_unwrap"]["reasons"] == ({"no other layer of its shape and options": 1}
                                                      if name == "RTNQuantizer" else
                                                      {"optimized RTN (a scale search a layer)": 1})
 
@@ -97,12 +104,8 @@ def test_layers_the_stacking_does_not_cover_are_unwrapped_alone_each_reason_name
     counters = adapter.counters()["seams"]["grouped_unwrap"]
     assert counters["qlink"] == 1  # the downs of experts 0 to 2
     assert counters["reasons"] == {
-        "layer 'block.experts.0.up': activation quantization (act_bits 8)": 1,
-        "layer 'block.experts.1.up': its attribute 'act_max' is a Tensor": 1,
-        "layer 'block.experts.2.up': data_type 'mx_fp'": 1,
-        "layer 'block.experts.3.up': no other layer of its shape and options": 1,
-        "layer 'block.experts.3.down': no other layer of its shape and options": 1,
-        "layer 'block.attn': no other layer of its shape and options": 1}
+        "activation quantization (act_bits 8)": 1, "its attribute 'act_max' is a Tensor": 1,
+        "data_type 'mx_fp'": 1, "no other layer of its shape and options": 3}  # experts.3's up and down, attn
 
 
 def test_a_stacked_unwrap_that_sets_more_writes_nothing(host, library, monkeypatch):  # noqa: F811
@@ -131,7 +134,8 @@ def test_a_stacked_unwrap_that_sets_more_writes_nothing(host, library, monkeypat
     _assert_equal(own, mine)
     counters = adapter.counters()["seams"]["grouped_unwrap"]
     assert counters["fallback"] == 2 and counters["qlink"] == 0
-    assert all("UngroupedLayers: the unwrap set ['act_scale']" in r for r in counters["reasons"] if "attn" not in r)
+    assert counters["reasons"] == {"UngroupedLayers: the unwrap set ['act_scale']": 2,
+                                   "no other layer of its shape and options": 1}
 
 
 def test_groups_bound_a_calls_elements_and_keep_the_order(monkeypatch):
@@ -145,5 +149,15 @@ def test_groups_bound_a_calls_elements_and_keep_the_order(monkeypatch):
     assert [[n for n, _ in g] for g in stacked] == [["l0", "l1", "l2"], ["l3", "l4", "l5"], ["l6"]] and alone == {}
     stacked, alone = grouped_unwrap.groups(layers[:1] + [("meta", torch.nn.Linear(64, 32, device="meta"),
                                                           torch.device("cpu"))])
-    assert stacked == [] and alone == {"l0": "layer 'l0': no other layer of its shape and options",
-                                       "meta": "layer 'meta': its weights are not on cpu"}
+    assert stacked == [] and alone == {"l0": "no other layer of its shape and options", "meta": "weights not on cpu"}
+
+
+def test_on_a_real_cpu_device_the_layers_go_one_by_one(host, library, monkeypatch):  # noqa: F811
+    monkeypatch.undo()
+    own = _rtn(host, host.rtn.RTNQuantizer)
+    adapter.install("auto", ctx=cpu(library, 1), strict=True)
+    mine = _rtn(host, host.rtn.RTNQuantizer)
+    _assert_equal(own, mine)
+    counters = adapter.counters()["seams"]["grouped_unwrap"]
+    assert counters["qlink"] == 0
+    assert counters["reasons"] == {"on the CPU (one by one is faster there)": 2 * EXPERTS + 1}

@@ -33,22 +33,31 @@ def _own_state(layer):
     return {k: v for k, v in vars(layer).items() if k not in _TORCH_STATE}
 
 
-def group_key(name, layer, device):
+def worth_stacking(device):
+    """Whether stacking pays on `device`: on a GPU each layer's unwrap is tens of launches and
+    two copies to the CPU, stacked one; on the CPU the stacked copies cost more than that
+    (bench/hosts/check_unwrap.py)."""
+    return torch.device(device).type != "cpu"
+
+
+def group_key(layer, device):
     """(key, None) where `layer` may be unwrapped on `device` stacked with the layers of an
-    equal key, else (None, why not, naming the layer)."""
+    equal key, else (None, why not)."""
+    if not worth_stacking(device):
+        return None, "on the CPU (one by one is faster there)"
     state = _own_state(layer)
     params = list(layer.parameters())
     if type(layer) is not torch.nn.Linear or hasattr(layer, "update") or hasattr(layer, "get_weight"):
-        return None, "layer %r: a %s of its own weight handling" % (name, type(layer).__name__)
+        return None, "a %s of its own weight handling" % type(layer).__name__
     if any(p.device != device for p in params):
-        return None, "layer %r: its weights are not on %s" % (name, device)
+        return None, "weights not on %s" % device
     why = row_stacking_refusal(state, tuple(layer.weight.shape))
     if why:
-        return None, "layer %r: %s" % (name, why)
+        return None, why
     shared = []
     for key in sorted(set(state) - _PER_LAYER):
         if not isinstance(state[key], _PLAIN):
-            return None, "layer %r: its attribute %r is a %s" % (name, key, type(state[key]).__name__)
+            return None, "its attribute %r is a %s" % (key, type(state[key]).__name__)
         shared.append((key, state[key]))
     return (tuple(layer.weight.shape), layer.weight.dtype, layer.bias is not None, str(device), tuple(shared)), None
 
@@ -58,7 +67,7 @@ def groups(layers):
     given order, each within MAX_ELEMENTS], {name: why it is unwrapped on its own})."""
     by_key, alone = collections.OrderedDict(), {}
     for name, layer, device in layers:
-        key, why = group_key(name, layer, device)
+        key, why = group_key(layer, device)
         if key is None:
             alone[name] = why
         else:
@@ -66,7 +75,7 @@ def groups(layers):
     out = []
     for members in by_key.values():
         if len(members) < 2:
-            alone[members[0][0]] = "layer %r: no other layer of its shape and options" % members[0][0]
+            alone[members[0][0]] = "no other layer of its shape and options"
             continue
         per = max(1, MAX_ELEMENTS // members[0][1].weight.numel())
         out += [members[at:at + per] for at in range(0, len(members), per)]
