@@ -97,7 +97,7 @@ def test_the_grouped_arithmetic_is_autorounds_rows_weights_and_sums(block, monke
     x = torch.randn(TOKENS, HIDDEN, dtype=torch.float64, requires_grad=True)
     weights, chosen = torch.topk(torch.softmax(moe.gate(x), -1).detach(), TOP_K)
     results = []
-    for forward in (module.sequential_moe_forward, grouped_moe.grouped_forward):
+    for forward in (module.sequential_moe_forward, lambda *args: grouped_moe.grouped_forward(*args)[0]):
         out = forward(x, chosen, weights, moe.experts, EXPERTS)
         results.append([out] + list(torch.autograd.grad((out ** 2).sum(), [x] + list(moe.experts.parameters()))))
     for theirs, mine in zip(*results):
@@ -235,3 +235,23 @@ def test_autorounds_imatrix_hooks_are_kept_by_the_grouped_path(interface, ctx, m
     collected(module.linear_loop_experts_forward)
     handle.remove()
     assert adapter.counters()["seams"]["grouped_moe"]["reasons"] == {"expert 1.down_proj is hooked": 3}
+
+
+def test_a_grouped_forward_that_fails_runs_autorounds_loop_or_raises_under_strict(interface, ctx, monkeypatch):
+    from qlink.integrations.patches import FallbackRefused
+    module, _, experts = interface
+    monkeypatch.setattr(grouped_experts, "fits", lambda x: True)
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("no grouped GEMM today")
+    monkeypatch.setattr(torch, "_grouped_mm", failing, raising=False)
+    x = torch.randn(TOKENS, HIDDEN)
+    chosen, weights = _routing(x)
+    theirs = module.linear_loop_experts_forward(experts, x, chosen, weights)
+    adapter.install("off", ctx=ctx, grouped_moe=True)
+    assert torch.equal(module.linear_loop_experts_forward(experts, x, chosen, weights), theirs)
+    assert adapter.counters()["seams"]["grouped_moe"] == {
+        "qlink": 0, "host": 0, "fallback": 1, "reasons": {"RuntimeError: no grouped GEMM today": 1}}
+    adapter.install("off", ctx=ctx, grouped_moe=True, strict=True)
+    with pytest.raises(FallbackRefused, match="no grouped GEMM today"):
+        module.linear_loop_experts_forward(experts, x, chosen, weights)

@@ -18,7 +18,8 @@ squares of each expert's rows summed in one segmented reduction (within fp32 rou
 hook's; one host read a forward for the counts). Where an expert is not plain nn.Linear
 projections without bias (AutoRound's wrapped layers during its own tuning), another hook
 watches one, the activations differ or no grouped GEMM runs on the rows, AutoRound's loop
-runs, the reason counted ("grouped_moe")."""
+runs, the reason counted ("grouped_moe"); a grouped forward that fails, before any imatrix
+is written, runs AutoRound's loop instead (a fallback; FallbackRefused under strict)."""
 import torch
 
 from .. import grouped_experts
@@ -53,30 +54,40 @@ def _only_imatrix(part):
         and all(imatrix_hook(hook)[0] for hook in hooks.values())
 
 
-def _collect_imatrix(experts, rows, h, counts):
-    """What the projections' imatrix hooks would collect had each expert been called on its
-    rows (`rows` and `h`, the gate/up and the down inputs, sorted by expert, `counts` each)."""
+def _imatrix_additions(experts, rows, h, counts):
+    """What the projections' imatrix hooks would add had each expert been called on its rows
+    (`rows` and `h`, the gate/up and the down inputs, sorted by expert, `counts` each):
+    [(projection, fp32 sum of its input rows squared, rows, with_count)], nothing written."""
     hooked = [(e, name) for e, expert in enumerate(experts) for name in _PROJECTIONS
               if getattr(expert, name)._forward_hooks]
     if not hooked:
-        return
+        return []
     rows_of = counts.tolist()  # the hook counts rows as an int: the one host read of the forward
     lengths = counts.long()
     squares = {"inputs": torch.segment_reduce(rows.float().pow(2), "sum", lengths=lengths, axis=0),
                "intermediates": torch.segment_reduce(h.float().pow(2), "sum", lengths=lengths, axis=0)}
+    out = []
     for e, name in hooked:
-        if not rows_of[e]:
-            continue  # AutoRound's loop calls no expert without rows
-        part = getattr(experts[e], name)
-        squared = squares["intermediates" if name == "down_proj" else "inputs"][e]
-        for hook in part._forward_hooks.values():
-            add_imatrix(part, squared if hasattr(part, "imatrix") else squared.clone(), rows_of[e],
-                        imatrix_hook(hook)[1])
+        if rows_of[e]:  # AutoRound's loop calls no expert without rows
+            part = getattr(experts[e], name)
+            squared = squares["intermediates" if name == "down_proj" else "inputs"][e]
+            out += [(part, squared, rows_of[e], imatrix_hook(hook)[1]) for hook in part._forward_hooks.values()]
+    return out
+
+
+def _added(result):
+    """The grouped forward's output, its imatrix additions made (add_imatrix: a new imatrix
+    is the projection's own copy)."""
+    out, additions = result
+    for part, squared, rows, with_count in additions:
+        add_imatrix(part, squared if hasattr(part, "imatrix") else squared.clone(), rows, with_count)
+    return out
 
 
 def grouped_forward(hidden_states, top_k_index, top_k_weights, experts, num_experts, act=None):
-    """sequential_moe_forward's result (see the module's docstring) from two grouped GEMMs;
-    act: the activation (default the first expert's act_fn)."""
+    """(sequential_moe_forward's result (see the module's docstring) from two grouped GEMMs,
+    the imatrix additions of the hooks it stands in for: _imatrix_additions); act: the
+    activation (default the first expert's act_fn)."""
     tokens, top_k = top_k_index.shape
     chosen = top_k_index.reshape(-1)
     order = torch.argsort(chosen, stable=True)  # routed rows grouped by expert, each in AutoRound's order
@@ -87,15 +98,15 @@ def grouped_forward(hidden_states, top_k_index, top_k_weights, experts, num_expe
     # Each token's rows by expand and a permutation: their gradients sum without atomics.
     rows = hidden_states.unsqueeze(1).expand(-1, top_k, -1).reshape(tokens * top_k, -1)[order]
     out, h = grouped_experts.linears(rows, ends, gate_up, down, act or experts[0].act_fn)
-    _collect_imatrix(experts, rows, h, counts)
+    additions = _imatrix_additions(experts, rows, h, counts)
     back = torch.empty_like(order)
     back[order] = torch.arange(order.numel(), device=order.device)
     out = out[back] * top_k_weights.reshape(-1).to(hidden_states.dtype).unsqueeze(-1)
-    return out.view(tokens, top_k, -1).sum(dim=1)
+    return out.view(tokens, top_k, -1).sum(dim=1), additions
 
 
 def make_sequential_moe_forward(installation, original):
-    counters = installation.counters
+    counters, guard = installation.counters, installation.guard
 
     @like(original)
     def sequential_moe_forward(hidden_states, top_k_index, top_k_weights, experts, num_experts):
@@ -104,8 +115,9 @@ def make_sequential_moe_forward(installation, original):
         if why:
             counters.host(PATCH, why)
             return original(hidden_states, top_k_index, top_k_weights, experts, num_experts)
-        counters.qlink(PATCH)
-        return grouped_forward(hidden_states, top_k_index, top_k_weights, experts, num_experts)
+        return guard.attempt(PATCH, lambda: grouped_forward(hidden_states, top_k_index, top_k_weights, experts,
+                                                            num_experts),
+                             lambda: original(hidden_states, top_k_index, top_k_weights, experts, num_experts), _added)
     return sequential_moe_forward
 
 
@@ -114,7 +126,8 @@ def make_linear_loop_experts_forward(installation, original):
     registered in its experts mapping (by AutoRound's prepare): registered while installed,
     this one, which is AutoRound's own again once uninstalled; registered before (AutoRound's,
     or an earlier installation's), the mapping holds this one instead until uninstalled."""
-    counters, forced = installation.counters, installation.host.force_all_experts_routing_enabled
+    counters, guard = installation.counters, installation.guard
+    forced = installation.host.force_all_experts_routing_enabled
 
     @like(original)
     def linear_loop_experts_forward(experts_module, hidden_states, top_k_index, top_k_weights):
@@ -129,12 +142,15 @@ def make_linear_loop_experts_forward(installation, original):
         if why:
             counters.host(PATCH, why)
             return original(experts_module, hidden_states, top_k_index, top_k_weights)
-        counters.qlink(PATCH)
         hidden = hidden_states.shape[-1]
-        out = grouped_forward(hidden_states.reshape(-1, hidden), top_k_index.reshape(-1, top_k_index.shape[-1]),
-                              top_k_weights.reshape(-1, top_k_weights.shape[-1]), experts, len(experts),
-                              act=experts_module.act_fn)
-        return out.view(hidden_states.shape)
+
+        def grouped():
+            out, additions = grouped_forward(
+                hidden_states.reshape(-1, hidden), top_k_index.reshape(-1, top_k_index.shape[-1]),
+                top_k_weights.reshape(-1, top_k_weights.shape[-1]), experts, len(experts), act=experts_module.act_fn)
+            return out.view(hidden_states.shape), additions
+        return guard.attempt(PATCH, grouped,
+                             lambda: original(experts_module, hidden_states, top_k_index, top_k_weights), _added)
     host = installation.host
     mapping = getattr(host.ALL_EXPERTS_FUNCTIONS, "_global_mapping", None)  # None: transformers < 5
     held = mapping.get(host.LINEAR_LOOP_IMPL) if mapping is not None else None
