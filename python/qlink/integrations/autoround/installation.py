@@ -10,8 +10,8 @@ import torch
 
 from ...pinned_staging import stageable
 from ...plan import check_setting, resolve_plan
-from ...streams import resolved_device
 from ...quant.placement import Placement
+from ...streams import resolved_device
 from ..base import Installation
 from ..patches import like
 from ..process_settings import frozen_gc
