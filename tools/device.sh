@@ -66,7 +66,7 @@
 # (/tmp/llama7b-2layers), CODES (the loops' 4-bit levels, hundreds of MB, kept out of OUTDIR:
 # /tmp/qlink_codes), LAYERS ("2 4 8"), MOE_LAYERS ("2 4"), SLOPE_LAYERS ("4 8"), PRECISIONS
 # ("ieee_fp32 tensor"), STRESS_RUNS (3), GPTQ_QLINK_RUNS (2), AR_ITERS (200), AR_MOE_ITERS (50), AR_HOST_PROFILE
-# (set: AutoRound alone profiled too). NVLink multicast stays off (NCCL, symmetric memory,
+# (set: AutoRound alone profiled too), AR_MOE_CPROFILE (set: ar_moe_grouped adds an iters=0 run under cProfile). NVLink multicast stays off (NCCL, symmetric memory,
 # NVSHMEM). Exits 0 when every command exited 0, 1 naming those that did not, 2 on a bad part.
 set -uo pipefail
 P=$(cd "$(dirname "$0")/.." && pwd)
@@ -247,6 +247,10 @@ part_ar_moe_grouped() {  # the same with qlink and grouped_moe
   local model=/tmp/qwen3moe-2layers
   autoround_run ar_moe_grouped 420 --iters "${AR_MOE_ITERS:-50}" --qlink auto --grouped-moe
   autoround_run ar0_moe_grouped 200 --iters 0 --qlink auto --grouped-moe
+  if [ -n "${AR_MOE_CPROFILE:-}" ]; then  # where the iters=0 run's time still goes (its timing not comparable)
+    autoround_run ar0_moe_grouped_cprofile 200 --iters 0 --qlink auto --grouped-moe \
+      --cprofile "$out/ar0_moe_grouped_cprofile.txt"
+  fi
 }
 part_moe_check() { run moe_check 300 python3 check_defuser.py --model /tmp/qwen3moe-2layers; }
 part_moe_solve() {  # one layer's routed Hessians and 384 expert solves, qlink vs GPTQModel's own
