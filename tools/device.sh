@@ -29,6 +29,8 @@
 #     ar ar0 ar_stacks  AutoRound alone and with qlink at AR_ITERS (ar0: iters 0; ar_stacks: profiled)
 #     ar_moe_host ar_moe_qlink ar_moe_grouped  AutoRound on the 2-layer Qwen3-MoE model (moe_models first):
 #                alone with the gc freeze; with qlink; with qlink and grouped_moe; at AR_MOE_ITERS (50), then 0
+#     ar_moe_save  the user's whole flow at iters 0, quantize_and_save (each layer packed and written in
+#                the block loop): alone with the gc freeze, then qlink with grouped_moe
 #     moe_check moe_solve moe moe_samples  the Qwen3-MoE runs (issue 20)
 #     archs      arch_table.py: GPTQModel alone and qlink strict on each architecture's small model
 #     archs_ref  arch_table.py --references on Qwen3 and Mixtral (alone reversed, alone in float64)
@@ -252,6 +254,11 @@ part_ar_moe_grouped() {  # the same with qlink and grouped_moe
       --cprofile "$out/ar0_moe_grouped_cprofile.txt"
   fi
 }
+part_ar_moe_save() {
+  local model=/tmp/qwen3moe-2layers
+  autoround_run ar0_moe_save_host 240 --iters 0 --settings gc --save /tmp/ar_saved_host
+  autoround_run ar0_moe_save_grouped 240 --iters 0 --qlink auto --grouped-moe --save /tmp/ar_saved_qlink
+}
 part_moe_check() { run moe_check 300 python3 check_defuser.py --model /tmp/qwen3moe-2layers; }
 part_moe_solve() {  # one layer's routed Hessians and 384 expert solves, qlink vs GPTQModel's own
   run moe_solve 400 python3 ../moe_solve_bench.py --library "$lib" --gptqmodel "$P/hosts:$hosts_dir/standins" --check-alone 24 \
@@ -401,7 +408,7 @@ part_moe_samples() {  # every thread sampled (the sampling stretches the run)
     --samples-out "$out/moe_samples.txt"
 }
 host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks \
-ar_moe_host ar_moe_qlink ar_moe_grouped moe_check moe_solve moe moe_samples speed_models speed breakdown divergence \
+ar_moe_host ar_moe_qlink ar_moe_grouped ar_moe_save moe_check moe_solve moe moe_samples speed_models speed breakdown divergence \
 moe_stage moe_stage_samples moe_nostage moe_host moe_spread moe_235b moe_dsv3 moe_tree unwrap "
 
 [ $# -ge 1 ] || usage

@@ -8,7 +8,9 @@ AutoRound's own log line ("quantization tuning time"), each block's loss line, a
 quantized model's output error on held-out sequences (MSE of the last hidden state
 against the bf16 model's, fp32), the same after each block (AutoRound prints its block
 losses at 6 decimals), and the peak GPU memory PyTorch allocated. Prints and writes JSON;
-qlink's plans and counters.
+qlink's plans and counters. --save DIR times the user's whole flow instead,
+quantize_and_save(DIR, format="auto_round"): AutoRound then packs and writes each layer in
+its block loop (the held-out error is not measured: the layers are packed).
 
     python3 autoround_run.py --model DIR --iters 200|0 [--qlink auto|N|off [--grouped-moe]] [--strict]
         [--runs 2] [--profile FILE [--profile-stacks] [--idle FILE]] [--cprofile FILE] [--heldout 16]
@@ -127,7 +129,10 @@ def quantize_once(args, tokenizer, heldout, reference, profile=False, cprofile=N
             idle.report(prof, sampler, TUNING_MARK, args.idle)
     else:
         with python_profile(cprofile), process_settings(args.settings), timed(run, "quantize_s"):
-            ar.quantize()
+            if args.save:
+                ar.quantize_and_save(args.save, format="auto_round")
+            else:
+                ar.quantize()
     autoround_log.removeHandler(lines)
     run["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)
     run["tuning_s"], run["block_lines"] = tuning_time(lines.lines), lines.lines
@@ -135,8 +140,10 @@ def quantize_once(args, tokenizer, heldout, reference, profile=False, cprofile=N
     if profile:  # the share of the quantize call's wall time with a kernel (or a copy) running
         run["gpu_busy_kernels"], run["gpu_busy_kernels_or_copies"] = busy_shares(prof, run["quantize_s"])
         kernel_table(prof, args.profile, stacks=args.profile_stacks)
-    model.to("cuda")  # quantized in place (fake-quantized weights), left on the CPU by AutoRound
-    run["output_mse"], run["block_mse"] = errors(block_outputs(model, heldout), reference)
+    run["output_mse"], run["block_mse"] = None, None
+    if not args.save:
+        model.to("cuda")  # quantized in place (fake-quantized weights), left on the CPU by AutoRound
+        run["output_mse"], run["block_mse"] = errors(block_outputs(model, heldout), reference)
     del ar, model
     gc.collect()
     torch.cuda.empty_cache()
@@ -161,6 +168,7 @@ def main():
     a.add_argument("--blas", choices=("cublas", "cublaslt"), help="torch.backends.cuda.preferred_blas_library")
     a.add_argument("--settings", default="", help="qlink's process settings alone, comma-separated: gc, switch, "
                    "segments (common.process_settings), around the quantize call")
+    a.add_argument("--save", metavar="DIR", help="quantize_and_save(DIR, format='auto_round') instead of quantize()")
     a.add_argument("--out")
     args = a.parse_args()
     args.settings = [name for name in args.settings.split(",") if name]
@@ -170,6 +178,7 @@ def main():
     if args.blas:
         torch.backends.cuda.preferred_blas_library(args.blas)
     result = {"host": "AutoRound", "iters": args.iters, "qlink": args.qlink, "settings": args.settings,
+              "saved": args.save,
               "gpus": torch.cuda.device_count(),
               "blas": str(torch.backends.cuda.preferred_blas_library())}
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
