@@ -1,8 +1,10 @@
 """AutoRound's own unwrap (its real WrapperLinear) of a projection's experts one layer at a
 time against qlink's stacked unwrap of them (grouped_unwrap.unwrap): every weight, scale, zp
 and iters bit for bit, for AutoRound's RTN (iters=0) and for a tuned block's end (random
-best parameters, sym and asym), and the time each way takes. On the GPU where there is one.
-Prints a line per case and PASS, or what differs and FAIL.
+best parameters, sym and asym), eager and, on a GPU, with its quant-dequant compiled
+(torch.compile, AutoRound's default there: each way's first call compiles, so each is timed
+twice, the second the figure), and the time each way takes. Prints a line per case and
+PASS, or what differs and FAIL.
 
     python3 check_unwrap.py [--experts 128] [--rows 768] [--columns 2048] [--group-size 128]
         [--scale-dtype float16|float32]
@@ -72,32 +74,43 @@ def main():
     from auto_round.wrapper import WrapperLinear
     from qlink.integrations.autoround import grouped_unwrap
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    grouped_unwrap.worth_stacking = lambda where: True  # stacked on the CPU too: the check compares
     torch.manual_seed(0)
     failed = False
     cases = [("RTN (iters=0), sym", True, None),
              ("a tuned block's end, sym", True, dict(enable_minmax_tuning=True, enable_norm_bias_tuning=False)),
              ("a tuned block's end, asym", False, dict(enable_minmax_tuning=True, enable_norm_bias_tuning=False))]
-    for label, sym, tuned in cases:
+    compiled = (False, True) if device.type == "cuda" and hasattr(torch, "compile") else (False,)
+    for (label, sym, tuned), compile_ in [(case, c) for c in compiled for case in cases]:
         layers = _layers(torch, args.experts, args.rows, args.columns, args.group_size, sym, device,
                          getattr(torch, args.scale_dtype))
         if tuned is None:
             kwargs = dict(device=device, enable_minmax_tuning=False, enable_norm_bias_tuning=False,
-                          enable_round_tuning=False, enable_torch_compile=False, disable_opt_rtn=True, iters=0)
+                          enable_round_tuning=False, enable_torch_compile=compile_, disable_opt_rtn=True, iters=0)
             params = [None] * len(layers)
         else:
-            kwargs = dict(tuned, enable_torch_compile=False, device=device)
+            kwargs = dict(tuned, enable_torch_compile=compile_, device=device)
             params = _params(torch, len(layers), args.rows, args.columns, args.group_size, device)
-        theirs, mine = copy.deepcopy(layers), copy.deepcopy(layers)
-        one_by_one = _timed(torch, lambda: [WrapperLinear(layer, **kwargs).unwrapper(p)
-                                            for layer, p in zip(theirs, params)])
-        stacked = _timed(torch, lambda: [grouped_unwrap.unwrap(WrapperLinear, [m for _, m in group],
-                                                               [params[int(n)] for n, _ in group], **kwargs)
-                                         for group in grouped_unwrap.groups(
-                                             [(str(i), m, device) for i, m in enumerate(mine)])[0]])
-        differs = _differences(torch, theirs, mine)
+        times = {}
+        for way in ("one by one", "stacked"):
+            for attempt in range(1 + compile_):  # compiled: the second run, the first having compiled
+                done = copy.deepcopy(layers)
+                if way == "one by one":
+                    times[way] = _timed(torch, lambda: [WrapperLinear(layer, **kwargs).unwrapper(p)
+                                                        for layer, p in zip(done, params)])
+                else:
+                    groups = grouped_unwrap.groups([(str(i), m, device) for i, m in enumerate(done)])[0]
+                    assert sum(len(group) for group in groups) == len(done), "not every layer stacked"
+                    times[way] = _timed(torch, lambda: [grouped_unwrap.unwrap(
+                        WrapperLinear, [m for _, m in group], [params[int(n)] for n, _ in group], **kwargs)
+                        for group in groups])
+            if way == "one by one":
+                theirs = done
+        differs = _differences(torch, theirs, done)
         failed |= bool(differs)
-        print("%s: %d layers of %d x %d on %s: AutoRound one by one %.3f s, stacked %.3f s (%.1fx): %s" % (
-            label, args.experts, args.rows, args.columns, device, one_by_one, stacked, one_by_one / stacked,
+        print("%s%s: %d layers of %d x %d on %s: AutoRound one by one %.3f s, stacked %.3f s (%.1fx): %s" % (
+            label, ", compiled" if compile_ else "", args.experts, args.rows, args.columns, device,
+            times["one by one"], times["stacked"], times["one by one"] / times["stacked"],
             "equal" if not differs else "DIFFERS: " + ", ".join(differs[:8])))
     print("FAIL" if failed else "PASS")
     return 1 if failed else 0

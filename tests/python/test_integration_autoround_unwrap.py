@@ -138,7 +138,7 @@ def test_a_stacked_unwrap_that_sets_more_writes_nothing(host, library, monkeypat
                                    "no other layer of its shape and options": 1}
 
 
-def test_groups_bound_a_calls_elements_and_keep_the_order(monkeypatch):
+def test_groups_bound_a_calls_elements_in_calls_of_near_equal_size_and_keep_the_order(monkeypatch):
     monkeypatch.setattr(grouped_unwrap, "MAX_ELEMENTS", 3 * 32 * 64)
     layers = []
     for i in range(7):
@@ -146,7 +146,7 @@ def test_groups_bound_a_calls_elements_and_keep_the_order(monkeypatch):
         scheme(layer, "l%d" % i)
         layers.append(("l%d" % i, layer, torch.device("cpu")))
     stacked, alone = grouped_unwrap.groups(layers)
-    assert [[n for n, _ in g] for g in stacked] == [["l0", "l1", "l2"], ["l3", "l4", "l5"], ["l6"]] and alone == {}
+    assert [[n for n, _ in g] for g in stacked] == [["l0", "l1", "l2"], ["l3", "l4"], ["l5", "l6"]] and alone == {}
     stacked, alone = grouped_unwrap.groups(layers[:1] + [("meta", torch.nn.Linear(64, 32, device="meta"),
                                                           torch.device("cpu"))])
     assert stacked == [] and alone == {"l0": "no other layer of its shape and options", "meta": "weights not on cpu"}

@@ -77,8 +77,15 @@ def groups(layers):
         if len(members) < 2:
             alone[members[0][0]] = "no other layer of its shape and options"
             continue
-        per = max(1, MAX_ELEMENTS // members[0][1].weight.numel())
-        out += [members[at:at + per] for at in range(0, len(members), per)]
+        # As few calls as MAX_ELEMENTS allows, of sizes at most one apart: few stacked shapes,
+        # so AutoRound's compiled quant-dequant (torch.compile, its default on CUDA) compiles few.
+        calls = -(-len(members) // max(1, MAX_ELEMENTS // members[0][1].weight.numel()))
+        size, larger = divmod(len(members), calls)
+        at = 0
+        for k in range(calls):
+            take = size + (k < larger)
+            out.append(members[at:at + take])
+            at += take
     return out, alone
 
 
