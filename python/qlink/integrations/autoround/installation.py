@@ -270,26 +270,34 @@ class AutoRoundInstallation(Installation):
     def _wrap_block(self, q, block, best, device):
         """AutoRound's wrapper_block of the tuned block, but for the layers grouped_unwrap
         stacks: those are unwrapped here with their best parameters (`best`: {name: {key:
-        tensor}}, {} where the tuning kept none), a group at a time, so unwrapper_block finds
-        only the others wrapped. Returns wrapper_block's (quantized names, unquantized names)."""
+        tensor}}, {} where the tuning kept none), so unwrapper_block finds only the others
+        wrapped. Returns wrapper_block's (quantized names, unquantized names)."""
         h = self.host
         kwargs = dict(enable_minmax_tuning=q.enable_minmax_tuning, enable_norm_bias_tuning=q.enable_norm_bias_tuning,
                       enable_torch_compile=q.compress_context.enable_torch_compile, device=device)
         quantized, unquantized = wrapped_layers(h, block)
-        stacked, single = grouped_unwrap.groups([(n, m, resolved_device(device)) for n, m in quantized])
+        done = self._unwrap_stacked([(n, m, resolved_device(device)) for n, m in quantized], best, lambda n: kwargs)
+        for n, m in quantized:
+            if n not in done:
+                h.set_module(block, n, h.WrapperLinear(m, **kwargs))
+        return [n for n, _ in quantized], unquantized
+
+    def _unwrap_stacked(self, layers, best, kwargs_of):
+        """AutoRound's unwrap of the layers ([(name, layer, device)]) grouped_unwrap stacks, a
+        group a call, each with best.get(name) and WrapperLinear's kwargs_of(name); the names
+        it unwrapped. The others (their reasons, or a group's failure, counted under
+        "grouped_unwrap") are the caller's to unwrap one by one."""
+        stacked, single = grouped_unwrap.groups(layers)
         for why in single.values():
             self.counters.host("grouped_unwrap", why)
         done = set()
         for members in stacked:
             names = [n for n, _ in members]
             if self.guard.attempt("grouped_unwrap", lambda: grouped_unwrap.unwrap(
-                    h.WrapperLinear, [m for _, m in members], [best.get(n) for n in names], **kwargs) or True,
-                    lambda: False):
+                    self.host.WrapperLinear, [m for _, m in members], [best.get(n) for n in names],
+                    **kwargs_of(names[0])) or True, lambda: False):
                 done.update(names)
-        for n, m in quantized:
-            if n not in done:
-                h.set_module(block, n, h.WrapperLinear(m, **kwargs))
-        return [n for n, _ in quantized], unquantized
+        return done
 
     # -- iters=0 ------------------------------------------------------------------------------
 
@@ -330,33 +338,20 @@ class AutoRoundInstallation(Installation):
 
     def _grouped_rtn(self, q, deferred):
         """The deferred layers' RTN on one device: those AutoRound quantizes by plain RTN
-        unwrapped stacked by shape and options (grouped_unwrap: one unwrap of AutoRound's a
-        group), the others (optimized RTN, a layer of a kind) by its own
-        _quantize_layer_via_rtn, each in its turn; counted under "grouped_unwrap"."""
-        h, options = self.host, {}
-        plain, alone = [], []
+        unwrapped stacked by shape and options (_unwrap_stacked), the others (optimized RTN,
+        a layer of a kind) by its own _quantize_layer_via_rtn, each in its turn."""
+        plain, kwargs = [], {}
         for layer, option in deferred:
-            rtn = plain_rtn(q, h, layer, option)
+            rtn = plain_rtn(q, self.host, layer, option)
             if rtn is None:
                 self.counters.host("grouped_unwrap", "optimized RTN (a scale search a layer)")
-                alone.append((layer, option))
                 continue
-            device, kwargs = rtn
-            options[id(layer)] = (layer, option, kwargs)
-            plain.append((layer.global_name, layer, resolved_device(device)))
-        stacked, single = grouped_unwrap.groups(plain)
-        for why in single.values():
-            self.counters.host("grouped_unwrap", why)
-        alone += [options[id(layer)][:2] for name, layer, _ in plain if name in single]
-        for members in stacked:
-            layers = [layer for _, layer in members]
-            kwargs = options[id(layers[0])][2]
-            self.guard.attempt("grouped_unwrap",
-                               lambda: grouped_unwrap.unwrap(h.WrapperLinear, layers, [None] * len(layers), **kwargs),
-                               lambda: [q._quantize_layer_via_rtn(layer, disable_opt_rtn=options[id(layer)][1])
-                                        for layer in layers])
-        for layer, option in alone:
-            q._quantize_layer_via_rtn(layer, disable_opt_rtn=option)
+            kwargs[layer.global_name] = rtn[1]
+            plain.append((layer.global_name, layer, resolved_device(rtn[0])))
+        done = self._unwrap_stacked(plain, {}, kwargs.get)
+        for layer, option in deferred:
+            if layer.global_name not in done:
+                q._quantize_layer_via_rtn(layer, disable_opt_rtn=option)
 
     def _spread_layers(self, q, deferred, placement):
         """Each deferred layer quantized by AutoRound's own _quantize_layer_via_rtn on one of
