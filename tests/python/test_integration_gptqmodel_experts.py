@@ -295,13 +295,13 @@ def _forwards(layer, record, count=BATCHES):
     return forwards
 
 
-def _hessians(accumulator, forwards, columns, budget=None, devices=(None,)):
+def _hessians(accumulator, forwards, columns, budget=None):
     """({expert: its Hessian}, the count of chunks): the forwards run once a chunk of
-    expert_chunks(budget), chunk i's sink on qlink device devices[i % len(devices)]."""
+    expert_chunks(budget)."""
     out = {}
     chunks = expert_hessians.expert_chunks(EXPERTS, columns, budget)
-    for i, chunk in enumerate(chunks):
-        sink = expert_hessians.ChunkHessians(accumulator, chunk, devices[i % len(devices)])
+    for chunk in chunks:
+        sink = expert_hessians.ChunkHessians(accumulator, chunk)
         forwards(sink)
         out.update(sink.partials)
     return out, len(chunks)
@@ -310,15 +310,14 @@ def _hessians(accumulator, forwards, columns, budget=None, devices=(None,)):
 @pytest.mark.parametrize("record", ["inputs", "intermediates"])
 def test_fused_hessians_equal_defused_and_chunked_equal_one_chunk(host, defuser, record):  # noqa: F811
     """Each expert's Hessian is the sum of its rows' products forward by forward: fused equals
-    defused, chunks (each its own run of the forwards, on either of two devices) equal one."""
+    defused, chunks (each its own run of the forwards) equal one."""
     fused = fused_layer()
     columns = HIDDEN if record == "inputs" else INTER
     accumulator = HessianAccumulator(host)
     whole, _ = _hessians(accumulator, _forwards(fused, record), columns)
     split, _ = _hessians(accumulator, _forwards(defused(fused, defuser), record), columns)
     budget = 2 * 2 * 4 * columns ** 2  # two experts a chunk
-    chunked, count = _hessians(HessianAccumulator(host), _forwards(fused, record), columns, budget=budget,
-                               devices=[0, 1])
+    chunked, count = _hessians(HessianAccumulator(host), _forwards(fused, record), columns, budget=budget)
     assert count == EXPERTS // 2
     assert sorted(whole) == sorted(split) == sorted(chunked) == list(range(EXPERTS - 1))
     recorded = Recorded()

@@ -8,7 +8,7 @@ forwards run once a chunk. The expert stage runs its chunks on the rows' device,
 before the next.
 
 Invariant: an expert's Hessian is the sum of its rows' products forward by forward, in
-forward order, whatever the chunking or the device: chunked equals unchunked, bit for bit."""
+forward order, whatever the chunking: chunked equals unchunked, bit for bit."""
 import torch
 
 
@@ -28,11 +28,11 @@ def expert_chunks(experts, columns, budget, weights=0):
 
 class ChunkHessians:
     """An ExpertPass's sink: each forward's rows of the chunk's experts added to their partials,
-    in place, in one native call on qlink device `device` (None: the rows' own; a CUDA chunk's rows
-    move to its GPU). partials: {expert: fp32 X^T X so far}, experts without rows absent."""
+    in place, in one native call on the rows' device. partials: {expert: fp32 X^T X so far},
+    experts without rows absent."""
 
-    def __init__(self, accumulator, chunk, device=None):
-        self.accumulator, self.chunk, self.device = accumulator, chunk, device
+    def __init__(self, accumulator, chunk):
+        self.accumulator, self.chunk = accumulator, chunk
         self.partials = {}
 
     def __call__(self, rows, counts):
@@ -43,9 +43,7 @@ class ChunkHessians:
         for expert in self.chunk:
             if counts[expert]:
                 x = rows[starts[expert]:starts[expert] + counts[expert]]
-                if self.device is not None and x.device.type == "cuda":
-                    x = x.to(torch.device("cuda", self.device))
                 if expert not in self.partials:
                     self.partials[expert] = torch.zeros(x.shape[-1], x.shape[-1], dtype=torch.float32, device=x.device)
                 items.append((x, self.partials[expert]))
-        self.accumulator.add_into(items, device=self.device)
+        self.accumulator.add_into(items)
