@@ -272,6 +272,13 @@ QLINK_SLOT(signround_experts_qdq, 35);
 QLINK_SLOT(signround_experts_qdq_backward, 36);
 QLINK_SLOT(signsgd_experts_step, 37);
 static_assert(QLINK_API_STRUCT_SIZE_1_10 == 16 + 38 * 8, "qlink_api 1.10 size");
+
+// ---- 1.11: GPTQ's inverse ------------------------------------------------------------------
+QLINK_PIN(qlink_gptq_options, inverse, 60);
+static_assert(QLINK_GPTQ_OPTIONS_STRUCT_SIZE_1_11 == 64, "qlink_gptq_options 1.11 size");
+static_assert(QLINK_GPTQ_INVERSE_CHOLESKY_INVERSE == 0 && QLINK_GPTQ_INVERSE_TRIANGULAR == 1,
+              "qlink_gptq_inverse values are frozen");
+static_assert(QLINK_API_STRUCT_SIZE_1_11 == QLINK_API_STRUCT_SIZE_1_10, "qlink_api 1.11 size");
 #endif
 
 // Every current *_STRUCT_SIZE covers its struct's last field, on every platform.
@@ -279,7 +286,7 @@ static_assert(QLINK_COPY_ARGS_STRUCT_SIZE == offsetof(qlink_copy_args, flags) + 
 static_assert(QLINK_BROADCAST_ARGS_STRUCT_SIZE == offsetof(qlink_broadcast_args, flags) + sizeof(uint32_t), "bcast");
 static_assert(QLINK_ALL_REDUCE_ARGS_STRUCT_SIZE == offsetof(qlink_all_reduce_args, algorithm) + sizeof(int32_t),
               "all-reduce args");
-static_assert(QLINK_GPTQ_OPTIONS_STRUCT_SIZE == offsetof(qlink_gptq_options, act_group_aware) + sizeof(int32_t),
+static_assert(QLINK_GPTQ_OPTIONS_STRUCT_SIZE == offsetof(qlink_gptq_options, inverse) + sizeof(int32_t),
               "gptq options");
 static_assert(QLINK_HESSIAN_ARGS_STRUCT_SIZE == offsetof(qlink_hessian_args, input_partials) + sizeof(void*),
               "hessian args");

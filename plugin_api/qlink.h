@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 #define QLINK_ABI_MAJOR 1
-#define QLINK_ABI_MINOR 10
+#define QLINK_ABI_MINOR 11
 
 /* Size of a struct up to and including `last_field`: what a host built against the
  * minor that introduced `last_field` passes as struct_size.
@@ -298,6 +298,19 @@ typedef struct qlink_hessian_args {
 #define QLINK_HESSIAN_ARGS_STRUCT_SIZE_1_6 QLINK_STRUCT_SIZE(qlink_hessian_args, precision)
 #define QLINK_HESSIAN_ARGS_STRUCT_SIZE_1_8 QLINK_HESSIAN_ARGS_STRUCT_SIZE
 
+/* 1.11: how GPTQ's inverse factor U (H^-1 = U^T U, U upper) is made
+ * (qlink_gptq_options.inverse). Both give U to fp32 rounding; they differ in the last bits. */
+typedef enum qlink_gptq_inverse {
+  QLINK_GPTQ_INVERSE_CHOLESKY_INVERSE = 0, /* PyTorch's calls as GPTQModel makes them:
+                                              potrf(H), cholesky_inverse, potrf(H^-1, upper):
+                                              GPTQModel's U to the last bit where the
+                                              libraries allow; about 8/3 n^3 flops */
+  QLINK_GPTQ_INVERSE_TRIANGULAR = 1        /* the Cholesky factor of H with its columns in
+                                              reverse order, then its triangular inverse
+                                              (J L^-1 J = U for J H J = L L^T, J the
+                                              exchange): 2/3 n^3 flops, no explicit H^-1 */
+} qlink_gptq_inverse;
+
 /* GPTQ as GPTQModel's GPTQ.quantize runs it: the damped Hessian inverted through
  * Cholesky factors (the damp raised by damp_auto_increment after each failed Cholesky
  * while below 1), dead columns (zero diagonal) zeroed, columns quantized in blocks of 128
@@ -328,10 +341,14 @@ typedef struct qlink_gptq_options {
                               excludes desc_act and static_groups. Each column keeps its
                               group (g_idx = column / group_size). 0 where struct_size
                               ends before it */
+  /* 1.11 */
+  int32_t inverse; /* qlink_gptq_inverse; CHOLESKY_INVERSE (0) where struct_size ends
+                      before it */
 } qlink_gptq_options;
-#define QLINK_GPTQ_OPTIONS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_gptq_options, act_group_aware)
+#define QLINK_GPTQ_OPTIONS_STRUCT_SIZE QLINK_STRUCT_SIZE(qlink_gptq_options, inverse)
 #define QLINK_GPTQ_OPTIONS_STRUCT_SIZE_1_4 QLINK_STRUCT_SIZE(qlink_gptq_options, nsamples)
-#define QLINK_GPTQ_OPTIONS_STRUCT_SIZE_1_5 QLINK_GPTQ_OPTIONS_STRUCT_SIZE
+#define QLINK_GPTQ_OPTIONS_STRUCT_SIZE_1_5 QLINK_STRUCT_SIZE(qlink_gptq_options, act_group_aware)
+#define QLINK_GPTQ_OPTIONS_STRUCT_SIZE_1_11 QLINK_GPTQ_OPTIONS_STRUCT_SIZE
 
 /* One linear layer to quantize. Inputs are read only; every output is optional (NULL: not
  * wanted) and lives on the weight's device. */
@@ -641,7 +658,8 @@ typedef struct qlink_api {
 #define QLINK_API_STRUCT_SIZE_1_8 QLINK_API_STRUCT_SIZE_1_7 /* 1.8 added a field, no entry */
 #define QLINK_API_STRUCT_SIZE_1_9 QLINK_API_STRUCT_SIZE_1_8 /* 1.9 added fields, no entry */
 #define QLINK_API_STRUCT_SIZE_1_10 QLINK_STRUCT_SIZE(qlink_api, signsgd_experts_step)
-#define QLINK_API_STRUCT_SIZE QLINK_API_STRUCT_SIZE_1_10
+#define QLINK_API_STRUCT_SIZE_1_11 QLINK_API_STRUCT_SIZE_1_10 /* 1.11 added a field, no entry */
+#define QLINK_API_STRUCT_SIZE QLINK_API_STRUCT_SIZE_1_11
 
 /* The one exported symbol. Returns the table of ABI `major` if this library provides
  * at least `min_minor`, else NULL with *error (when error is non-NULL) pointing at a

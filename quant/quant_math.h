@@ -118,6 +118,10 @@ class QuantMath {
   // potrs against the identity (cuSOLVER). Matching it call for call keeps the engine's
   // results with GPTQModel's to the last rounding wherever the libraries allow.
   virtual Status CholeskyInverse(int device, Stream stream, const float* factor, float* inverse, int64_t n) = 0;
+  // LAPACK's trtri on the column-major n x n matrix a: its `lower` (or upper) triangle, a
+  // triangular factor with a nonzero diagonal (a successful Potrf's), replaced by the
+  // factor's inverse; the other triangle is left as it was.
+  virtual Status TriangularInverse(int device, Stream stream, float* a, int64_t n, bool lower) = 0;
   // Copies the column-major lower triangle of a (n x n) over the upper one, or the
   // upper over the lower, making a symmetric.
   virtual Status MirrorTriangle(int device, Stream stream, float* a, int64_t n, bool lower_to_upper) = 0;
@@ -152,6 +156,9 @@ class QuantMath {
                              float* zeros, int64_t groups) = 0;
   // The fused column loop of one block (BlockArgs).
   virtual Status QuantizeBlock(int device, Stream stream, const BlockArgs& args) = 0;
+  // out[i] = in[count - 1 - i] (in and out do not overlap). For a column-major n x n X
+  // (count n^2) out is J X J, J the exchange matrix: rows and columns in reverse order.
+  virtual Status Reverse(int device, Stream stream, const float* in, float* out, int64_t count) = 0;
   // out = float(x) for `count` elements of dtype fp32, bf16 or fp16.
   virtual Status ToFloat(int device, Stream stream, const void* x, DLDataType dtype, int64_t count, float* out) = 0;
 };

@@ -4,7 +4,7 @@ from ctypes import (POINTER, c_char, c_char_p, c_double, c_int32, c_size_t, c_ui
                     c_void_p)
 
 ABI_MAJOR = 1
-ABI_MINOR = 10
+ABI_MINOR = 11
 
 OK, INVALID_ARGUMENT, UNAVAILABLE, VERSION_MISMATCH, OUT_OF_MEMORY, RUNTIME_ERROR, INTERNAL = range(7)
 
@@ -90,10 +90,14 @@ class HessianArgs(ctypes.Structure):  # 1.4; precision 1.6; input_partials 1.8
 HESSIAN_PRECISIONS = {"default": 0, "ieee_fp32": 1, "tensor": 2}  # qlink_hessian_precision
 
 
-class GptqOptions(ctypes.Structure):  # 1.4; act_group_aware 1.5
+GPTQ_INVERSES = {"cholesky_inverse": 0, "triangular": 1}  # qlink_gptq_inverse
+
+
+class GptqOptions(ctypes.Structure):  # 1.4; act_group_aware 1.5; inverse 1.11
     _fields_ = [("struct_size", c_size_t), ("bits", c_int32), ("group_size", c_int32), ("sym", c_int32),
                 ("desc_act", c_int32), ("static_groups", c_int32), ("tf32", c_int32), ("damp", c_double),
-                ("damp_auto_increment", c_double), ("nsamples", c_double), ("act_group_aware", c_int32)]
+                ("damp_auto_increment", c_double), ("nsamples", c_double), ("act_group_aware", c_int32),
+                ("inverse", c_int32)]
 
 
 class GptqLayer(ctypes.Structure):  # 1.4; the tensors as addresses of DLTensors

@@ -100,6 +100,15 @@ class CpuQuantMath final : public QuantMath {
     return MirrorTriangle(device, stream, inverse, n, /*lower_to_upper=*/true);
   }
 
+  Status TriangularInverse(int, Stream, float* a, int64_t n, bool lower) override {
+    const int nn = Int(n);
+    int info = 0;
+    const SerialBlas serial(api_);
+    api_.strtri(lower ? "L" : "U", "N", &nn, a, &nn, &info, 1, 1);
+    if (info != 0) return Internal("quant: strtri failed with info " + std::to_string(info));
+    return Status::Ok();
+  }
+
   // Column-major (i, j) is a[j * n + i]: lower_to_upper copies (i > j) onto (j, i).
   Status MirrorTriangle(int, Stream, float* a, int64_t n, bool lower_to_upper) override {
     for (int64_t j = 0; j < n; ++j) {
@@ -207,6 +216,11 @@ class CpuQuantMath final : public QuantMath {
       std::memcpy(row, w.data(), sizeof(float) * a.count);
       a.row_loss[r] += loss;
     }
+    return Status::Ok();
+  }
+
+  Status Reverse(int, Stream, const float* in, float* out, int64_t count) override {
+    std::reverse_copy(in, in + count, out);
     return Status::Ok();
   }
 

@@ -28,6 +28,7 @@ Status Load(const std::string& blas, const std::string& solver, const LapackApi*
         take(1, a->ssyrk, "ssyrk_");
         take(0, a->spotrf, "spotrf_");
         take(0, a->spotri, "spotri_");
+        take(0, a->strtri, "strtri_");
         a->get_threads = reinterpret_cast<LapackApi::GetThreads*>(take.Find(1, "openblas_get_num_threads"));
         a->set_threads = reinterpret_cast<LapackApi::SetThreads*>(take.Find(1, "openblas_set_num_threads"));
         if (a->get_threads == nullptr) a->set_threads = nullptr;  // nothing to restore

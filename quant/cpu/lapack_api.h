@@ -25,6 +25,8 @@ struct LapackApi {
                      const float* a, const int* lda, const float* beta, float* c, const int* ldc, size_t, size_t);
   using Spotrf = void(const char* uplo, const int* n, float* a, const int* lda, int* info, size_t);
   using Spotri = void(const char* uplo, const int* n, float* a, const int* lda, int* info, size_t);
+  using Strtri = void(const char* uplo, const char* diag, const int* n, float* a, const int* lda, int* info, size_t,
+                      size_t);
 
   using GetThreads = int();
   using SetThreads = void(int);
@@ -33,6 +35,7 @@ struct LapackApi {
   Ssyrk* ssyrk = nullptr;
   Spotrf* spotrf = nullptr;  // from the LAPACK library
   Spotri* spotri = nullptr;
+  Strtri* strtri = nullptr;
   GetThreads* get_threads = nullptr;  // OpenBLAS's thread count, where the BLAS is OpenBLAS
   SetThreads* set_threads = nullptr;
   std::string implementation;          // "OpenBLAS (config)", "MKL", "BLIS", or "" (not recognized)

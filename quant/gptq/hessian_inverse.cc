@@ -77,8 +77,11 @@ Status InvertHessian(DeviceBackend& backend, QuantMath& math, int device, Stream
     out->position.resize(static_cast<size_t>(n));
     for (int64_t c = 0; c < n; ++c) out->position[order[c]] = static_cast<int32_t>(c);
   }
+  // The triangular inverse factors the Hessian with its working columns in reverse order.
+  const bool triangular = options.inverse == QLINK_GPTQ_INVERSE_TRIANGULAR;
   DeviceBuffer perm;
-  QLINK_RETURN_IF_ERROR(Upload(backend, out->perm, *workspace, &perm));
+  QLINK_RETURN_IF_ERROR(
+      Upload(backend, triangular ? std::vector<int32_t>(order.rbegin(), order.rend()) : out->perm, *workspace, &perm));
   out->dead.clear();
   double sum = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -99,14 +102,19 @@ Status InvertHessian(DeviceBackend& backend, QuantMath& math, int device, Stream
   int tries = 0;
   while (damp > 0 && damp < 1) {
     ++tries;
-    // PyTorch's sequence, call for call: L = linalg.cholesky(H) (potrf lower),
-    // cholesky_inverse(L), then linalg.cholesky(., upper=True) (potrf upper). The factor U
-    // ends in the column-major upper triangle; mirrored into the lower one it is U
-    // row-major in the upper triangle, where the column loop reads it.
+    // Either way U ends in the column-major upper triangle of u; mirrored into the lower
+    // one it is U row-major in the upper triangle, where the column loop reads it.
     QLINK_RETURN_IF_ERROR(math.PrepareHessian(device, stream, h, n, p, static_cast<float>(damp) * mean, l));
     bool ok = false;
     QLINK_RETURN_IF_ERROR(math.Potrf(device, stream, l, n, /*lower=*/true, &ok));
-    if (ok) {
+    if (ok && triangular) {
+      // l holds J H J = L L^T. Then H^-1 = J L^-T L^-1 J = U^T U with U = J L^-1 J, upper
+      // triangular: L^-1 reversed element by element.
+      QLINK_RETURN_IF_ERROR(math.TriangularInverse(device, stream, l, n, /*lower=*/true));
+      QLINK_RETURN_IF_ERROR(math.Reverse(device, stream, l, u, n * n));
+    } else if (ok) {
+      // PyTorch's sequence, call for call: L = linalg.cholesky(H) (potrf lower),
+      // cholesky_inverse(L), then linalg.cholesky(., upper=True) (potrf upper).
       QLINK_RETURN_IF_ERROR(math.CholeskyInverse(device, stream, l, u, n));
       QLINK_RETURN_IF_ERROR(math.Potrf(device, stream, u, n, /*lower=*/false, &ok));
     }

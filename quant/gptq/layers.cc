@@ -35,6 +35,12 @@ Status ReadOptions(const qlink_gptq_options* o, GptqOptions* out) {
     return InvalidArgument(std::string("options->act_group_aware excludes options->") +
                            (o->desc_act ? "desc_act" : "static_groups"));
   }
+  const int32_t inverse =
+      o->struct_size >= QLINK_GPTQ_OPTIONS_STRUCT_SIZE_1_11 ? o->inverse : QLINK_GPTQ_INVERSE_CHOLESKY_INVERSE;
+  if (inverse != QLINK_GPTQ_INVERSE_CHOLESKY_INVERSE && inverse != QLINK_GPTQ_INVERSE_TRIANGULAR) {
+    return InvalidArgument("options->inverse = " + std::to_string(inverse) +
+                           " is not a qlink_gptq_inverse (0: CHOLESKY_INVERSE, 1: TRIANGULAR)");
+  }
   out->grid.bits = o->bits;
   out->grid.sym = o->sym != 0;
   out->group_size = o->group_size;
@@ -45,6 +51,7 @@ Status ReadOptions(const qlink_gptq_options* o, GptqOptions* out) {
   out->damp = o->damp;
   out->damp_increment = o->damp_auto_increment;
   out->nsamples = o->nsamples;
+  out->inverse = static_cast<qlink_gptq_inverse>(inverse);
   return Status::Ok();
 }
 

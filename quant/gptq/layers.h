@@ -23,6 +23,7 @@ struct GptqOptions {
   double damp = 0.01;
   double damp_increment = 0.01;
   double nsamples = 0;
+  qlink_gptq_inverse inverse = QLINK_GPTQ_INVERSE_CHOLESKY_INVERSE;
 };
 
 // One layer, checked. Outputs are NULL where not wanted.

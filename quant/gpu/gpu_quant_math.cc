@@ -42,9 +42,10 @@ struct DeviceState {
   LinalgApi::Handle blas = nullptr, solver = nullptr;
   float* work = nullptr;  // solver workspace, grown on demand
   int work_floats = 0;
-  // The solver's device-side status: [0] potrf's, read after it; [1] potrs', never read.
-  // Apart, so a potrs enqueued by an earlier call, still to run on its own stream, cannot
-  // overwrite the status a later potrf on another stream is about to be judged by.
+  std::vector<char> host_work;  // trtri's host workspace, grown on demand
+  // The solver's device-side status: [0] potrf's, read after it; [1] potrs' and trtri's,
+  // never read. Apart, so a potrs enqueued by an earlier call, still to run on its own
+  // stream, cannot overwrite the status a later potrf on another stream is judged by.
   int* info = nullptr;
   // cuBLAS's workspace for this state's handle (null where the vendor takes none): handles
   // on several streams at once must not share the library's default pool (PyTorch gives
@@ -206,9 +207,38 @@ class GpuQuantMath final : public QuantMath {
         api_.names.potrs);
   }
 
+  // trtri's info reports only a zero diagonal, which the factor of a successful potrf
+  // cannot have: not read (reading it would wait for the device).
+  Status TriangularInverse(int device, Stream stream, float* a, int64_t n, bool lower) override {
+    if (api_.Xtrtri == nullptr) {
+      return Unavailable(std::string("quant: the solver library lacks ") + api_.names.trtri +
+                         ", which the triangular inverse (qlink_gptq_options.inverse) needs");
+    }
+    DeviceState* st = nullptr;
+    QLINK_RETURN_IF_ERROR(Acquire(device, stream, &st));
+    std::lock_guard<std::mutex> lock(st->mu);
+    const int uplo = lower ? api_.fill_lower : api_.fill_upper;
+    size_t device_bytes = 0, host_bytes = 0;
+    QLINK_RETURN_IF_ERROR(Solver(*st, stream));
+    QLINK_RETURN_IF_ERROR(CheckSolver(
+        api_.XtrtriBufferSize(st->solver, uplo, api_.diag_non_unit, n, api_.r_32f, a, n, &device_bytes, &host_bytes),
+        api_.names.trtri_size));
+    QLINK_RETURN_IF_ERROR(Work(*st, Int((device_bytes + sizeof(float) - 1) / sizeof(float))));
+    if (st->host_work.size() < host_bytes) st->host_work.resize(host_bytes);
+    return CheckSolver(api_.Xtrtri(st->solver, uplo, api_.diag_non_unit, n, api_.r_32f, a, n, st->work,
+                                   sizeof(float) * static_cast<size_t>(st->work_floats), st->host_work.data(),
+                                   st->host_work.size(), st->info + 1),
+                       api_.names.trtri);
+  }
+
   Status MirrorTriangle(int device, Stream stream, float* a, int64_t n, bool lower_to_upper) override {
     QLINK_RETURN_IF_ERROR(Activate(device));
     return Check(gpu::LaunchMirrorTriangle(a, n, lower_to_upper, S(stream)), "mirror kernel");
+  }
+
+  Status Reverse(int device, Stream stream, const float* in, float* out, int64_t count) override {
+    QLINK_RETURN_IF_ERROR(Activate(device));
+    return Check(gpu::LaunchReverse(in, out, count, S(stream)), "reverse kernel");
   }
 
   Status Diagonal(int device, Stream stream, const float* h, int64_t n, float* out) override {

@@ -19,8 +19,8 @@ constexpr const char* kBlas = "libhipblas.so.2";
 constexpr const char* kSolver = "libhipsolver.so.0";
 // hipblasOperation_t, hipblasFillMode_t (hipsolverFillMode_t has the same values); then
 // hipDataType (HIP_R_32F, _16F, _16BF), HIPBLAS_COMPUTE_32F, HIPBLAS_GEMM_DEFAULT, as
-// hipBLAS 2's GemmEx_v2 takes them.
-constexpr LinalgApi kEnums{111, 112, 122, 121, 0, 0, 0, 2, 14, 2, 160};
+// hipBLAS 2's GemmEx_v2 takes them; HIPSOLVER_DIAG_NON_UNIT.
+constexpr LinalgApi kEnums{111, 112, 122, 121, 0, 0, 0, 2, 14, 2, 160, 131};
 constexpr LinalgNames kNames{"hipblasCreate",
                              "hipblasDestroy",
                              "hipblasSetStream",
@@ -34,7 +34,9 @@ constexpr LinalgNames kNames{"hipblasCreate",
                              "hipsolverDnSpotrf_bufferSize",
                              "hipsolverDnSpotrf",
                              "hipsolverDnSpotrs",
-                             "hipblasSetWorkspace"};
+                             "hipblasSetWorkspace",
+                             "hipsolverDnXtrtri_bufferSize",
+                             "hipsolverDnXtrtri"};
 // hipblasStatus_t and hipsolverStatus_t as hipBLAS 2 and hipSOLVER 2 number them (typed from
 // their headers, which Debian 12 does not package: not checked at compile time as CUDA's are).
 constexpr const char* kBlasStatus[] = {
@@ -62,7 +64,8 @@ constexpr LinalgApi kEnums{CUBLAS_OP_N,
                            CUDA_R_16F,
                            CUDA_R_16BF,
                            CUBLAS_COMPUTE_32F,
-                           CUBLAS_GEMM_DEFAULT};
+                           CUBLAS_GEMM_DEFAULT,
+                           CUBLAS_DIAG_NON_UNIT};
 constexpr LinalgNames kNames{"cublasCreate_v2",
                              "cublasDestroy_v2",
                              "cublasSetStream_v2",
@@ -76,7 +79,9 @@ constexpr LinalgNames kNames{"cublasCreate_v2",
                              "cusolverDnSpotrf_bufferSize",
                              "cusolverDnSpotrf",
                              "cusolverDnSpotrs",
-                             "cublasSetWorkspace_v2"};
+                             "cublasSetWorkspace_v2",
+                             "cusolverDnXtrtri_bufferSize",
+                             "cusolverDnXtrtri"};
 // cublasStatus_t and cusolverStatus_t by value (the gaps are values they do not use), checked
 // against the headers below.
 constexpr const char* kBlasStatus[] = {"CUBLAS_STATUS_SUCCESS",
@@ -151,6 +156,9 @@ Status LoadLinalg(const std::string& blas, const std::string& solver, const Lina
         take(1, a->SpotrfBufferSize, n.potrf_size);
         take(1, a->Spotrf, n.potrf);
         take(1, a->Spotrs, n.potrs);
+        a->XtrtriBufferSize = reinterpret_cast<decltype(a->XtrtriBufferSize)>(take.Find(1, n.trtri_size));
+        a->Xtrtri = reinterpret_cast<decltype(a->Xtrtri)>(take.Find(1, n.trtri));
+        if (a->XtrtriBufferSize == nullptr) a->Xtrtri = nullptr;  // both or neither
       },
       out);
 }

@@ -17,7 +17,7 @@ namespace quant {
 // The vendor's names of the functions below, for loading them and for error messages.
 struct LinalgNames {
   const char *blas_create, *blas_destroy, *blas_stream, *math, *sgemm, *gemm_ex, *ssyrk, *solver_create,
-      *solver_destroy, *solver_stream, *potrf_size, *potrf, *potrs, *blas_workspace;
+      *solver_destroy, *solver_stream, *potrf_size, *potrf, *potrs, *blas_workspace, *trtri_size, *trtri;
 };
 
 struct LinalgApi {
@@ -31,6 +31,7 @@ struct LinalgApi {
   int r_32f, r_16f, r_16bf;  // cudaDataType / hipDataType
   int compute_32f;           // cublasComputeType_t / hipblasComputeType_t
   int gemm_default;          // cublasGemmAlgo_t / hipblasGemmAlgo_t
+  int diag_non_unit;         // cublasDiagType_t / hipsolverDiagType_t
 
   Result (*BlasCreate)(Handle*);
   Result (*BlasDestroy)(Handle);
@@ -55,6 +56,12 @@ struct LinalgApi {
   Result (*SpotrfBufferSize)(Handle, int uplo, int n, float* a, int lda, int* lwork);
   Result (*Spotrf)(Handle, int uplo, int n, float* a, int lda, float* work, int lwork, int* info);
   Result (*Spotrs)(Handle, int uplo, int n, int nrhs, const float* a, int lda, float* b, int ldb, int* info);
+  // The 64-bit generic trtri and its workspace sizes; NULL where the library lacks them
+  // (then only the triangular inverse is refused).
+  Result (*XtrtriBufferSize)(Handle, int uplo, int diag, int64_t n, int data_type, void* a, int64_t lda,
+                             size_t* device_bytes, size_t* host_bytes);
+  Result (*Xtrtri)(Handle, int uplo, int diag, int64_t n, int data_type, void* a, int64_t lda, void* device_work,
+                   size_t device_bytes, void* host_work, size_t host_bytes, int* info);
 
   LinalgNames names;
 };

@@ -57,6 +57,10 @@ dim3 Grid2D(int64_t rows, int64_t cols) {
 
 __global__ void DiagonalKernel(const float* h, int64_t n, float* out) { QLINK_GRID_STRIDE(i, n) out[i] = h[i * n + i]; }
 
+__global__ void ReverseKernel(const float* in, float* out, int64_t count) {
+  QLINK_GRID_STRIDE(i, count) out[i] = in[count - 1 - i];
+}
+
 // Column-major H[p][:, p]: row j of `out` is column j.
 __global__ void PrepareHessianKernel(const float* h, int64_t n, const int32_t* perm, float diag_add, float* out) {
   QLINK_ROWS_COLS(j, i, n, n) {
@@ -259,6 +263,11 @@ gpuError_t LaunchIdentity(float* a, int64_t n, gpuStream_t stream) {
 gpuError_t LaunchMirrorTriangle(float* a, int64_t n, bool lower_to_upper, gpuStream_t stream) {
   const unsigned tiles = static_cast<unsigned>((n + 31) / 32);
   MirrorKernel<<<dim3(tiles, tiles), dim3(32, 8), 0, stream>>>(a, n, lower_to_upper);
+  return gpuGetLastError();
+}
+
+gpuError_t LaunchReverse(const float* in, float* out, int64_t count, gpuStream_t stream) {
+  ReverseKernel<<<Blocks(count), kThreads, 0, stream>>>(in, out, count);
   return gpuGetLastError();
 }
 

@@ -17,6 +17,7 @@ gpuError_t LaunchPrepareHessian(const float* h, int64_t n, const int32_t* perm, 
                                 gpuStream_t stream);
 gpuError_t LaunchIdentity(float* a, int64_t n, gpuStream_t stream);
 gpuError_t LaunchMirrorTriangle(float* a, int64_t n, bool lower_to_upper, gpuStream_t stream);
+gpuError_t LaunchReverse(const float* in, float* out, int64_t count, gpuStream_t stream);
 gpuError_t LaunchLoadWeight(const void* w, DLDataType dtype, int64_t rows, int64_t cols, const int32_t* perm,
                             float* out, gpuStream_t stream);
 gpuError_t LaunchStoreWeight(const float* w, int64_t rows, int64_t cols, const int32_t* position, DLDataType dtype,

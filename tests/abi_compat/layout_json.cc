@@ -167,6 +167,7 @@ int main() {
   FIELD(qlink_gptq_options, damp_auto_increment);
   FIELD(qlink_gptq_options, nsamples);
   FIELD(qlink_gptq_options, act_group_aware);
+  FIELD(qlink_gptq_options, inverse);
   STRUCT(qlink_gptq_layer, QLINK_GPTQ_LAYER_STRUCT_SIZE);
   FIELD(qlink_gptq_layer, struct_size);
   FIELD(qlink_gptq_layer, name);
@@ -334,6 +335,8 @@ int main() {
   ENUM(QLINK_HESSIAN_PRECISION_DEFAULT);
   ENUM(QLINK_HESSIAN_PRECISION_IEEE_FP32);
   ENUM(QLINK_HESSIAN_PRECISION_TENSOR);
+  ENUM(QLINK_GPTQ_INVERSE_CHOLESKY_INVERSE);
+  ENUM(QLINK_GPTQ_INVERSE_TRIANGULAR);
 #undef ENUM
 
   auto join = [](const std::vector<std::string>& items) {

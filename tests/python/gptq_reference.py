@@ -31,9 +31,10 @@ def quantize(x, scale, zero, maxq):
 
 def reference_gptq(weight, hessian, bits=4, group_size=128, sym=True, desc_act=False, static_groups=False,
                    damp=0.01, damp_auto_increment=0.01, block=128, act_group_aware=False):
-    """(codes, scales, zeros, g_idx, dequantized fp32, loss sum, damp)."""
+    """(codes, scales, zeros, g_idx, dequantized, loss sum, damp), in the Hessian's dtype (fp32
+    as GPTQModel runs it; float64 for the truth a rounding is judged by)."""
     maxq = 2 ** bits - 1
-    W = weight.float().clone()
+    W = weight.to(hessian.dtype).clone()
     H = hessian.clone()
     cols = W.shape[1]
     gs = cols if group_size == -1 else group_size
@@ -52,10 +53,10 @@ def reference_gptq(weight, hessian, bits=4, group_size=128, sym=True, desc_act=F
     if perm is not None:
         W, H = W[:, perm], H[perm][:, perm]
         invperm = torch.argsort(perm)
-    mean = torch.diag(H).double().mean().float()
+    mean = torch.diag(H).double().mean().to(H.dtype)
     while 0 < damp < 1:
         Hd = H.clone()
-        Hd.diagonal().add_(torch.tensor(damp, dtype=torch.float32) * mean)
+        Hd.diagonal().add_(torch.tensor(damp, dtype=H.dtype) * mean)
         try:
             Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(Hd)), upper=True)
             break

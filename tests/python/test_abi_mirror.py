@@ -111,5 +111,6 @@ def test_enumerators(header):
     assert {f: getattr(_abi, f) for f in flags} == {f: e["QLINK_" + f] for f in flags}
     for table, prefix in ((_abi.REDUCE_OPS, "QLINK_REDUCE_"), (_abi.TRANSPORTS, "QLINK_TRANSPORT_"),
                           (_abi.ALL_REDUCE_ALGORITHMS, "QLINK_ALL_REDUCE_"),
-                          (_abi.HESSIAN_PRECISIONS, "QLINK_HESSIAN_PRECISION_")):
+                          (_abi.HESSIAN_PRECISIONS, "QLINK_HESSIAN_PRECISION_"),
+                          (_abi.GPTQ_INVERSES, "QLINK_GPTQ_INVERSE_")):
         assert table == {k[len(prefix):].lower(): v for k, v in e.items() if k.startswith(prefix)}, prefix

@@ -43,6 +43,23 @@ def test_gptq_on_the_gpu_matches_the_reference(ctx, bits, group_size, sym, desc_
     assert torch.equal(got.weight, (got.scales[:, g] * (got.codes.float() - got.zeros[:, g])).bfloat16())
 
 
+@pytest.mark.parametrize("desc_act", [False, True])
+def test_the_triangular_inverse_on_the_gpu_stays_with_float64_gptq(ctx, desc_act):
+    # cuSOLVER's trtri after the reversed potrf (ABI 1.11): its codes as close to float64
+    # GPTQ's as GPTQModel's own fp32 arithmetic's (within half a point: fp32 GPTQ parts from
+    # float64 at near-ties, any route), the loss within 0.5 %, the dead column at zero.
+    w, h = _problem(rows=1024, cols=4096)
+    w = w.bfloat16()
+    h[9, :], h[:, 9] = 0, 0  # a dead column
+    codes, *_, loss, _ = reference_gptq(w.double(), h.double(), desc_act=desc_act)
+    floor = (reference_gptq(w, h, desc_act=desc_act)[0] == codes).float().mean() - 0.005
+    for inverse in ("cholesky_inverse", "triangular"):
+        got = gptq_quantize(w, h, ctx=ctx, desc_act=desc_act, inverse=inverse)
+        assert (got.codes == codes).float().mean() >= floor, inverse
+        assert got.loss == pytest.approx(loss, rel=5e-3), inverse
+        assert (got.codes[:, 9] == 8).all(), inverse
+
+
 def test_gpu_hessian_matches_float64(ctx):
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(3, 700, 512, generator=gen).cuda().bfloat16()

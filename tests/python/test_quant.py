@@ -137,6 +137,28 @@ def test_gptq_beats_round_to_nearest(cpu8):
     assert q.codes.max() <= 15
 
 
+def test_both_inverses_stay_with_the_float64_gptq_on_an_ill_conditioned_hessian(cpu8):
+    """inverse="triangular" (ABI 1.11) makes the same factor as GPTQModel's chain to fp32
+    rounding: on activations with outlier channels and a shared low-rank part (H's
+    condition about 1e4 after the damp) each inverse's codes stay with float64 GPTQ's but
+    for near-ties, and its loss within 0.5 %."""
+    gen = torch.Generator().manual_seed(5)
+    cols, tokens = 1024, 4096
+    shared = torch.randn(tokens, cols // 16, generator=gen, dtype=torch.float64) @ torch.randn(
+        cols // 16, cols, generator=gen, dtype=torch.float64)
+    x = 0.1 * torch.randn(tokens, cols, generator=gen, dtype=torch.float64) + 0.9 * shared / (cols // 16) ** 0.5
+    x[:, ::37] *= 30
+    h = ((2.0 / tokens) * x.T @ x).float()
+    w = 0.02 * torch.randn(256, cols, generator=gen)
+    codes, *_, loss, _ = reference_gptq(w.double(), h.double())
+    for inverse in ("cholesky_inverse", "triangular"):
+        got = gptq_quantize(w, h, inverse=inverse, ctx=cpu8)
+        assert (got.codes == codes).float().mean() > 0.995, inverse
+        assert got.loss == pytest.approx(loss, rel=5e-3), inverse
+    with pytest.raises(ValueError, match="inverse must be one of cholesky_inverse, triangular, got 'lu'"):
+        gptq_quantize(w, h, inverse="lu", ctx=cpu8)
+
+
 # Worlds on the reference BLAS, the fallback's library (tests/quant:gptq_engine_test runs
 # them on OpenBLAS's kernels: the machine's own and Haswell's).
 REFERENCE_BLAS = {"blas_library": "/usr/lib/x86_64-linux-gnu/blas/libblas.so.3",

@@ -183,6 +183,41 @@ TEST_F(Gptq, ResultsAreBitIdenticalAcrossWorldsOneToEight) {
   }
 }
 
+// The triangular inverse (ABI 1.11) makes the same U up to fp32 rounding: each layer's codes
+// equal the Cholesky inverse's but for near-ties, its loss within 0.1 %; and, like it,
+// whatever the world.
+TEST_F(Gptq, TheTriangularInverseAgreesWithTheCholeskyInverseInEveryWorld) {
+  std::vector<std::pair<std::vector<uint8_t>, double>> chain, first;
+  for (int world : {0, 1, 3, 8}) {  // 0: the Cholesky inverse, world 1
+    qlink_context* ctx = Make(8);
+    Block block;
+    auto specs = block.specs();
+    std::vector<int32_t> devices(std::max(world, 1));
+    for (size_t d = 0; d < devices.size(); ++d) devices[d] = static_cast<int32_t>((d + 5) % 8);
+    qlink_gptq_options o = Options();
+    o.inverse = world == 0 ? QLINK_GPTQ_INVERSE_CHOLESKY_INVERSE : QLINK_GPTQ_INVERSE_TRIANGULAR;
+    qlink_gptq_args args{
+        QLINK_GPTQ_ARGS_STRUCT_SIZE, &o, specs.data(), specs.size(), devices.data(), devices.size(), nullptr, 0};
+    ASSERT_EQ(api_.gptq_quantize(ctx, &args), QLINK_OK) << "world " << world << ": " << api_.last_error();
+    for (size_t i = 0; i < block.layers.size(); ++i) {
+      const LayerData& l = block.layers[i];
+      std::vector<uint8_t> codes(l.codes.bytes);
+      if (world == 0) {
+        chain.emplace_back(codes, specs[i].loss);
+      } else if (world == 1) {
+        first.emplace_back(l.outputs(), specs[i].loss);
+        size_t equal = 0;
+        for (size_t k = 0; k < codes.size(); ++k) equal += codes[k] == chain[i].first[k];
+        EXPECT_GE(equal, codes.size() * 99 / 100) << block.names[i];
+        EXPECT_NEAR(specs[i].loss, chain[i].second, 1e-3 * chain[i].second) << block.names[i];
+      } else {
+        EXPECT_EQ(l.outputs(), first[i].first) << "world " << world << ", " << block.names[i];
+        EXPECT_EQ(specs[i].loss, first[i].second) << "world " << world << ", " << block.names[i];
+      }
+    }
+  }
+}
+
 // The OpenBLAS kernels this target chose (QLINK_TEST_EXPECT_OPENBLAS_CORE, set by the BUILD
 // file with the OPENBLAS_CORETYPE that forces them) are the ones the engine's library runs:
 // the engine loads libopenblas.so.0 by name, and its kernels are chosen once per process.
@@ -286,6 +321,9 @@ TEST_F(Gptq, RefusalsNameTheArgumentAndWriteNothing) {
   o = Options(4, -1);
   o.act_group_aware = 1;
   refused(o, "options->act_group_aware needs a group_size, got -1");
+  o = Options();
+  o.inverse = static_cast<int32_t>(7);
+  refused(o, "options->inverse = 7 is not a qlink_gptq_inverse");
   {
     auto bad = specs;
     Matrix wrong(48, 48, kF32, 0);
@@ -320,6 +358,24 @@ TEST_F(Gptq, RefusalsNameTheArgumentAndWriteNothing) {
 
 // A host built against 1.4 passes options ending at nsamples: whatever lies beyond is not
 // read, so the group-aware order stays off.
+// A 1.5-sized struct reads no inverse: whatever follows it, the Cholesky inverse.
+TEST_F(Gptq, OptionsOfTheOneFiveSizeReadTheCholeskyInverse) {
+  qlink_context* ctx = Make(1);
+  std::vector<std::vector<uint8_t>> outputs;
+  for (auto [size, inverse] :
+       {std::pair{QLINK_GPTQ_OPTIONS_STRUCT_SIZE, 0}, std::pair{QLINK_GPTQ_OPTIONS_STRUCT_SIZE_1_5, 7}}) {
+    Block block;
+    auto specs = block.specs();
+    qlink_gptq_options o = Options();
+    o.struct_size = size;
+    o.inverse = inverse;
+    qlink_gptq_args args{QLINK_GPTQ_ARGS_STRUCT_SIZE, &o, specs.data(), specs.size(), nullptr, 0, nullptr, 0};
+    ASSERT_EQ(api_.gptq_quantize(ctx, &args), QLINK_OK) << api_.last_error();
+    outputs.push_back(block.layers[6].outputs());
+  }
+  EXPECT_EQ(outputs[1], outputs[0]);
+}
+
 TEST_F(Gptq, OptionsOfTheOneFourSizeReadNoGroupAwareOrder) {
   qlink_context* ctx = Make(1);
   std::vector<std::vector<uint8_t>> outputs;
@@ -371,10 +427,13 @@ TEST_F(Gptq, AutoIncrementRaisesTheDampUntilTheCholeskySucceeds) {
   std::mt19937 gen(1);
   Randn(layer.weight.f(), 8 * cols, gen);
   auto spec = layer.spec("w", h);
-  qlink_gptq_options o = Options(4, 32);
-  qlink_gptq_args args{QLINK_GPTQ_ARGS_STRUCT_SIZE, &o, &spec, 1, nullptr, 0, nullptr, 0};
-  ASSERT_EQ(api_.gptq_quantize(ctx, &args), QLINK_OK) << api_.last_error();
-  EXPECT_NEAR(spec.damp, 0.06, 1e-12);  // 0.01 .. 0.05 fail (0.05 * 0.967 < 0.05)
+  for (int32_t inverse : {QLINK_GPTQ_INVERSE_CHOLESKY_INVERSE, QLINK_GPTQ_INVERSE_TRIANGULAR}) {
+    qlink_gptq_options o = Options(4, 32);
+    o.inverse = inverse;
+    qlink_gptq_args args{QLINK_GPTQ_ARGS_STRUCT_SIZE, &o, &spec, 1, nullptr, 0, nullptr, 0};
+    ASSERT_EQ(api_.gptq_quantize(ctx, &args), QLINK_OK) << api_.last_error();
+    EXPECT_NEAR(spec.damp, 0.06, 1e-12) << inverse;  // 0.01 .. 0.05 fail (0.05 * 0.967 < 0.05)
+  }
 }
 
 TEST_F(Gptq, ConcurrentCallsFromManyThreads) {

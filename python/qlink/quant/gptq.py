@@ -5,14 +5,15 @@ import dataclasses
 
 import torch
 
-from .. import collectives
+from .. import _abi, collectives
 from ..defaults import default_context
 from ..streams import current_streams
 
 # The engine's options and their defaults (GPTQModel's), in one place: gptq_quantize's and
 # parallel_gptq's keyword arguments.
 DEFAULTS = dict(bits=4, group_size=128, sym=True, desc_act=False, static_groups=False, damp=0.01,
-                damp_auto_increment=0.01, nsamples=0, tf32=False, act_group_aware=False)
+                damp_auto_increment=0.01, nsamples=0, tf32=False, act_group_aware=False,
+                inverse="cholesky_inverse")
 
 
 @dataclasses.dataclass
@@ -41,11 +42,14 @@ def _options(**options):
     if unknown:
         raise TypeError("unknown GPTQ options %s (the options: %s)" % (unknown, ", ".join(DEFAULTS)))
     o = dict(DEFAULTS, **options)
+    if o["inverse"] not in _abi.GPTQ_INVERSES:
+        raise ValueError("inverse must be one of %s, got %r" % (", ".join(_abi.GPTQ_INVERSES), o["inverse"]))
     return {"bits": int(o["bits"]), "group_size": int(o["group_size"]), "sym": int(bool(o["sym"])),
             "desc_act": int(bool(o["desc_act"])), "static_groups": int(bool(o["static_groups"])),
             "tf32": int(bool(o["tf32"])), "damp": float(o["damp"]),
             "damp_auto_increment": float(o["damp_auto_increment"]),
-            "nsamples": float(o["nsamples"]), "act_group_aware": int(bool(o["act_group_aware"]))}
+            "nsamples": float(o["nsamples"]), "act_group_aware": int(bool(o["act_group_aware"])),
+            "inverse": _abi.GPTQ_INVERSES[o["inverse"]]}
 
 
 def group_count(columns, group_size):
@@ -100,7 +104,9 @@ def gptq_quantize(weight, hessian, ctx=None, device=None, **options):
     one group per row), sym, desc_act, static_groups, damp, damp_auto_increment, nsamples
     (the N behind the Hessian, which divides the reported loss as GPTQModel's avg_loss; 0:
     the undivided sum), tf32, act_group_aware (GPTQModel's group-aware reordering, its
-    default without desc_act)."""
+    default without desc_act), inverse (how H^-1's Cholesky factor is made:
+    "cholesky_inverse", GPTQModel's calls, or "triangular", a quarter of the flops and
+    the same factor to fp32 rounding; qlink.h's qlink_gptq_inverse)."""
     return parallel_gptq([GPTQLayer(weight, hessian, device=device)], None, ctx=ctx, **options)[0]
 
 
