@@ -252,7 +252,8 @@ def test_the_layer_solve_runs_through_qlinks_native_engine(host, engine_calls, s
     # One layer in one call; the engine's loss sum divided by the task's samples afterwards.
     assert engine_calls == [[dict(shape=(48, 256), dtype=torch.float32, bits=4, group_size=group_size, sym=sym,
                                   desc_act=False, static_groups=False, damp=0.05, damp_auto_increment=0.01,
-                                  nsamples=0, act_group_aware=False, ctx=host["ctx"])]]
+                                  nsamples=0, act_group_aware=False, inverse="cholesky_inverse",
+                                  ctx=host["ctx"])]]
     assert not hasattr(g, "H")  # done with, as the host's solve leaves it
     assert q.shape == own[0].shape and q.dtype == own[0].dtype and scales.shape == own[1].shape
     assert torch.equal(g_idx, own[3])
@@ -298,6 +299,24 @@ def test_group_aware_reordering_runs_through_qlinks_native_engine(host):
     assert adapter.counters()["seams"]["quantize"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
     assert torch.equal(q, want.weight) and torch.equal(scales, want.scales) and torch.equal(zeros, want.zeros)
     assert torch.equal(g_idx, torch.arange(256, dtype=torch.int32) // 32) and loss == want.loss
+
+
+def test_installs_inverse_reaches_the_engine(host):
+    """install(inverse="triangular") solves with the engine's triangular inverse: the same
+    as calling the engine with it on the merged Hessian; an unknown inverse is refused."""
+    import qlink.quant
+
+    qcfg = host["config"].QuantizeConfig(group_size=32)
+    adapter.install(ctx=host["ctx"], strict=True, inverse="triangular")
+    g = _task(host, qcfg)
+    g.finalize_hessian()
+    want = qlink.quant.gptq_quantize(g.module.weight.data, g.H.clone(), group_size=32, inverse="triangular",
+                                     damp=qcfg.damp_percent, nsamples=g.nsamples, ctx=host["ctx"])
+    q, scales, zeros, _, _, loss, _, _ = _task(host, qcfg).quantize()
+    assert adapter.counters()["seams"]["quantize"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
+    assert torch.equal(q, want.weight) and torch.equal(scales, want.scales) and loss == want.loss
+    with pytest.raises(ValueError, match="inverse must be one of cholesky_inverse, triangular, got 'lu'"):
+        adapter.install(ctx=host["ctx"], inverse="lu")
 
 
 @pytest.mark.parametrize("change, reason", [

@@ -123,7 +123,8 @@ _integration = Integration()
 
 
 def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pinned", switch_interval=None,
-            fixed_segments=True, hessian_precision="tensor", expert_stage=True, expert_budget=None):
+            fixed_segments=True, hessian_precision="tensor", inverse="cholesky_inverse", expert_stage=True,
+            expert_budget=None):
     """Routes this process's GPTQModel through qlink (see the module's docstring); a second
     install replaces the first.
 
@@ -144,6 +145,9 @@ def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pi
     (the default: on the tensor cores where the backend has them, IEEE elsewhere; its
     perplexity on a trained model is within calibration noise of GPTQModel's own, docs/HOSTS.md),
     "ieee_fp32", or None for the context config's hessian_precision.
+    inverse: how the engine makes each Hessian's inverse factor: "cholesky_inverse" (the
+    default: GPTQModel's own calls) or "triangular" (a quarter of the flops, the same factor
+    to fp32 rounding; qlink.quant.gptq_quantize).
     expert_stage: True (the default) runs an MoE block's expert subsets through qlink's owned
     stage (docs/MOE.md: 1.5x qlink's per-batch path on a Qwen3-30B-A3B layer, its losses within
     0.015 % of that path's); False leaves them to GPTQModel's forwards and qlink's add_batch.
@@ -155,8 +159,8 @@ def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pi
     naming each that moved); nothing is replaced otherwise."""
     uninstall()
     installation = GPTQModelInstallation(ctx or configure(config, library), strict, SEAMS, HOST, read_ahead,
-                                         switch_interval, fixed_segments, hessian_precision, expert_stage,
-                                         expert_budget)
+                                         switch_interval, fixed_segments, hessian_precision, inverse,
+                                         expert_stage, expert_budget)
     return _integration.install(installation).ctx
 
 

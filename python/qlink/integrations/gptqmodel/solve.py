@@ -57,7 +57,7 @@ def options_of(gptq):
             ("act_group_aware", bool(getattr(qcfg, "act_group_aware", False))))
 
 
-def solve(tasks, ctx, placement=None):
+def solve(tasks, ctx, placement=None, inverse="cholesky_inverse"):
     """GPTQ.quantize's result, (Q, scale, zero, g_idx, duration, avg_loss, damp, nsamples),
     for each task (finalize_hessian done; equal options_of, Hessians on one device) from one
     call of the native engine: each Hessian inverted once, tasks sharing one tensor (gate and
@@ -67,10 +67,11 @@ def solve(tasks, ctx, placement=None):
     division the engine makes for one layer). Raises the engine's error, or ValueError for a
     NaN loss (GPTQModel's own solve knows what to do then). placement: the devices the
     engine may spread the solves over (a qlink.quant.placement.Placement of ctx's; None:
-    each layer on its own device); the results do not depend on it."""
+    each layer on its own device); the results do not depend on it. inverse: the engine's
+    (qlink.quant.gptq_quantize)."""
     start = time.time()
     layers = [GPTQLayer(t.module.weight.data.to(t.H.device), t.H, name=t.name) for t in tasks]
-    outs = parallel_gptq(layers, placement, ctx=ctx, nsamples=0, **dict(options_of(tasks[0])))
+    outs = parallel_gptq(layers, placement, ctx=ctx, nsamples=0, inverse=inverse, **dict(options_of(tasks[0])))
     duration = (time.time() - start) / len(tasks)
     results = []
     for task, out in zip(tasks, outs):
