@@ -35,6 +35,7 @@
 #     archs      arch_table.py: GPTQModel alone and qlink strict on each architecture's small model
 #     archs_ref  arch_table.py --references on Qwen3 and Mixtral (alone reversed, alone in float64)
 #     trained    trained_model.py: the model trained on corpus/ and its quantizations' perplexity
+#                (TRAINED_VARIANTS: some of its variants, comma-separated)
 #     attn       attention_determinism.py: each SDPA backend's bytes over 12 fresh processes
 #     walks      finalize_walks.py: GPTQModel's per-module walks of the model at 2, 48, 94 MoE layers, qlink's lookups
 #     unwrap     check_unwrap.py: AutoRound's own unwrap of 128 experts one by one against qlink's stacked
@@ -46,6 +47,8 @@
 #     speed      GPTQModel alone at 2 and 4 layers and the 70B-shaped layer; qlink's defaults
 #                (install(strict=True), no other argument) at 2, 4 and 32 layers and the 70B layer;
 #                the defaults with a 1e-4 s switch interval at 2 and 4, then with ieee_fp32 Hessians
+#     inverse    gptq_inverse_bench.py (the engine's two inverses on 7B and 70B layers), then qlink's
+#                defaults with each at 2 and 4 layers and the 70B layer (speed_models first)
 #     divergence DIV_RUNS (15) 2-layer qlink ieee_fp32 runs (the divergence's likelier precision) with
 #                layer 0's o_proj inputs digested, compared by compare_runs.py (where a divergent run parts)
 #     moe_stage  the Qwen3-MoE models at MOE_LAYERS with the expert stage (install's default)
@@ -280,7 +283,8 @@ part_archs() {
 }
 part_trained() {  # issue 40: corpus/ is tools/pack.sh's (python3.11-doc's sources, corpus.py's split)
   local cwd=$hosts_dir
-  run trained 480 python3 trained_model.py --corpus "$P/corpus" --dir /tmp/trained --out "$out/trained.json"
+  run trained 480 python3 trained_model.py --corpus "$P/corpus" --dir /tmp/trained --out "$out/trained.json" \
+    ${TRAINED_VARIANTS:+--variants "$TRAINED_VARIANTS"}
 }
 part_archs_ref() {
   local cwd=$hosts_dir
@@ -327,6 +331,19 @@ part_speed() {
     gptqmodel_run speed_qlink${n}_ieee 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict \
       --precision ieee_fp32
   done
+}
+part_inverse() {  # the engine's two inverses alone, then in the loop with the defaults (speed_models first)
+  local n
+  run inverse_bench 240 python3 "$P/bench/gptq_inverse_bench.py" --library "$lib" --markdown "$out/inverse.md"
+  for n in 2 4; do
+    gptqmodel_run inv_chain$n 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict --defaults
+    gptqmodel_run inv_tri$n 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict --defaults \
+      --inverse triangular
+  done
+  gptqmodel_run inv70_chain 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \
+    --defaults
+  gptqmodel_run inv70_tri 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \
+    --defaults --inverse triangular
 }
 part_divergence() {
   local r

@@ -2,7 +2,8 @@
 machine: a byte-level BPE tokenizer and a LLaMA-architecture model (about 34 M parameters:
 hidden 512, 8 layers, intermediate 1408, 8 heads, vocab 8192) trained from a fixed seed on
 corpus.py's training text; its held-out perplexity in bf16; then each quantization of it in
-a gptqmodel_run.py process of its own (GPTQModel alone, qlink ieee_fp32, qlink tensor), at
+a gptqmodel_run.py process of its own (GPTQModel alone, qlink ieee_fp32, qlink tensor, qlink
+tensor with the triangular inverse; --variants picks some), at
 4-bit and 3-bit g128, each with two calibration seeds (the noise), and RTN (GPTQModel's
 symmetric min-max, no calibration); every quantized model's held-out perplexity from the
 solves' quant-dequantized weights written into a bf16 copy. Prints the table, writes JSON.
@@ -10,7 +11,8 @@ The quantizations after the first run --parallel at a time (quality is the point
 times share the GPU).
 
     python3 bench/hosts/trained_model.py --corpus CORPUS --dir WORK [--steps 1500]
-        [--samples 128] [--seqlen 512] [--bits 4,3] [--parallel 4] [--out RESULT.json]
+        [--samples 128] [--seqlen 512] [--bits 4,3] [--variants NAME,...] [--parallel 4]
+        [--out RESULT.json]
 
 CORPUS: corpus.py's output (train.txt, heldout.txt). Deterministic: seeded weights and
 batches, eager attention, torch's deterministic algorithms."""
@@ -27,7 +29,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SIZES = dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8,
              num_key_value_heads=8, vocab_size=8192, max_position_embeddings=1024)
 VARIANTS = {"GPTQModel alone": [], "qlink ieee_fp32": ["--qlink", "--strict", "--precision", "ieee_fp32"],
-            "qlink tensor": ["--qlink", "--strict", "--precision", "tensor"]}
+            "qlink tensor": ["--qlink", "--strict", "--precision", "tensor"],
+            "qlink tensor triangular": ["--qlink", "--strict", "--precision", "tensor", "--inverse", "triangular"]}
 
 
 def train_tokenizer(text_path, vocab):
@@ -159,7 +162,7 @@ def quantize(args, model_dir, calibration, bits, variant, seed):
 def quantizations(args, model_dir, calibrations, log):
     """Every (variant, bits, seed)'s run, the first alone (it builds GPTQModel's C++ packer),
     the rest --parallel at a time (their quantize_s are then shared-GPU times, not speeds)."""
-    jobs = [(variant, bits, seed) for bits in args.bits for variant in VARIANTS for seed in calibrations]
+    jobs = [(variant, bits, seed) for bits in args.bits for variant in args.variants for seed in calibrations]
 
     def one(job):
         variant, bits, seed = job
@@ -183,10 +186,15 @@ def main():
     a.add_argument("--samples", type=int, default=128)
     a.add_argument("--seqlen", type=int, default=512)
     a.add_argument("--bits", default="4,3")
+    a.add_argument("--variants", default=",".join(VARIANTS), help="of VARIANTS, comma-separated")
     a.add_argument("--parallel", type=int, default=4, help="quantization processes at once (after the first)")
     a.add_argument("--out")
     args = a.parse_args()
     args.bits = [int(b) for b in args.bits.split(",")]
+    args.variants = args.variants.split(",")
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        a.error("--variants: unknown %s (of %s)" % (unknown, ", ".join(VARIANTS)))
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     import torch
     torch.use_deterministic_algorithms(True, warn_only=True)
