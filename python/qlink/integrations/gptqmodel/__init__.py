@@ -123,8 +123,8 @@ _integration = Integration()
 
 
 def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pinned", switch_interval=None,
-            fixed_segments=True, hessian_precision="tensor", inverse="cholesky_inverse", expert_stage=True,
-            expert_budget=None):
+            fixed_segments=True, hessian_precision="tensor", inverse="cholesky_inverse", tf32=False,
+            expert_stage=True, expert_budget=None):
     """Routes this process's GPTQModel through qlink (see the module's docstring); a second
     install replaces the first.
 
@@ -147,7 +147,9 @@ def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pi
     "ieee_fp32", or None for the context config's hessian_precision.
     inverse: how the engine makes each Hessian's inverse factor: "cholesky_inverse" (the
     default: GPTQModel's own calls) or "triangular" (a quarter of the flops, the same factor
-    to fp32 rounding; qlink.quant.gptq_quantize).
+    to fp32 rounding; qlink.quant.gptq_quantize). tf32: True lets the engine's cross-block
+    updates (W -= E U, GPTQModel's fp32 matmul) run on TF32 tensor cores; False (the
+    default) keeps IEEE fp32, as GPTQModel runs them.
     expert_stage: True (the default) runs an MoE block's expert subsets through qlink's owned
     stage (docs/MOE.md: 1.5x qlink's per-batch path on a Qwen3-30B-A3B layer, its losses within
     0.015 % of that path's); False leaves them to GPTQModel's forwards and qlink's add_batch.
@@ -159,7 +161,7 @@ def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pi
     naming each that moved); nothing is replaced otherwise."""
     uninstall()
     installation = GPTQModelInstallation(ctx or configure(config, library), strict, SEAMS, HOST, read_ahead,
-                                         switch_interval, fixed_segments, hessian_precision, inverse,
+                                         switch_interval, fixed_segments, hessian_precision, inverse, tf32,
                                          expert_stage, expert_budget)
     return _integration.install(installation).ctx
 

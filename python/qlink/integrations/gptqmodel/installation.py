@@ -44,15 +44,15 @@ class _Host:
 
 class GPTQModelInstallation(Installation):
     def __init__(self, ctx, strict, seams, host_spec, read_ahead="pinned", switch_interval=None,
-                 fixed_segments=True, hessian_precision="tensor", inverse="cholesky_inverse", expert_stage=True,
-                 expert_budget=None):
+                 fixed_segments=True, hessian_precision="tensor", inverse="cholesky_inverse", tf32=False,
+                 expert_stage=True, expert_budget=None):
         if read_ahead not in READ_AHEAD:
             raise ValueError("read_ahead must be one of %s, got %r" % (READ_AHEAD, read_ahead))
         if hessian_precision not in HESSIAN_PRECISIONS:
             raise ValueError("hessian_precision must be one of %s, got %r" % (HESSIAN_PRECISIONS, hessian_precision))
         if inverse not in _abi.GPTQ_INVERSES:
             raise ValueError("inverse must be one of %s, got %r" % (", ".join(_abi.GPTQ_INVERSES), inverse))
-        for name, value in (("fixed_segments", fixed_segments), ("expert_stage", expert_stage)):
+        for name, value in (("fixed_segments", fixed_segments), ("tf32", tf32), ("expert_stage", expert_stage)):
             if not isinstance(value, bool):
                 raise ValueError("%s must be True or False, got %r" % (name, value))
         if expert_budget is not None and (not isinstance(expert_budget, int) or expert_budget <= 0):
@@ -60,7 +60,7 @@ class GPTQModelInstallation(Installation):
         self.switch_interval = check_interval(switch_interval)
         self.expert_stage, self.expert_budget = expert_stage, expert_budget
         self.fixed_segments = fixed_segments
-        self.inverse = inverse  # the engine's, for every solve
+        self.engine_options = {"inverse": inverse, "tf32": tf32}  # the engine's, for every solve
         super().__init__(ctx, strict, seams, host_spec)
         self.host = _Host(self.names)
         self.read_ahead = read_ahead

@@ -57,7 +57,7 @@ def options_of(gptq):
             ("act_group_aware", bool(getattr(qcfg, "act_group_aware", False))))
 
 
-def solve(tasks, ctx, placement=None, inverse="cholesky_inverse"):
+def solve(tasks, ctx, placement=None, engine_options=None):
     """GPTQ.quantize's result, (Q, scale, zero, g_idx, duration, avg_loss, damp, nsamples),
     for each task (finalize_hessian done; equal options_of, Hessians on one device) from one
     call of the native engine: each Hessian inverted once, tasks sharing one tensor (gate and
@@ -67,11 +67,12 @@ def solve(tasks, ctx, placement=None, inverse="cholesky_inverse"):
     division the engine makes for one layer). Raises the engine's error, or ValueError for a
     NaN loss (GPTQModel's own solve knows what to do then). placement: the devices the
     engine may spread the solves over (a qlink.quant.placement.Placement of ctx's; None:
-    each layer on its own device); the results do not depend on it. inverse: the engine's
-    (qlink.quant.gptq_quantize)."""
+    each layer on its own device); the results do not depend on it. engine_options: the
+    engine's own (inverse, tf32: qlink.quant.gptq_quantize), as install() sets them."""
     start = time.time()
     layers = [GPTQLayer(t.module.weight.data.to(t.H.device), t.H, name=t.name) for t in tasks]
-    outs = parallel_gptq(layers, placement, ctx=ctx, nsamples=0, inverse=inverse, **dict(options_of(tasks[0])))
+    outs = parallel_gptq(layers, placement, ctx=ctx, nsamples=0, **dict(options_of(tasks[0])),
+                         **(engine_options or {}))
     duration = (time.time() - start) / len(tasks)
     results = []
     for task, out in zip(tasks, outs):

@@ -69,7 +69,7 @@ class SolveAhead:
                     for t in siblings:
                         t.finalize_hessian(target_device=getattr(t.module, "target_device", None))
                     placement = self._spread(gptq)
-                    results = solve(batch, ctx, placement, self.installation.inverse)
+                    results = solve(batch, ctx, placement, self.installation.engine_options)
                 except Exception as error:  # noqa: BLE001 (each task then solves alone, as before)
                     self._counts["refused"] += 1
                     if "out of memory" in str(error).lower():
@@ -85,7 +85,7 @@ class SolveAhead:
                         self._seen.pop(id(t), None)
                         self._solved[t] = _Solved(t.H, t.nsamples, result)
                     return results[0]
-            result = solve([gptq], ctx, inverse=self.installation.inverse)[0]
+            result = solve([gptq], ctx, engine_options=self.installation.engine_options)[0]
             self._count([gptq])
             return result
 
