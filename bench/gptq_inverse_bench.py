@@ -13,6 +13,7 @@ solve_triangular against the identity, the engine's trtri being cuSOLVER's).
 --shapes (default: the GPU's, too slow there).
 """
 import argparse
+import functools
 import os
 import sys
 
@@ -74,8 +75,8 @@ def main():
         w = (0.02 * torch.randn(rows, cols, device=args.device, generator=gen)).bfloat16()
         times, results = {}, {}
         for inverse in INVERSES:  # median_s warms up first: the engine's scratch pool, the libraries' handles
-            results[inverse], times[inverse] = median_s(lambda: gptq_quantize(w, h, ctx=ctx, inverse=inverse),
-                                                        args.reps)
+            results[inverse], times[inverse] = median_s(
+                functools.partial(gptq_quantize, w, h, ctx=ctx, inverse=inverse), args.reps)
         a, b = results["cholesky_inverse"], results["triangular"]
         alike = (a.codes == b.codes).float().mean().item() * 100
         lines.append("| %s (%d x %d) | %.1f ms | %.1f ms | %.2fx | %.3f %% | %.6f |" % (

@@ -48,7 +48,8 @@
 #                (install(strict=True), no other argument) at 2, 4 and 32 layers and the 70B layer;
 #                the defaults with a 1e-4 s switch interval at 2 and 4, then with ieee_fp32 Hessians
 #     inverse    gptq_inverse_bench.py (the engine's two inverses on 7B and 70B layers), then qlink's
-#                defaults with each at 2 and 4 layers and the 70B layer (speed_models first)
+#                defaults with each at 2 and 4 layers and the 70B layer, then with the triangular
+#                inverse and TF32 cross-block updates (speed_models first)
 #     divergence DIV_RUNS (15) 2-layer qlink ieee_fp32 runs (the divergence's likelier precision) with
 #                layer 0's o_proj inputs digested, compared by compare_runs.py (where a divergent run parts)
 #     moe_stage  the Qwen3-MoE models at MOE_LAYERS with the expert stage (install's default)
@@ -344,6 +345,12 @@ part_inverse() {  # the engine's two inverses alone, then in the loop with the d
     --defaults
   gptqmodel_run inv70_tri 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \
     --defaults --inverse triangular
+  for n in 2 4; do
+    gptqmodel_run inv_tf32_$n 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict --defaults \
+      --inverse triangular --tf32
+  done
+  gptqmodel_run inv70_tf32 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \
+    --defaults --inverse triangular --tf32
 }
 part_divergence() {
   local r
