@@ -13,7 +13,7 @@ instead of running the host's code."""
 from ...defaults import configure
 from ..base import HostSpec, Integration
 from ..seams import Seam, SeamTable
-from . import expert_stage, gptq, looper_helpers, model_moves, module_looper, qlinear
+from . import attention_outputs, expert_stage, gptq, looper_helpers, model_moves, module_looper, qlinear
 from .defuser_moe import make_run_routed_experts
 from .installation import GPTQModelInstallation
 
@@ -31,6 +31,10 @@ _TASK_STATE = [_GPTQ + name for name in (
 
 def _reading_ahead(installation):
     return installation.read_ahead != "off"
+
+
+def _keeping_attention(installation):
+    return installation.keep_attention
 
 
 def _routed(installation, original):
@@ -66,6 +70,13 @@ SEAMS = SeamTable("gptqmodel", [
          when=_reading_ahead,
          reads=[_STRUCTURE + "_get_qualified_name", _STRUCTURE + "LazyTurtle._resolve_checkpoint_module_path",
                 _STRUCTURE + "LazyTurtle._weight_map", _STRUCTURE + "LazyTurtle.model_local_path"]),
+    Seam("gptqmodel.models.base:BaseQModel.pre_quantize", "attention_outputs",
+         "a layer made ready for its subsets, whose forwards each run its attention block again: the block's "
+         "outputs kept while its inputs and weights stay (a copy returned, bit for bit)",
+         ["attention_outputs"], attention_outputs.make_pre_quantize, when=_keeping_attention),
+    Seam("gptqmodel.models.base:BaseQModel.post_quantize", "attention_outputs",
+         "the finished layer's move to the CPU: the kept outputs dropped first", ["attention_outputs"],
+         attention_outputs.make_post_quantize, when=_keeping_attention),
     Seam(_LOOPER + "loop", "module_looper", "the layer loop, run inside the process settings install() asks for",
          ["switch_interval", "fixed_segments"], module_looper.make_loop),
     Seam(_LOOPER + "cache_inputs", "module_looper",
@@ -124,7 +135,7 @@ _integration = Integration()
 
 def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pinned", switch_interval=None,
             fixed_segments=True, hessian_precision="tensor", inverse="cholesky_inverse", tf32=False,
-            expert_stage=True, expert_budget=None):
+            attention_outputs=True, expert_stage=True, expert_budget=None):
     """Routes this process's GPTQModel through qlink (see the module's docstring); a second
     install replaces the first.
 
@@ -150,6 +161,10 @@ def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pi
     to fp32 rounding; qlink.quant.gptq_quantize). tf32: True lets the engine's cross-block
     updates (W -= E U, GPTQModel's fp32 matmul) run on TF32 tensor cores; False (the
     default) keeps IEEE fp32, as GPTQModel runs them.
+    attention_outputs: True (the default, where the forwards run on one device) keeps each
+    layer's attention block outputs across the layer's forwards while its inputs and weights
+    stay the same, and returns copies of them instead of running the block again (the same
+    bytes; attention_outputs.py); False runs the block in every forward.
     expert_stage: True (the default) runs an MoE block's expert subsets through qlink's owned
     stage (docs/MOE.md: 1.5x qlink's per-batch path on a Qwen3-30B-A3B layer, its losses within
     0.015 % of that path's); False leaves them to GPTQModel's forwards and qlink's add_batch.
@@ -162,7 +177,7 @@ def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pi
     uninstall()
     installation = GPTQModelInstallation(ctx or configure(config, library), strict, SEAMS, HOST, read_ahead,
                                          switch_interval, fixed_segments, hessian_precision, inverse, tf32,
-                                         expert_stage, expert_budget)
+                                         attention_outputs, expert_stage, expert_budget)
     return _integration.install(installation).ctx
 
 

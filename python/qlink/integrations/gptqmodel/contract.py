@@ -1,7 +1,7 @@
 """The GPTQModel rules qlink's seams restate, each pinned to the host function it copies
 (qlink.integrations.contracts): what a batch, a merge and a solve leave on a GPTQ task,
-what GPTQModel's clone does to each replica, and what a module's finalize reads of the
-model's walks."""
+what GPTQModel's clone does to each replica, what a module's finalize reads of the
+model's walks, and how a processor hands over a quantized weight."""
 from ..contracts import Contract
 
 CONTRACT = Contract("GPTQModel")
@@ -74,3 +74,10 @@ def leads_to(root, path, module):
     """Whether `path` names `module` under `root` as get_module_fullname and
     _get_qualified_name would: the dotted path of its children to a module held at one place."""
     return along(root, path) is module
+
+
+@CONTRACT.copies("gptqmodel/looper/gptq_processor.py", "GPTQProcessor.process", "1b079f9786cc69ef")
+def replaces_weights(processor, gptq_processor):
+    """Whether `processor` hands each quantized weight over as a new tensor
+    (GPTQProcessor.process ends module.weight.data = wq), never writing a weight in place."""
+    return type(processor) is gptq_processor

@@ -10,6 +10,7 @@ from ... import _abi
 from ...quant.hessian import HessianAccumulator
 from ..base import Installation
 from ..process_settings import check_interval
+from .attention_outputs import AttentionOutputs
 from .expert_stage import ExpertCounts
 from .finalize_lookups import FinalizeLookups
 from .qualified_names import QualifiedNames
@@ -45,14 +46,15 @@ class _Host:
 class GPTQModelInstallation(Installation):
     def __init__(self, ctx, strict, seams, host_spec, read_ahead="pinned", switch_interval=None,
                  fixed_segments=True, hessian_precision="tensor", inverse="cholesky_inverse", tf32=False,
-                 expert_stage=True, expert_budget=None):
+                 attention_outputs=True, expert_stage=True, expert_budget=None):
         if read_ahead not in READ_AHEAD:
             raise ValueError("read_ahead must be one of %s, got %r" % (READ_AHEAD, read_ahead))
         if hessian_precision not in HESSIAN_PRECISIONS:
             raise ValueError("hessian_precision must be one of %s, got %r" % (HESSIAN_PRECISIONS, hessian_precision))
         if inverse not in _abi.GPTQ_INVERSES:
             raise ValueError("inverse must be one of %s, got %r" % (", ".join(_abi.GPTQ_INVERSES), inverse))
-        for name, value in (("fixed_segments", fixed_segments), ("tf32", tf32), ("expert_stage", expert_stage)):
+        for name, value in (("fixed_segments", fixed_segments), ("tf32", tf32),
+                            ("attention_outputs", attention_outputs), ("expert_stage", expert_stage)):
             if not isinstance(value, bool):
                 raise ValueError("%s must be True or False, got %r" % (name, value))
         if expert_budget is not None and (not isinstance(expert_budget, int) or expert_budget <= 0):
@@ -72,6 +74,9 @@ class GPTQModelInstallation(Installation):
         self.expert_counts = ExpertCounts()  # the expert stage's blocks, experts and rows
         self.lookups = FinalizeLookups(self.counters, self.host.supported_types)  # finalizes' own paths
         self.paths = QualifiedNames(self.counters, self.host.qualified_name)  # the fills' module names, indexed
+        # A layer's attention outputs kept across its forwards, where they run on one device.
+        self.keep_attention = attention_outputs and torch.cuda.device_count() <= 1
+        self.attention = AttentionOutputs(self.counters)
         pin = read_ahead == "pinned" and not ctx.cpu_memory and torch.cuda.is_available()
         self.prefetch = LayerPrefetch(self.host.safe_open, pin, self.counters, self.guard)
         # Each sample's tokens where the loop's cache holds grouped one-sample batches
@@ -84,6 +89,7 @@ class GPTQModelInstallation(Installation):
         finally:
             self.prefetch.close()
             self.packs.clear()
+            self.attention.detach_all()
 
     @property
     def grouped(self):
