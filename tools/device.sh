@@ -50,6 +50,8 @@
 #     inverse    gptq_inverse_bench.py (the engine's two inverses on 7B and 70B layers), then qlink's
 #                defaults with each at 2 and 4 layers and the 70B layer, then with the triangular
 #                inverse and TF32 cross-block updates (speed_models first)
+#     attention  qlink's defaults (the attention outputs kept) against --attention-outputs off at 2 and 4
+#                7B layers and the 70B layer: the same digests, the time each buys (speed_models first)
 #     divergence DIV_RUNS (15) 2-layer qlink ieee_fp32 runs (the divergence's likelier precision) with
 #                layer 0's o_proj inputs digested, compared by compare_runs.py (where a divergent run parts)
 #     moe_stage  the Qwen3-MoE models at MOE_LAYERS with the expert stage (install's default)
@@ -351,6 +353,18 @@ part_inverse() {  # the engine's two inverses alone, then in the loop with the d
   done
   gptqmodel_run inv70_tf32 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \
     --defaults --inverse triangular --tf32
+}
+part_attention() {  # the attention outputs kept (install's default) against not, same digests (speed_models first)
+  local n
+  for n in 2 4; do
+    gptqmodel_run attn_on$n 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict --defaults
+    gptqmodel_run attn_off$n 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict --defaults \
+      --attention-outputs off
+  done
+  gptqmodel_run attn70_on 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \
+    --defaults
+  gptqmodel_run attn70_off 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \
+    --defaults --attention-outputs off
 }
 part_divergence() {
   local r
