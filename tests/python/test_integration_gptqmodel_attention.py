@@ -167,7 +167,13 @@ def test_the_block_is_run_once_after_its_quantization_and_the_bytes_stay(host):
     batches = _batches()
     seen, outputs, _ = _stage(host, _layer(), batches)
     adapter.install(ctx=host["ctx"], strict=True)
-    kept_seen, kept_outputs, layer = _stage(host, _layer(), batches)
+    hooked = []
+
+    def between(index, layer):  # the layer's children are listed as they run; nothing inside them is hooked
+        hooked.append(([name for name, m in layer.named_modules() if m._forward_pre_hooks]))
+
+    kept_seen, kept_outputs, layer = _stage(host, _layer(), batches, between)
+    assert hooked == [["mlp", "input_layernorm", "post_attention_layernorm"]] * len(SUBSETS)
     _same(kept_seen, seen)
     _same(kept_outputs, outputs)
     counts = adapter.counters()["seams"]["attention_outputs"]
@@ -223,6 +229,29 @@ class CachedLayer(DecoderLayer):
         h = hidden_states + self.self_attn(hidden_states=self.input_layernorm(hidden_states), cache=cache,
                                            position_embeddings=position_embeddings, attention_mask=attention_mask)[0]
         return (h + self.mlp(self.post_attention_layernorm(h)),)
+
+
+class TwiceLayer(DecoderLayer):
+    """A layer calling its block twice, on hidden states a parameter-free step apart."""
+
+    def forward(self, hidden_states, attention_mask=None, position_embeddings=None, use_cache=False):
+        h = self.input_layernorm(hidden_states)
+        for scale in (1.0, 0.5):
+            h = h + self.self_attn(hidden_states=h * scale, position_embeddings=position_embeddings,
+                                   attention_mask=attention_mask)[0]
+        return (h + self.mlp(self.post_attention_layernorm(h)),)
+
+
+def test_a_block_called_twice_in_a_layer_keeps_each_calls_output(host):
+    batches = _batches()
+    torch.manual_seed(0)
+    seen, outputs, _ = _stage(host, TwiceLayer(), batches)
+    adapter.install(ctx=host["ctx"], strict=True)
+    torch.manual_seed(0)
+    kept_seen, kept_outputs, _ = _stage(host, TwiceLayer(), batches)
+    _same(kept_seen, seen)
+    _same(kept_outputs, outputs)
+    assert adapter.counters()["seams"]["attention_outputs"]["qlink"] == 2 * 2 * BATCHES
 
 
 def test_a_block_given_a_cache_object_runs_every_time(host):

@@ -11,11 +11,12 @@ depends on changed; otherwise the block runs (and its new output is recorded).
 
 Invariant, what "nothing changed" means: the same layer call (every tensor the layer is
 given, and every one the block is given but its hidden states, is the same tensor: GPTQModel
-replays its cached batches), the same modules ran before the block in the layer, with the
-same parameters and buffers (the same tensors at the same address and version), the block's
-own likewise, no hook on or in the block (a subset being calibrated), autograd off. The
-block's hidden states are a function of the layer's input and the modules that ran before
-it, so its output is the record's, bit for bit. A weight written in place keeps its
+replays its cached batches; the block's n-th call in it), the same children of the layer
+run before the block, with the same parameters and buffers (the same tensors at the same
+address and version), the block's own likewise, no hook on or in the block (a subset being
+calibrated), no argument holding state of its own, autograd off. The block's hidden states
+are a function of the layer's input and the children that ran before it, so its output is
+the record's, bit for bit. A weight written in place keeps its
 address: only its version says so, and GPTQModel's loop runs in inference mode, where
 tensors keep none. So outputs are kept only inside a loop whose processors are all
 GPTQProcessor, which replaces a quantized module's weight tensor (AWQ's and QQQ's write in
@@ -116,12 +117,11 @@ class _Layer:
         block.forward = types.MethodType(_block_forward, block)
 
     def track(self):
-        """The layer's modules outside the block that hold tensors, each hooked to be listed
-        as it runs (GPTQModel swaps the linears after pre_quantize: hooked at each call)."""
-        inside = {id(m) for m in self.block.modules()}
-        modules = [m for m in self.layer.modules() if m is not self.layer and id(m) not in inside
-                   and (next(m.parameters(recurse=False), None) is not None
-                        or next(m.buffers(recurse=False), None) is not None)]
+        """The layer's children but the block that hold tensors, each hooked to be listed as
+        it runs (checked at each call: a child may be swapped after pre_quantize). Children
+        only: hooks on an MoE block's experts would keep its grouped paths off."""
+        modules = [m for m in self.layer.children() if m is not self.block
+                   and (next(m.parameters(), None) is not None or next(m.buffers(), None) is not None)]
         if tuple(map(id, modules)) != self.tracked:
             self.untrack()
             hook = _Ran(self.outputs)
@@ -167,7 +167,7 @@ class AttentionOutputs:
     def __init__(self, counters):
         self.counters = counters
         self.attached, self.blocks = {}, {}  # id(layer) / id(block) -> _Layer
-        self.local = threading.local()  # this thread's layer call: (_Layer, its key, modules run)
+        self.local = threading.local()  # this thread's layer call: (_Layer, its key, modules run, [block calls])
         self.refusal = "outside GPTQModel's layer loop"  # why no layer is attached now, or None
 
     @contextlib.contextmanager
@@ -209,7 +209,7 @@ class AttentionOutputs:
     def layer_call(self, attached, args, kwargs):
         attached.track()
         previous = getattr(self.local, "current", None)
-        self.local.current = (attached, _keys(nested_tensors((args, kwargs))), [])
+        self.local.current = (attached, _keys(nested_tensors((args, kwargs))), [], [0])
         try:
             return attached.layer_forward(*args, **kwargs)
         finally:
@@ -236,8 +236,9 @@ class AttentionOutputs:
         if reason:
             self.counters.host(PATCH, reason)
             return attached.block_forward(*args, **kwargs)
-        key = current[1] + _keys(nested_tensors(others))
-        signature = (_signature(tuple(current[2]), recurse=False), _signature(tuple(attached.block.modules()), False))
+        current[3][0] += 1  # the block's n-th call in this layer call: a layer may call it twice
+        key = current[1] + (current[3][0],) + _keys(nested_tensors(others))
+        signature = (_signature(tuple(current[2]), recurse=True), _signature(tuple(attached.block.modules()), False))
         if _hooked(attached.block):
             self.counters.host(PATCH, "a hook on the block (its subset's forward)")
             return attached.block_forward(*args, **kwargs)
