@@ -51,7 +51,8 @@
 #                defaults with each at 2 and 4 layers and the 70B layer, then with the triangular
 #                inverse and TF32 cross-block updates (speed_models first)
 #     attention  qlink's defaults (the attention outputs kept) against --attention-outputs off at 2 and 4
-#                7B layers and the 70B layer: the same digests, the time each buys (speed_models first)
+#                7B layers and the 70B layer: the same digests, the time each buys; the defaults at
+#                32 layers (speed_models first)
 #     divergence DIV_RUNS (15) 2-layer qlink ieee_fp32 runs (the divergence's likelier precision) with
 #                layer 0's o_proj inputs digested, compared by compare_runs.py (where a divergent run parts)
 #     moe_stage  the Qwen3-MoE models at MOE_LAYERS with the expert stage (install's default)
@@ -66,7 +67,7 @@
 #     breakdown  GPTQModel alone with each of qlink's process settings (gc, switch, segments) at
 #                2 and 4 layers; AutoRound alone with each (AR_ITERS)
 #   Groups: gpu, hosts, issue20 (moe_check moe_solve moe), issue22 (ar ar0), issue23 (hprec loop loop_slope),
-#   ar_moe (ar_moe_host ar_moe_qlink ar_moe_grouped)
+#   ar_moe (ar_moe_host ar_moe_qlink ar_moe_grouped), issue40 (speed_models attention inverse)
 # Environment: BUDGET (seconds for the whole run, 540 by default, 0 for none: a command's
 # limit is cut to what is left, and one with less than 10 s left is skipped, so the archive is
 # always made), DRY_RUN=1 (say each command, run none), KEEP_RAW=0 (remove OUTDIR once packed),
@@ -91,6 +92,7 @@ declare -A groups=(
   [issue22]="ar ar0"
   [issue23]="hprec loop loop_slope"
   [ar_moe]="ar_moe_host ar_moe_qlink ar_moe_grouped"
+  [issue40]="speed_models attention inverse"
 )
 
 lib=$P/python/qlink/lib/libqlink.so
@@ -361,6 +363,7 @@ part_attention() {  # the attention outputs kept (install's default) against not
     gptqmodel_run attn_off$n 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict --defaults \
       --attention-outputs off
   done
+  gptqmodel_run attn_on32 300 --model /tmp/llama7b-32layers --layers 32 --qlink --strict --defaults
   gptqmodel_run attn70_on 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \
     --defaults
   gptqmodel_run attn70_off 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \
