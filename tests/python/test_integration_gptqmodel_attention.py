@@ -277,7 +277,7 @@ def test_outputs_are_kept_only_under_gptqs_processor(host):
     _stage(host, _layer(), _batches(), processors=[host["gptq_processor"].GPTQProcessor(), AWQProcessor()])
     counts = adapter.counters()["seams"]["attention_outputs"]
     assert counts["qlink"] == 0
-    assert counts["reasons"] == {"processors that may write weights in place (AWQProcessor)": 1}
+    assert counts["reasons"] == {"processors other than GPTQ's (AWQProcessor)": 1}
 
 
 def test_a_copy_of_an_attached_layer_runs_its_own_block(host):

@@ -13,7 +13,7 @@ instead of running the host's code."""
 from ...defaults import configure
 from ..base import HostSpec, Integration
 from ..seams import Seam, SeamTable
-from . import attention_outputs, expert_stage, gptq, looper_helpers, model_moves, module_looper, qlinear
+from . import attention_outputs, expert_stage, gptq, hooked_linear, looper_helpers, model_moves, module_looper, qlinear
 from .defuser_moe import make_run_routed_experts
 from .installation import GPTQModelInstallation
 
@@ -35,6 +35,10 @@ def _reading_ahead(installation):
 
 def _keeping_attention(installation):
     return installation.keep_attention
+
+
+def _stopping_products(installation):
+    return installation.stopped_products
 
 
 def _routed(installation, original):
@@ -77,6 +81,13 @@ SEAMS = SeamTable("gptqmodel", [
     Seam("gptqmodel.models.base:BaseQModel.post_quantize", "attention_outputs",
          "the finished layer's move to the CPU: the kept outputs dropped first", ["attention_outputs"],
          attention_outputs.make_post_quantize, when=_keeping_attention),
+    Seam("gptqmodel.nn_modules.hooked_linear:HookedLinear.forward", "hooked_linear",
+         "a subset forward's last hooked linear computing its product, which only its hook sees (GPTQ's reads "
+         "the input alone) before StopForward: the product left uncomputed", ["stopped_products"],
+         hooked_linear.make_forward, when=_stopping_products,
+         reads=["gptqmodel.nn_modules.hooked_linear:" + name for name in (
+             "_materialize_if_meta_weight", "emit_device_telemetry", "apply_online_hadamard",
+             "STOP_FORWARD_EXCEPTION")]),
     Seam(_LOOPER + "loop", "module_looper", "the layer loop, run inside the process settings install() asks for",
          ["switch_interval", "fixed_segments"], module_looper.make_loop),
     Seam(_LOOPER + "cache_inputs", "module_looper",
@@ -135,7 +146,7 @@ _integration = Integration()
 
 def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pinned", switch_interval=None,
             fixed_segments=True, hessian_precision="tensor", inverse="cholesky_inverse", tf32=False,
-            attention_outputs=True, expert_stage=True, expert_budget=None):
+            attention_outputs=True, stopped_products=True, expert_stage=True, expert_budget=None):
     """Routes this process's GPTQModel through qlink (see the module's docstring); a second
     install replaces the first.
 
@@ -165,6 +176,9 @@ def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pi
     layer's attention block outputs across the layer's forwards while its inputs and weights
     stay the same, and returns copies of them instead of running the block again (the same
     bytes; attention_outputs.py); False runs the block in every forward.
+    stopped_products: True (the default) leaves uncomputed the product of each subset
+    forward's last hooked linear, which only GPTQ's hook sees (it reads the input alone)
+    before the forward stops (hooked_linear.py); False computes it as GPTQModel does.
     expert_stage: True (the default) runs an MoE block's expert subsets through qlink's owned
     stage (docs/MOE.md: 1.5x qlink's per-batch path on a Qwen3-30B-A3B layer, its losses within
     0.015 % of that path's); False leaves them to GPTQModel's forwards and qlink's add_batch.
@@ -177,7 +191,7 @@ def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pi
     uninstall()
     installation = GPTQModelInstallation(ctx or configure(config, library), strict, SEAMS, HOST, read_ahead,
                                          switch_interval, fixed_segments, hessian_precision, inverse, tf32,
-                                         attention_outputs, expert_stage, expert_budget)
+                                         attention_outputs, stopped_products, expert_stage, expert_budget)
     return _integration.install(installation).ctx
 
 

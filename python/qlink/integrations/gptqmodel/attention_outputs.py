@@ -20,9 +20,8 @@ the record's, bit for bit. A weight written in place keeps its
 address: only its version says so, and GPTQModel's loop runs in inference mode, where
 tensors keep none. So outputs are kept only inside a loop whose processors are all
 GPTQProcessor, which replaces a quantized module's weight tensor (AWQ's and QQQ's write in
-place). Each layer's records stay within a quarter of its GPU's free memory. Off where the
+place; GPTQLoop). Each layer's records stay within a quarter of its GPU's free memory. Off where the
 forwards run on replicas (more than one GPU)."""
-import contextlib
 import itertools
 import threading
 import types
@@ -31,7 +30,6 @@ import torch
 
 from ...moves import map_nested, nested_tensors
 from ..patches import like
-from .contract import replaces_weights
 
 PATCH = "attention_outputs"
 BLOCK_NAMES = ("self_attn", "attn", "self_attention", "attention")  # the decoder layers' attention child
@@ -168,23 +166,11 @@ class AttentionOutputs:
         self.counters = counters
         self.attached, self.blocks = {}, {}  # id(layer) / id(block) -> _Layer
         self.local = threading.local()  # this thread's layer call: (_Layer, its key, modules run, [block calls])
-        self.refusal = "outside GPTQModel's layer loop"  # why no layer is attached now, or None
 
-    @contextlib.contextmanager
-    def loop(self, processors, gptq_processor):
-        """Inside GPTQModel's layer loop with these processors; every layer detached after."""
-        others = sorted({type(p).__name__ for p in processors if not replaces_weights(p, gptq_processor)})
-        self.refusal = ("processors that may write weights in place (%s)" % ", ".join(others) if others
-                        else None)
-        try:
-            yield
-        finally:
-            self.refusal = "outside GPTQModel's layer loop"
-            self.detach_all()
-
-    def attach(self, layer):
-        if self.refusal:
-            self.counters.host(PATCH, self.refusal)
+    def attach(self, layer, refusal):
+        """`layer`'s block kept from now on, unless `refusal` (the loop's, GPTQLoop) says why not."""
+        if refusal:
+            self.counters.host(PATCH, refusal)
             return
         block = attention_block(layer)
         if block is None:
@@ -263,7 +249,7 @@ def make_pre_quantize(installation, original):
     @like(original)
     def pre_quantize(model, module):
         module = original(model, module)
-        installation.attention.attach(module)
+        installation.attention.attach(module, installation.loop.refusal)
         return module
     return pre_quantize
 

@@ -1,7 +1,10 @@
 """The GPTQModel rules qlink's seams restate, each pinned to the host function it copies
 (qlink.integrations.contracts): what a batch, a merge and a solve leave on a GPTQ task,
 what GPTQModel's clone does to each replica, what a module's finalize reads of the
-model's walks, and how a processor hands over a quantized weight."""
+model's walks, how a processor hands over a quantized weight, and a stopped subset's last
+hooked linear."""
+import torch
+
 from ..contracts import Contract
 
 CONTRACT = Contract("GPTQModel")
@@ -81,3 +84,31 @@ def replaces_weights(processor, gptq_processor):
     """Whether `processor` hands each quantized weight over as a new tensor
     (GPTQProcessor.process ends module.weight.data = wq), never writing a weight in place."""
     return type(processor) is gptq_processor
+
+
+@CONTRACT.copies("gptqmodel/nn_modules/hooked_linear.py", "HookedLinear.forward", "d72dd006ed178123")
+@CONTRACT.copies("gptqmodel/looper/gptq_processor.py", "GPTQProcessor.pre_process_fwd_hook", "377025596dd78bff")
+@CONTRACT.copies("gptqmodel/looper/module_looper.py", "ModuleLooper._masked_hook_wrapper", "d5bac28873e72ba0")
+@CONTRACT.copies(_GPTQ, "GPTQ.add_batch", "38de3a24afaebb90")
+def stopped_forward(module, input, helpers):
+    """HookedLinear.forward of a subset's last hooked module (forward_hook_last), whose output
+    only its hook sees before StopForward drops it: GPTQ's hook (masked, or split by
+    sample) hands it to add_batch, which reads the input alone. The same steps, the product
+    an uncomputed tensor of its shape and dtype. helpers: hooked_linear's names by name."""
+    original_device = input.device
+    helpers["_materialize_if_meta_weight"](module, input_device=original_device)
+    target_device = module.weight.data.device
+    name = getattr(module, "module_name", None) or getattr(module, "full_name", None) or getattr(
+        module, "name", None) or "unknown"
+    helpers["emit_device_telemetry"]("hooked_linear_forward", module=name, weight_device=target_device,
+                                     input_device=original_device)
+    if original_device != target_device:
+        input = input.to(device=target_device)
+    input = helpers["apply_online_hadamard"](
+        input, online_full_had=getattr(module, "online_full_had", False),
+        online_partial_had=getattr(module, "online_partial_had", False), had_K=getattr(module, "had_K", None),
+        K=getattr(module, "K", 1), had_dim=getattr(module, "had_dim", -1))
+    output = input.new_empty(input.shape[:-1] + (module.out_features,),
+                             dtype=torch.promote_types(input.dtype, module.weight.dtype))
+    module.forward_hook(module, (input,), output)
+    raise helpers["STOP_FORWARD_EXCEPTION"].with_traceback(None)

@@ -2,6 +2,7 @@
 its seams share (the Hessian accumulator and queue, the solve-ahead, the layer prefetch,
 the packs made ahead, the grouped batches' sample length, the expert stage's counts, the
 finalizes' lookups, the modules' names indexed) and the installation's settings."""
+import contextlib
 import importlib
 
 import torch
@@ -11,6 +12,7 @@ from ...quant.hessian import HessianAccumulator
 from ..base import Installation
 from ..process_settings import check_interval
 from .attention_outputs import AttentionOutputs
+from .contract import replaces_weights
 from .expert_stage import ExpertCounts
 from .finalize_lookups import FinalizeLookups
 from .qualified_names import QualifiedNames
@@ -39,14 +41,39 @@ class _Host:
         self.qualified_name = names["gptqmodel.utils.structure:_get_qualified_name"]
         self.safe_open = names["gptqmodel.utils.structure:safe_open"]
         self.supported_types = names["gptqmodel.utils.model:SUPPORTS_MODULE_TYPES"]
+        hooked = "gptqmodel.nn_modules.hooked_linear:"
+        self.hooked_linear = {name: names[hooked + name] for name in (
+            "_materialize_if_meta_weight", "emit_device_telemetry", "apply_online_hadamard", "STOP_FORWARD_EXCEPTION")}
         self.task_class = None  # the processor's GPTQ while installed (gptq.make_task_class)
         self.routed = False     # whether defuser's routed experts' loop is qlink's
+
+
+class GPTQLoop:
+    """Whether GPTQModel's layer loop runs now with GPTQ's processor alone, whose hooks read
+    only their module's input and whose process() hands a quantized weight over as a new
+    tensor (contract.replaces_weights): refusal is None then, else why not."""
+
+    OUTSIDE = "outside GPTQModel's layer loop"
+
+    def __init__(self, gptq_processor, attention):
+        self.gptq_processor, self.attention, self.refusal = gptq_processor, attention, self.OUTSIDE
+
+    @contextlib.contextmanager
+    def running(self, processors):
+        """Inside the loop with these processors; every kept attention output dropped after."""
+        others = sorted({type(p).__name__ for p in processors if not replaces_weights(p, self.gptq_processor)})
+        self.refusal = "processors other than GPTQ's (%s)" % ", ".join(others) if others else None
+        try:
+            yield
+        finally:
+            self.refusal = self.OUTSIDE
+            self.attention.detach_all()
 
 
 class GPTQModelInstallation(Installation):
     def __init__(self, ctx, strict, seams, host_spec, read_ahead="pinned", switch_interval=None,
                  fixed_segments=True, hessian_precision="tensor", inverse="cholesky_inverse", tf32=False,
-                 attention_outputs=True, expert_stage=True, expert_budget=None):
+                 attention_outputs=True, stopped_products=True, expert_stage=True, expert_budget=None):
         if read_ahead not in READ_AHEAD:
             raise ValueError("read_ahead must be one of %s, got %r" % (READ_AHEAD, read_ahead))
         if hessian_precision not in HESSIAN_PRECISIONS:
@@ -54,7 +81,8 @@ class GPTQModelInstallation(Installation):
         if inverse not in _abi.GPTQ_INVERSES:
             raise ValueError("inverse must be one of %s, got %r" % (", ".join(_abi.GPTQ_INVERSES), inverse))
         for name, value in (("fixed_segments", fixed_segments), ("tf32", tf32),
-                            ("attention_outputs", attention_outputs), ("expert_stage", expert_stage)):
+                            ("attention_outputs", attention_outputs), ("stopped_products", stopped_products),
+                            ("expert_stage", expert_stage)):
             if not isinstance(value, bool):
                 raise ValueError("%s must be True or False, got %r" % (name, value))
         if expert_budget is not None and (not isinstance(expert_budget, int) or expert_budget <= 0):
@@ -63,6 +91,7 @@ class GPTQModelInstallation(Installation):
         self.expert_stage, self.expert_budget = expert_stage, expert_budget
         self.fixed_segments = fixed_segments
         self.engine_options = {"inverse": inverse, "tf32": tf32}  # the engine's, for every solve
+        self.stopped_products = stopped_products
         super().__init__(ctx, strict, seams, host_spec)
         self.host = _Host(self.names)
         self.read_ahead = read_ahead
@@ -77,6 +106,7 @@ class GPTQModelInstallation(Installation):
         # A layer's attention outputs kept across its forwards, where they run on one device.
         self.keep_attention = attention_outputs and torch.cuda.device_count() <= 1
         self.attention = AttentionOutputs(self.counters)
+        self.loop = GPTQLoop(self.host.GPTQProcessor, self.attention)
         pin = read_ahead == "pinned" and not ctx.cpu_memory and torch.cuda.is_available()
         self.prefetch = LayerPrefetch(self.host.safe_open, pin, self.counters, self.guard)
         # Each sample's tokens where the loop's cache holds grouped one-sample batches

@@ -21,7 +21,7 @@ def make_loop(installation, original):
     def loop(looper, *args, **kwargs):
         with contextlib.ExitStack() as settings:
             settings.callback(installation.prefetch.forget)  # the last layer's copies for its modules' fills
-            settings.enter_context(installation.attention.loop(looper.processors, installation.host.GPTQProcessor))
+            settings.enter_context(installation.loop.running(looper.processors))
             if seconds is None:
                 counters.host("switch_interval", "switch_interval=None")
             else:

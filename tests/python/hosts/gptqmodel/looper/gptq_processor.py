@@ -1,7 +1,9 @@
 """Stand-in for gptqmodel.looper.gptq_processor: the processor whose hooks feed GPTQ, and
 the module-level GPTQ it builds its tasks from (GPTQModel's preprocess calls GPTQ(...));
-its tasks keyed by module name; process(), which solves a module's task and writes the
-quantized weight back, as the host's does before the next subset's forwards; and
+its tasks keyed by module name; pre_process_fwd_hook, the hook that feeds a module's task
+its input (the output goes to add_batch, which reads the input alone); process(), which
+solves a module's task and writes the quantized weight back, as the host's does before the
+next subset's forwards; and
 submodule_finalize, which puts the quantized linear in the model and packs it, finding both
 by walks of the whole model as the host's does."""
 import torch
@@ -20,6 +22,11 @@ class GPTQProcessor:
         task = self.tasks[named_module.name] = GPTQ(named_module.module, self.qcfg)
         task.name = named_module.name
         return task
+
+    def pre_process_fwd_hook(self, name):
+        def tmp(module, inp, out):
+            self.tasks[name].add_batch(inp[0].data, out.data)
+        return tmp
 
     def process(self, module):
         task = self.tasks[module.name]

@@ -5,7 +5,8 @@ MoE routing options and the model's batching flag as GPTQModel's __init__ sets t
 _rehome_processor_task moves a module's task state (its quantizer) to the module's device
 with Module.to, as GPTQModel's does before each subset's forwards;
 _prepare_named_module_for_forward fills a subset module on its device (GPTQModel's from the
-checkpoint, here a move); hessians() walks the
+checkpoint, here a move); _masked_hook_wrapper wraps a processor's hook as GPTQModel's
+subset forwards do (its keep masks are GPTQModel's alone: none here); hessians() walks the
 layers as the loop does up to each task's merged Hessian."""
 import torch
 
@@ -37,6 +38,11 @@ class ModuleLooper:
     def _prepare_named_module_for_forward(self, named_module, fallback_device):
         named_module.module.to(fallback_device)
         return named_module.module
+
+    def _masked_hook_wrapper(self, processor, inner_hook, hook_source):
+        def hook(module, inputs, output):
+            return inner_hook(module, inputs, output)
+        return hook
 
     def loop(self, calibration_data):
         with torch.inference_mode():

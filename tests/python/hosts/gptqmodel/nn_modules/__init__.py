@@ -1,2 +1,2 @@
 """Stand-in for gptqmodel.nn_modules."""
-from . import qlinear  # noqa: F401
+from . import hooked_linear, qlinear  # noqa: F401
