@@ -51,26 +51,26 @@ def products(monkeypatch):
     return made
 
 
-def _subset(host, processors=None, hooked=NAMES):
+def _subset(host, processors=None, hooked=NAMES, block=Qkv):
     """The subset forward of `hooked` (the last one stopping it) over every batch, inside the
     stand-in layer loop: what each hook saw, (input, output shape, output dtype)."""
     seen = []
     hooked_linear = host["hooked_linear"]
 
     def stage(looper):
-        block = Qkv(hooked_linear)
+        layer = block(hooked_linear)
         for name in NAMES:
-            getattr(block, name).module_name = name
+            getattr(layer, name).module_name = name
         for i, name in enumerate(hooked):
             def hook(module, inputs, output, name=name):
                 seen.append((name, inputs[0].clone(), tuple(output.shape), output.dtype))
-            module = getattr(block, name)
+            module = getattr(layer, name)
             module.forward_hook = looper._masked_hook_wrapper(looper.processors[0], hook, name)
             module.forward_hook_last = i == len(hooked) - 1
         gen = torch.Generator().manual_seed(1)
         for _ in range(BATCHES):
             with pytest.raises(hooked_linear.StopForward):
-                block(torch.randn(2, 5, HIDDEN, generator=gen).bfloat16().float())
+                layer(torch.randn(2, 5, HIDDEN, generator=gen).bfloat16().float())
 
     model = host["base"].BaseQModel()
     model.quantize_config = type("QuantizeConfig", (), {"device": "cpu"})()
@@ -91,16 +91,42 @@ def _same(a, b):
     assert all(torch.equal(x, y) for (_, x, _, _), (_, y, _, _) in zip(a, b))
 
 
-def test_the_last_hooked_product_is_not_computed_and_the_hooks_see_the_same(host, products):
+def test_products_no_one_reads_are_not_computed_and_the_hooks_see_the_same(host, products):
+    """v_proj's (the last) in every batch; q_proj's and k_proj's, given v_proj's input, after
+    the first batch showed that."""
     own = _subset(host)
     assert products == {name: BATCHES for name in NAMES}
     products.clear()
     adapter.install(ctx=host["ctx"], strict=True)
     mine = _subset(host)
     _same(mine, own)
-    assert products == {"q_proj": BATCHES, "k_proj": BATCHES}  # v_proj's product is left out
-    assert adapter.counters()["seams"]["stopped_products"] == {"qlink": BATCHES, "host": 0, "fallback": 0,
+    assert products == {"q_proj": 1, "k_proj": 1}
+    assert adapter.counters()["seams"]["stopped_products"] == {"qlink": 3 * BATCHES - 2, "host": 0, "fallback": 0,
                                                                "reasons": {}}
+
+
+class Chain(torch.nn.Module):
+    """A subset whose second module reads the first one's output."""
+
+    def __init__(self, hooked):
+        super().__init__()
+        torch.manual_seed(0)
+        self.q_proj = hooked.HookedLinear.from_linear(torch.nn.Linear(HIDDEN, HIDDEN, bias=False))
+        self.k_proj = hooked.HookedLinear.from_linear(torch.nn.Linear(HIDDEN, OUT, bias=False))
+        self.v_proj = hooked.HookedLinear.from_linear(torch.nn.Linear(HIDDEN, OUT, bias=False))
+
+    def forward(self, x):
+        return self.k_proj(torch.relu(self.q_proj(x))) + self.v_proj(x)
+
+
+def test_a_product_another_hooked_module_reads_is_computed(host, products):
+    """q_proj's output is k_proj's input: every batch computes q_proj and k_proj (only v_proj's,
+    the last, is left out), and k_proj's hook sees what it sees without qlink."""
+    own = _subset(host, block=Chain)
+    products.clear()
+    adapter.install(ctx=host["ctx"], strict=True)
+    _same(_subset(host, block=Chain), own)
+    assert products == {"q_proj": BATCHES, "k_proj": BATCHES}
 
 
 def test_another_processor_keeps_every_product(host, products):
@@ -111,16 +137,15 @@ def test_another_processor_keeps_every_product(host, products):
     _subset(host, processors=[host["gptq_processor"].GPTQProcessor(), AWQProcessor()])
     assert products == {name: BATCHES for name in NAMES}
     counts = adapter.counters()["seams"]["stopped_products"]
-    assert counts["qlink"] == 0 and counts["reasons"] == {"processors other than GPTQ's (AWQProcessor)": BATCHES}
+    assert counts["qlink"] == 0 and counts["reasons"] == {"processors other than GPTQ's (AWQProcessor)": 3 * BATCHES}
 
 
-def test_an_earlier_hooked_module_computes(host, products):
-    """The subset stopped at k_proj: q_proj (hooked, not last) computes; k_proj does not;
-    v_proj never runs."""
+def test_a_new_subset_starts_computing_again(host, products):
+    """Each subset's hooks are new objects: what an earlier subset showed does not carry over."""
     adapter.install(ctx=host["ctx"], strict=True)
     _subset(host, hooked=("q_proj", "k_proj"))
-    assert products == {"q_proj": BATCHES}
-    assert adapter.counters()["seams"]["stopped_products"]["qlink"] == BATCHES
+    _subset(host, hooked=("q_proj", "k_proj"))
+    assert products == {"q_proj": 2}  # each subset's first batch; k_proj (last) never; v_proj never runs
 
 
 def test_off_by_install(host, products):

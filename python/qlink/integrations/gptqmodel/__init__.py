@@ -82,12 +82,12 @@ SEAMS = SeamTable("gptqmodel", [
          "the finished layer's move to the CPU: the kept outputs dropped first", ["attention_outputs"],
          attention_outputs.make_post_quantize, when=_keeping_attention),
     Seam("gptqmodel.nn_modules.hooked_linear:HookedLinear.forward", "hooked_linear",
-         "a subset forward's last hooked linear computing its product, which only its hook sees (GPTQ's reads "
-         "the input alone) before StopForward: the product left uncomputed", ["stopped_products"],
+         "a subset forward's hooked linears computing products that only their hooks see (GPTQ's reads the "
+         "input alone) before StopForward drops them: those products left uncomputed", ["stopped_products"],
          hooked_linear.make_forward, when=_stopping_products,
          reads=["gptqmodel.nn_modules.hooked_linear:" + name for name in (
              "_materialize_if_meta_weight", "emit_device_telemetry", "apply_online_hadamard",
-             "STOP_FORWARD_EXCEPTION")]),
+             "_restore_output_device", "STOP_FORWARD_EXCEPTION")]),
     Seam(_LOOPER + "loop", "module_looper", "the layer loop, run inside the process settings install() asks for",
          ["switch_interval", "fixed_segments"], module_looper.make_loop),
     Seam(_LOOPER + "cache_inputs", "module_looper",

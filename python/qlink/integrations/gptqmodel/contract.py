@@ -1,8 +1,8 @@
 """The GPTQModel rules qlink's seams restate, each pinned to the host function it copies
 (qlink.integrations.contracts): what a batch, a merge and a solve leave on a GPTQ task,
 what GPTQModel's clone does to each replica, what a module's finalize reads of the
-model's walks, how a processor hands over a quantized weight, and a stopped subset's last
-hooked linear."""
+model's walks, how a processor hands over a quantized weight, and a hooked linear whose
+product no one reads."""
 import torch
 
 from ..contracts import Contract
@@ -90,11 +90,12 @@ def replaces_weights(processor, gptq_processor):
 @CONTRACT.copies("gptqmodel/looper/gptq_processor.py", "GPTQProcessor.pre_process_fwd_hook", "377025596dd78bff")
 @CONTRACT.copies("gptqmodel/looper/module_looper.py", "ModuleLooper._masked_hook_wrapper", "d5bac28873e72ba0")
 @CONTRACT.copies(_GPTQ, "GPTQ.add_batch", "38de3a24afaebb90")
-def stopped_forward(module, input, helpers):
-    """HookedLinear.forward of a subset's last hooked module (forward_hook_last), whose output
-    only its hook sees before StopForward drops it: GPTQ's hook (masked, or split by
-    sample) hands it to add_batch, which reads the input alone. The same steps, the product
-    an uncomputed tensor of its shape and dtype. helpers: hooked_linear's names by name."""
+def unproduced_forward(module, input, helpers):
+    """HookedLinear.forward of a hooked module whose output no one reads but its hook: the
+    subset's last (forward_hook_last), whose hook StopForward follows, or one whose output
+    only flows to what that stop drops. GPTQ's hook (masked, or split by sample) hands the
+    output to add_batch, which reads the input alone. The same steps, the product an
+    uncomputed tensor of its shape and dtype. helpers: hooked_linear's names by name."""
     original_device = input.device
     helpers["_materialize_if_meta_weight"](module, input_device=original_device)
     target_device = module.weight.data.device
@@ -111,4 +112,6 @@ def stopped_forward(module, input, helpers):
     output = input.new_empty(input.shape[:-1] + (module.out_features,),
                              dtype=torch.promote_types(input.dtype, module.weight.dtype))
     module.forward_hook(module, (input,), output)
-    raise helpers["STOP_FORWARD_EXCEPTION"].with_traceback(None)
+    if module.forward_hook_last:
+        raise helpers["STOP_FORWARD_EXCEPTION"].with_traceback(None)
+    return helpers["_restore_output_device"](output, original_device)

@@ -43,7 +43,8 @@ class _Host:
         self.supported_types = names["gptqmodel.utils.model:SUPPORTS_MODULE_TYPES"]
         hooked = "gptqmodel.nn_modules.hooked_linear:"
         self.hooked_linear = {name: names[hooked + name] for name in (
-            "_materialize_if_meta_weight", "emit_device_telemetry", "apply_online_hadamard", "STOP_FORWARD_EXCEPTION")}
+            "_materialize_if_meta_weight", "emit_device_telemetry", "apply_online_hadamard", "_restore_output_device",
+            "STOP_FORWARD_EXCEPTION")}
         self.task_class = None  # the processor's GPTQ while installed (gptq.make_task_class)
         self.routed = False     # whether defuser's routed experts' loop is qlink's
 
