@@ -50,10 +50,10 @@
 #     inverse    gptq_inverse_bench.py (the engine's two inverses on 7B and 70B layers), then qlink's
 #                defaults with each at 2 and 4 layers and the 70B layer, then with the triangular
 #                inverse and TF32 cross-block updates (speed_models first)
-#     attention  qlink's defaults (the attention outputs kept, the stopped products left out) against
-#                --attention-outputs off and against --stopped-products off at 2 and 4 7B layers and the
-#                70B layer: the same digests, the time each buys; the defaults at 32 layers
-#                (speed_models first)
+#     attention  qlink's defaults (the attention outputs and tail inputs kept, the stopped products left
+#                out) against --attention-outputs off (which takes the tails too), --tail-inputs off and
+#                --stopped-products off at 2 and 4 7B layers, the first and last at the 70B layer: the
+#                same digests, the time each buys; the defaults at 32 layers (speed_models first)
 #     divergence DIV_RUNS (15) 2-layer qlink ieee_fp32 runs (the divergence's likelier precision) with
 #                layer 0's o_proj inputs digested, compared by compare_runs.py (where a divergent run parts)
 #     moe_stage  the Qwen3-MoE models at MOE_LAYERS with the expert stage (install's default)
@@ -367,6 +367,8 @@ part_attention() {  # the attention outputs kept (install's default) against not
   for n in 2 4; do
     gptqmodel_run stop_off$n 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict --defaults \
       --stopped-products off
+    gptqmodel_run tail_off$n 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict --defaults \
+      --tail-inputs off
   done
   gptqmodel_run attn_on32 300 --model /tmp/llama7b-32layers --layers 32 --qlink --strict --defaults
   gptqmodel_run attn70_on 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \

@@ -11,7 +11,8 @@ call (device checksums, turned into digests after it).
     python3 gptqmodel_run.py --model DIR [--layers N]
         [--model-kind llama|llama70b|qwen3_moe|qwen3_235b|qwen3_moe_tree|deepseek_v3|ARCH]
         [--qlink [--strict] [--defaults] [--expert-stage on|off] [--inverse cholesky_inverse|triangular]
-         [--tf32] [--attention-outputs on|off] [--stopped-products on|off] [--read-ahead pinned|pageable|off]
+         [--tf32] [--attention-outputs on|off] [--tail-inputs on|off] [--stopped-products on|off]
+         [--read-ahead pinned|pageable|off]
          [--switch-interval S|off] [--landing pinned|pageable] [--segments fixed|host] | --guards]
         [--precision ieee_fp32|tensor] [--reversed] [--hessian-f64] [--codes FILE.pt]
         [--input-digests] [--batch-digests REGEX]
@@ -23,9 +24,10 @@ LLaMA-7B-shaped one (default), a LLaMA-70B-shaped one (llama70b), a Qwen3-30B-A3
 or DeepSeek-V3-shaped MoE (its experts split by the defuser stand-in as GPTQModel loads it), Qwen3-30B-A3B's
 module tree with small matrices (qwen3_moe_tree: the loop's costs per module), or a small one of an
 architecture of common.ARCHS (common.make_arch: opt, llama_gqa, ... mixtral; arch_table.py).
---precision, --inverse, --tf32, --attention-outputs, --stopped-products: install's
-hessian_precision, inverse, tf32, attention_outputs and stopped_products (its defaults where
-not given; all but --precision go with --defaults, as --expert-stage does). --input-digests:
+--precision, --inverse, --tf32, --attention-outputs, --tail-inputs, --stopped-products:
+install's hessian_precision, inverse, tf32, attention_outputs, tail_inputs and stopped_products
+(its defaults where not given; all but --precision go with --defaults, as --expert-stage
+does). --input-digests:
 digests of each solve's weight and merged Hessian beside its result's (where two runs part,
 which input parted first); --batch-digests: digests of every input add_batch (GPTQModel's or
 qlink's) is given for the layers whose name matches REGEX, in order (whether the forwards or
@@ -254,6 +256,8 @@ def main():
     a.add_argument("--tf32", action="store_true", help="with --qlink: install(tf32=True), TF32 cross-block updates")
     a.add_argument("--attention-outputs", choices=("on", "off"),
                    help="with --qlink: install(attention_outputs=...), the attention block's outputs kept")
+    a.add_argument("--tail-inputs", choices=("on", "off"),
+                   help="with --qlink: install(tail_inputs=...), the o_proj and down_proj inputs kept")
     a.add_argument("--stopped-products", choices=("on", "off"),
                    help="with --qlink: install(stopped_products=...), a stopped subset's last product left out")
     a.add_argument("--guards", action="store_true", help="the torch guards without installing qlink (qlink run)")
@@ -321,7 +325,7 @@ def main():
               "switch_interval": args.switch_interval if args.qlink and not args.defaults else None,
               "defaults": args.defaults, "expert_stage": args.expert_stage, "inverse": args.inverse,
               "tf32": args.tf32, "attention_outputs": args.attention_outputs,
-              "stopped_products": args.stopped_products,
+              "stopped_products": args.stopped_products, "tail_inputs": args.tail_inputs,
               "landing": args.landing if args.qlink else None,
               "segments": args.segments if args.qlink else None, "torch_threads": torch.get_num_threads(),
               "strict": args.strict, "guards": args.qlink or args.guards,
@@ -339,7 +343,7 @@ def main():
             stage["inverse"] = args.inverse
         if args.tf32:
             stage["tf32"] = True
-        for name in ("attention_outputs", "stopped_products"):
+        for name in ("attention_outputs", "tail_inputs", "stopped_products"):
             if getattr(args, name):
                 stage[name] = getattr(args, name) == "on"
         if args.defaults:

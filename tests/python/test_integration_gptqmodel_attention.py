@@ -164,17 +164,32 @@ def _same(a, b):
             assert torch.equal(x, y)
 
 
+def _against_the_host(host, make_layer, between=None, **install):
+    """The stage over make_layer() without qlink, then with qlink installed (install's
+    arguments): every hooked input and output the same bytes. Returns qlink's seam counters."""
+    batches = _batches()
+    torch.manual_seed(0)
+    seen, outputs, _ = _stage(host, make_layer(), batches, between)
+    adapter.install(ctx=host["ctx"], strict=True, **install)
+    torch.manual_seed(0)
+    kept_seen, kept_outputs, _ = _stage(host, make_layer(), batches, between)
+    _same(kept_seen, seen)
+    _same(kept_outputs, outputs)
+    return adapter.counters()["seams"]
+
+
 def test_the_block_is_run_once_after_its_quantization_and_the_bytes_stay(host):
     batches = _batches()
     seen, outputs, _ = _stage(host, _layer(), batches)
     adapter.install(ctx=host["ctx"], strict=True)
     hooked = []
 
-    def between(index, layer):  # the layer's children are listed as they run; nothing inside them is hooked
+    def between(index, layer):  # the children are listed as they run; inside them only the tails' linears
         hooked.append(([name for name, m in layer.named_modules() if m._forward_pre_hooks]))
 
     kept_seen, kept_outputs, layer = _stage(host, _layer(), batches, between)
-    assert hooked == [["mlp", "input_layernorm", "post_attention_layernorm"]] * len(SUBSETS)
+    assert hooked == [["self_attn.o_proj", "mlp", "mlp.down_proj", "input_layernorm", "post_attention_layernorm"]
+                      ] * len(SUBSETS)
     _same(kept_seen, seen)
     _same(kept_outputs, outputs)
     counts = adapter.counters()["seams"]["attention_outputs"]
@@ -182,7 +197,12 @@ def test_the_block_is_run_once_after_its_quantization_and_the_bytes_stay(host):
     assert counts["qlink"] == 2 * BATCHES
     assert counts["reasons"] == {"a hook on the block (its subset's forward)": 2 * BATCHES,
                                  "recorded (its inputs or weights new)": BATCHES}
-    assert "forward" not in layer.__dict__ and "forward" not in layer.self_attn.__dict__  # detached
+    # o_proj's input (from o_proj's forward) answers gate/up's forward but its first batch (the
+    # check); down_proj's (from down's forward) the replay's MLP likewise.
+    tails = adapter.counters()["seams"]["tail_inputs"]
+    assert tails["qlink"] == 2 * (BATCHES - 1)
+    assert tails["reasons"] == {"kept (its inputs or weights new)": 2 * BATCHES, "checked against a whole run": 2}
+    assert all("forward" not in m.__dict__ for m in (layer, layer.self_attn, layer.mlp))  # detached
     assert not any(m._forward_pre_hooks for m in layer.modules())
 
 
@@ -205,13 +225,7 @@ def test_a_change_before_or_inside_the_block_runs_it_again(host, change):
         if index == 2:
             make(layer)
 
-    batches = _batches()
-    seen, outputs, _ = _stage(host, _layer(), batches, between)
-    adapter.install(ctx=host["ctx"], strict=True)
-    kept_seen, kept_outputs, _ = _stage(host, _layer(), batches, between)
-    _same(kept_seen, seen)
-    _same(kept_outputs, outputs)
-    assert adapter.counters()["seams"]["attention_outputs"]["qlink"] == reused
+    assert _against_the_host(host, DecoderLayer, between)["attention_outputs"]["qlink"] == reused
 
 
 class CachedAttention(Attention):
@@ -244,15 +258,7 @@ class TwiceLayer(DecoderLayer):
 
 
 def test_a_block_called_twice_in_a_layer_keeps_each_calls_output(host):
-    batches = _batches()
-    torch.manual_seed(0)
-    seen, outputs, _ = _stage(host, TwiceLayer(), batches)
-    adapter.install(ctx=host["ctx"], strict=True)
-    torch.manual_seed(0)
-    kept_seen, kept_outputs, _ = _stage(host, TwiceLayer(), batches)
-    _same(kept_seen, seen)
-    _same(kept_outputs, outputs)
-    assert adapter.counters()["seams"]["attention_outputs"]["qlink"] == 2 * 2 * BATCHES
+    assert _against_the_host(host, TwiceLayer)["attention_outputs"]["qlink"] == 2 * 2 * BATCHES
 
 
 def test_a_block_given_a_cache_object_runs_every_time(host):
@@ -342,3 +348,38 @@ def test_transformers_llama_layer_keeps_the_same_bytes(host):
     _same(kept_outputs, outputs)
     counts = adapter.counters()["seams"]["attention_outputs"]
     assert counts["qlink"] == 2 * BATCHES, counts
+
+
+class ScaledMlp(Mlp):
+    """An MLP whose output is not its down_proj's output itself."""
+
+    def forward(self, x):
+        return super().forward(x) * 1.0
+
+
+class ScaledLayer(DecoderLayer):
+    def __init__(self):
+        super().__init__()
+        self.mlp = ScaledMlp()
+
+
+def test_a_child_not_ending_in_its_last_linear_is_not_answered(host):
+    """The MLP's output is a new tensor, not down_proj's: the check fails, the MLP runs every
+    time (the block's tail still answers), and the bytes stay."""
+    tails = _against_the_host(host, ScaledLayer)["tail_inputs"]
+    assert tails["qlink"] == BATCHES - 1  # the block's only
+    assert tails["reasons"]["the child's output is not its last linear's of the kept input"] == 1
+
+
+def test_a_change_before_the_last_linear_keeps_the_child_running(host):
+    """up_proj's weight replaced after down's forward: the replay's MLP runs whole."""
+    def between(index, layer):
+        if index == 3:
+            layer.mlp.up_proj.weight.data = layer.mlp.up_proj.weight.data * 0.5
+
+    assert _against_the_host(host, DecoderLayer, between)["tail_inputs"]["qlink"] == BATCHES - 1  # the block's
+
+
+def test_tails_off_by_install(host):
+    counts = _against_the_host(host, DecoderLayer, tail_inputs=False)
+    assert counts["tail_inputs"]["qlink"] == 0 and counts["attention_outputs"]["qlink"] == 2 * BATCHES

@@ -76,8 +76,9 @@ SEAMS = SeamTable("gptqmodel", [
                 _STRUCTURE + "LazyTurtle._weight_map", _STRUCTURE + "LazyTurtle.model_local_path"]),
     Seam("gptqmodel.models.base:BaseQModel.pre_quantize", "attention_outputs",
          "a layer made ready for its subsets, whose forwards each run its attention block again: the block's "
-         "outputs kept while its inputs and weights stay (a copy returned, bit for bit)",
-         ["attention_outputs"], attention_outputs.make_pre_quantize, when=_keeping_attention),
+         "outputs kept while its inputs and weights stay (a copy returned, bit for bit), and the block's and "
+         "the MLP's last-linear inputs, which answer a rerun changed only in that linear (tail_inputs)",
+         ["attention_outputs", "tail_inputs"], attention_outputs.make_pre_quantize, when=_keeping_attention),
     Seam("gptqmodel.models.base:BaseQModel.post_quantize", "attention_outputs",
          "the finished layer's move to the CPU: the kept outputs dropped first", ["attention_outputs"],
          attention_outputs.make_post_quantize, when=_keeping_attention),
@@ -146,7 +147,8 @@ _integration = Integration()
 
 def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pinned", switch_interval=None,
             fixed_segments=True, hessian_precision="tensor", inverse="cholesky_inverse", tf32=False,
-            attention_outputs=True, stopped_products=True, expert_stage=True, expert_budget=None):
+            attention_outputs=True, tail_inputs=True, stopped_products=True, expert_stage=True,
+            expert_budget=None):
     """Routes this process's GPTQModel through qlink (see the module's docstring); a second
     install replaces the first.
 
@@ -175,7 +177,10 @@ def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pi
     attention_outputs: True (the default, where the forwards run on one device) keeps each
     layer's attention block outputs across the layer's forwards while its inputs and weights
     stay the same, and returns copies of them instead of running the block again (the same
-    bytes; attention_outputs.py); False runs the block in every forward.
+    bytes; attention_outputs.py); False runs the block in every forward. tail_inputs: True
+    (the default, with attention_outputs) keeps the block's o_proj input and the MLP's
+    down_proj input of each batch, so a rerun changed only in that linear is that linear of
+    the kept input (the same bytes, checked once a layer; tail_inputs.py).
     stopped_products: True (the default) leaves uncomputed the product of each subset
     forward's last hooked linear, which only GPTQ's hook sees (it reads the input alone)
     before the forward stops (hooked_linear.py); False computes it as GPTQModel does.
@@ -191,7 +196,8 @@ def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pi
     uninstall()
     installation = GPTQModelInstallation(ctx or configure(config, library), strict, SEAMS, HOST, read_ahead,
                                          switch_interval, fixed_segments, hessian_precision, inverse, tf32,
-                                         attention_outputs, stopped_products, expert_stage, expert_budget)
+                                         attention_outputs, tail_inputs, stopped_products, expert_stage,
+                                         expert_budget)
     return _integration.install(installation).ctx
 
 

@@ -7,21 +7,22 @@ runs the attention block on the same inputs with the same weights, making the sa
 on a LLaMA-7B layer two of the block's runs, a quarter of the layer's forward GEMMs. From
 the layer's pre_quantize to its post_quantize, a run of the block records a copy of its
 output per calibration batch, and a later run returns a copy of the record when nothing it
-depends on changed; otherwise the block runs (and its new output is recorded).
+depends on changed; otherwise the block runs (and its new output is recorded). The same
+attachment keeps the block's and the MLP's last-linear inputs (tail_inputs.py).
 
 Invariant, what "nothing changed" means: the same layer call (every tensor the layer is
 given, and every one the block is given but its hidden states, is the same tensor: GPTQModel
 replays its cached batches; the block's n-th call in it), the same children of the layer
 run before the block, with the same parameters and buffers (the same tensors at the same
-address and version), the block's own likewise, no hook on or in the block (a subset being
-calibrated), no argument holding state of its own, autograd off. The block's hidden states
-are a function of the layer's input and the children that ran before it, so its output is
-the record's, bit for bit. A weight written in place keeps its
-address: only its version says so, and GPTQModel's loop runs in inference mode, where
-tensors keep none. So outputs are kept only inside a loop whose processors are all
-GPTQProcessor, which replaces a quantized module's weight tensor (AWQ's and QQQ's write in
-place; GPTQLoop). Each layer's records stay within a quarter of its GPU's free memory. Off where the
-forwards run on replicas (more than one GPU)."""
+address and version), the block's own likewise, no hook on or in the block but qlink's (a
+subset being calibrated), no argument holding state of its own, autograd off. The block's
+hidden states are a function of the layer's input and the children that ran before it, so
+its output is the record's, bit for bit. A weight written in place keeps its address: only
+its version says so, and GPTQModel's loop runs in inference mode, where tensors keep none.
+So outputs are kept only inside a loop whose processors are all GPTQProcessor, which
+replaces a quantized module's weight tensor (AWQ's and QQQ's write in place; GPTQLoop).
+Each layer's records stay within a quarter of its GPU's free memory. Off where the forwards
+run on replicas (more than one GPU)."""
 import itertools
 import threading
 import types
@@ -30,58 +31,24 @@ import torch
 
 from ...moves import map_nested, nested_tensors
 from ..patches import like
+from .module_state import OwnHook, hooked, nbytes, plain, signature, tensor_keys
+from .tail_inputs import Tail, last_linear_name
 
 PATCH = "attention_outputs"
 BLOCK_NAMES = ("self_attn", "attn", "self_attention", "attention")  # the decoder layers' attention child
+MLP_NAME = "mlp"  # the dense MLP child, whose down_proj input tail_inputs keeps
 BUDGET_SHARE = 4  # a layer's records take at most 1/BUDGET_SHARE of its GPU's free memory
 
 
 def attention_block(layer):
-    """The attention child of a decoder layer, or None."""
+    """(name, attention child) of a decoder layer, or (None, None)."""
     children = dict(layer.named_children())
-    return next((children[name] for name in BLOCK_NAMES if name in children), None)
+    name = next((name for name in BLOCK_NAMES if name in children), None)
+    return name, children.get(name)
 
 
-def _keys(tensors):
-    return tuple((t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, t.device) for t in tensors)
-
-
-def _version(t):
-    try:
-        return t._version
-    except RuntimeError:  # an inference tensor keeps no version: its address and identity stand
-        return None
-
-
-def _signature(modules, recurse):
-    return tuple((id(m),) + tuple((id(t), t.data_ptr(), _version(t))
-                                  for t in itertools.chain(m.parameters(recurse=recurse), m.buffers(recurse=recurse)))
-                 for m in modules)
-
-
-def _plain(value):
-    """Whether `value` is tensors and plain values only (nothing that holds state of its
-    own, as a key-value cache does)."""
-    if isinstance(value, (torch.Tensor, bool, int, float, str, type(None))):
-        return True
-    if isinstance(value, (tuple, list)):
-        return all(map(_plain, value))
-    if isinstance(value, dict):
-        return all(map(_plain, value.values()))
-    return False
-
-
-def _hooked(block):
-    return any(m._forward_hooks or m._forward_pre_hooks or getattr(m, "forward_hook", None) for m in block.modules())
-
-
-def _bytes(tensors):
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
-class _Ran:
-    """The hook that lists a module as it runs in an attached layer's call; shared by a copy
-    of the module (its call is not an attached one)."""
+class _Ran(OwnHook):
+    """The hook that lists a child as it runs in an attached layer's call."""
 
     def __init__(self, outputs):
         self.outputs = outputs
@@ -89,35 +56,61 @@ class _Ran:
     def __call__(self, module, inputs):
         current = getattr(self.outputs.local, "current", None)
         if current is not None:
-            current[2].append(module)
-
-    def __deepcopy__(self, memo):
-        return self
+            current.ran.append(module)
 
 
-class _Record:
-    __slots__ = ("output", "signature")
+class _LayerCall:
+    """An attached layer's call on this thread: its key, the children run so far, how many
+    times each wrapped child has been called."""
+    __slots__ = ("layer", "key", "ran", "calls")
 
-    def __init__(self, output, signature):
-        self.output, self.signature = output, signature
+    def __init__(self, layer, key):
+        self.layer, self.key, self.ran, self.calls = layer, key, [], {}
+
+    def next_key(self, child, others):
+        self.calls[id(child)] = self.calls.get(id(child), 0) + 1  # a layer may call a child twice
+        return self.key + (id(child), self.calls[id(child)]) + tensor_keys(nested_tensors(others))
+
+    def ran_before(self, child):
+        return tuple(m for m in self.ran if m is not child)
 
 
 class _Layer:
-    """One attached layer: its block, the forwards replaced, the records and the hooks that
-    list the modules run before the block in each call."""
+    """One attached layer: its block (and dense MLP), the forwards replaced, the records, the
+    tails and the hooks that list the children run in each call."""
 
-    def __init__(self, outputs, layer, block, budget):
+    def __init__(self, outputs, layer, block_name, block, budget, tails):
         self.outputs, self.layer, self.block, self.budget = outputs, layer, block, budget
         self.records, self.held = {}, 0
         self.handles, self.tracked = [], ()
-        self.layer_forward, self.block_forward = layer.forward, block.forward
-        layer.forward = types.MethodType(_layer_forward, layer)
-        block.forward = types.MethodType(_block_forward, block)
+        mlp = dict(layer.named_children()).get(MLP_NAME)
+        self.tails = {}
+        for name, child in ((block_name, block), (MLP_NAME, mlp)) if tails else ():
+            last = last_linear_name(name) if child is not None else None
+            if last is not None and isinstance(getattr(child, last, None), torch.nn.Module):
+                self.tails[id(child)] = Tail(child, last, outputs.counters, self.take)
+        self.mlp = mlp if id(mlp) in self.tails else None
+        self.forwards = {}
+        for module, wrapper in ((layer, _layer_forward), (block, _child_forward), (self.mlp, _child_forward)):
+            if module is not None:
+                self.forwards[id(module)] = (module, module.forward)
+                module.forward = types.MethodType(wrapper, module)
+
+    def forward_of(self, module):
+        return self.forwards[id(module)][1]
+
+    def take(self, nbytes_more):
+        """Whether the budget holds nbytes_more more (negative: given back); taken if so."""
+        if self.budget is not None and self.held + nbytes_more > self.budget:
+            return False
+        self.held += nbytes_more
+        return True
 
     def track(self):
         """The layer's children but the block that hold tensors, each hooked to be listed as
-        it runs (checked at each call: a child may be swapped after pre_quantize). Children
-        only: hooks on an MoE block's experts would keep its grouped paths off."""
+        it runs (checked at each call: a child may be swapped after pre_quantize), and the
+        tails' last linears. Children only: hooks on an MoE block's experts would keep its
+        grouped paths off."""
         modules = [m for m in self.layer.children() if m is not self.block
                    and (next(m.parameters(), None) is not None or next(m.buffers(), None) is not None)]
         if tuple(map(id, modules)) != self.tracked:
@@ -125,6 +118,8 @@ class _Layer:
             hook = _Ran(self.outputs)
             self.handles = [m.register_forward_pre_hook(hook) for m in modules]
             self.tracked = tuple(map(id, modules))
+        for tail in self.tails.values():
+            tail.track()
 
     def untrack(self):
         for handle in self.handles:
@@ -133,30 +128,38 @@ class _Layer:
 
     def detach(self):
         self.untrack()
-        for module, forward in ((self.layer, self.layer_forward), (self.block, self.block_forward)):
+        for tail in self.tails.values():
+            tail.clear()
+        for module, forward in self.forwards.values():
             module.__dict__.pop("forward", None)
             if module.forward != forward:  # an instance forward of its own before ours
                 module.forward = forward
         self.records.clear()
 
 
+def _attached(module):
+    outputs = _OWNERS.get(id(module))
+    attached = outputs.by_module.get(id(module)) if outputs is not None else None
+    if attached is None or attached.forwards.get(id(module), (None,))[0] is not module:
+        return None, None  # not attached, or a copy of an attached module
+    return outputs, attached
+
+
 def _layer_forward(layer, *args, **kwargs):
-    outputs = _OWNERS.get(id(layer))
-    attached = outputs.attached.get(id(layer)) if outputs is not None else None
-    if attached is None or attached.layer is not layer:  # a copy of an attached layer
+    outputs, attached = _attached(layer)
+    if attached is None:
         return type(layer).forward(layer, *args, **kwargs)
     return outputs.layer_call(attached, args, kwargs)
 
 
-def _block_forward(block, *args, **kwargs):
-    outputs = _OWNERS.get(id(block))
-    attached = outputs.blocks.get(id(block)) if outputs is not None else None
-    if attached is None or attached.block is not block:
-        return type(block).forward(block, *args, **kwargs)
-    return outputs.block_call(attached, args, kwargs)
+def _child_forward(child, *args, **kwargs):
+    outputs, attached = _attached(child)
+    if attached is None:
+        return type(child).forward(child, *args, **kwargs)
+    return outputs.child_call(attached, child, args, kwargs)
 
 
-_OWNERS = {}  # id of an attached layer or block -> its AttentionOutputs
+_OWNERS = {}  # id of an attached layer or wrapped child -> its AttentionOutputs
 
 
 class AttentionOutputs:
@@ -164,15 +167,17 @@ class AttentionOutputs:
 
     def __init__(self, counters):
         self.counters = counters
-        self.attached, self.blocks = {}, {}  # id(layer) / id(block) -> _Layer
-        self.local = threading.local()  # this thread's layer call: (_Layer, its key, modules run, [block calls])
+        self.attached = {}  # id(layer) -> _Layer
+        self.by_module = {}  # id of an attached layer or wrapped child -> its _Layer
+        self.local = threading.local()  # this thread's _LayerCall
 
-    def attach(self, layer, refusal):
-        """`layer`'s block kept from now on, unless `refusal` (the loop's, GPTQLoop) says why not."""
+    def attach(self, layer, refusal, tails=True):
+        """`layer`'s block (and, with tails, the block's and MLP's last-linear inputs) kept
+        from now on, unless `refusal` (the loop's, GPTQLoop) says why not."""
         if refusal:
             self.counters.host(PATCH, refusal)
             return
-        block = attention_block(layer)
+        block_name, block = attention_block(layer)
         if block is None:
             self.counters.host(PATCH, "no attention child (%s)" % ", ".join(BLOCK_NAMES))
             return
@@ -180,28 +185,32 @@ class AttentionOutputs:
             return
         device = next(itertools.chain(block.parameters(), block.buffers()), torch.empty(0)).device
         budget = torch.cuda.mem_get_info(device)[0] // BUDGET_SHARE if device.type == "cuda" else None
-        attached = _Layer(self, layer, block, budget)
-        self.attached[id(layer)], self.blocks[id(block)] = attached, attached
-        _OWNERS[id(layer)] = _OWNERS[id(block)] = self
+        attached = _Layer(self, layer, block_name, block, budget, tails)
+        self.attached[id(layer)] = attached
+        for key in attached.forwards:
+            self.by_module[key] = attached
+            _OWNERS[key] = self
 
     def detach_all(self):
         for attached in list(self.attached.values()):
             attached.detach()
-            for key in (id(attached.layer), id(attached.block)):
+            for key in attached.forwards:
                 _OWNERS.pop(key, None)
         self.attached.clear()
-        self.blocks.clear()
+        self.by_module.clear()
 
     def layer_call(self, attached, args, kwargs):
         attached.track()
         previous = getattr(self.local, "current", None)
-        self.local.current = (attached, _keys(nested_tensors((args, kwargs))), [], [0])
+        self.local.current = _LayerCall(attached, tensor_keys(nested_tensors((args, kwargs))))
         try:
-            return attached.layer_forward(*args, **kwargs)
+            return attached.forward_of(attached.layer)(*args, **kwargs)
         finally:
             self.local.current = previous
 
-    def block_call(self, attached, args, kwargs):
+    def child_call(self, attached, child, args, kwargs):
+        """A wrapped child's run: the block's kept output, or a tail's answer, or its own."""
+        forward = attached.forward_of(child)
         current = getattr(self.local, "current", None)
         if args:
             others = (args[1:], kwargs)
@@ -211,37 +220,53 @@ class AttentionOutputs:
             others = None
         if torch.is_grad_enabled():
             reason = "autograd on"
-        elif current is None or current[0] is not attached:
-            reason = "the block called outside its layer's forward"
+        elif current is None or current.layer is not attached:
+            reason = "the child called outside its layer's forward"
         elif others is None:
             reason = "no hidden states argument"
-        elif not _plain(others):
+        elif not plain(others):
             reason = "an argument other than tensors and plain values (a cache)"
         else:
             reason = None
         if reason:
-            self.counters.host(PATCH, reason)
-            return attached.block_forward(*args, **kwargs)
-        current[3][0] += 1  # the block's n-th call in this layer call: a layer may call it twice
-        key = current[1] + (current[3][0],) + _keys(nested_tensors(others))
-        signature = (_signature(tuple(current[2]), recurse=True), _signature(tuple(attached.block.modules()), False))
-        if _hooked(attached.block):
+            if child is attached.block:
+                self.counters.host(PATCH, reason)
+            return forward(*args, **kwargs)
+        key = current.next_key(child, others)
+        before = signature(current.ran_before(child), recurse=True)
+        tail = attached.tails.get(id(child))
+        if child is not attached.block:  # the MLP: its tail alone
+            state = (before, signature((attached.block,), recurse=True), signature(
+                tuple(child.modules()), False, skip=(tail.on,) if tail.on is not None else ()))
+            return tail.run(key, state, lambda: forward(*args, **kwargs))
+        modules = tuple(child.modules())
+        state = (before, signature(modules, False))
+        run = (lambda: forward(*args, **kwargs)) if tail is None else (lambda: tail.run(
+            key, (before, signature(modules, False, skip=(tail.on,) if tail.on is not None else ())),
+            lambda: forward(*args, **kwargs)))
+        if hooked(child):
             self.counters.host(PATCH, "a hook on the block (its subset's forward)")
-            return attached.block_forward(*args, **kwargs)
+            return run()
         record = attached.records.get(key)
-        if record is not None and record.signature == signature:
+        if record is not None and record.signature == state:
             self.counters.qlink(PATCH)
             return map_nested(record.output, lambda ts: [t.clone() for t in ts])
-        output = attached.block_forward(*args, **kwargs)
+        output = run()
         tensors = nested_tensors(output)
-        held = attached.held - (_bytes(nested_tensors(record.output)) if record is not None else 0)
-        if attached.budget is not None and held + _bytes(tensors) > attached.budget:
+        given = nbytes(nested_tensors(record.output)) if record is not None else 0
+        if not attached.take(nbytes(tensors) - given):
             self.counters.host(PATCH, "over the layer's budget (a quarter of the GPU's free memory)")
             return output
-        attached.records[key] = _Record(map_nested(output, lambda ts: [t.detach().clone() for t in ts]), signature)
-        attached.held = held + _bytes(tensors)
+        attached.records[key] = _Record(map_nested(output, lambda ts: [t.detach().clone() for t in ts]), state)
         self.counters.host(PATCH, "recorded (its inputs or weights new)")
         return output
+
+
+class _Record:
+    __slots__ = ("output", "signature")
+
+    def __init__(self, output, signature):
+        self.output, self.signature = output, signature
 
 
 def make_pre_quantize(installation, original):
@@ -249,7 +274,7 @@ def make_pre_quantize(installation, original):
     @like(original)
     def pre_quantize(model, module):
         module = original(model, module)
-        installation.attention.attach(module, installation.loop.refusal)
+        installation.attention.attach(module, installation.loop.refusal, installation.tail_inputs)
         return module
     return pre_quantize
 

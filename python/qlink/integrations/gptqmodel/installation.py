@@ -74,7 +74,8 @@ class GPTQLoop:
 class GPTQModelInstallation(Installation):
     def __init__(self, ctx, strict, seams, host_spec, read_ahead="pinned", switch_interval=None,
                  fixed_segments=True, hessian_precision="tensor", inverse="cholesky_inverse", tf32=False,
-                 attention_outputs=True, stopped_products=True, expert_stage=True, expert_budget=None):
+                 attention_outputs=True, tail_inputs=True, stopped_products=True, expert_stage=True,
+                 expert_budget=None):
         if read_ahead not in READ_AHEAD:
             raise ValueError("read_ahead must be one of %s, got %r" % (READ_AHEAD, read_ahead))
         if hessian_precision not in HESSIAN_PRECISIONS:
@@ -82,7 +83,8 @@ class GPTQModelInstallation(Installation):
         if inverse not in _abi.GPTQ_INVERSES:
             raise ValueError("inverse must be one of %s, got %r" % (", ".join(_abi.GPTQ_INVERSES), inverse))
         for name, value in (("fixed_segments", fixed_segments), ("tf32", tf32),
-                            ("attention_outputs", attention_outputs), ("stopped_products", stopped_products),
+                            ("attention_outputs", attention_outputs), ("tail_inputs", tail_inputs),
+                            ("stopped_products", stopped_products),
                             ("expert_stage", expert_stage)):
             if not isinstance(value, bool):
                 raise ValueError("%s must be True or False, got %r" % (name, value))
@@ -106,6 +108,7 @@ class GPTQModelInstallation(Installation):
         self.paths = QualifiedNames(self.counters, self.host.qualified_name)  # the fills' module names, indexed
         # A layer's attention outputs kept across its forwards, where they run on one device.
         self.keep_attention = attention_outputs and torch.cuda.device_count() <= 1
+        self.tail_inputs = tail_inputs
         self.attention = AttentionOutputs(self.counters)
         self.loop = GPTQLoop(self.host.GPTQProcessor, self.attention)
         pin = read_ahead == "pinned" and not ctx.cpu_memory and torch.cuda.is_available()
