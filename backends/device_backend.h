@@ -34,7 +34,7 @@
 // (quant/quant_math.h; quant/signround/signround_math_api.h with the SignRoundConfig of
 // quant/kernels/signround_math.h). tests/backend_interface_pin_test fails until the bump
 // is made.
-#define QLINK_BACKEND_INTERFACE_VERSION 7
+#define QLINK_BACKEND_INTERFACE_VERSION 8
 
 namespace qlink {
 

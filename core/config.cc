@@ -123,8 +123,10 @@ Status ParseConfig(const char* text, Config* out) {
       QLINK_RETURN_IF_ERROR(ReadString(v, field, &out->solver_library));
     } else if (key == "hessian_precision") {
       std::string precision;
-      QLINK_RETURN_IF_ERROR(ReadChoice(v, field, {"ieee_fp32", "tensor"}, &precision));
-      out->hessian_precision = precision == "tensor" ? HessianPrecision::kTensor : HessianPrecision::kIeeeFp32;
+      QLINK_RETURN_IF_ERROR(ReadChoice(v, field, {"ieee_fp32", "tensor", "tensor_gemm"}, &precision));
+      out->hessian_precision = precision == "tensor"        ? HessianPrecision::kTensor
+                               : precision == "tensor_gemm" ? HessianPrecision::kTensorGemm
+                                                            : HessianPrecision::kIeeeFp32;
     } else if (key == "backend_options") {
       if (!v.is_object()) return WrongType(field, "an object", v);
       out->backend_options = json::serialize(v);

@@ -19,7 +19,7 @@ struct P2PConfig {
 };
 
 // How hessian_accumulate sums bf16/fp16 activations' products (qlink_hessian_precision).
-enum class HessianPrecision { kIeeeFp32, kTensor };
+enum class HessianPrecision { kIeeeFp32, kTensor, kTensorGemm };
 
 struct Config {
   std::string backend = "auto";    // auto | cuda | hip | cpu | path to a backend .so

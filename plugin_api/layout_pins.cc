@@ -278,6 +278,7 @@ QLINK_PIN(qlink_gptq_options, inverse, 60);
 static_assert(QLINK_GPTQ_OPTIONS_STRUCT_SIZE_1_11 == 64, "qlink_gptq_options 1.11 size");
 static_assert(QLINK_GPTQ_INVERSE_CHOLESKY_INVERSE == 0 && QLINK_GPTQ_INVERSE_TRIANGULAR == 1,
               "qlink_gptq_inverse values are frozen");
+static_assert(QLINK_HESSIAN_PRECISION_TENSOR_GEMM == 3, "qlink_hessian_precision 1.11 value");
 static_assert(QLINK_API_STRUCT_SIZE_1_11 == QLINK_API_STRUCT_SIZE_1_10, "qlink_api 1.11 size");
 #endif
 

@@ -252,7 +252,7 @@ typedef enum qlink_hessian_precision {
   QLINK_HESSIAN_PRECISION_DEFAULT = 0,   /* the context's config hessian_precision */
   QLINK_HESSIAN_PRECISION_IEEE_FP32 = 1, /* bf16/fp16 activations converted to fp32, IEEE
                                             fp32 products and sums */
-  QLINK_HESSIAN_PRECISION_TENSOR = 2     /* bf16/fp16 activations read as they are by the
+  QLINK_HESSIAN_PRECISION_TENSOR = 2,    /* bf16/fp16 activations read as they are by the
                                             tensor cores (exact products). CUDA: qlink's
                                             kernel, every 32 rows' sum promoted out of the
                                             tensor cores into fp32 registers by IEEE adds.
@@ -261,6 +261,11 @@ typedef enum qlink_hessian_precision {
                                             rows at a time, each block's sum added to the
                                             partial in fp32. Faster; on a backend without
                                             tensor cores (CPU) the IEEE fp32 result */
+  /* 1.11 */
+  QLINK_HESSIAN_PRECISION_TENSOR_GEMM = 3 /* as TENSOR, but on CUDA too the vendor's GemmEx,
+                                             2048 rows a call (each call's sum added to the
+                                             partial in fp32): faster than qlink's kernel,
+                                             its sums longer below IEEE fp32 */
 } qlink_hessian_precision;
 
 /* Hessian partials of calibration activations: partials[d] += X^T X (fp32, summed as

@@ -99,12 +99,13 @@ class QuantMath {
   virtual Status SyrkAccumulate(int device, Stream stream, const float* x, int64_t rows, int64_t n, float* h) = 0;
   // The same for x of bf16 or fp16 read as it is by the vendor's tensor cores (exact
   // products, fp32 sums and output; on CUDA the sums leave the tensor cores every 32 rows
-  // for IEEE fp32 adds). Only where HasTensorSyrk(); callers elsewhere take the IEEE path
-  // (ToFloat, SyrkAccumulate), which is also what the tensor path would give on hardware
-  // summing in IEEE fp32.
+  // for IEEE fp32 adds, unless vendor_gemm asks for the vendor's GemmEx, whose sums stay in
+  // them for the call's rows). Only where HasTensorSyrk(); callers elsewhere take the IEEE
+  // path (ToFloat, SyrkAccumulate), which is also what the tensor path would give on
+  // hardware summing in IEEE fp32.
   virtual bool HasTensorSyrk() const { return false; }
   virtual Status TensorSyrkAccumulate(int /*device*/, Stream, const void* /*x*/, DLDataType, int64_t /*rows*/,
-                                      int64_t /*n*/, float* /*h*/) {
+                                      int64_t /*n*/, float* /*h*/, bool /*vendor_gemm*/) {
     return Internal("quant: this backend has no tensor-core rank-k update");
   }
   // LAPACK's potrf on the column-major n x n matrix a (symmetric: only the `lower` or

@@ -87,7 +87,7 @@ class HessianArgs(ctypes.Structure):  # 1.4; precision 1.6; input_partials 1.8
                 ("precision", c_int32), ("input_partials", POINTER(c_int32))]
 
 
-HESSIAN_PRECISIONS = {"default": 0, "ieee_fp32": 1, "tensor": 2}  # qlink_hessian_precision
+HESSIAN_PRECISIONS = {"default": 0, "ieee_fp32": 1, "tensor": 2, "tensor_gemm": 3}  # qlink_hessian_precision
 
 
 GPTQ_INVERSES = {"cholesky_inverse": 0, "triangular": 1}  # qlink_gptq_inverse

@@ -61,13 +61,14 @@ class EngineCalls:
         partial d's device (qlink_hessian_args); stream-ordered, like a copy. *_devices:
         qlink device ids where the tensors do not say (the CPU backend's virtual devices).
         precision: "ieee_fp32", "tensor" (bf16/fp16 products on tensor cores, on CUDA their
-        sums promoted into fp32 with IEEE adds every 32 rows; fp32 inputs stay IEEE) or None,
+        sums promoted into fp32 with IEEE adds every 32 rows; fp32 inputs stay IEEE),
+        "tensor_gemm" (the vendor's GemmEx on CUDA too, 2048 rows a call; ABI 1.11) or None,
         the config's hessian_precision (ABI 1.6). input_partials: per input, the index in
         partials of its partial (any number per device; ABI 1.8), or None."""
         code = _abi.HESSIAN_PRECISIONS.get("default" if precision is None else precision)
         if code is None or precision == "default":
-            raise InvalidArgumentError(_abi.INVALID_ARGUMENT, "precision = %r is not one of None, 'ieee_fp32', "
-                                       "'tensor'" % (precision,))
+            raise InvalidArgumentError(_abi.INVALID_ARGUMENT, "precision = %r is not one of None, %s" % (
+                precision, ", ".join(repr(p) for p in _abi.HESSIAN_PRECISIONS if p != "default")))
         named = None
         if input_partials is not None:
             if len(input_partials) != len(inputs):

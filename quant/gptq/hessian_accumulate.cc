@@ -80,11 +80,11 @@ Status AccumulateNarrow(Context& ctx, QuantMath& math, int device, Stream stream
 constexpr int64_t kTensorRows = 2048;
 
 Status AccumulateTensor(QuantMath& math, int device, Stream stream, const DLTensor& x, int64_t rows, int64_t n,
-                        float* h) {
+                        float* h, bool vendor_gemm) {
   const int64_t row_bytes = n * (x.dtype.bits / 8);
   for (int64_t r = 0; r < rows; r += kTensorRows) {
     QLINK_RETURN_IF_ERROR(math.TensorSyrkAccumulate(device, stream, DataOf(x) + r * row_bytes, x.dtype,
-                                                    std::min(kTensorRows, rows - r), n, h));
+                                                    std::min(kTensorRows, rows - r), n, h, vendor_gemm));
   }
   return Status::Ok();
 }
@@ -104,9 +104,12 @@ Status PrecisionOf(const Context& ctx, const qlink_hessian_args& args, HessianPr
     case QLINK_HESSIAN_PRECISION_TENSOR:
       *out = HessianPrecision::kTensor;
       return Status::Ok();
+    case QLINK_HESSIAN_PRECISION_TENSOR_GEMM:
+      *out = HessianPrecision::kTensorGemm;
+      return Status::Ok();
     default:
       return InvalidArgument("args->precision = " + std::to_string(asked) +
-                             " is not one of 0 (DEFAULT), 1 (IEEE_FP32), 2 (TENSOR)");
+                             " is not one of 0 (DEFAULT), 1 (IEEE_FP32), 2 (TENSOR), 3 (TENSOR_GEMM)");
   }
 }
 
@@ -179,7 +182,8 @@ Status HessianAccumulate(Context& ctx, const qlink_hessian_args* args) {
   QuantMath* math = nullptr;
   QLINK_RETURN_IF_ERROR(GetEngineMath(ctx, &math));
   // Without tensor cores the IEEE path gives what they would: 16-bit products are exact in fp32.
-  const bool tensor = precision == HessianPrecision::kTensor && math->HasTensorSyrk();
+  const bool tensor = precision != HessianPrecision::kIeeeFp32 && math->HasTensorSyrk();
+  const bool vendor_gemm = precision == HessianPrecision::kTensorGemm;
   std::set<size_t> touched;  // partials that received an input
   for (size_t i = 0; i < args->num_inputs; ++i) {
     const DLTensor& x = args->inputs[i];
@@ -196,7 +200,7 @@ Status HessianAccumulate(Context& ctx, const qlink_hessian_args* args) {
       continue;
     }
     if (tensor) {
-      QLINK_RETURN_IF_ERROR(AccumulateTensor(*math, device, stream, x, rows[i], n, h));
+      QLINK_RETURN_IF_ERROR(AccumulateTensor(*math, device, stream, x, rows[i], n, h, vendor_gemm));
       continue;
     }
     QLINK_RETURN_IF_ERROR(AccumulateNarrow(ctx, *math, device, stream, x, rows[i], n, h, &workspace));

@@ -138,16 +138,17 @@ class GpuQuantMath final : public QuantMath {
 
   // As SyrkAccumulate with the 16-bit x read as it is by the tensor cores. On CUDA, qlink's
   // own kernel: every 32 rows' sum leaves the tensor cores for an IEEE fp32 add, where
-  // GemmEx chains all of a call's rows in their truncating accumulators. Elsewhere, and on
-  // CUDA for x the kernel's 16-byte loads cannot take (n % 8 != 0, x misaligned), GemmEx
+  // GemmEx chains all of a call's rows in their truncating accumulators. Elsewhere, on
+  // CUDA where vendor_gemm asks for it, and for x the kernel's 16-byte loads cannot take
+  // (n % 8 != 0, x misaligned), GemmEx
   // (16-bit inputs, fp32 output and compute type): the vendors have no real 16-bit SYRK,
   // so the lower triangle is two diagonal blocks, each a whole GEMM, and the GEMM below
   // them (3/4 of the full product's work).
   Status TensorSyrkAccumulate(int device, Stream stream, const void* x, DLDataType dtype, int64_t rows, int64_t n,
-                              float* h) override {
+                              float* h, bool vendor_gemm) override {
     if (rows == 0) return Status::Ok();
 #if !defined(QLINK_GPU_HIP)
-    if (gpu::PromotedSyrkFits(x, n)) {
+    if (!vendor_gemm && gpu::PromotedSyrkFits(x, n)) {
       QLINK_RETURN_IF_ERROR(Activate(device));
       return Check(gpu::LaunchPromotedSyrk(x, dtype, rows, n, h, S(stream)), "promoted-syrk kernel");
     }

@@ -64,6 +64,23 @@ def test_tensor_precision_is_as_accurate_as_ieee_on_tile_tails(ctx, dtype, cols)
     assert errors["tensor"] <= 2 * errors["ieee_fp32"], errors
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_tensor_gemm_precision_is_the_vendors_gemm_close_and_symmetric(ctx, dtype):
+    """tensor_gemm (ABI 1.11) at 1024 columns, where "tensor" takes qlink's kernel: GemmEx
+    instead (its bytes are what "tensor" gives at 1030 columns' path), symmetric, within the
+    tensor precision's bound of float64."""
+    x = _tokens(5000, 1024, dtype)
+    results = {}
+    for precision in ("tensor", "tensor_gemm"):
+        h = torch.zeros(1024, 1024, device="cuda")
+        ctx.hessian_accumulate([x], [h], precision=precision)
+        torch.cuda.synchronize()
+        assert torch.equal(h, h.T), precision
+        assert _relative_error(h, x) < 1e-3, precision
+        results[precision] = h
+    assert not torch.equal(results["tensor"], results["tensor_gemm"])  # not qlink's kernel
+
+
 def test_tensor_precision_takes_misaligned_inputs(ctx):
     # Two bytes into the buffer: not 16-byte aligned, so GemmEx rather than the kernel.
     flat = _tokens(1, 3000 * 512 + 1, torch.bfloat16).flatten()

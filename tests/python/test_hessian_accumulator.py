@@ -234,10 +234,11 @@ def test_precision_per_call_and_from_the_config(library):
     by the context's config."""
     x = activations(2, 30, 16, seed=10)
     results = []
-    for config, precision in (({}, "ieee_fp32"), ({}, "tensor"), ({"hessian_precision": "tensor"}, None)):
+    for config, precision in (({}, "ieee_fp32"), ({}, "tensor"), ({"hessian_precision": "tensor"}, None),
+                              ({}, "tensor_gemm"), ({"hessian_precision": "tensor_gemm"}, None)):
         with qlink.load(dict(backend="cpu", log_level="off", **config), library=library) as ctx:
             acc, h = HessianAccumulator(ctx, precision=precision), None
             for b in x:
                 h = acc.add(b, h)
             results.append(h)
-    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
+    assert all(torch.equal(results[0], r) for r in results[1:])

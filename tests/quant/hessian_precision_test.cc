@@ -91,16 +91,18 @@ class HessianPrecision : public ::testing::Test {
   std::deque<qlink_test::Context> contexts_;
 };
 
-TEST_F(HessianPrecision, ConfigTakesBothNamesAndRefusesAnyOther) {
+TEST_F(HessianPrecision, ConfigTakesEachNameAndRefusesAnyOther) {
   Make(R"(, "hessian_precision": "ieee_fp32")");
   Make(R"(, "hessian_precision": "tensor")");
+  Make(R"(, "hessian_precision": "tensor_gemm")");
   for (const char* bad : {R"("fast")", "2", "null"}) {
     qlink_test::Context ctx(Loaded(), std::string(R"({"backend": "cpu", "hessian_precision": )") + bad + "}");
     EXPECT_EQ(ctx.status(), QLINK_INVALID_ARGUMENT) << bad;
     EXPECT_THAT(api_.last_error(), HasSubstr("'hessian_precision'")) << bad;
   }
   qlink_test::Context ctx(Loaded(), R"({"backend": "cpu", "hessian_precision": "fast"})");
-  EXPECT_THAT(api_.last_error(), HasSubstr("'hessian_precision' = \"fast\" is not one of: ieee_fp32, tensor"));
+  EXPECT_THAT(api_.last_error(),
+              HasSubstr("'hessian_precision' = \"fast\" is not one of: ieee_fp32, tensor, tensor_gemm"));
 }
 
 TEST_F(HessianPrecision, AnUnknownValueIsRefusedByNameAndWritesNothing) {
@@ -109,7 +111,7 @@ TEST_F(HessianPrecision, AnUnknownValueIsRefusedByNameAndWritesNothing) {
   FillActivations(&x, 1);
   std::memset(partial.bytes.data(), 0x5A, partial.bytes.size());
   const std::vector<uint8_t> before = partial.bytes;
-  for (int32_t bad : {3, -1, 1000}) {
+  for (int32_t bad : {4, -1, 1000}) {
     EXPECT_EQ(Accumulate(ctx, x, &partial, bad), QLINK_INVALID_ARGUMENT) << bad;
     EXPECT_THAT(api_.last_error(), HasSubstr("args->precision = " + std::to_string(bad) + " is not one of"));
     EXPECT_EQ(partial.bytes, before) << bad;
@@ -130,11 +132,14 @@ TEST_F(HessianPrecision, TensorGivesTheIeeeResultWithoutTensorCores) {
     };
     qlink_context* ieee = Make();
     qlink_context* tensor = Make(R"(, "hessian_precision": "tensor")");
+    qlink_context* gemm = Make(R"(, "hessian_precision": "tensor_gemm")");
     run(ieee, QLINK_HESSIAN_PRECISION_IEEE_FP32);
     run(ieee, QLINK_HESSIAN_PRECISION_TENSOR);
+    run(ieee, QLINK_HESSIAN_PRECISION_TENSOR_GEMM);
     run(ieee, QLINK_HESSIAN_PRECISION_DEFAULT);
     run(tensor, QLINK_HESSIAN_PRECISION_DEFAULT);
     run(tensor, QLINK_HESSIAN_PRECISION_IEEE_FP32);
+    run(gemm, QLINK_HESSIAN_PRECISION_DEFAULT);
     for (size_t i = 1; i < results.size(); ++i) {
       EXPECT_EQ(results[i], results[0]) << "dtype bits " << int(dtype.bits) << ", run " << i;
     }

@@ -55,7 +55,8 @@ class HessianAccumulator:
     """H_d += X^T X for calibration hooks (see the module's docstring).
 
     ctx: the qlink context (default: the process default). precision: "ieee_fp32",
-    "tensor" or None (the context's config hessian_precision); fp32 inputs are always IEEE.
+    "tensor", "tensor_gemm" or None (the context's config hessian_precision); fp32 inputs are
+    always IEEE.
     Thread-safe; concurrent adds on different devices run side by side."""
 
     def __init__(self, ctx=None, precision=None):

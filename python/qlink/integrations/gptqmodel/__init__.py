@@ -168,7 +168,9 @@ def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pi
     hessian_precision: how the loop's Hessians sum 16-bit activations' products: "tensor"
     (the default: on the tensor cores where the backend has them, IEEE elsewhere; its
     perplexity on a trained model is within calibration noise of GPTQModel's own, docs/HOSTS.md),
-    "ieee_fp32", or None for the context config's hessian_precision.
+    "tensor_gemm" (the vendor's GemmEx on CUDA too: faster, its sums longer in the tensor
+    cores; to be judged on the trained model), "ieee_fp32", or None for the context config's
+    hessian_precision.
     inverse: how the engine makes each Hessian's inverse factor: "cholesky_inverse" (the
     default: GPTQModel's own calls) or "triangular" (a quarter of the flops, the same factor
     to fp32 rounding; qlink.quant.gptq_quantize). tf32: True lets the engine's cross-block
