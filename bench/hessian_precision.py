@@ -11,6 +11,7 @@ near tie flipped by rounding moves GPTQ's columns, and with them its codes):
                                               promoted out of the tensor cores into fp32;
                                               2048 rows per launch)
   qlink ieee_fp32 / tensor, 128 calls         one call per 2048-row sample into one partial
+  qlink tensor_gemm, 128 calls                the same on the vendor's GemmEx (ABI 1.11)
   qlink HessianAccumulator, 128 adds          what the GPTQModel hooks run (a clone per add)
   torch fp32 (GPTQModel)                      x.float().T @ x.float()
   torch bf16, one mm (fp32 out)               tensor cores, one product of all rows
@@ -105,8 +106,10 @@ def variants(ctx, x):
     yield "qlink tensor, one call", qlink_call("tensor", rows)
     yield "qlink ieee_fp32, 128 calls", qlink_call("ieee_fp32", SEQLEN)
     yield "qlink tensor, 128 calls", qlink_call("tensor", SEQLEN)
+    yield "qlink tensor_gemm, 128 calls", qlink_call("tensor_gemm", SEQLEN)
     yield "qlink HessianAccumulator ieee_fp32, 128 adds", accumulator("ieee_fp32")
     yield "qlink HessianAccumulator tensor, 128 adds", accumulator("tensor")
+    yield "qlink HessianAccumulator tensor_gemm, 128 adds", accumulator("tensor_gemm")
     yield "torch fp32 (GPTQModel)", torch_fp32
     yield "torch bf16, one mm (fp32 out)", torch_chunks(rows)
     yield "torch bf16, 2048-row mms summed in fp32", torch_chunks(2048)

@@ -49,7 +49,8 @@
 #                the defaults with a 1e-4 s switch interval at 2 and 4, then with ieee_fp32 Hessians
 #     inverse    gptq_inverse_bench.py (the engine's two inverses on 7B and 70B layers), then qlink's
 #                defaults with each at 2 and 4 layers and the 70B layer, then with the triangular
-#                inverse and TF32 cross-block updates (speed_models first)
+#                inverse and TF32 cross-block updates, and those with tensor_gemm Hessians
+#                (speed_models first; hprec times and measures the Hessian precisions)
 #     attention  qlink's defaults (the attention outputs and tail inputs kept, the stopped products left
 #                out) against --attention-outputs off (which takes the tails too), --tail-inputs off and
 #                --stopped-products off at 2 and 4 7B layers, the first and last at the 70B layer: the
@@ -353,9 +354,13 @@ part_inverse() {  # the engine's two inverses alone, then in the loop with the d
   for n in 2 4; do
     gptqmodel_run inv_tf32_$n 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict --defaults \
       --inverse triangular --tf32
+    gptqmodel_run inv_gemm_$n 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict --inverse triangular \
+      --tf32 --precision tensor_gemm
   done
   gptqmodel_run inv70_tf32 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \
     --defaults --inverse triangular --tf32
+  gptqmodel_run inv70_gemm 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \
+    --inverse triangular --tf32 --precision tensor_gemm
 }
 part_attention() {  # the attention outputs kept (install's default) against not, same digests (speed_models first)
   local n

@@ -266,7 +266,7 @@ def main():
     a.add_argument("--layers", type=int, default=2)
     a.add_argument("--model-kind", choices=("llama", "llama70b", "deepseek_v3") + tuple(MOE_SHAPES) + ARCHS,
                    default="llama")
-    a.add_argument("--precision", choices=("ieee_fp32", "tensor"))
+    a.add_argument("--precision", choices=("ieee_fp32", "tensor", "tensor_gemm"))
     a.add_argument("--stop-at-layer", type=int, help="end the run at this layer's first solve (its time printed)")
     a.add_argument("--group-rows", type=int, help="qlink: tokens per grouped forward (0: GPTQModel's batches kept)")
     a.add_argument("--codes")

@@ -3,8 +3,8 @@ machine: a byte-level BPE tokenizer and a LLaMA-architecture model (about 34 M p
 hidden 512, 8 layers, intermediate 1408, 8 heads, vocab 8192) trained from a fixed seed on
 corpus.py's training text; its held-out perplexity in bf16; then each quantization of it in
 a gptqmodel_run.py process of its own (GPTQModel alone, qlink ieee_fp32, qlink tensor, qlink
-tensor with the triangular inverse, and with TF32 cross-block updates too; --variants picks
-some), at
+tensor with the triangular inverse, and with TF32 cross-block updates too, and those with the
+vendor's GemmEx Hessians; --variants picks some), at
 4-bit and 3-bit g128, each with two calibration seeds (the noise), and RTN (GPTQModel's
 symmetric min-max, no calibration); every quantized model's held-out perplexity from the
 solves' quant-dequantized weights written into a bf16 copy. Prints the table, writes JSON.
@@ -33,7 +33,9 @@ VARIANTS = {"GPTQModel alone": [], "qlink ieee_fp32": ["--qlink", "--strict", "-
             "qlink tensor": ["--qlink", "--strict", "--precision", "tensor"],
             "qlink tensor triangular": ["--qlink", "--strict", "--precision", "tensor", "--inverse", "triangular"],
             "qlink tensor triangular tf32": ["--qlink", "--strict", "--precision", "tensor", "--inverse", "triangular",
-                                             "--tf32"]}
+                                             "--tf32"],
+            "qlink tensor_gemm triangular tf32": ["--qlink", "--strict", "--precision", "tensor_gemm", "--inverse",
+                                                  "triangular", "--tf32"]}
 
 
 def train_tokenizer(text_path, vocab):
