@@ -69,7 +69,9 @@
 #     breakdown  GPTQModel alone with each of qlink's process settings (gc, switch, segments) at
 #                2 and 4 layers; AutoRound alone with each (AR_ITERS)
 #   Groups: gpu, hosts, issue20 (moe_check moe_solve moe), issue22 (ar ar0), issue23 (hprec loop loop_slope),
-#   ar_moe (ar_moe_host ar_moe_qlink ar_moe_grouped), issue40 (speed_models attention inverse)
+#   ar_moe (ar_moe_host ar_moe_qlink ar_moe_grouped), issue40 (speed_models attention inverse), in two
+#   calls issue40_defaults (speed_models attention) and issue40_options (hprec inverse; after the
+#   first in one lease, its models on the machine)
 # Environment: BUDGET (seconds for the whole run, 540 by default, 0 for none: a command's
 # limit is cut to what is left, and one with less than 10 s left is skipped, so the archive is
 # always made), DRY_RUN=1 (say each command, run none), KEEP_RAW=0 (remove OUTDIR once packed),
@@ -95,6 +97,8 @@ declare -A groups=(
   [issue23]="hprec loop loop_slope"
   [ar_moe]="ar_moe_host ar_moe_qlink ar_moe_grouped"
   [issue40]="speed_models attention inverse"
+  [issue40_defaults]="speed_models attention"
+  [issue40_options]="hprec inverse"
 )
 
 lib=$P/python/qlink/lib/libqlink.so
