@@ -1,0 +1,264 @@
+"""A layer's subset forwards as GPTQModel's layer stage runs them (its linears HookedLinear,
+each subset's hooks set through the looper's masked wrapper with the last one stopping the
+forward, the subset's weights replaced, the hooks cleared, the replay), with all of qlink's
+forward savings (the kept attention outputs and tail inputs, the stopped products) against
+none of them: every hooked input and every replay output the same bytes. On the stand-ins'
+LLaMA-shaped layer here, and on transformers' own LlamaDecoderLayer where transformers is
+installed (bf16 on the GPU where there is one). Then the stopped products alone
+(hooked_linear.py): in a loop with GPTQ's processor alone a product no one reads is not
+computed, its hook gets the same input and an output of the product's shape and dtype, then
+StopForward as before; a product another hooked module reads, another processor's loop, a
+new subset, all compute as GPTQModel does."""
+import collections
+
+import pytest
+import torch
+
+import qlink
+from qlink.integrations import gptqmodel as adapter
+
+from stand_in_hosts import stand_in
+from test_integration_gptqmodel_attention import DecoderLayer, _batches
+
+SUBSETS = [("self_attn", ("q_proj", "k_proj", "v_proj")), ("self_attn", ("o_proj",)),
+           ("mlp", ("gate_proj", "up_proj")), ("mlp", ("down_proj",))]
+NONE = dict(attention_outputs=False, tail_inputs=False, stopped_products=False)
+
+
+@pytest.fixture
+def host(library):
+    with stand_in("gptqmodel", adapter):
+        from gptqmodel.looper import gptq_processor, input_cache, module_looper
+        from gptqmodel.models import base
+        from gptqmodel.nn_modules import hooked_linear
+        ctx = qlink.load({"backend": "cpu", "cpu_devices": 1, "log_level": "off"}, library=library)
+        yield dict(base=base, gptq_processor=gptq_processor, input_cache=input_cache, module_looper=module_looper,
+                   hooked_linear=hooked_linear, ctx=ctx)
+
+
+def _stage(host, layer, batches):
+    """(every hooked input, the replay's outputs) of GPTQModel's stage over `layer`, inside
+    the stand-in loop."""
+    hooked_linear, seen, outputs = host["hooked_linear"], [], []
+    for child, names in SUBSETS:
+        for name in names:
+            parent = getattr(layer, child)
+            setattr(parent, name, hooked_linear.HookedLinear.from_linear(getattr(parent, name)))
+
+    def forward(looper):
+        for args, kwargs in batches:
+            try:
+                out = layer(*args, **kwargs)
+                outputs.append(out[0] if isinstance(out, tuple) else out)
+            except hooked_linear.StopForward:
+                pass
+
+    def stage(model, looper):
+        staged = model.pre_quantize(layer)
+        for child, names in SUBSETS:
+            modules = [getattr(getattr(staged, child), name) for name in names]
+            for i, (name, module) in enumerate(zip(names, modules)):
+                def record(m, inputs, output, name=name):
+                    seen.append((name, inputs[0].clone()))
+                module.forward_hook = looper._masked_hook_wrapper(looper.processors[0], record, name)
+                module.forward_hook_last = i == len(modules) - 1
+            with torch.no_grad():
+                forward(looper)
+            for module in modules:  # GPTQModel's process, then the hooks cleared
+                module.weight.data = (module.weight.data.float() * 64).round().div(64).to(module.weight.dtype)
+                module.forward_hook, module.forward_hook_last = None, False
+        with torch.no_grad():
+            forward(looper)
+        model.post_quantize(staged)
+
+    model = host["base"].BaseQModel()
+    model.quantize_config = type("QuantizeConfig", (), {"device": "cpu"})()
+    looper = host["module_looper"].ModuleLooper(model, processors=[host["gptq_processor"].GPTQProcessor()])
+    looper.capture = lambda calibration_data: (stage(model, looper), host["input_cache"].InputCache([], [], [], []))[1]
+    looper.loop(None)
+    return seen, outputs
+
+
+def _against_none(host, make_layer, batches):
+    """The stage with none of the savings, then with all (install's defaults): the same bytes.
+    Returns the seam counters of the second."""
+    results = []
+    for install in (NONE, {}):
+        adapter.install(ctx=host["ctx"], strict=True, **install)
+        torch.manual_seed(0)
+        results.append(_stage(host, make_layer(), batches))
+    (seen, outputs), (kept_seen, kept_outputs) = results
+    assert [n for n, _ in kept_seen] == [n for n, _ in seen]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(kept_seen, seen))
+    assert len(kept_outputs) == len(outputs) and all(torch.equal(a, b) for a, b in zip(kept_outputs, outputs))
+    return adapter.counters()["seams"]
+
+
+def test_every_saving_at_once_keeps_the_bytes(host):
+    batches = _batches()
+    counts = _against_none(host, DecoderLayer, batches)
+    n = len(batches)
+    assert counts["attention_outputs"]["qlink"] == 2 * n  # down's forward and the replay
+    assert counts["tail_inputs"]["qlink"] == 2 * (n - 1)  # gate/up's block, the replay's MLP, after the check
+    # The four subsets' last products in every batch; q, k and gate after each subset's first.
+    assert counts["stopped_products"]["qlink"] == 4 * n + 3 * (n - 1)
+
+
+def test_transformers_llama_layer_every_saving_at_once(host):
+    transformers = pytest.importorskip("transformers")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    config = transformers.LlamaConfig(hidden_size=256, intermediate_size=512, num_attention_heads=8,
+                                      num_key_value_heads=2, num_hidden_layers=1, vocab_size=128)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    model = model.to(device, torch.bfloat16)
+    gen = torch.Generator().manual_seed(2)
+    batches = []
+    for _ in range(3):
+        x = torch.randn(2, 64, 256, generator=gen).to(device, torch.bfloat16)
+        position_ids = torch.arange(64, device=device)[None].expand(2, -1)
+        batches.append(((x,), {"attention_mask": None, "position_ids": position_ids, "use_cache": False,
+                               "cache_position": torch.arange(64, device=device),
+                               "position_embeddings": model.model.rotary_emb(x, position_ids)}))
+    state = model.model.layers[0].state_dict()
+
+    def make_layer():
+        layer = transformers.models.llama.modeling_llama.LlamaDecoderLayer(config, layer_idx=0)
+        layer.load_state_dict(state)
+        return layer.to(device, torch.bfloat16)
+
+    counts = _against_none(host, make_layer, batches)
+    assert counts["attention_outputs"]["qlink"] == 2 * len(batches), counts["attention_outputs"]
+    assert counts["tail_inputs"]["qlink"] == 2 * (len(batches) - 1), counts["tail_inputs"]
+
+
+HIDDEN, OUT, BATCHES = 16, 24, 3
+NAMES = ("q_proj", "k_proj", "v_proj")
+
+
+class Qkv(torch.nn.Module):
+    def __init__(self, hooked):
+        super().__init__()
+        torch.manual_seed(0)
+        for name in NAMES:
+            setattr(self, name, hooked.HookedLinear.from_linear(torch.nn.Linear(HIDDEN, OUT, bias=False)))
+
+    def forward(self, x):
+        return self.q_proj(x) + self.k_proj(x) + self.v_proj(x)
+
+
+@pytest.fixture
+def products(monkeypatch):
+    """The products torch.nn.Linear computes, per module."""
+    made, forward = collections.Counter(), torch.nn.Linear.forward
+
+    def counting(module, input):
+        made[module.module_name] += 1
+        return forward(module, input)
+    monkeypatch.setattr(torch.nn.Linear, "forward", counting)
+    return made
+
+
+def _subset(host, processors=None, hooked=NAMES, block=Qkv):
+    """The subset forward of `hooked` (the last one stopping it) over every batch, inside the
+    stand-in layer loop: what each hook saw, (input, output shape, output dtype)."""
+    seen = []
+    hooked_linear = host["hooked_linear"]
+
+    def stage(looper):
+        layer = block(hooked_linear)
+        for name in NAMES:
+            getattr(layer, name).module_name = name
+        for i, name in enumerate(hooked):
+            def hook(module, inputs, output, name=name):
+                seen.append((name, inputs[0].clone(), tuple(output.shape), output.dtype))
+            module = getattr(layer, name)
+            module.forward_hook = looper._masked_hook_wrapper(looper.processors[0], hook, name)
+            module.forward_hook_last = i == len(hooked) - 1
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(BATCHES):
+            with pytest.raises(hooked_linear.StopForward):
+                layer(torch.randn(2, 5, HIDDEN, generator=gen).bfloat16().float())
+
+    model = host["base"].BaseQModel()
+    model.quantize_config = type("QuantizeConfig", (), {"device": "cpu"})()
+    looper = None
+
+    def capture(calibration_data):
+        stage(looper)
+        return host["input_cache"].InputCache([], [], [], [])
+
+    processors = [host["gptq_processor"].GPTQProcessor()] if processors is None else processors
+    looper = host["module_looper"].ModuleLooper(model, capture=capture, processors=processors)
+    looper.loop(None)
+    return seen
+
+
+def _same(a, b):
+    assert [(n, s, d) for n, _, s, d in a] == [(n, s, d) for n, _, s, d in b]
+    assert all(torch.equal(x, y) for (_, x, _, _), (_, y, _, _) in zip(a, b))
+
+
+def test_products_no_one_reads_are_not_computed_and_the_hooks_see_the_same(host, products):
+    """v_proj's (the last) in every batch; q_proj's and k_proj's, given v_proj's input, after
+    the first batch showed that."""
+    own = _subset(host)
+    assert products == {name: BATCHES for name in NAMES}
+    products.clear()
+    adapter.install(ctx=host["ctx"], strict=True)
+    mine = _subset(host)
+    _same(mine, own)
+    assert products == {"q_proj": 1, "k_proj": 1}
+    assert adapter.counters()["seams"]["stopped_products"] == {"qlink": 3 * BATCHES - 2, "host": 0, "fallback": 0,
+                                                               "reasons": {}}
+
+
+class Chain(torch.nn.Module):
+    """A subset whose second module reads the first one's output."""
+
+    def __init__(self, hooked):
+        super().__init__()
+        torch.manual_seed(0)
+        self.q_proj = hooked.HookedLinear.from_linear(torch.nn.Linear(HIDDEN, HIDDEN, bias=False))
+        self.k_proj = hooked.HookedLinear.from_linear(torch.nn.Linear(HIDDEN, OUT, bias=False))
+        self.v_proj = hooked.HookedLinear.from_linear(torch.nn.Linear(HIDDEN, OUT, bias=False))
+
+    def forward(self, x):
+        return self.k_proj(torch.relu(self.q_proj(x))) + self.v_proj(x)
+
+
+def test_a_product_another_hooked_module_reads_is_computed(host, products):
+    """q_proj's output is k_proj's input: every batch computes q_proj and k_proj (only v_proj's,
+    the last, is left out), and k_proj's hook sees what it sees without qlink."""
+    own = _subset(host, block=Chain)
+    products.clear()
+    adapter.install(ctx=host["ctx"], strict=True)
+    _same(_subset(host, block=Chain), own)
+    assert products == {"q_proj": BATCHES, "k_proj": BATCHES}
+
+
+def test_another_processor_keeps_every_product(host, products):
+    class AWQProcessor:
+        pass
+
+    adapter.install(ctx=host["ctx"], strict=True)
+    _subset(host, processors=[host["gptq_processor"].GPTQProcessor(), AWQProcessor()])
+    assert products == {name: BATCHES for name in NAMES}
+    counts = adapter.counters()["seams"]["stopped_products"]
+    assert counts["qlink"] == 0 and counts["reasons"] == {"processors other than GPTQ's (AWQProcessor)": 3 * BATCHES}
+
+
+def test_a_new_subset_starts_computing_again(host, products):
+    """Each subset's hooks are new objects: what an earlier subset showed does not carry over."""
+    adapter.install(ctx=host["ctx"], strict=True)
+    _subset(host, hooked=("q_proj", "k_proj"))
+    _subset(host, hooked=("q_proj", "k_proj"))
+    assert products == {"q_proj": 2}  # each subset's first batch; k_proj (last) never; v_proj never runs
+
+
+def test_off_by_install(host, products):
+    adapter.install(ctx=host["ctx"], strict=True, stopped_products=False)
+    _subset(host)
+    assert products == {name: BATCHES for name in NAMES}
+    with pytest.raises(ValueError, match="stopped_products must be True or False, got 0"):
+        adapter.install(ctx=host["ctx"], stopped_products=0)
