@@ -138,28 +138,27 @@ class _Layer:
 
 
 def _attached(module):
-    outputs = _OWNERS.get(id(module))
-    attached = outputs.by_module.get(id(module)) if outputs is not None else None
-    if attached is None or attached.forwards.get(id(module), (None,))[0] is not module:
-        return None, None  # not attached, or a copy of an attached module
-    return outputs, attached
+    """The _Layer `module` is attached to (the layer or a wrapped child), None for a module
+    not attached or a copy of one (its forward the class's)."""
+    attached = _ATTACHED.get(id(module))
+    return attached if attached is not None and attached.forwards[id(module)][0] is module else None
 
 
 def _layer_forward(layer, *args, **kwargs):
-    outputs, attached = _attached(layer)
+    attached = _attached(layer)
     if attached is None:
         return type(layer).forward(layer, *args, **kwargs)
-    return outputs.layer_call(attached, args, kwargs)
+    return attached.outputs.layer_call(attached, args, kwargs)
 
 
 def _child_forward(child, *args, **kwargs):
-    outputs, attached = _attached(child)
+    attached = _attached(child)
     if attached is None:
         return type(child).forward(child, *args, **kwargs)
-    return outputs.child_call(attached, child, args, kwargs)
+    return attached.outputs.child_call(attached, child, args, kwargs)
 
 
-_OWNERS = {}  # id of an attached layer or wrapped child -> its AttentionOutputs
+_ATTACHED = {}  # id of an attached layer or wrapped child -> its _Layer
 
 
 class AttentionOutputs:
@@ -168,7 +167,6 @@ class AttentionOutputs:
     def __init__(self, counters):
         self.counters = counters
         self.attached = {}  # id(layer) -> _Layer
-        self.by_module = {}  # id of an attached layer or wrapped child -> its _Layer
         self.local = threading.local()  # this thread's _LayerCall
 
     def attach(self, layer, refusal, tails=True):
@@ -188,16 +186,14 @@ class AttentionOutputs:
         attached = _Layer(self, layer, block_name, block, budget, tails)
         self.attached[id(layer)] = attached
         for key in attached.forwards:
-            self.by_module[key] = attached
-            _OWNERS[key] = self
+            _ATTACHED[key] = attached
 
     def detach_all(self):
         for attached in list(self.attached.values()):
             attached.detach()
             for key in attached.forwards:
-                _OWNERS.pop(key, None)
+                _ATTACHED.pop(key, None)
         self.attached.clear()
-        self.by_module.clear()
 
     def layer_call(self, attached, args, kwargs):
         attached.track()
@@ -209,8 +205,8 @@ class AttentionOutputs:
             self.local.current = previous
 
     def child_call(self, attached, child, args, kwargs):
-        """A wrapped child's run: the block's kept output, or a tail's answer, or its own."""
-        forward = attached.forward_of(child)
+        """A wrapped child's run: the block's kept output, a tail's answer, or its own."""
+        own = (lambda: attached.forward_of(child)(*args, **kwargs))
         current = getattr(self.local, "current", None)
         if args:
             others = (args[1:], kwargs)
@@ -231,27 +227,27 @@ class AttentionOutputs:
         if reason:
             if child is attached.block:
                 self.counters.host(PATCH, reason)
-            return forward(*args, **kwargs)
+            return own()
         key = current.next_key(child, others)
         before = signature(current.ran_before(child), recurse=True)
         tail = attached.tails.get(id(child))
         if child is not attached.block:  # the MLP: its tail alone
-            state = (before, signature((attached.block,), recurse=True), signature(
-                tuple(child.modules()), False, skip=(tail.on,) if tail.on is not None else ()))
-            return tail.run(key, state, lambda: forward(*args, **kwargs))
-        modules = tuple(child.modules())
-        state = (before, signature(modules, False))
-        run = (lambda: forward(*args, **kwargs)) if tail is None else (lambda: tail.run(
-            key, (before, signature(modules, False, skip=(tail.on,) if tail.on is not None else ())),
-            lambda: forward(*args, **kwargs)))
-        if hooked(child):
+            return tail.run(key, (before, signature((attached.block,), True), _but_last(child, tail)), own)
+        if tail is not None:
+            own = (lambda run=own: tail.run(key, (before, _but_last(child, tail)), run))
+        return self.block_call(attached, key, (before, signature(tuple(child.modules()), False)), own)
+
+    def block_call(self, attached, key, state, own):
+        """The block's output: a copy of its record where `state` (its signature) matches,
+        else own() (recorded within the budget)."""
+        if hooked(attached.block):
             self.counters.host(PATCH, "a hook on the block (its subset's forward)")
-            return run()
+            return own()
         record = attached.records.get(key)
         if record is not None and record.signature == state:
             self.counters.qlink(PATCH)
             return map_nested(record.output, lambda ts: [t.clone() for t in ts])
-        output = run()
+        output = own()
         tensors = nested_tensors(output)
         given = nbytes(nested_tensors(record.output)) if record is not None else 0
         if not attached.take(nbytes(tensors) - given):
@@ -260,6 +256,11 @@ class AttentionOutputs:
         attached.records[key] = _Record(map_nested(output, lambda ts: [t.detach().clone() for t in ts]), state)
         self.counters.host(PATCH, "recorded (its inputs or weights new)")
         return output
+
+
+def _but_last(child, tail):
+    """The signature of the child's modules but its tail's last linear."""
+    return signature(tuple(child.modules()), False, skip=(tail.on,) if tail.on is not None else ())
 
 
 class _Record:
