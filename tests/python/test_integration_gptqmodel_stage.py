@@ -248,6 +248,29 @@ def test_another_processor_keeps_every_product(host, products):
     assert counts["qlink"] == 0 and counts["reasons"] == {"processors other than GPTQ's (AWQProcessor)": 3 * BATCHES}
 
 
+def test_a_hook_no_weak_reference_holds_keeps_its_module_computing(host, products, monkeypatch):
+    """A hook object that cannot be weakly referenced is never marked: its module computes in
+    every batch, the last one's product still left out."""
+    wrapper = host["module_looper"].ModuleLooper._masked_hook_wrapper
+    monkeypatch.setattr(host["module_looper"].ModuleLooper, "_masked_hook_wrapper",
+                        lambda self, processor, inner_hook, hook_source: _Unreferenceable(
+                            wrapper(self, processor, inner_hook, hook_source)))
+    adapter.install(ctx=host["ctx"], strict=True)
+    _subset(host)
+    assert products == {"q_proj": BATCHES, "k_proj": BATCHES}
+
+
+class _Unreferenceable:
+    """A callable hook without __weakref__ (slots only)."""
+    __slots__ = ("hook",)
+
+    def __init__(self, hook):
+        self.hook = hook
+
+    def __call__(self, *args):
+        return self.hook(*args)
+
+
 def test_a_new_subset_starts_computing_again(host, products):
     """Each subset's hooks are new objects: what an earlier subset showed does not carry over."""
     adapter.install(ctx=host["ctx"], strict=True)

@@ -51,11 +51,17 @@ class StoppedProducts:
         if pending and all(k == key for _, k in pending):
             with self.lock:
                 for module, _ in pending:
-                    self.unread[module.forward_hook] = True
+                    try:
+                        self.unread[module.forward_hook] = True
+                    except TypeError:  # a hook no weak reference can hold: its module keeps computing
+                        pass
 
     def read_by_no_one(self, module):
         with self.lock:
-            return self.unread.get(module.forward_hook, False)
+            try:
+                return self.unread.get(module.forward_hook, False)
+            except TypeError:
+                return False
 
 
 def make_forward(installation, original):
