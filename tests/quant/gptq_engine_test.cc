@@ -113,6 +113,8 @@ class Gptq : public ::testing::Test {
   qlink_gptq_options Options(int bits = 4, int group_size = 32, int desc_act = 0) {
     return {QLINK_GPTQ_OPTIONS_STRUCT_SIZE, bits, group_size, 1, desc_act, 0, 0, 0.01, 0.01, 128};
   }
+  // down_proj's outputs after a fresh Block's 7 linears are quantized with `o` on `ctx`.
+  std::vector<uint8_t> DownProjOutputs(qlink_context* ctx, const qlink_gptq_options& o);
   Plugin& plugin_;
   const qlink_api& api_;
   std::deque<qlink_test::Context> contexts_;
@@ -152,6 +154,14 @@ struct Block {
   std::vector<std::string> names;
   std::vector<size_t> hessian_of;
 };
+
+std::vector<uint8_t> Gptq::DownProjOutputs(qlink_context* ctx, const qlink_gptq_options& o) {
+  Block block;
+  auto specs = block.specs();
+  qlink_gptq_args args{QLINK_GPTQ_ARGS_STRUCT_SIZE, &o, specs.data(), specs.size(), nullptr, 0, nullptr, 0};
+  EXPECT_EQ(api_.gptq_quantize(ctx, &args), QLINK_OK) << api_.last_error();
+  return block.layers[6].outputs();
+}
 
 TEST_F(Gptq, ResultsAreBitIdenticalAcrossWorldsOneToEight) {
   // Per column order (as given, act-order, group-aware): each layer's outputs and loss at
@@ -356,43 +366,26 @@ TEST_F(Gptq, RefusalsNameTheArgumentAndWriteNothing) {
   refused(o, "no other damp tried", &bad);
 }
 
-// A host built against 1.4 passes options ending at nsamples: whatever lies beyond is not
-// read, so the group-aware order stays off.
 // A 1.5-sized struct reads no inverse: whatever follows it, the Cholesky inverse.
 TEST_F(Gptq, OptionsOfTheOneFiveSizeReadTheCholeskyInverse) {
   qlink_context* ctx = Make(1);
-  std::vector<std::vector<uint8_t>> outputs;
-  for (auto [size, inverse] :
-       {std::pair{QLINK_GPTQ_OPTIONS_STRUCT_SIZE, 0}, std::pair{QLINK_GPTQ_OPTIONS_STRUCT_SIZE_1_5, 7}}) {
-    Block block;
-    auto specs = block.specs();
-    qlink_gptq_options o = Options();
-    o.struct_size = size;
-    o.inverse = inverse;
-    qlink_gptq_args args{QLINK_GPTQ_ARGS_STRUCT_SIZE, &o, specs.data(), specs.size(), nullptr, 0, nullptr, 0};
-    ASSERT_EQ(api_.gptq_quantize(ctx, &args), QLINK_OK) << api_.last_error();
-    outputs.push_back(block.layers[6].outputs());
-  }
-  EXPECT_EQ(outputs[1], outputs[0]);
+  qlink_gptq_options o = Options();
+  const std::vector<uint8_t> current = DownProjOutputs(ctx, o);
+  o.struct_size = QLINK_GPTQ_OPTIONS_STRUCT_SIZE_1_5;
+  o.inverse = 7;
+  EXPECT_EQ(DownProjOutputs(ctx, o), current);
 }
 
+// A host built against 1.4 passes options ending at nsamples: whatever lies beyond is not
+// read, so the group-aware order stays off.
 TEST_F(Gptq, OptionsOfTheOneFourSizeReadNoGroupAwareOrder) {
   qlink_context* ctx = Make(1);
-  std::vector<std::vector<uint8_t>> outputs;
-  for (auto [size, group_aware] :
-       {std::pair{QLINK_GPTQ_OPTIONS_STRUCT_SIZE, 0}, std::pair{QLINK_GPTQ_OPTIONS_STRUCT_SIZE_1_4, 1},
-        std::pair{QLINK_GPTQ_OPTIONS_STRUCT_SIZE, 1}}) {
-    Block block;
-    auto specs = block.specs();
-    qlink_gptq_options o = Options();
-    o.struct_size = size;
-    o.act_group_aware = group_aware;
-    qlink_gptq_args args{QLINK_GPTQ_ARGS_STRUCT_SIZE, &o, specs.data(), specs.size(), nullptr, 0, nullptr, 0};
-    ASSERT_EQ(api_.gptq_quantize(ctx, &args), QLINK_OK) << api_.last_error();
-    outputs.push_back(block.layers[6].outputs());
-  }
-  EXPECT_EQ(outputs[1], outputs[0]);
-  EXPECT_NE(outputs[2], outputs[0]) << "the group-aware order changes down_proj's result";
+  qlink_gptq_options o = Options();
+  const std::vector<uint8_t> current = DownProjOutputs(ctx, o);
+  o.act_group_aware = 1;
+  EXPECT_NE(DownProjOutputs(ctx, o), current) << "the group-aware order changes down_proj's result";
+  o.struct_size = QLINK_GPTQ_OPTIONS_STRUCT_SIZE_1_4;
+  EXPECT_EQ(DownProjOutputs(ctx, o), current);
 }
 
 // Without its solver library the engine says which one is missing; the rest of qlink works.
