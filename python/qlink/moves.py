@@ -38,6 +38,11 @@ def _move_regular(out, tensors, indices, target):
 PINNED_MIN_BYTES = 1 << 20  # below it, page-locking a landing costs more than it saves
 
 
+def nbytes(tensors):
+    """The bytes `tensors` hold together."""
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def _to_pinned_host(tensors):
     """Copies of `tensors` in CPU memory. The contiguous GPU tensors that need no autograd
     and share no storage with another of them, when they add up to PINNED_MIN_BYTES, land in
@@ -48,7 +53,7 @@ def _to_pinned_host(tensors):
     storages = collections.Counter(t.untyped_storage().data_ptr() for t in tensors if t.is_cuda)
     fast = [i for i, t in enumerate(tensors) if t.is_cuda and t.is_contiguous() and not t.requires_grad
             and storages[t.untyped_storage().data_ptr()] == 1]
-    if sum(tensors[i].numel() * tensors[i].element_size() for i in fast) < PINNED_MIN_BYTES:
+    if nbytes([tensors[i] for i in fast]) < PINNED_MIN_BYTES:
         fast = []
     streams = {}
     for i in fast:

@@ -8,6 +8,7 @@ import threading
 
 import torch
 
+from ...moves import nbytes
 from ...pinned_staging import stageable
 from ...plan import check_setting, resolve_plan
 from ...quant.placement import Placement
@@ -41,10 +42,6 @@ class _Host:
             short = name.rpartition(":")[2]
             if "." not in short and not hasattr(self, short):
                 setattr(self, short, names[name])
-
-
-def _nbytes(tensors):
-    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _one_per_sample(value):
@@ -204,9 +201,9 @@ class AutoRoundInstallation(Installation):
                 return original(q, *args, input_ids=input_ids, **kwargs)
             batch = global_batch_size(q, len(active))
             linears = _quantized_linears(block)
-            parts = {"block": _nbytes(list(block.parameters()) + list(block.buffers())),
+            parts = {"block": nbytes(list(block.parameters()) + list(block.buffers())),
                      "tuning": sum(4 * m.weight.numel() * 5 // 4 for m in linears),
-                     "activations (estimate)": 16 * batch * _nbytes(active[:1])}
+                     "activations (estimate)": 16 * batch * nbytes(active[:1])}
             plan = self.plan(getattr(block_ctx, "block_name", ""), q.iters, batch, block, parts)
             if plan.world < 2:
                 if self.parallel == "off":
@@ -305,7 +302,7 @@ class AutoRoundInstallation(Installation):
         @like(original)
         def quantize_block(q, block, *args, **kwargs):
             linears = _quantized_linears(block)
-            parts = {"largest layer": 4 * max((_nbytes([m.weight]) for m in linears), default=0)}
+            parts = {"largest layer": 4 * max((nbytes([m.weight]) for m in linears), default=0)}
             block_ctx = kwargs.get("block_ctx", args[4] if len(args) > 4 else None)
             plan = self.plan(getattr(block_ctx, "block_name", ""), 0, 1, block, parts)
             if len(linears) < 2:

@@ -29,22 +29,22 @@ import types
 
 import torch
 
-from ...moves import map_nested, nested_tensors
+from ...moves import map_nested, nbytes, nested_tensors
 from ..patches import like
-from .module_state import OwnHook, hooked, nbytes, plain, signature, tensor_keys
-from .tail_inputs import Tail, last_linear_name
+from .module_state import OwnHook, hooked, plain, signature, tensor_keys
+from .tail_inputs import Tail
 
 PATCH = "attention_outputs"
 BLOCK_NAMES = ("self_attn", "attn", "self_attention", "attention")  # the decoder layers' attention child
-MLP_NAME = "mlp"  # the dense MLP child, whose down_proj input tail_inputs keeps
+MLP_NAME = "mlp"  # the dense MLP child
+LAST_LINEARS = ("o_proj", "down_proj")  # the block's and the MLP's, whose inputs tail_inputs keeps
 BUDGET_SHARE = 4  # a layer's records take at most 1/BUDGET_SHARE of its GPU's free memory
 
 
 def attention_block(layer):
-    """(name, attention child) of a decoder layer, or (None, None)."""
+    """The attention child of a decoder layer, or None."""
     children = dict(layer.named_children())
-    name = next((name for name in BLOCK_NAMES if name in children), None)
-    return name, children.get(name)
+    return next((children[name] for name in BLOCK_NAMES if name in children), None)
 
 
 class _Ran(OwnHook):
@@ -79,15 +79,14 @@ class _Layer:
     """One attached layer: its block (and dense MLP), the forwards replaced, the records, the
     tails and the hooks that list the children run in each call."""
 
-    def __init__(self, outputs, layer, block_name, block, budget, tails):
+    def __init__(self, outputs, layer, block, budget, tails):
         self.outputs, self.layer, self.block, self.budget = outputs, layer, block, budget
         self.records, self.held = {}, 0
         self.handles, self.tracked = [], ()
         mlp = dict(layer.named_children()).get(MLP_NAME)
         self.tails = {}
-        for name, child in ((block_name, block), (MLP_NAME, mlp)) if tails else ():
-            last = last_linear_name(name) if child is not None else None
-            if last is not None and isinstance(getattr(child, last, None), torch.nn.Module):
+        for child, last in zip((block, mlp), LAST_LINEARS) if tails else ():
+            if isinstance(getattr(child, last, None), torch.nn.Module):
                 self.tails[id(child)] = Tail(child, last, outputs.counters, self.take)
         self.mlp = mlp if id(mlp) in self.tails else None
         self.forwards = {}
@@ -175,7 +174,7 @@ class AttentionOutputs:
         if refusal:
             self.counters.host(PATCH, refusal)
             return
-        block_name, block = attention_block(layer)
+        block = attention_block(layer)
         if block is None:
             self.counters.host(PATCH, "no attention child (%s)" % ", ".join(BLOCK_NAMES))
             return
@@ -183,7 +182,7 @@ class AttentionOutputs:
             return
         device = next(itertools.chain(block.parameters(), block.buffers()), torch.empty(0)).device
         budget = torch.cuda.mem_get_info(device)[0] // BUDGET_SHARE if device.type == "cuda" else None
-        attached = _Layer(self, layer, block_name, block, budget, tails)
+        attached = _Layer(self, layer, block, budget, tails)
         self.attached[id(layer)] = attached
         for key in attached.forwards:
             _ATTACHED[key] = attached

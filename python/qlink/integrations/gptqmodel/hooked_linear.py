@@ -20,12 +20,9 @@ import torch
 
 from ..patches import like
 from .contract import unproduced_forward
+from .module_state import tensor_keys
 
 PATCH = "stopped_products"
-
-
-def _key(t):
-    return (t.data_ptr(), tuple(t.shape), t.dtype, t.device)
 
 
 class StoppedProducts:
@@ -41,13 +38,13 @@ class StoppedProducts:
         pending = getattr(self.local, "pending", None)
         if pending is None:
             pending = self.local.pending = []
-        pending.append((module, _key(input)))
+        pending.append((module, tensor_keys((input,))))
 
     def stopped(self, input):
         """The subset's last module runs: the modules before it are marked where each of them
         was given its input."""
         pending, self.local.pending = getattr(self.local, "pending", None) or [], []
-        key = _key(input)
+        key = tensor_keys((input,))
         if pending and all(k == key for _, k in pending):
             with self.lock:
                 for module, _ in pending:

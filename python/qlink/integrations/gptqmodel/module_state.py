@@ -1,6 +1,7 @@
-"""What the kept layer outputs compare between a layer's forwards (attention_outputs.py,
-tail_inputs.py): tensors by address, shape and layout; modules by identity and their tensors
-by identity, address and version; the hooks on a module but qlink's own."""
+"""What the kept layer outputs and the stopped products compare between a layer's forwards
+(attention_outputs.py, tail_inputs.py, hooked_linear.py): tensors by address, shape and
+layout; modules by identity and their tensors by identity, address and version; the hooks
+on a module but qlink's own."""
 import itertools
 
 import torch
@@ -57,7 +58,3 @@ def hooked(module):
             if any(not isinstance(h, OwnHook) for h in hooks.values()):
                 return True
     return False
-
-
-def nbytes(tensors):
-    return sum(t.numel() * t.element_size() for t in tensors)

@@ -18,14 +18,10 @@ import threading
 
 import torch
 
-from .module_state import OwnHook, hooked, nbytes
+from ...moves import nbytes
+from .module_state import OwnHook, hooked
 
 PATCH = "tail_inputs"
-LAST = {"o_proj": ("self_attn", "attn", "self_attention", "attention"), "down_proj": ("mlp",)}
-
-
-def last_linear_name(child_name):
-    return next((last for last, children in LAST.items() if child_name in children), None)
 
 
 class _Call:
