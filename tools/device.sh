@@ -64,6 +64,7 @@
 #     moe_spread GPTQModel alone so again with its samples reversed, its codes against moe_host's (after it)
 #     moe_235b   a Qwen3-235B-A22B-shaped 2-layer model through the stage (made first)
 #     moe_dsv3   a DeepSeek-V3-shaped 1-layer model through the stage (made first)
+#     moe_gpus   the 2-layer Qwen3-MoE stage on one GPU then on every GPU, the DeepSeek-V3 layer on every GPU
 #     moe_tree   Qwen3-30B-A3B's module tree with small matrices: GPTQModel alone and qlink's defaults to layer 2 at 2
 #                and 48 layers (the per-module costs as the model grows), then qlink's whole 48-layer run
 #     breakdown  GPTQModel alone with each of qlink's process settings (gc, switch, segments) at
@@ -436,6 +437,17 @@ part_moe_dsv3() {  # issue 41: a DeepSeek-V3-shaped layer (about 52 GB of gate/u
 make_deepseek_v3; make_deepseek_v3('/tmp/deepseek-v3-1layer', layers=1)"
   gptqmodel_run dsv3_stage 500 --model /tmp/deepseek-v3-1layer --layers 1 --model-kind deepseek_v3 --qlink \
     --strict --defaults --expert-stage on
+}
+part_moe_gpus() {  # issue 41: the stage on one GPU, then on every GPU (its experts placed over them), the
+  # 2-layer Qwen3-MoE model (moe_models first), then the DeepSeek-V3-shaped layer (moe_dsv3 first) on every GPU
+  local every
+  every=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)
+  run moe_gpus1 240 env CUDA_VISIBLE_DEVICES=0 python3 gptqmodel_run.py --model /tmp/qwen3moe-2layers --layers 2 \
+    --model-kind qwen3_moe --qlink --strict --defaults --expert-stage on --out "$out/moe_gpus1.json"
+  run moe_gpus_all 240 env CUDA_VISIBLE_DEVICES="$every" python3 gptqmodel_run.py --model /tmp/qwen3moe-2layers \
+    --layers 2 --model-kind qwen3_moe --qlink --strict --defaults --expert-stage on --out "$out/moe_gpus_all.json"
+  run dsv3_gpus_all 500 env CUDA_VISIBLE_DEVICES="$every" python3 gptqmodel_run.py --model /tmp/deepseek-v3-1layer \
+    --layers 1 --model-kind deepseek_v3 --qlink --strict --defaults --expert-stage on --out "$out/dsv3_gpus_all.json"
 }
 part_moe_tree() {  # issue 41: the loop's costs per module at a whole model's size (Qwen3-30B-A3B's module tree,
   # small matrices): GPTQModel alone and qlink's defaults to layer 2's first solve at 2 and at 48 layers, then

@@ -4,7 +4,8 @@ under `qlink run` (--guards: the same torch guards, qlink installed by the launc
 GPTQModel is first imported: wheel_run.sh); prints and writes its
 wall time, per-layer losses, a digest of every layer's solve (Q, scales, zeros, g_idx as
 GPTQ.quantize returns them: the packed model's finished layers are offloaded to meta),
-peak GPU memory (PyTorch's allocator; qlink's scratch is outside it) and qlink's counters.
+peak GPU memory (PyTorch's allocator, the first GPU's and each GPU's; qlink's scratch is
+outside it) and qlink's counters.
 Nothing the script records waits on the device or copies to the host inside the timed
 call (device checksums, turned into digests after it).
 
@@ -393,7 +394,8 @@ def main():
     calibration = [{"input_ids": row, "attention_mask": torch.ones_like(row)} for row in ids]
     if args.reversed:
         calibration.reverse()
-    torch.cuda.reset_peak_memory_stats()
+    for device in range(torch.cuda.device_count()):
+        torch.cuda.reset_peak_memory_stats(device)
     if args.profile:
         from torch.profiler import profile
         sampler = idle.Sampler()
@@ -420,6 +422,8 @@ def report(args, result, layers, codes, dequantized, packs):
     """The run's figures: its records finished, qlink's counters, codes and weights saved, the JSON written."""
     import torch
     result["peak_torch_gib"] = round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)
+    result["peak_torch_gib_by_gpu"] = [round(torch.cuda.max_memory_allocated(d) / 2 ** 30, 2)
+                                       for d in range(torch.cuda.device_count())]
     finish_records(layers, codes)
     result["losses"] = {k: v["loss"] for k, v in layers.items()}
     result["digest"], result["packed_tensors"] = combined_digest(layers), len(layers)

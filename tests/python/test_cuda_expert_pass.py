@@ -2,7 +2,8 @@
 block's output and the down rows within bf16 rounding of the per-expert loop's, the gate/up
 rows and the counts equal, split experts equal to fused; split experts' replay (the
 routed_experts patch with expert_stage=True) grouped where nothing watches, deterministic,
-the loop where a hook does; skipped without such a GPU."""
+the loop where a hook does; on two GPUs, experts' Hessians summed on the second equal the
+first's; skipped without such GPUs."""
 import pytest
 import qlink
 import torch
@@ -10,7 +11,8 @@ from torch import nn
 
 from qlink.integrations import gptqmodel as adapter
 from qlink.integrations import grouped_experts
-from qlink.integrations.gptqmodel import expert_pass
+from qlink.integrations.gptqmodel import expert_hessians, expert_pass
+from qlink.quant import HessianAccumulator
 from qlink.integrations.gptqmodel.expert_layout import ExpertWeights
 
 from stand_in_hosts import stand_in
@@ -36,9 +38,9 @@ def _layer():
     return Layer(Block(experts, router)).to(torch.bfloat16)
 
 
-def _run(layer, record, grouped, monkeypatch):
+def _run(layer, record, grouped, monkeypatch, sink=None):
     monkeypatch.setattr(grouped_experts, "GROUPED_MM", grouped)
-    sink = Recorded()
+    sink = Recorded() if sink is None else sink
     routed = expert_pass.ExpertPass(ExpertWeights(layer.mlp.experts), record, sink)
     x = torch.randn(1, TOKENS, HIDDEN, generator=torch.Generator(device="cuda").manual_seed(1), device="cuda")
     with torch.no_grad(), routed.installed_on(layer.mlp.experts):
@@ -103,3 +105,23 @@ def test_unwatched_split_experts_replay_as_grouped_gemms(defuser, host, monkeypa
         torch.testing.assert_close(grouped, looped, rtol=1.6e-2, atol=1e-3)
         split[0].up_proj.register_forward_hook(lambda module, inputs, output: None)
         assert torch.equal(split(hidden, chosen, weights), looped) and len(grouped_calls) == 2
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("record", ["inputs", "intermediates"])
+def test_experts_placed_on_another_gpu_sum_what_the_rows_gpu_sums(ctx, record, monkeypatch):
+    """Experts placed on cuda:1 (apart, and one range) are summed there from their rows'
+    copies: bit for bit the Hessians summed on the rows' GPU."""
+    layer, other = _layer(), torch.device("cuda", 1)
+    results = []
+    for placed in ({}, {e: other for e in (1, 4, 6, 7)}, {e: other for e in range(8, EXPERTS)}):
+        sink = expert_hessians.ChunkHessians(HessianAccumulator(ctx), list(range(EXPERTS)), placed)
+        _run(layer, record, True, monkeypatch, sink=sink)
+        torch.cuda.synchronize(other)
+        assert all(h.device == placed.get(e, torch.device("cuda", 0)) for e, h in sink.partials.items())
+        results.append(sink.partials)
+    whole = results[0]
+    assert sorted(whole) == list(range(EXPERTS - 1))
+    for partials in results[1:]:
+        assert sorted(partials) == sorted(whole)
+        assert all(torch.equal(partials[e].cpu(), whole[e].cpu()) for e in whole)

@@ -3,7 +3,8 @@ run_subset_stage, and its pieces) on the CPU backend: the layer's expert subsets
 qlink equal GPTQModel's own path (block outputs bit for bit, per-expert Hessians within fp32
 rounding of a sum's order, row counts, which experts no token reached, the solved codes);
 a fused block (transformers 5's 3-D experts) gives what its defused copy gives, without per-
-expert modules; chunked Hessians and Hessians placed over two devices equal one chunk's;
+expert modules; chunked Hessians, and Hessians placed off the rows' device, equal one chunk's;
+the experts placed over GPTQModel's GPUs in ranges, its hints kept;
 what the stage does not cover runs GPTQModel's stage with the reason named."""
 import copy
 import dataclasses
@@ -200,7 +201,8 @@ def test_the_owned_stage_gives_gptqmodels_hessians_counts_and_exclusions(host, d
         torch.testing.assert_close(other, h, rtol=tolerance, atol=tolerance, msg=name)
     seconds = {key: counts["experts"].pop(key) for key in ("forwards_s", "solved_s")}
     assert counts["experts"] == {"blocks": 2, "experts": 2 * EXPERTS, "empty": 2, "few": 0,
-                                 "rows": 2 * BATCHES * SEQ * TOP_K, "chunks": 2}
+                                 "rows": 2 * BATCHES * SEQ * TOP_K, "chunks": 2,
+                                 "placed": 0}
     assert seconds["forwards_s"] > 0 and seconds["solved_s"] > 0
 
 
@@ -295,13 +297,13 @@ def _forwards(layer, record, count=BATCHES):
     return forwards
 
 
-def _hessians(accumulator, forwards, columns, budget=None):
+def _hessians(accumulator, forwards, columns, budget=None, placed=None):
     """({expert: its Hessian}, the count of chunks): the forwards run once a chunk of
-    expert_chunks(budget)."""
+    expert_chunks(budget), the experts of `placed` summed where it says."""
     out = {}
     chunks = expert_hessians.expert_chunks(EXPERTS, columns, budget)
     for chunk in chunks:
-        sink = expert_hessians.ChunkHessians(accumulator, chunk)
+        sink = expert_hessians.ChunkHessians(accumulator, chunk, placed)
         forwards(sink)
         out.update(sink.partials)
     return out, len(chunks)
@@ -310,7 +312,8 @@ def _hessians(accumulator, forwards, columns, budget=None):
 @pytest.mark.parametrize("record", ["inputs", "intermediates"])
 def test_fused_hessians_equal_defused_and_chunked_equal_one_chunk(host, defuser, record):  # noqa: F811
     """Each expert's Hessian is the sum of its rows' products forward by forward: fused equals
-    defused, chunks (each its own run of the forwards) equal one."""
+    defused, chunks (each its own run of the forwards) equal one, and so do experts placed off
+    the rows' device (their rows gathered and copied there: apart, or one adjacent range)."""
     fused = fused_layer()
     columns = HIDDEN if record == "inputs" else INTER
     accumulator = HessianAccumulator(host)
@@ -319,13 +322,17 @@ def test_fused_hessians_equal_defused_and_chunked_equal_one_chunk(host, defuser,
     budget = 2 * 2 * 4 * columns ** 2  # two experts a chunk
     chunked, count = _hessians(HessianAccumulator(host), _forwards(fused, record), columns, budget=budget)
     assert count == EXPERTS // 2
-    assert sorted(whole) == sorted(split) == sorted(chunked) == list(range(EXPERTS - 1))
+    cpu = torch.device("cpu")
+    apart, _ = _hessians(accumulator, _forwards(fused, record), columns, placed={e: cpu for e in (1, 3, 4, 6)})
+    ranged, _ = _hessians(accumulator, _forwards(fused, record), columns, placed={e: cpu for e in range(4, EXPERTS)})
+    assert sorted(whole) == sorted(split) == sorted(chunked) == sorted(apart) == sorted(ranged) == list(
+        range(EXPERTS - 1))
     recorded = Recorded()
     _forwards(fused, record)(recorded)
     for e, h in whole.items():
         expected = sum(rows[sum(counts[:e]):sum(counts[:e + 1])].double().t() @
                        rows[sum(counts[:e]):sum(counts[:e + 1])].double() for rows, counts in recorded.forwards)
-        assert torch.equal(split[e], h) and torch.equal(chunked[e], h), e
+        assert all(torch.equal(other[e], h) for other in (split, chunked, apart, ranged)), e
         torch.testing.assert_close(h.double(), expected, rtol=1e-5, atol=1e-5)
 
 
@@ -339,6 +346,53 @@ def test_chunks_fit_the_budget():
     assert expert_hessians.expert_chunks(5, 4, 399, weights=24) == [[0], [1], [2], [3], [4]]
     with pytest.raises(ValueError, match=r"expert_budget 100 bytes does not hold one expert's solve \(128"):
         expert_hessians.expert_chunks(5, 4, 100)
+
+
+def test_a_round_is_each_devices_next_chunk():
+    rounds = expert_hessians.expert_rounds
+    assert rounds(["a"] * 5, 4, {"a": 256}) == expert_hessians.expert_chunks(5, 4, 256)
+    assert rounds(["a"] * 3 + ["b"] * 3, 4, {"a": None, "b": None}) == [[0, 1, 2, 3, 4, 5]]
+    # a: two experts a chunk, b: one; each device's experts in order
+    assert rounds(["a", "a", "a", "b", "b", "a"], 4, {"a": 256, "b": 128}) == [[0, 1, 3], [2, 4, 5]]
+    assert rounds(["a", "b", "c"] * 2, 4, {"a": 128, "b": 128, "c": None}) == [[0, 1, 2, 5], [3, 4]]
+    with pytest.raises(ValueError, match="expert_budget 100 bytes"):
+        rounds(["a", "b"], 4, {"a": None, "b": 100})
+
+
+class _Named:
+    def __init__(self, hint=None):
+        self.state = {} if hint is None else {"preferred_quant_device": hint}
+
+
+def _placement(devices, count=6, hints=None, home="cuda:0", cpu_memory=False):
+    """placed_experts over `count` experts of gate and up each (hints: {expert: a hint on its
+    gate}), GPTQModel's quantization devices `devices`: (placed, each module's hint)."""
+    by_expert = {e: ["mlp.experts.%d.gate_proj" % e, "mlp.experts.%d.up_proj" % e] for e in range(count)}
+    modules = {name: _Named((hints or {}).get(e) if name.endswith("gate_proj") else None)
+               for e, names in by_expert.items() for name in names}
+    looper = type("Looper", (), {"_quant_devices": [torch.device(d) for d in devices]})()
+    ctx = type("Context", (), {"device_count": 4, "cpu_memory": cpu_memory})()
+    plan = type("Plan", (), {"modules": modules})()
+    placed = expert_stage.placed_experts(looper, plan, by_expert, torch.device(home), ctx)
+    return placed, {name: str(m.state.get("preferred_quant_device")) for name, m in modules.items()}
+
+
+def test_experts_are_placed_over_gptqmodels_gpus_in_ranges_home_first():
+    placed, hints = _placement(["cuda:1", "cuda:0", "cuda:2"], count=7)
+    cuda = [torch.device("cuda", i) for i in range(3)]
+    # home (cuda:0) first, then GPTQModel's order: 3, 2 and 2 experts; home's are not "placed"
+    assert placed == {3: cuda[1], 4: cuda[1], 5: cuda[2], 6: cuda[2]}
+    expected = ["cuda:0"] * 3 + ["cuda:1"] * 2 + ["cuda:2"] * 2
+    assert [hints["mlp.experts.%d.%s" % (e, p)] for p in ("gate_proj", "up_proj") for e in range(7)] == expected * 2
+    # a hint of GPTQModel's own (its balanced MoE strategy) is kept for the whole expert
+    placed, hints = _placement(["cuda:0", "cuda:1"], count=4, hints={0: "cuda:1", 3: "cuda:0"})
+    assert placed == {0: cuda[1], 2: cuda[1]}
+    assert hints["mlp.experts.0.up_proj"] == "cuda:1" and hints["mlp.experts.3.up_proj"] == "cuda:0"
+    # one GPU, GPUs qlink's context lacks, or the CPU backend: nothing placed, no hint written
+    for devices, cpu_memory in ((["cuda:0"], False), (["cuda:0", "cuda:7"], False), (["cpu"], False),
+                                (["cuda:0", "cuda:1"], True)):
+        placed, hints = _placement(devices, cpu_memory=cpu_memory)
+        assert placed == {} and set(hints.values()) == {"None"}, devices
 
 
 def _plan_case(case, layer, processor):
@@ -475,6 +529,32 @@ def test_chunks_are_solved_before_the_next_chunks_hessians_as_one_chunk(host, de
         assert torch.equal(chunked[name][0], whole[name][0]) and chunked[name][1] == whole[name][1], name
         assert all(torch.equal(a, b) if torch.is_tensor(a) else True
                    for a, b in zip(chunked_results[name], whole_results[name])), name
+
+
+def test_placed_experts_give_what_the_rows_device_gives(host, defuser, monkeypatch):  # noqa: F811
+    """Experts the stage places off the rows' device (here: the CPU as another device) are
+    summed there in every round and give every Hessian, row count, result and exclusion of
+    the unplaced run; counters() says how many were placed."""
+    layer = defused(fused_layer(), defuser)
+    adapter.install(ctx=host, strict=True, expert_stage=True, expert_budget=13000)
+    whole, whole_results, whole_dynamic = run_layer(copy.deepcopy(layer), monkeypatch)
+    placed_by, made = [], expert_stage.ChunkHessians
+
+    def recording(accumulator, chunk, placed):
+        placed_by.append(placed)
+        return made(accumulator, chunk, placed)
+    monkeypatch.setattr(expert_stage, "ChunkHessians", recording)
+    monkeypatch.setattr(expert_stage, "placed_experts",
+                        lambda looper, plan, by_expert, home, ctx: {e: torch.device("cpu") for e in by_expert if e % 2})
+    adapter.install(ctx=host, strict=True, expert_stage=True, expert_budget=13000)
+    placed, placed_results, placed_dynamic = run_layer(copy.deepcopy(layer), monkeypatch)
+    assert len(placed_by) >= 5 and all(sorted(p) == [1, 3, 5, 7] for p in placed_by)
+    assert adapter.counters()["experts"]["placed"] == 2 * EXPERTS // 2  # both subsets
+    assert placed_dynamic == whole_dynamic and sorted(placed) == sorted(whole)
+    for name in whole:
+        assert torch.equal(placed[name][0], whole[name][0]) and placed[name][1] == whole[name][1], name
+        assert all(torch.equal(a, b) if torch.is_tensor(a) else True
+                   for a, b in zip(placed_results[name], whole_results[name])), name
 
 
 def test_a_later_chunk_that_fails_leaves_the_rest_to_gptqmodels_forwards(host, defuser, monkeypatch):  # noqa: F811

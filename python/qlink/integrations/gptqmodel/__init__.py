@@ -138,7 +138,8 @@ SEAMS = SeamTable("gptqmodel", [
          reads=["gptqmodel.looper.stage_layer:run_subset_stage",  # imports it by name
                 "gptqmodel.looper.stage_subset:SubsetPlan", "gptqmodel.looper.stage_subset:SubsetStageResult",
                 _LOOPER + "_prepare_named_module_for_forward", "gptqmodel.looper.stage_subset:SubsetPlan.for_modules",
-                "gptqmodel.looper.gptq_processor:GPTQProcessor.tasks"]),
+                "gptqmodel.looper.gptq_processor:GPTQProcessor.tasks", _LOOPER + "_quant_devices",
+                "gptqmodel.looper.named_module:NamedModule.state"]),
 ])
 HOST = HostSpec("GPTQModel", "gptqmodel", "gptqmodel.version", "7.3", "f4c327a", SEAMS.host_names())
 
@@ -189,9 +190,11 @@ def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pi
     expert_stage: True (the default) runs an MoE block's expert subsets through qlink's owned
     stage (docs/MOE.md: 1.5x qlink's per-batch path on a Qwen3-30B-A3B layer, its losses within
     0.015 % of that path's); False leaves them to GPTQModel's forwards and qlink's add_batch.
-    expert_budget: bytes one chunk of that stage's expert solves may take (each Hessian twice
-    over, with its inverse, and 3 bytes a weight; the forwards run once a chunk), or None for
-    half the GPU's free memory (no bound in CPU memory).
+    Where GPTQModel quantizes on several GPUs, the stage places the experts over them in
+    ranges, each expert's Hessian summed and solved on its GPU.
+    expert_budget: bytes one chunk of that stage's expert solves may take on a GPU (each
+    Hessian twice over, with its inverse, and 3 bytes a weight; the forwards run once for
+    every GPU's next chunk), or None for half each GPU's free memory (no bound in CPU memory).
     GPTQModel's version is checked against HOST's (another warns once; UnsupportedHost
     under strict) and every name the seams touch must be where HOST says (HostChanged
     naming each that moved); nothing is replaced otherwise."""

@@ -2,20 +2,24 @@
 `<block>.<i>.gate_proj`/`up_proj`, or of `<block>.<i>.down_proj`) owned by qlink as one
 unit: qlink runs the layer's forwards of every calibration batch itself with the block's
 experts as one grouped pass (expert_pass), each forward's rows added to their experts'
-Hessians as it goes (expert_hessians: gate and up share one; a chunk's experts in one native
-call a forward; no rows kept). Each chunk of experts whose Hessians fit a memory budget lands
-in GPTQModel's tasks as its own add_batch leaves them (the partials and counts;
-contract.count_batch) and GPTQModel's stage then runs over the chunk's modules without its
-forward (execute_forward=False): its coverage policy (an expert no token reached is pruned,
-or left to its fallback) and its solves (qlink's engine through the task class) act on them,
-so experts with no or few rows are handled exactly as GPTQModel handles them (qlink counts
-them: "experts" in counters()). A chunk is solved before the forwards run again for the next
-chunk's Hessians, so a layer whose Hessians do not all fit (DeepSeek-V3's 256 experts of
-width 7168: about 52 GB) holds one chunk's at a time.
+Hessians as it goes (expert_hessians: gate and up share one; a round's experts in one native
+call a device a forward; no rows kept). Where GPTQModel's quantization devices are several
+GPUs, the experts are placed over them in contiguous ranges (placed_experts): each expert's
+Hessian is summed on its GPU, and its modules carry that GPU as GPTQModel's own
+preferred_quant_device hint, so GPTQModel solves them there. Each round of experts whose
+Hessians fit their devices' memory budgets lands in GPTQModel's tasks as its own add_batch
+leaves them (the partials and counts; contract.count_batch) and GPTQModel's stage then runs
+over the round's modules without its forward (execute_forward=False): its coverage policy
+(an expert no token reached is pruned, or left to its fallback) and its solves (qlink's
+engine through the task class) act on them, so experts with no or few rows are handled
+exactly as GPTQModel handles them (qlink counts them: "experts" in counters()). A round is
+solved before the forwards run again for the next round's Hessians, so a layer whose
+Hessians do not all fit (DeepSeek-V3's 256 experts of width 7168: about 52 GB) holds one
+round's at a time, spread over the GPUs.
 
 What the stage does not cover goes to GPTQModel's stage for the whole subset, with the
 reason counted (by design) or, where qlink's pass fails, as a fallback (FallbackRefused
-under strict); a chunk after the first that fails leaves the rest to GPTQModel's own
+under strict); a round after the first that fails leaves the rest to GPTQModel's own
 forwards (its chunked MoE path). Linears of the subset that are no routed expert (DeepSeek's
 shared expert) are fed by GPTQModel's own forward. The layer's replay after the subsets is
 GPTQModel's own. On unless install(expert_stage=False) (docs/MOE.md has its measurements)."""
@@ -26,9 +30,10 @@ import time
 
 import torch
 
+from ...quant.placement import shard_sizes
 from ...streams import resolved_device
 from .contract import count_batch
-from .expert_hessians import ChunkHessians, expert_chunks
+from .expert_hessians import ChunkHessians, expert_rounds
 from .expert_layout import ExpertWeights, refusal as layout_refusal
 from .expert_pass import ExpertPass
 from .hessian_queue import unsupported
@@ -60,14 +65,15 @@ def expert_subset(names):
 
 class ExpertCounts:
     """The "experts" section of counters(): blocks owned, experts seen, experts no token
-    reached, experts below their fallback threshold, rows, Hessian chunks; and the seconds
+    reached, experts below their fallback threshold, rows, rounds of the forwards ("chunks"),
+    experts whose Hessians were summed off the rows' GPU ("placed"); and the seconds
     the stage spent in its forwards and in GPTQModel's stage over its modules (the solves,
     packs and what GPTQModel does per module), the split of a layer's time each run reports."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.values = {"blocks": 0, "experts": 0, "empty": 0, "few": 0, "rows": 0, "chunks": 0,
-                       "forwards_s": 0.0, "solved_s": 0.0}
+                       "placed": 0, "forwards_s": 0.0, "solved_s": 0.0}
 
     def add(self, **counts):
         with self.lock:
@@ -100,16 +106,43 @@ def stage_refusal(installation, looper, plan, processor, layer_inputs):
     return None
 
 
-def budget(installation, layer_inputs):
-    """Bytes a chunk's solve may take (expert_hessians.expert_chunks counts it):
-    install(expert_budget=...), else half the free memory of the GPU the batches are on,
-    else (CPU memory) no bound."""
+def budget(installation, device):
+    """Bytes a round's solves may take on `device` (expert_hessians.expert_chunks counts
+    them): install(expert_budget=...), else half the GPU's free memory, else (CPU memory)
+    no bound."""
     if installation.expert_budget is not None:
         return installation.expert_budget
-    first = layer_inputs[0][0]
-    if first.device.type == "cuda":
-        return torch.cuda.mem_get_info(first.device)[0] // 2
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0] // 2
     return None
+
+
+def placed_experts(looper, plan, by_expert, home, ctx):
+    """{expert: GPU} of the experts whose Hessians are summed, and whose modules are solved,
+    on another GPU than the rows' `home`. Where GPTQModel's quantization devices
+    (looper._quant_devices) hold several GPUs of ctx, the block's experts go to them in
+    contiguous, equal ranges, home first, each expert's modules given its GPU as GPTQModel's
+    preferred_quant_device hint (an expert whose modules carry a hint of the host's, its
+    balanced MoE strategy's, keeps that one). GPTQModel otherwise deals its modules round
+    robin over those GPUs one by one, an expert's gate and up apart. {} for one GPU."""
+    pool = [torch.device(d) for d in getattr(looper, "_quant_devices", None) or ()]
+    pool = [d for d in pool if d.type == "cuda" and d.index is not None and d.index < ctx.device_count]
+    if ctx.cpu_memory or len(set(pool)) < 2:
+        return {}
+    pool = sorted(set(pool), key=lambda d: (d != home, pool.index(d)))
+    experts = sorted(by_expert)
+    ranges = shard_sizes(len(experts), len(pool))
+    devices = [device for device, n in zip(pool, ranges) for _ in range(n)]
+    placed = {}
+    for expert, device in zip(experts, devices):
+        hints = [plan.modules[name].state.get("preferred_quant_device") for name in by_expert[expert]]
+        hinted = [torch.device(h) for h in hints if h is not None and torch.device(h) in pool]
+        device = hinted[0] if hinted else device
+        for name in by_expert[expert]:
+            plan.modules[name].state["preferred_quant_device"] = device
+        if device != home:
+            placed[expert] = device
+    return placed
 
 
 def _forwards(module, routed, experts, layer_inputs, layer_input_kwargs, position_ids, attention_masks):
@@ -139,12 +172,16 @@ def _fill(looper, plan, device, skip=()):
             looper._prepare_named_module_for_forward(named_module=named, fallback_device=device)
 
 
-def _quantizers_to(installation, tasks, device):
-    """The tasks' quantizers moved to `device` in one qlink move: GPTQModel rehomes each
-    task's before its solve, one move a module (388 an MoE layer), and then finds it there."""
-    quantizers = [q for q in (getattr(t, "quantizer", None) for t in tasks)
-                  if isinstance(q, torch.nn.Module) and not _has_meta(q)]
-    if quantizers:
+def _quantizers_to(installation, tasks, devices):
+    """Each task's quantizer moved to its device (devices, one a task), one qlink move a
+    device: GPTQModel rehomes each task's before its solve, one move a module (388 an MoE
+    layer), and then finds it there."""
+    by_device = {}
+    for task, device in zip(tasks, devices):
+        quantizer = getattr(task, "quantizer", None)
+        if isinstance(quantizer, torch.nn.Module) and not _has_meta(quantizer):
+            by_device.setdefault(device, []).append(quantizer)
+    for device, quantizers in by_device.items():
         installation.ctx.move_module_to_device(torch.nn.ModuleList(quantizers), device)
 
 
@@ -190,8 +227,10 @@ def make_run_subset_stage(installation, original):
             owned_names = named(by_expert)
             # The experts make no second fill: their copies kept for one go back to the allocator.
             installation.prefetch.drop_kept(owned_names)
-            _quantizers_to(installation, [processor.tasks[n] for n in owned_names], rest["cur_layer_device"])
             weights, first = ExpertWeights(experts), layer_inputs[0][0]
+            placed = placed_experts(looper, plan, by_expert, first.device, installation.ctx)
+            _quantizers_to(installation, [processor.tasks[n] for n in owned_names],
+                           [placed.get(e, rest["cur_layer_device"]) for e in by_expert for _ in by_expert[e]])
             columns = first.shape[-1] if record == "inputs" else weights.inter
             # What add_batch would check of each expert's rows: their dtype, columns and device.
             like = torch.empty(0, columns, dtype=first.dtype, device=first.device)
@@ -200,10 +239,12 @@ def make_run_subset_stage(installation, original):
                 if why:
                     raise ValueError("%s: %s" % (name, why))
             solved_weights = sum(processor.tasks[name].module.weight.numel() for name in next(iter(by_expert.values())))
-            chunks = expert_chunks(weights.num_experts, columns, budget(installation, layer_inputs), solved_weights)
-            sink = ChunkHessians(installation.accumulator, chunks[0])
+            devices = [placed.get(e, first.device) for e in range(weights.num_experts)]
+            rounds = expert_rounds(devices, columns, {d: budget(installation, d) for d in set(devices)},
+                                   solved_weights)
+            sink = ChunkHessians(installation.accumulator, rounds[0], placed)
             rows, reached = forwards(sink)
-            return rows, reached, chunks, sink.partials
+            return rows, reached, rounds, placed, sink.partials
 
         def land(made, rows, reached):
             for expert, hessian in made.items():
@@ -225,24 +266,24 @@ def make_run_subset_stage(installation, original):
             return result
 
         def commit(result):
-            rows, reached, chunks, made = result
+            rows, reached, rounds, placed, made = result
             tasks = [processor.tasks[by_expert[e][0]] for e in by_expert]
             few = sum(bool(rows[e]) and bool(installation.host.should_use_fallback(
                 task.fallback, float(rows[e]), task.expected_nsamples)) for e, task in zip(by_expert, tasks))
             installation.expert_counts.add(
                 blocks=1, experts=len(by_expert), empty=sum(1 for e in by_expert if not rows[e]), few=few,
-                rows=sum(rows[e] for e in by_expert), chunks=len(chunks))
+                rows=sum(rows[e] for e in by_expert), chunks=len(rounds), placed=len(placed))
             processed, last = {}, None
-            for i, chunk in enumerate(chunks):
-                if i:  # the forwards again for this chunk, once the chunk before is solved
-                    sink = ChunkHessians(installation.accumulator, chunk)
+            for i, chunk in enumerate(rounds):
+                if i:  # the forwards again for this round, once the round before is solved
+                    sink = ChunkHessians(installation.accumulator, chunk, placed)
                     try:
                         forwards(sink)
-                    except Exception as error:  # noqa: BLE001 (earlier chunks solved: the rest is GPTQModel's)
+                    except Exception as error:  # noqa: BLE001 (earlier rounds solved: the rest is GPTQModel's)
                         guard.fallback(PATCH, error)
                         sink = None
                     if sink is None:  # out of the except block: the failed pass's memory is gone first
-                        last = solved(named(e for c in chunks[i:] for e in c if e in by_expert) + others,
+                        last = solved(named(e for c in rounds[i:] for e in c if e in by_expert) + others,
                                       forward=True)
                         processed.update(last.processed_subset)
                         return dataclasses.replace(last, processed_subset=processed, plan=plan)

@@ -1,7 +1,8 @@
 """Stand-in for gptqmodel.looper.module_looper: imports the helpers by name; cache_inputs
 returns what `capture` (a test's function of the looper) makes, under inference_mode as
 GPTQModel's loop runs it, called by keyword as the host calls it; the looper's processors,
-MoE routing options and the model's batching flag as GPTQModel's __init__ sets them;
+MoE routing options, quantization devices (the CPU: no GPU here) and the model's batching
+flag as GPTQModel's __init__ sets them;
 _rehome_processor_task moves a module's task state (its quantizer) to the module's device
 with Module.to, as GPTQModel's does before each subset's forwards;
 _prepare_named_module_for_forward fills a subset module on its device (GPTQModel's from the
@@ -19,6 +20,7 @@ class ModuleLooper:
         self.gptq_model, self.capture, self.processors, self.layers = gptq_model, capture, list(processors), layers
         self.support_batch_quantize = getattr(gptq_model, "support_batch_quantize", False)
         self.moe_routing_override, self.moe_routing_bypass = None, False
+        self._quant_devices = [torch.device("cpu")]
 
     def replicate_layer(self, layer, devices):
         return clone_module_for_devices(layer, devices)
