@@ -16,7 +16,7 @@ from torch import nn
 
 import qlink
 from qlink.integrations import gptqmodel as adapter
-from qlink.integrations.gptqmodel import expert_hessians, expert_stage
+from qlink.integrations.gptqmodel import expert_hessians, expert_placement, expert_stage
 from qlink.integrations.gptqmodel.expert_layout import ExpertWeights, refusal
 from qlink.integrations.gptqmodel.expert_pass import ExpertPass
 from qlink.integrations.patches import FallbackRefused
@@ -373,7 +373,7 @@ def _placement(devices, count=6, hints=None, home="cuda:0", cpu_memory=False):
     looper = type("Looper", (), {"_quant_devices": [torch.device(d) for d in devices]})()
     ctx = type("Context", (), {"device_count": 4, "cpu_memory": cpu_memory})()
     plan = type("Plan", (), {"modules": modules})()
-    placed = expert_stage.placed_experts(looper, plan, by_expert, torch.device(home), ctx)
+    placed = expert_placement.placed_experts(looper, plan, by_expert, torch.device(home), ctx)
     return placed, {name: str(m.state.get("preferred_quant_device")) for name, m in modules.items()}
 
 

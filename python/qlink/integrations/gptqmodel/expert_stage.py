@@ -3,19 +3,18 @@
 unit: qlink runs the layer's forwards of every calibration batch itself with the block's
 experts as one grouped pass (expert_pass), each forward's rows added to their experts'
 Hessians as it goes (expert_hessians: gate and up share one; a round's experts in one native
-call a device a forward; no rows kept). Where GPTQModel's quantization devices are several
-GPUs, the experts are placed over them in contiguous ranges (placed_experts): each expert's
-Hessian is summed on its GPU, and its modules carry that GPU as GPTQModel's own
-preferred_quant_device hint, so GPTQModel solves them there. Each round of experts whose
-Hessians fit their devices' memory budgets lands in GPTQModel's tasks as its own add_batch
-leaves them (the partials and counts; contract.count_batch) and GPTQModel's stage then runs
-over the round's modules without its forward (execute_forward=False): its coverage policy
-(an expert no token reached is pruned, or left to its fallback) and its solves (qlink's
-engine through the task class) act on them, so experts with no or few rows are handled
-exactly as GPTQModel handles them (qlink counts them: "experts" in counters()). A round is
-solved before the forwards run again for the next round's Hessians, so a layer whose
-Hessians do not all fit (DeepSeek-V3's 256 experts of width 7168: about 52 GB) holds one
-round's at a time, spread over the GPUs.
+call a device a forward; no rows kept). Where GPTQModel quantizes on several GPUs, the
+experts are placed over them (expert_placement): each expert's Hessian summed, and its
+modules solved, on its GPU. Each round of experts whose Hessians fit their devices' memory
+budgets lands in GPTQModel's tasks as its own add_batch leaves them (the partials and
+counts; contract.count_batch) and GPTQModel's stage then runs over the round's modules
+without its forward (execute_forward=False): its coverage policy (an expert no token reached
+is pruned, or left to its fallback) and its solves (qlink's engine through the task class)
+act on them, so experts with no or few rows are handled exactly as GPTQModel handles them
+(qlink counts them: "experts" in counters()). A round is solved before the forwards run
+again for the next round's Hessians, so a layer whose Hessians do not all fit
+(DeepSeek-V3's 256 experts of width 7168: about 52 GB) holds one round's at a time, spread
+over the GPUs.
 
 What the stage does not cover goes to GPTQModel's stage for the whole subset, with the
 reason counted (by design) or, where qlink's pass fails, as a fallback (FallbackRefused
@@ -30,11 +29,11 @@ import time
 
 import torch
 
-from ...quant.placement import shard_sizes
 from ...streams import resolved_device
 from .contract import count_batch
 from .expert_hessians import ChunkHessians, expert_rounds
 from .expert_layout import ExpertWeights, refusal as layout_refusal
+from .expert_placement import budget, placed_experts
 from .expert_pass import ExpertPass
 from .hessian_queue import unsupported
 from .model_moves import _has_meta
@@ -104,45 +103,6 @@ def stage_refusal(installation, looper, plan, processor, layer_inputs):
         if getattr(type(model), name, None) is not getattr(host.BaseQModel, name):
             return "%s has its own %s (per-batch replay state)" % (type(model).__name__, name)
     return None
-
-
-def budget(installation, device):
-    """Bytes a round's solves may take on `device` (expert_hessians.expert_chunks counts
-    them): install(expert_budget=...), else half the GPU's free memory, else (CPU memory)
-    no bound."""
-    if installation.expert_budget is not None:
-        return installation.expert_budget
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0] // 2
-    return None
-
-
-def placed_experts(looper, plan, by_expert, home, ctx):
-    """{expert: GPU} of the experts whose Hessians are summed, and whose modules are solved,
-    on another GPU than the rows' `home`. Where GPTQModel's quantization devices
-    (looper._quant_devices) hold several GPUs of ctx, the block's experts go to them in
-    contiguous, equal ranges, home first, each expert's modules given its GPU as GPTQModel's
-    preferred_quant_device hint (an expert whose modules carry a hint of the host's, its
-    balanced MoE strategy's, keeps that one). GPTQModel otherwise deals its modules round
-    robin over those GPUs one by one, an expert's gate and up apart. {} for one GPU."""
-    pool = [torch.device(d) for d in getattr(looper, "_quant_devices", None) or ()]
-    pool = [d for d in pool if d.type == "cuda" and d.index is not None and d.index < ctx.device_count]
-    if ctx.cpu_memory or len(set(pool)) < 2:
-        return {}
-    pool = sorted(set(pool), key=lambda d: (d != home, pool.index(d)))
-    experts = sorted(by_expert)
-    ranges = shard_sizes(len(experts), len(pool))
-    devices = [device for device, n in zip(pool, ranges) for _ in range(n)]
-    placed = {}
-    for expert, device in zip(experts, devices):
-        hints = [plan.modules[name].state.get("preferred_quant_device") for name in by_expert[expert]]
-        hinted = [torch.device(h) for h in hints if h is not None and torch.device(h) in pool]
-        device = hinted[0] if hinted else device
-        for name in by_expert[expert]:
-            plan.modules[name].state["preferred_quant_device"] = device
-        if device != home:
-            placed[expert] = device
-    return placed
 
 
 def _forwards(module, routed, experts, layer_inputs, layer_input_kwargs, position_ids, attention_masks):
