@@ -364,16 +364,18 @@ class _Named:
         self.state = {} if hint is None else {"preferred_quant_device": hint}
 
 
-def _placement(devices, count=6, hints=None, home="cuda:0", cpu_memory=False):
+def _placement(devices, count=6, hints=None, home="cuda:0", cpu_memory=False, rooms=None):
     """placed_experts over `count` experts of gate and up each (hints: {expert: a hint on its
-    gate}), GPTQModel's quantization devices `devices`: (placed, each module's hint)."""
+    gate}), GPTQModel's quantization devices `devices`, each device's room (default: no
+    bound): (placed, each module's hint)."""
     by_expert = {e: ["mlp.experts.%d.gate_proj" % e, "mlp.experts.%d.up_proj" % e] for e in range(count)}
     modules = {name: _Named((hints or {}).get(e) if name.endswith("gate_proj") else None)
                for e, names in by_expert.items() for name in names}
     looper = type("Looper", (), {"_quant_devices": [torch.device(d) for d in devices]})()
     ctx = type("Context", (), {"device_count": 4, "cpu_memory": cpu_memory})()
     plan = type("Plan", (), {"modules": modules})()
-    placed = expert_placement.placed_experts(looper, plan, by_expert, torch.device(home), ctx)
+    placed = expert_placement.placed_experts(looper, plan, by_expert, torch.device(home), ctx,
+                                             lambda device: (rooms or {}).get(str(device)))
     return placed, {name: str(m.state.get("preferred_quant_device")) for name, m in modules.items()}
 
 
@@ -393,6 +395,26 @@ def test_experts_are_placed_over_gptqmodels_gpus_in_ranges_home_first():
                                 (["cuda:0", "cuda:1"], True)):
         placed, hints = _placement(devices, cpu_memory=cpu_memory)
         assert placed == {} and set(hints.values()) == {"None"}, devices
+
+
+def test_each_gpus_range_follows_its_room_and_a_full_gpu_gets_none():
+    cuda = [torch.device("cuda", i) for i in range(3)]
+    # rooms 2, 6 and 4 experts a round: 12 experts in shares 2, 6 and 4 (one round each)
+    placed, _ = _placement(["cuda:0", "cuda:1", "cuda:2"], count=12, rooms={"cuda:0": 2, "cuda:1": 6, "cuda:2": 4})
+    assert placed == dict([(e, cuda[1]) for e in range(2, 8)] + [(e, cuda[2]) for e in range(8, 12)])
+    # cuda:1 holds no expert's solve: left out; cuda:2 takes every expert home has no room for
+    placed, hints = _placement(["cuda:0", "cuda:1", "cuda:2"], count=5, rooms={"cuda:0": 1, "cuda:1": 0, "cuda:2": 3})
+    assert placed == {e: cuda[2] for e in range(1, 5)} and "cuda:1" not in hints.values()
+    # only home left: nothing placed
+    assert _placement(["cuda:0", "cuda:1"], rooms={"cuda:0": 1, "cuda:1": 0})[0] == {}
+
+
+def test_shares_add_up_by_largest_remainder():
+    shares = expert_placement.shares
+    assert shares(7, [None, 3]) == [4, 3] and shares(7, [0, 0]) == [4, 3]
+    assert shares(10, [1, 1, 1]) == [4, 3, 3]
+    assert shares(10, [5, 3, 2]) == [5, 3, 2] and shares(5, [2, 1]) == [3, 2]  # 3.33 and 1.67: the larger remainder
+    assert all(sum(shares(n, [3, 7, 1])) == n for n in range(40))
 
 
 def _plan_case(case, layer, processor):
@@ -544,8 +566,8 @@ def test_placed_experts_give_what_the_rows_device_gives(host, defuser, monkeypat
         placed_by.append(placed)
         return made(accumulator, chunk, placed)
     monkeypatch.setattr(expert_stage, "ChunkHessians", recording)
-    monkeypatch.setattr(expert_stage, "placed_experts",
-                        lambda looper, plan, by_expert, home, ctx: {e: torch.device("cpu") for e in by_expert if e % 2})
+    monkeypatch.setattr(expert_stage, "placed_experts", lambda looper, plan, by_expert, home, ctx, room: {
+        e: torch.device("cpu") for e in by_expert if e % 2})
     adapter.install(ctx=host, strict=True, expert_stage=True, expert_budget=13000)
     placed, placed_results, placed_dynamic = run_layer(copy.deepcopy(layer), monkeypatch)
     assert len(placed_by) >= 5 and all(sorted(p) == [1, 3, 5, 7] for p in placed_by)

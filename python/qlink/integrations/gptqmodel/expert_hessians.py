@@ -15,11 +15,16 @@ the rows' device, bit for bit (on GPUs of one kind)."""
 import torch
 
 
+def solve_bytes(columns, weights=0):
+    """Bytes one expert's solve takes: its fp32 Hessian (columns^2) twice over, and 3 bytes a
+    weight of its `weights` (the elements of the expert's layers the solve makes)."""
+    return 2 * 4 * columns * columns + 3 * weights
+
+
 def expert_chunks(experts, columns, budget, weights=0):
-    """Consecutive chunks of range(experts) whose solves fit `budget` bytes (None: one chunk):
-    each expert's fp32 Hessian (columns^2) twice over, and 3 bytes a weight of its `weights`
-    (the elements of the expert's layers the chunk solves)."""
-    need = 2 * 4 * columns * columns + 3 * weights
+    """Consecutive chunks of range(experts) whose solves (solve_bytes) fit `budget` bytes
+    (None: one chunk)."""
+    need = solve_bytes(columns, weights)
     if budget is None:
         return [list(range(experts))]
     if need > budget:

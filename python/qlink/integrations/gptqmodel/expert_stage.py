@@ -31,7 +31,7 @@ import torch
 
 from ...streams import resolved_device
 from .contract import count_batch
-from .expert_hessians import ChunkHessians, expert_rounds
+from .expert_hessians import ChunkHessians, expert_rounds, solve_bytes
 from .expert_layout import ExpertWeights, refusal as layout_refusal
 from .expert_placement import budget, placed_experts
 from .expert_pass import ExpertPass
@@ -188,9 +188,6 @@ def make_run_subset_stage(installation, original):
             # The experts make no second fill: their copies kept for one go back to the allocator.
             installation.prefetch.drop_kept(owned_names)
             weights, first = ExpertWeights(experts), layer_inputs[0][0]
-            placed = placed_experts(looper, plan, by_expert, first.device, installation.ctx)
-            _quantizers_to(installation, [processor.tasks[n] for n in owned_names],
-                           [placed.get(e, rest["cur_layer_device"]) for e in by_expert for _ in by_expert[e]])
             columns = first.shape[-1] if record == "inputs" else weights.inter
             # What add_batch would check of each expert's rows: their dtype, columns and device.
             like = torch.empty(0, columns, dtype=first.dtype, device=first.device)
@@ -199,9 +196,18 @@ def make_run_subset_stage(installation, original):
                 if why:
                     raise ValueError("%s: %s" % (name, why))
             solved_weights = sum(processor.tasks[name].module.weight.numel() for name in next(iter(by_expert.values())))
+            budgets, need = {}, solve_bytes(columns, solved_weights)
+
+            def budget_of(device):
+                if device not in budgets:
+                    budgets[device] = budget(installation, device)
+                return budgets[device]
+            placed = placed_experts(looper, plan, by_expert, first.device, installation.ctx,
+                                    lambda device: None if budget_of(device) is None else budget_of(device) // need)
+            _quantizers_to(installation, [processor.tasks[n] for n in owned_names],
+                           [placed.get(e, rest["cur_layer_device"]) for e in by_expert for _ in by_expert[e]])
             devices = [placed.get(e, first.device) for e in range(weights.num_experts)]
-            rounds = expert_rounds(devices, columns, {d: budget(installation, d) for d in set(devices)},
-                                   solved_weights)
+            rounds = expert_rounds(devices, columns, {d: budget_of(d) for d in set(devices)}, solved_weights)
             sink = ChunkHessians(installation.accumulator, rounds[0], placed)
             rows, reached = forwards(sink)
             return rows, reached, rounds, placed, sink.partials
