@@ -3,12 +3,12 @@ each subset's hooks set through the looper's masked wrapper with the last one st
 forward, the subset's weights replaced, the hooks cleared, the replay), with all of qlink's
 forward savings (the kept attention outputs and tail inputs, the stopped products) against
 none of them: every hooked input and every replay output the same bytes. On the stand-ins'
-LLaMA-shaped layer here, and on transformers' own LlamaDecoderLayer where transformers is
-installed (bf16 on the GPU where there is one). Then the stopped products alone
-(hooked_linear.py): in a loop with GPTQ's processor alone a product no one reads is not
-computed, its hook gets the same input and an output of the product's shape and dtype, then
-StopForward as before; a product another hooked module reads, another processor's loop, a
-new subset, all compute as GPTQModel does."""
+LLaMA-shaped layer and every dense architecture's stand-in layer here, and on transformers'
+own LlamaDecoderLayer where transformers is installed (bf16 on the GPU where there is one).
+Then the stopped products alone (hooked_linear.py): in a loop with GPTQ's processor alone a
+product no one reads is not computed, its hook gets the same input and an output of the
+product's shape and dtype, then StopForward as before; a product another hooked module
+reads, another processor's loop, a new subset, all compute as GPTQModel does."""
 import collections
 
 import pytest
@@ -36,13 +36,13 @@ def host(library):
                    hooked_linear=hooked_linear, ctx=ctx)
 
 
-def _stage(host, layer, batches):
-    """(every hooked input, the replay's outputs) of GPTQModel's stage over `layer`, inside
-    the stand-in loop."""
+def _stage(host, layer, batches, subsets=SUBSETS):
+    """(every hooked input, the replay's outputs) of GPTQModel's stage over `layer` and its
+    `subsets` ((child, linears): "" for the layer's own), inside the stand-in loop."""
     hooked_linear, seen, outputs = host["hooked_linear"], [], []
-    for child, names in SUBSETS:
+    for child, names in subsets:
         for name in names:
-            parent = getattr(layer, child)
+            parent = layer.get_submodule(child)
             setattr(parent, name, hooked_linear.HookedLinear.from_linear(getattr(parent, name)))
 
     def forward(looper):
@@ -55,8 +55,8 @@ def _stage(host, layer, batches):
 
     def stage(model, looper):
         staged = model.pre_quantize(layer)
-        for child, names in SUBSETS:
-            modules = [getattr(getattr(staged, child), name) for name in names]
+        for child, names in subsets:
+            modules = [getattr(staged.get_submodule(child), name) for name in names]
             for i, (name, module) in enumerate(zip(names, modules)):
                 def record(m, inputs, output, name=name):
                     seen.append((name, inputs[0].clone()))
@@ -79,14 +79,14 @@ def _stage(host, layer, batches):
     return seen, outputs
 
 
-def _against_none(host, make_layer, batches):
+def _against_none(host, make_layer, batches, subsets=SUBSETS):
     """The stage with none of the savings, then with all (install's defaults): the same bytes.
     Returns the seam counters of the second."""
     results = []
     for install in (NONE, {}):
         adapter.install(ctx=host["ctx"], strict=True, **install)
         torch.manual_seed(0)
-        results.append(_stage(host, make_layer(), batches))
+        results.append(_stage(host, make_layer(), batches, subsets))
     (seen, outputs), (kept_seen, kept_outputs) = results
     assert [n for n, _ in kept_seen] == [n for n, _ in seen]
     assert all(torch.equal(a, b) for (_, a), (_, b) in zip(kept_seen, seen))
@@ -130,6 +130,33 @@ def test_transformers_llama_layer_every_saving_at_once(host):
     counts = _against_none(host, make_layer, batches)
     assert counts["attention_outputs"]["qlink"] == 2 * len(batches), counts["attention_outputs"]
     assert counts["tail_inputs"]["qlink"] == 2 * (len(batches) - 1), counts["tail_inputs"]
+
+
+OPT_SUBSETS = [("self_attn", ("q_proj", "k_proj", "v_proj")), ("self_attn", ("out_proj",)), ("", ("fc1",)),
+               ("", ("fc2",))]
+
+
+@pytest.mark.parametrize("arch", ["opt", "llama", "qwen2", "qwen3", "mistral", "gemma2"])
+def test_every_architectures_layer_keeps_the_bytes(host, arch):
+    """Each dense architecture's stand-in layer (tests/python/hosts/decoder_layers.py: OPT's
+    flattened MLP, Qwen2's biases, Qwen3's q/k norms, Gemma2's four norms and softcapping)
+    through the stage with every saving against none: the same bytes wherever they engage.
+    The attention outputs are kept in every one (its block is the layer's self_attn), the
+    stopped products left out in every one (OPT's fc1 and fc2 have no earlier sibling), the
+    tail inputs where the MLP is a module of its own (not OPT's, inline in its layer)."""
+    import decoder_layers
+    cache = decoder_layers.capture(arch, 3)
+    batches = []
+    for hidden, kwargs, position_ids, mask in zip(*(cache[k] for k in (
+            "layer_inputs", "layer_input_kwargs", "position_ids", "attention_masks"))):
+        batches.append((tuple(hidden), dict(kwargs, attention_mask=mask, position_ids=position_ids)))
+    counts = _against_none(host, lambda: decoder_layers.layers(arch, count=1)[0], batches,
+                           OPT_SUBSETS if arch == "opt" else SUBSETS)
+    n = len(batches)
+    assert counts["attention_outputs"]["qlink"] == 2 * n, counts["attention_outputs"]
+    earlier = 2 if arch == "opt" else 3  # q and k before v; gate before up
+    assert counts["stopped_products"]["qlink"] == 4 * n + earlier * (n - 1), counts["stopped_products"]
+    assert counts["tail_inputs"]["qlink"] == (0 if arch == "opt" else 2 * (n - 1)), counts["tail_inputs"]
 
 
 HIDDEN, OUT, BATCHES = 16, 24, 3
