@@ -358,8 +358,9 @@ def stack_samples(path, interval_s=0.002, rows=60):
     (copies, waits, locks) counts as well as Python; each sample weighs the time since the
     one before (a thread running Python holds the GIL the sampler waits for). Written to
     path: the share of the time each function is on the stack (inclusive) and on top
-    (innermost Python frame); then the same inclusive table over every other thread (the
-    host's background workers: packing, finalizers), each thread's time counted."""
+    (innermost Python frame); then the same two tables over every other thread (the host's
+    background workers: solves, packing, finalizers), each thread's time counted (a worker
+    waiting for work is on top in threading's wait or queue's get)."""
     if not path:
         yield
         return
@@ -367,7 +368,7 @@ def stack_samples(path, interval_s=0.002, rows=60):
     import threading
     target, stop = threading.get_ident(), threading.Event()
     inclusive, innermost, count = collections.Counter(), collections.Counter(), [0]
-    others = collections.Counter()
+    others, others_innermost = collections.Counter(), collections.Counter()
 
     def where(frame):
         code = frame.f_code
@@ -384,6 +385,7 @@ def stack_samples(path, interval_s=0.002, rows=60):
             weight, last = now - last, now
             for ident, other in frames.items():
                 if ident not in (target, me):
+                    others_innermost[where(other)] += weight
                     for name in {where(f) for f in _stack(other)}:
                         others[name] += weight
             if frame is None:
@@ -406,7 +408,8 @@ def stack_samples(path, interval_s=0.002, rows=60):
         total = max(sum(innermost.values()), 1e-9)
         with open(path, "w") as f:
             for title, table in (("inclusive", inclusive), ("innermost", innermost),
-                                 ("other threads, inclusive (thread-seconds)", others)):
+                                 ("other threads, inclusive (thread-seconds)", others),
+                                 ("other threads, innermost (thread-seconds)", others_innermost)):
                 f.write("%s (%d samples every %.1f ms, %.2f s)\n" % (title, count[0], 1e3 * interval_s, total))
                 for name, t in table.most_common(rows):
                     f.write("%6.1f %% %8.3f s  %s\n" % (100.0 * t / total, t, name))
