@@ -64,7 +64,10 @@
 #     moe_spread GPTQModel alone so again with its samples reversed, its codes against moe_host's (after it)
 #     moe_235b   a Qwen3-235B-A22B-shaped 2-layer model through the stage (made first)
 #     moe_dsv3   a DeepSeek-V3-shaped 1-layer model through the stage (made first)
-#     moe_gpus   the 2-layer Qwen3-MoE stage on one GPU then on every GPU, the DeepSeek-V3 layer on every GPU
+#   On a machine of several GPUs (group gpus, LAYERS=2 MOE_LAYERS=2; dsv3_gpus after moe_dsv3, in a call of its own):
+#     dense_gpus GPTQModel's loop on the 2-layer 7B model on every GPU, alone and with qlink; qlink on one
+#     moe_gpus   the 2-layer Qwen3-MoE model through the stage on one GPU, then on every GPU
+#     dsv3_gpus  the DeepSeek-V3-shaped layer through the stage on one GPU, then on every GPU
 #     moe_tree   Qwen3-30B-A3B's module tree with small matrices: GPTQModel alone and qlink's defaults to layer 2 at 2
 #                and 48 layers (the per-module costs as the model grows), then qlink's whole 48-layer run
 #     breakdown  GPTQModel alone with each of qlink's process settings (gc, switch, segments) at
@@ -98,6 +101,7 @@ declare -A groups=(
   [issue23]="hprec loop loop_slope"
   [ar_moe]="ar_moe_host ar_moe_qlink ar_moe_grouped"
   [issue40]="speed_models attention inverse"
+  [gpus]="models moe_models dense_gpus moe_gpus"
   [issue40_defaults]="speed_models attention"
   [issue40_options]="hprec inverse"
 )
@@ -438,16 +442,33 @@ make_deepseek_v3; make_deepseek_v3('/tmp/deepseek-v3-1layer', layers=1)"
   gptqmodel_run dsv3_stage 500 --model /tmp/deepseek-v3-1layer --layers 1 --model-kind deepseek_v3 --qlink \
     --strict --defaults --expert-stage on
 }
-part_moe_gpus() {  # issue 41: the stage on one GPU, then on every GPU (its experts placed over them), the
-  # 2-layer Qwen3-MoE model (moe_models first), then the DeepSeek-V3-shaped layer (moe_dsv3 first) on every GPU
-  local every
-  every=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)
-  run moe_gpus1 240 env CUDA_VISIBLE_DEVICES=0 python3 gptqmodel_run.py --model /tmp/qwen3moe-2layers --layers 2 \
-    --model-kind qwen3_moe --qlink --strict --defaults --expert-stage on --out "$out/moe_gpus1.json"
-  run moe_gpus_all 240 env CUDA_VISIBLE_DEVICES="$every" python3 gptqmodel_run.py --model /tmp/qwen3moe-2layers \
-    --layers 2 --model-kind qwen3_moe --qlink --strict --defaults --expert-stage on --out "$out/moe_gpus_all.json"
-  run dsv3_gpus_all 500 env CUDA_VISIBLE_DEVICES="$every" python3 gptqmodel_run.py --model /tmp/deepseek-v3-1layer \
-    --layers 1 --model-kind deepseek_v3 --qlink --strict --defaults --expert-stage on --out "$out/dsv3_gpus_all.json"
+gptqmodel_on() {  # NAME LIMIT GPUS ARGS...: gptqmodel_run on GPUS ("one": GPU 0 alone; "every": all of them)
+  local name=$1 limit=$2 visible=$3
+  shift 3
+  [ "$visible" = one ] && visible=0
+  [ "$visible" = every ] && visible=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)
+  run "$name" "$limit" env CUDA_VISIBLE_DEVICES="$visible" python3 gptqmodel_run.py "$@" --out "$out/$name.json"
+}
+part_dense_gpus() {  # GPTQModel's loop on every GPU, never run before with qlink: the 2-layer 7B model alone
+  # and with qlink's defaults on every GPU, then qlink on one (models or speed_models first)
+  gptqmodel_on dense_gpus_host 300 every --model /tmp/llama7b-2layers --layers 2
+  gptqmodel_on dense_gpus_qlink 300 every --model /tmp/llama7b-2layers --layers 2 --qlink --strict --defaults
+  gptqmodel_on dense_gpus_qlink1 300 one --model /tmp/llama7b-2layers --layers 2 --qlink --strict --defaults
+}
+part_moe_gpus() {  # issue 41: the stage on one GPU, then on every GPU (its experts placed over them): the
+  # 2-layer Qwen3-MoE model (moe_models first)
+  local gpus
+  for gpus in one every; do
+    gptqmodel_on moe_gpus_$gpus 240 $gpus --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink \
+      --strict --defaults --expert-stage on
+  done
+}
+part_dsv3_gpus() {  # issue 41: the DeepSeek-V3-shaped layer (moe_dsv3 first) on one GPU, then on every GPU
+  local gpus
+  for gpus in one every; do
+    gptqmodel_on dsv3_gpus_$gpus 500 $gpus --model /tmp/deepseek-v3-1layer --layers 1 --model-kind deepseek_v3 \
+      --qlink --strict --defaults --expert-stage on
+  done
 }
 part_moe_tree() {  # issue 41: the loop's costs per module at a whole model's size (Qwen3-30B-A3B's module tree,
   # small matrices): GPTQModel alone and qlink's defaults to layer 2's first solve at 2 and at 48 layers, then
