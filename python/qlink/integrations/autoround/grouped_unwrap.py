@@ -15,6 +15,7 @@ import collections
 
 import torch
 
+from ...quant.placement import shard_sizes
 from .contract import row_stacking_refusal
 
 MAX_ELEMENTS = 1 << 26  # a call's stacked weight elements: AutoRound's qdq makes fp32 copies of them
@@ -80,10 +81,8 @@ def groups(layers):
         # As few calls as MAX_ELEMENTS allows, of sizes at most one apart: few stacked shapes,
         # so AutoRound's compiled quant-dequant (torch.compile, its default on CUDA) compiles few.
         calls = -(-len(members) // max(1, MAX_ELEMENTS // members[0][1].weight.numel()))
-        size, larger = divmod(len(members), calls)
         at = 0
-        for k in range(calls):
-            take = size + (k < larger)
+        for take in shard_sizes(len(members), calls):
             out.append(members[at:at + take])
             at += take
     return out, alone
