@@ -44,17 +44,15 @@
 #                the kernels it picks and on its Haswell, SkylakeX and Cooperlake ones
 #     speed_models  the 7B-shaped models of 2, 4 and 32 layers and a 70B-shaped layer; GPTQModel's
 #                packer built beside them (so no timed run builds it)
-#     speed      GPTQModel alone at 2 and 4 layers and the 70B-shaped layer; qlink's defaults
-#                (install(strict=True), no other argument) at 2, 4 and 32 layers and the 70B layer;
-#                the defaults with a 1e-4 s switch interval at 2 and 4, then with ieee_fp32 Hessians
+#     speed      GPTQModel alone at 2 and 4 layers and the 70B-shaped layer, then qlink's defaults
+#                (install(strict=True), no other argument) at 2, 4 and 32 layers and the 70B layer
 #     inverse    gptq_inverse_bench.py (the engine's two inverses on 7B and 70B layers), then qlink's
-#                defaults with each at 2 and 4 layers and the 70B layer, then with the triangular
-#                inverse and TF32 cross-block updates, and those with tensor_gemm Hessians
-#                (speed_models first; hprec times and measures the Hessian precisions)
-#     attention  qlink's defaults (the attention outputs and tail inputs kept, the stopped products left
-#                out) against --attention-outputs off (which takes the tails too), --tail-inputs off and
-#                --stopped-products off at 2 and 4 7B layers, the first and last at the 70B layer: the
-#                same digests, the time each buys; the defaults at 32 layers (speed_models first)
+#                defaults with the triangular inverse and TF32 cross-block updates, and those with
+#                tensor_gemm Hessians, at 2, 4 and 32 layers and the 70B layer; the triangular inverse
+#                alone at 4 layers and the 70B layer (speed_models first)
+#     attention  qlink's defaults with each forward saving left out (--attention-outputs off, which takes
+#                the tails too; --stopped-products off; --tail-inputs off) at 4 7B layers, the first at the
+#                70B layer: the time each buys, the same digests as speed's defaults (speed first)
 #     divergence DIV_RUNS (15) 2-layer qlink ieee_fp32 runs (the divergence's likelier precision) with
 #                layer 0's o_proj inputs digested, compared by compare_runs.py (where a divergent run parts)
 #     moe_stage  the Qwen3-MoE models at MOE_LAYERS with the expert stage (install's default)
@@ -73,8 +71,8 @@
 #     breakdown  GPTQModel alone with each of qlink's process settings (gc, switch, segments) at
 #                2 and 4 layers; AutoRound alone with each (AR_ITERS)
 #   Groups: gpu, hosts, issue20 (moe_check moe_solve moe), issue22 (ar ar0), issue23 (hprec loop loop_slope),
-#   ar_moe (ar_moe_host ar_moe_qlink ar_moe_grouped), issue40 (speed_models attention inverse), in two
-#   calls issue40_defaults (speed_models attention) and issue40_options (hprec inverse; after the
+#   ar_moe (ar_moe_host ar_moe_qlink ar_moe_grouped), issue40 (speed_models speed inverse attention), in two
+#   calls issue40_defaults (speed_models speed) and issue40_options (inverse attention; after the
 #   first in one lease, its models on the machine)
 # Environment: BUDGET (seconds for the whole run, 540 by default, 0 for none: a command's
 # limit is cut to what is left, and one with less than 10 s left is skipped, so the archive is
@@ -100,10 +98,10 @@ declare -A groups=(
   [issue22]="ar ar0"
   [issue23]="hprec loop loop_slope"
   [ar_moe]="ar_moe_host ar_moe_qlink ar_moe_grouped"
-  [issue40]="speed_models attention inverse"
+  [issue40]="speed_models speed inverse attention"
   [gpus]="models moe_models dense_gpus moe_gpus"
-  [issue40_defaults]="speed_models attention"
-  [issue40_options]="hprec inverse"
+  [issue40_defaults]="speed_models speed"
+  [issue40_options]="inverse attention"
 )
 
 lib=$P/python/qlink/lib/libqlink.so
@@ -330,7 +328,7 @@ load_pack_block_extension as load; assert load() is not None" &
 LLAMA_70B; make_llama('/tmp/llama70b-1layer', layers=1, **LLAMA_70B)"
   wait
 }
-part_speed() {
+part_speed() {  # GPTQModel alone, then qlink's defaults, on the same models (speed_models first)
   local n
   for n in 2 4; do gptqmodel_run speed_host$n 300 --model /tmp/llama7b-${n}layers --layers $n; done
   gptqmodel_run speed70_host 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b
@@ -339,58 +337,34 @@ part_speed() {
   done
   gptqmodel_run speed70_qlink 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \
     --defaults
-  for n in 2 4; do  # what the switch interval would add (not a default), and the former default's Hessians
-    gptqmodel_run speed_qlink${n}_switch 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict \
-      --switch-interval 1e-4
-  done
-  for n in 2 4; do
-    gptqmodel_run speed_qlink${n}_ieee 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict \
-      --precision ieee_fp32
-  done
 }
-part_inverse() {  # the engine's two inverses alone, then in the loop with the defaults (speed_models first)
+part_inverse() {  # the engine's two inverses alone, then the defaults with each option (speed_models first)
   local n
-  run inverse_bench 240 python3 "$P/bench/gptq_inverse_bench.py" --library "$lib" --markdown "$out/inverse.md"
-  for n in 2 4; do
-    gptqmodel_run inv_chain$n 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict --defaults
-    gptqmodel_run inv_tri$n 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict --defaults \
-      --inverse triangular
-  done
-  gptqmodel_run inv70_chain 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \
-    --defaults
-  gptqmodel_run inv70_tri 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \
-    --defaults --inverse triangular
-  for n in 2 4; do
+  run inverse_bench 120 python3 "$P/bench/gptq_inverse_bench.py" --library "$lib" --markdown "$out/inverse.md"
+  for n in 2 4 32; do
     gptqmodel_run inv_tf32_$n 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict --defaults \
       --inverse triangular --tf32
-    gptqmodel_run inv_gemm_$n 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict --inverse triangular \
-      --tf32 --precision tensor_gemm
   done
   gptqmodel_run inv70_tf32 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \
     --defaults --inverse triangular --tf32
+  for n in 2 4 32; do
+    gptqmodel_run inv_gemm_$n 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict --inverse triangular \
+      --tf32 --precision tensor_gemm
+  done
   gptqmodel_run inv70_gemm 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \
     --inverse triangular --tf32 --precision tensor_gemm
+  gptqmodel_run inv_tri4 300 --model /tmp/llama7b-4layers --layers 4 --qlink --strict --defaults --inverse triangular
+  gptqmodel_run inv70_tri 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \
+    --defaults --inverse triangular
 }
-part_attention() {  # the attention outputs kept (install's default) against not, same digests (speed_models first)
-  local n
-  for n in 2 4; do
-    gptqmodel_run attn_on$n 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict --defaults
-    gptqmodel_run attn_off$n 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict --defaults \
-      --attention-outputs off
+part_attention() {  # each forward saving left out (install keeps them all) at 4 7B layers and the 70B layer
+  local saving               # (speed first: its defaults' runs are the comparison, same digests)
+  for saving in attention-outputs stopped-products tail-inputs; do
+    gptqmodel_run ${saving%%-*}_off4 300 --model /tmp/llama7b-4layers --layers 4 --qlink --strict --defaults \
+      --$saving off
   done
-  for n in 2 4; do
-    gptqmodel_run stop_off$n 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict --defaults \
-      --stopped-products off
-    gptqmodel_run tail_off$n 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict --defaults \
-      --tail-inputs off
-  done
-  gptqmodel_run attn_on32 300 --model /tmp/llama7b-32layers --layers 32 --qlink --strict --defaults
-  gptqmodel_run attn70_on 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \
-    --defaults
-  gptqmodel_run attn70_off 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \
+  gptqmodel_run attention_off70 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \
     --defaults --attention-outputs off
-  gptqmodel_run stop70_off 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \
-    --defaults --stopped-products off
 }
 part_divergence() {
   local r
