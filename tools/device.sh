@@ -42,17 +42,19 @@
 #                unwrap (bit for bit, and the time of each), RTN and a tuned block's end
 #     worlds     the GPTQ engine's worlds test on this machine's CPU (bin/, blas.tar.xz's OpenBLAS), on
 #                the kernels it picks and on its Haswell, SkylakeX and Cooperlake ones
-#     speed_models  the 7B-shaped models of 2, 4 and 32 layers and a 70B-shaped layer; GPTQModel's
-#                packer built beside them (so no timed run builds it)
-#     speed      GPTQModel alone at 2 and 4 layers and the 70B-shaped layer, then qlink's defaults
-#                (install(strict=True), no other argument) at 2, 4 and 32 layers and the 70B layer
-#     inverse    gptq_inverse_bench.py (the engine's two inverses on 7B and 70B layers), then qlink's
-#                defaults with the triangular inverse and TF32 cross-block updates, and those with
-#                tensor_gemm Hessians, at 2, 4 and 32 layers and the 70B layer; the triangular inverse
-#                alone at 4 layers and the 70B layer (speed_models first)
-#     attention  qlink's defaults with each forward saving left out (--attention-outputs off, which takes
-#                the tails too; --stopped-products off; --tail-inputs off) at 4 7B layers, the first at the
-#                70B layer: the time each buys, the same digests as speed's defaults (speed first)
+#   The speed set, on SHAPES ("2 4 32 70b": 7B-shaped models of so many layers, 70b a LLaMA-70B-shaped
+#   layer), each part after speed_models in the same lease:
+#     packer     GPTQModel's C++ packer built (so no timed run builds it; before any alone run)
+#     speed_models  the models of SHAPES
+#     speed      GPTQModel alone on each shape but 32 layers, then defaults
+#     defaults   qlink's defaults (install(strict=True), no other argument) on each shape
+#     inverse_bench  gptq_inverse_bench.py: the engine's two inverses on 7B and 70B layers
+#     inverse    the defaults with the triangular inverse and TF32 cross-block updates
+#     triangular the defaults with the triangular inverse alone
+#     gemm       the triangular inverse, TF32 updates and tensor_gemm Hessians
+#     attention  the defaults with each forward saving left out (--attention-outputs off, which takes
+#                the tails too; --stopped-products off; --tail-inputs off): the time each buys, the
+#                defaults' digests expected
 #     divergence DIV_RUNS (15) 2-layer qlink ieee_fp32 runs (the divergence's likelier precision) with
 #                layer 0's o_proj inputs digested, compared by compare_runs.py (where a divergent run parts)
 #     moe_stage  the Qwen3-MoE models at MOE_LAYERS with the expert stage (install's default)
@@ -71,14 +73,13 @@
 #     breakdown  GPTQModel alone with each of qlink's process settings (gc, switch, segments) at
 #                2 and 4 layers; AutoRound alone with each (AR_ITERS)
 #   Groups: gpu, hosts, issue20 (moe_check moe_solve moe), issue22 (ar ar0), issue23 (hprec loop loop_slope),
-#   ar_moe (ar_moe_host ar_moe_qlink ar_moe_grouped), issue40 (speed_models speed inverse attention), in two
-#   calls issue40_defaults (speed_models speed) and issue40_options (inverse attention; after the
-#   first in one lease, its models on the machine)
+#   ar_moe (ar_moe_host ar_moe_qlink ar_moe_grouped), issue40 (packer speed_models speed inverse gemm
+#   attention)
 # Environment: BUDGET (seconds for the whole run, 540 by default, 0 for none: a command's
 # limit is cut to what is left, and one with less than 10 s left is skipped, so the archive is
 # always made), DRY_RUN=1 (say each command, run none), KEEP_RAW=0 (remove OUTDIR once packed),
 # ARCH (nvcc's -arch, sm_90), BUILD_DIR (nvcc's outputs, /tmp/qlink_device), MODEL
-# (/tmp/llama7b-2layers), CODES (the loops' 4-bit levels, hundreds of MB, kept out of OUTDIR:
+# (/tmp/llama7b-2layers), SHAPES (the speed set's), CODES (the loops' 4-bit levels, hundreds of MB, kept out of OUTDIR:
 # /tmp/qlink_codes), LAYERS ("2 4 8"), MOE_LAYERS ("2 4"), SLOPE_LAYERS ("4 8"), PRECISIONS
 # ("ieee_fp32 tensor"), STRESS_RUNS (3), GPTQ_QLINK_RUNS (2), AR_ITERS (200), AR_MOE_ITERS (50), AR_HOST_PROFILE
 # (set: AutoRound alone profiled too), AR_MOE_CPROFILE (set: ar_moe_grouped adds an iters=0 run under cProfile). NVLink multicast stays off (NCCL, symmetric memory,
@@ -98,10 +99,8 @@ declare -A groups=(
   [issue22]="ar ar0"
   [issue23]="hprec loop loop_slope"
   [ar_moe]="ar_moe_host ar_moe_qlink ar_moe_grouped"
-  [issue40]="speed_models speed inverse attention"
+  [issue40]="packer speed_models speed inverse gemm attention"
   [gpus]="models moe_models dense_gpus moe_gpus"
-  [issue40_defaults]="speed_models speed"
-  [issue40_options]="inverse attention"
 )
 
 lib=$P/python/qlink/lib/libqlink.so
@@ -320,51 +319,62 @@ part_worlds() {  # on OpenBLAS's kernels for this processor, then on its Haswell
       OPENBLAS_VERBOSE=2 ${core:+OPENBLAS_CORETYPE=$core} "$P/bin/gptq_engine_test" --gtest_filter='Gptq.*Worlds*'
   done
 }
-part_speed_models() {
+# on_shape NAME LIMIT SHAPE ARGS...: gptqmodel_run on a speed model, SHAPE a 7B-shaped layer count or 70b
+on_shape() {
+  local name=$1 limit=$2 shape=$3
+  shift 3
+  if [ "$shape" = 70b ]; then
+    gptqmodel_run "$name" "$limit" --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b "$@"
+  else
+    gptqmodel_run "$name" "$limit" --model "/tmp/llama7b-${shape}layers" --layers "$shape" "$@"
+  fi
+}
+shapes=${SHAPES:-2 4 32 70b}
+part_packer() {
   run packer 240 python3 -c "import common; common.setup_paths(); from gptqmodel.utils.cpp import \
-load_pack_block_extension as load; assert load() is not None" &
-  LAYERS="2 4 32" part_models
-  run make_llama70b 300 python3 -c "import sys; sys.path.insert(0, '$hosts_dir'); from common import make_llama, \
+load_pack_block_extension as load; assert load() is not None"
+}
+part_speed_models() {
+  local s
+  for s in $shapes; do
+    if [ "$s" = 70b ]; then
+      run make_llama70b 300 python3 -c "import sys; sys.path.insert(0, '$hosts_dir'); from common import make_llama, \
 LLAMA_70B; make_llama('/tmp/llama70b-1layer', layers=1, **LLAMA_70B)"
-  wait
-}
-part_speed() {  # GPTQModel alone, then qlink's defaults, on the same models (speed_models first)
-  local n
-  for n in 2 4; do gptqmodel_run speed_host$n 300 --model /tmp/llama7b-${n}layers --layers $n; done
-  gptqmodel_run speed70_host 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b
-  for n in 2 4 32; do
-    gptqmodel_run speed_qlink$n 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict --defaults
+    else
+      LAYERS=$s part_models
+    fi
   done
-  gptqmodel_run speed70_qlink 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \
-    --defaults
 }
-part_inverse() {  # the engine's two inverses alone, then the defaults with each option (speed_models first)
-  local n
+part_speed() {  # GPTQModel alone (but at 32 layers), then qlink's defaults, on the same models
+  local s
+  for s in $shapes; do [ "$s" = 32 ] || on_shape speed_host$s 300 "$s"; done
+  part_defaults
+}
+part_defaults() { local s; for s in $shapes; do on_shape speed_qlink$s 300 "$s" --qlink --strict --defaults; done; }
+part_inverse_bench() {
   run inverse_bench 120 python3 "$P/bench/gptq_inverse_bench.py" --library "$lib" --markdown "$out/inverse.md"
-  for n in 2 4 32; do
-    gptqmodel_run inv_tf32_$n 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict --defaults \
-      --inverse triangular --tf32
-  done
-  gptqmodel_run inv70_tf32 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \
-    --defaults --inverse triangular --tf32
-  for n in 2 4 32; do
-    gptqmodel_run inv_gemm_$n 300 --model /tmp/llama7b-${n}layers --layers $n --qlink --strict --inverse triangular \
-      --tf32 --precision tensor_gemm
-  done
-  gptqmodel_run inv70_gemm 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \
-    --inverse triangular --tf32 --precision tensor_gemm
-  gptqmodel_run inv_tri4 300 --model /tmp/llama7b-4layers --layers 4 --qlink --strict --defaults --inverse triangular
-  gptqmodel_run inv70_tri 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \
-    --defaults --inverse triangular
 }
-part_attention() {  # each forward saving left out (install keeps them all) at 4 7B layers and the 70B layer
-  local saving               # (speed first: its defaults' runs are the comparison, same digests)
-  for saving in attention-outputs stopped-products tail-inputs; do
-    gptqmodel_run ${saving%%-*}_off4 300 --model /tmp/llama7b-4layers --layers 4 --qlink --strict --defaults \
-      --$saving off
+part_inverse() {  # the defaults with the triangular inverse and TF32 cross-block updates
+  local s
+  for s in $shapes; do on_shape inv_tf32_$s 300 "$s" --qlink --strict --defaults --inverse triangular --tf32; done
+}
+part_triangular() {  # the defaults with the triangular inverse alone
+  local s
+  for s in $shapes; do on_shape inv_tri$s 300 "$s" --qlink --strict --defaults --inverse triangular; done
+}
+part_gemm() {  # the defaults with the triangular inverse, TF32 updates and tensor_gemm Hessians
+  local s
+  for s in $shapes; do
+    on_shape inv_gemm_$s 300 "$s" --qlink --strict --inverse triangular --tf32 --precision tensor_gemm
   done
-  gptqmodel_run attention_off70 300 --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b --qlink --strict \
-    --defaults --attention-outputs off
+}
+part_attention() {  # each forward saving left out (install keeps them all); defaults' digests expected
+  local s saving
+  for s in $shapes; do
+    for saving in attention-outputs stopped-products tail-inputs; do
+      on_shape ${saving%%-*}_off$s 300 "$s" --qlink --strict --defaults --$saving off
+    done
+  done
 }
 part_divergence() {
   local r
@@ -475,7 +485,7 @@ part_moe_samples() {  # every thread sampled (the sampling stretches the run)
 }
 host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks \
 ar_moe_host ar_moe_qlink ar_moe_grouped ar_moe_save moe_check moe_solve moe moe_samples speed_models speed breakdown divergence \
-moe_stage moe_stage_samples moe_nostage moe_host moe_spread moe_235b moe_dsv3 moe_tree unwrap "
+moe_stage moe_stage_samples moe_nostage moe_host moe_spread moe_235b moe_dsv3 moe_tree unwrap packer defaults inverse triangular gemm attention "
 
 [ $# -ge 1 ] || usage
 case $1 in
