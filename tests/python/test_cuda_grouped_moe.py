@@ -13,7 +13,7 @@ from qlink.integrations import grouped_experts
 from test_integration_autoround import host  # noqa: F401 (fixture)
 from test_integration_autoround_experts import InterfaceBlock, _tune
 from test_integration_autoround_grouped_moe import (  # noqa: F401 (fixtures)
-    EXPERTS, HIDDEN, TOKENS, TOP_K, block, ctx, interface)
+    EXPERTS, HIDDEN, TOKENS, TOP_K, block, interface)
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9 or not grouped_experts.GROUPED_MM,
