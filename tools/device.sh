@@ -35,7 +35,8 @@
 #     archs      arch_table.py: GPTQModel alone and qlink strict on each architecture's small model
 #     archs_ref  arch_table.py --references on Qwen3 and Mixtral (alone reversed, alone in float64)
 #     trained    trained_model.py: the model trained on corpus/ and its quantizations' perplexity
-#                (TRAINED_VARIANTS: some of its variants, comma-separated)
+#                (TRAINED_VARIANTS: some of its variants, comma-separated; TRAINED_PARALLEL: its
+#                quantizations at once, 4)
 #     attn       attention_determinism.py: each SDPA backend's bytes over 12 fresh processes
 #     walks      finalize_walks.py: GPTQModel's per-module walks of the model at 2, 48, 94 MoE layers, qlink's lookups
 #     unwrap     check_unwrap.py: AutoRound's own unwrap of 128 experts one by one against qlink's stacked
@@ -43,7 +44,7 @@
 #     worlds     the GPTQ engine's worlds test on this machine's CPU (bin/, blas.tar.xz's OpenBLAS), on
 #                the kernels it picks and on its Haswell, SkylakeX and Cooperlake ones
 #   The speed set, on SHAPES ("2 4 32 70b": 7B-shaped models of so many layers, 70b a LLaMA-70B-shaped
-#   layer), each part after speed_models in the same lease:
+#   layer, 70bN N of them), each part after speed_models in the same lease:
 #     packer     GPTQModel's C++ packer built (so no timed run builds it; before any alone run)
 #     speed_models  the models of SHAPES
 #     speed      GPTQModel alone on each shape but 32 layers, then defaults
@@ -297,7 +298,7 @@ part_archs() {
 part_trained() {  # issue 40: corpus/ is tools/pack.sh's (python3.11-doc's sources, corpus.py's split)
   local cwd=$hosts_dir
   run trained 480 python3 trained_model.py --corpus "$P/corpus" --dir /tmp/trained --out "$out/trained.json" \
-    ${TRAINED_VARIANTS:+--variants "$TRAINED_VARIANTS"}
+    --parallel "${TRAINED_PARALLEL:-4}" ${TRAINED_VARIANTS:+--variants "$TRAINED_VARIANTS"}
 }
 part_archs_ref() {
   local cwd=$hosts_dir
@@ -319,12 +320,14 @@ part_worlds() {  # on OpenBLAS's kernels for this processor, then on its Haswell
       OPENBLAS_VERBOSE=2 ${core:+OPENBLAS_CORETYPE=$core} "$P/bin/gptq_engine_test" --gtest_filter='Gptq.*Worlds*'
   done
 }
-# on_shape NAME LIMIT SHAPE ARGS...: gptqmodel_run on a speed model, SHAPE a 7B-shaped layer count or 70b
+# on_shape NAME LIMIT SHAPE ARGS...: gptqmodel_run on a speed model: SHAPE N (N 7B-shaped layers), 70b (one
+# LLaMA-70B-shaped layer) or 70bN (N of them)
 on_shape() {
-  local name=$1 limit=$2 shape=$3
+  local name=$1 limit=$2 shape=$3 n
   shift 3
-  if [ "$shape" = 70b ]; then
-    gptqmodel_run "$name" "$limit" --model /tmp/llama70b-1layer --layers 1 --model-kind llama70b "$@"
+  if [[ "$shape" == 70b* ]]; then
+    n=${shape#70b}
+    gptqmodel_run "$name" "$limit" --model "/tmp/llama$shape" --layers "${n:-1}" --model-kind llama70b "$@"
   else
     gptqmodel_run "$name" "$limit" --model "/tmp/llama7b-${shape}layers" --layers "$shape" "$@"
   fi
@@ -337,9 +340,9 @@ load_pack_block_extension as load; assert load() is not None"
 part_speed_models() {
   local s
   for s in $shapes; do
-    if [ "$s" = 70b ]; then
-      run make_llama70b 300 python3 -c "import sys; sys.path.insert(0, '$hosts_dir'); from common import make_llama, \
-LLAMA_70B; make_llama('/tmp/llama70b-1layer', layers=1, **LLAMA_70B)"
+    if [[ "$s" == 70b* ]]; then
+      run make_llama$s 300 python3 -c "import sys; sys.path.insert(0, '$hosts_dir'); from common import make_llama, \
+LLAMA_70B; make_llama('/tmp/llama$s', layers=int('${s#70b}' or 1), **LLAMA_70B)"
     else
       LAYERS=$s part_models
     fi
