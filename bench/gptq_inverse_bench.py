@@ -4,10 +4,14 @@ and LLaMA-70B layer shapes, same weight and Hessian: the whole gptq_quantize cal
 (the reversed potrf and one trtri), median of --reps after a warm-up; the codes the two give
 alike and their losses. Then, in PyTorch on the same Hessians, how far each route's fp32
 factor U is from the float64 one (the triangular route as PyTorch can write it:
-solve_triangular against the identity, the engine's trtri being cuSOLVER's).
+solve_triangular against the identity, the engine's trtri being cuSOLVER's). Last, on the
+GPU test's ill-conditioned problem (tests/python/gptq_reference.py) over --seeds seeds, with
+and without desc_act: how many of each route's codes equal float64 GPTQ's, the engine's and
+the same route's in PyTorch fp32.
 
     python3 bench/gptq_inverse_bench.py --library DIST/libqlink.so [--device cpu]
-        [--shapes ROWSxCOLUMNS,...] [--reps 3] [--markdown OUT.md]
+        [--shapes ROWSxCOLUMNS,...] [--reps 3] [--seeds 2] [--problem ROWSxCOLUMNS]
+        [--markdown OUT.md]
 
 --device cpu: the CPU backend's engine (one virtual device) and PyTorch's CPU LAPACK, on
 --shapes (default: the GPU's, too slow there).
@@ -21,8 +25,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
 import qlink  # noqa: E402
 from gptq_bench import hessian_of  # noqa: E402
+from gptq_reference import ill_conditioned_problem, inverse_factor, reference_gptq  # noqa: E402
 from qlink.quant import gptq_quantize  # noqa: E402
 from timing import median_s  # noqa: E402
 
@@ -41,14 +47,29 @@ def damped(h, damp=0.01):
 def factors(h):
     """U (H^-1 = U^T U) of the damped fp32 h by both routes in PyTorch, and in float64."""
     hd = damped(h)
-    chain = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(hd)), upper=True)
-    lower = torch.linalg.cholesky(hd.flip(0, 1))
-    eye = torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
-    triangular = torch.linalg.solve_triangular(lower, eye, upper=False).flip(0, 1)
-    del lower, eye
-    h64 = damped(h.double())
-    truth = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h64)), upper=True)
-    return {"cholesky_inverse": chain, "triangular": triangular}, truth
+    return {inverse: inverse_factor(hd, inverse) for inverse in INVERSES}, inverse_factor(damped(h.double()))
+
+
+def agreement(ctx, device, rows, cols, seeds):
+    """Per desc_act and route: the share of codes equal to float64 GPTQ's, the engine's and
+    PyTorch fp32's, over the seeds' problems (a dead column each, as the GPU test's)."""
+    lines = ["| desc_act | route | engine: codes as float64's | PyTorch fp32, same route |", "|---|---|---|---|"]
+    for desc_act in (False, True):
+        for inverse in INVERSES:
+            engine, torch_fp32 = [], []
+            for seed in range(seeds):
+                w, h = ill_conditioned_problem(rows, cols, seed, device=device)
+                w = w.bfloat16()
+                h[9, :], h[:, 9] = 0, 0
+                truth = reference_gptq(w.double(), h.double(), desc_act=desc_act)[0]
+                mine = gptq_quantize(w, h, ctx=ctx, desc_act=desc_act, inverse=inverse).codes
+                theirs = reference_gptq(w, h, desc_act=desc_act, inverse=inverse)[0]
+                engine.append((mine == truth).float().mean().item() * 100)
+                torch_fp32.append((theirs == truth).float().mean().item() * 100)
+            shares = [" / ".join("%.3f %%" % v for v in values) for values in (engine, torch_fp32)]
+            lines.append("| %s | %s | %s | %s |" % (desc_act, inverse, *shares))
+            print(lines[-1], flush=True)
+    return lines
 
 
 def main():
@@ -57,6 +78,8 @@ def main():
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--shapes", help="ROWSxCOLUMNS,... instead of the LLaMA layers")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--seeds", type=int, default=2, help="the agreement table's problems (0: none)")
+    ap.add_argument("--problem", default="1024x4096", help="the agreement problem's ROWSxCOLUMNS")
     ap.add_argument("--markdown")
     args = ap.parse_args()
     shapes = SHAPES if not args.shapes else [
@@ -94,7 +117,10 @@ def main():
         del h, w
         if args.device == "cuda":
             torch.cuda.empty_cache()
-    text = "\n".join(lines + [""] + errors) + "\n"
+    tables = lines + [""] + errors
+    if args.seeds:
+        tables += [""] + agreement(ctx, args.device, *map(int, args.problem.split("x")), args.seeds)
+    text = "\n".join(tables) + "\n"
     print(text)
     if args.markdown:
         with open(args.markdown, "w") as f:

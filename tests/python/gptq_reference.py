@@ -29,10 +29,33 @@ def quantize(x, scale, zero, maxq):
     return scale * (levels - zero), levels
 
 
+def ill_conditioned_problem(rows=96, cols=384, seed=0, device="cuda"):
+    """(weight, Hessian): a random weight and the fp32 Hessian of activations of rank cols/8
+    plus a little noise (condition number in the thousands, as real layers' are)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    tokens = max(512, 2 * cols)
+    x = torch.randn(tokens, cols // 8, generator=gen, device=device) @ torch.randn(cols // 8, cols, generator=gen,
+                                                                                   device=device)
+    x = (x + 0.3 * torch.randn(tokens, cols, generator=gen, device=device)).double()
+    return 0.02 * torch.randn(rows, cols, generator=gen, device=device), ((x.t() @ x) * (2.0 / tokens)).float()
+
+
+def inverse_factor(hd, inverse="cholesky_inverse"):
+    """U (H^-1 = U^T U, upper) of the damped Hessian hd: GPTQModel's chain (cholesky,
+    cholesky_inverse, cholesky upper), or the engine's "triangular" route (the Cholesky factor
+    of hd in reverse column order, inverted by a triangular solve, reversed back)."""
+    if inverse == "triangular":
+        lower = torch.linalg.cholesky(hd.flip(0, 1))
+        eye = torch.eye(hd.shape[0], dtype=hd.dtype, device=hd.device)
+        return torch.linalg.solve_triangular(lower, eye, upper=False).flip(0, 1)
+    return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(hd)), upper=True)
+
+
 def reference_gptq(weight, hessian, bits=4, group_size=128, sym=True, desc_act=False, static_groups=False,
-                   damp=0.01, damp_auto_increment=0.01, block=128, act_group_aware=False):
+                   damp=0.01, damp_auto_increment=0.01, block=128, act_group_aware=False, inverse="cholesky_inverse"):
     """(codes, scales, zeros, g_idx, dequantized, loss sum, damp), in the Hessian's dtype (fp32
-    as GPTQModel runs it; float64 for the truth a rounding is judged by)."""
+    as GPTQModel runs it; float64 for the truth a rounding is judged by); inverse: the route
+    to U (inverse_factor)."""
     maxq = 2 ** bits - 1
     W = weight.to(hessian.dtype).clone()
     H = hessian.clone()
@@ -58,7 +81,7 @@ def reference_gptq(weight, hessian, bits=4, group_size=128, sym=True, desc_act=F
         Hd = H.clone()
         Hd.diagonal().add_(torch.tensor(damp, dtype=H.dtype) * mean)
         try:
-            Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(Hd)), upper=True)
+            Hinv = inverse_factor(Hd, inverse)
             break
         except RuntimeError:
             if damp_auto_increment <= 0:

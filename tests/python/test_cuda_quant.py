@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import qlink
-from gptq_reference import reference_gptq
+from gptq_reference import ill_conditioned_problem, reference_gptq
 from qlink.quant import GPTQLayer, Placement, gptq_quantize, parallel_gptq, parallel_hessian, sign_round
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -14,12 +14,7 @@ two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two G
 
 
 def _problem(rows=96, cols=384, seed=0):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    tokens = max(512, 2 * cols)
-    x = torch.randn(tokens, cols // 8, generator=gen, device="cuda") @ torch.randn(cols // 8, cols, generator=gen,
-                                                                                   device="cuda")
-    x = (x + 0.3 * torch.randn(tokens, cols, generator=gen, device="cuda")).double()
-    return 0.02 * torch.randn(rows, cols, generator=gen, device="cuda"), ((x.t() @ x) * (2.0 / tokens)).float()
+    return ill_conditioned_problem(rows, cols, seed)
 
 
 @pytest.mark.parametrize("bits,group_size,sym,desc_act,static_groups,act_group_aware", [
@@ -45,19 +40,19 @@ def test_gptq_on_the_gpu_matches_the_reference(ctx, bits, group_size, sym, desc_
 
 @pytest.mark.parametrize("desc_act", [False, True])
 def test_the_triangular_inverse_on_the_gpu_stays_with_float64_gptq(ctx, desc_act):
-    # cuSOLVER's trtri after the reversed potrf (ABI 1.11): its codes as close to float64
-    # GPTQ's as GPTQModel's own fp32 arithmetic's (within half a point: fp32 GPTQ parts from
-    # float64 at near-ties, any route), the loss within 0.5 %, the dead column at zero.
+    # Each route to U on the GPU (GPTQModel's chain; the reversed potrf and cuSOLVER's trtri,
+    # ABI 1.11) as close to float64 GPTQ's codes as the same route in PyTorch's fp32 (within
+    # half a point: fp32 GPTQ parts from float64 at near-ties), the loss within 0.5 %, the
+    # dead column at zero. (How far apart the two routes are: bench/gptq_inverse_bench.py.)
     w, h = _problem(rows=1024, cols=4096)
     w = w.bfloat16()
     h[9, :], h[:, 9] = 0, 0  # a dead column
     codes, *_, loss, _ = reference_gptq(w.double(), h.double(), desc_act=desc_act)
-    fp32 = (reference_gptq(w, h, desc_act=desc_act)[0] == codes).float().mean().item()
-    alike = {}
     for inverse in ("cholesky_inverse", "triangular"):
+        fp32 = (reference_gptq(w, h, desc_act=desc_act, inverse=inverse)[0] == codes).float().mean().item()
         got = gptq_quantize(w, h, ctx=ctx, desc_act=desc_act, inverse=inverse)
-        alike[inverse] = (got.codes == codes).float().mean().item()
-        assert alike[inverse] >= fp32 - 0.005, (inverse, alike, fp32)
+        alike = (got.codes == codes).float().mean().item()
+        assert alike >= fp32 - 0.005, (inverse, alike, fp32)
         assert got.loss == pytest.approx(loss, rel=5e-3), inverse
         assert (got.codes[:, 9] == 8).all(), inverse
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import qlink
-from gptq_reference import reference_gptq, torch_linalg_files
+from gptq_reference import ill_conditioned_problem, inverse_factor, reference_gptq, torch_linalg_files
 from qlink import collectives
 from qlink.quant import (GPTQLayer, Placement, gptq_quantize, parallel_devices, parallel_gptq, parallel_hessian,
                          shard_sizes, sign_round)
@@ -135,6 +135,17 @@ def test_gptq_beats_round_to_nearest(cpu8):
     g = q.g_idx.long()
     assert torch.equal(q.weight, q.scales[:, g] * (q.codes.float() - q.zeros[:, g]))
     assert q.codes.max() <= 15
+
+
+def test_the_references_two_routes_give_one_factor_in_float64():
+    # The reference's triangular route (the engine's, in PyTorch) is the chain's U: in
+    # float64 the two agree to 1e-9 relative, so where their fp32 codes part, rounding does.
+    _, h = ill_conditioned_problem(rows=8, cols=256, seed=3, device="cpu")
+    hd = h.double() + 0.01 * torch.diag(h.double()).mean() * torch.eye(256, dtype=torch.float64)
+    chain, triangular = (inverse_factor(hd, inverse) for inverse in ("cholesky_inverse", "triangular"))
+    assert torch.equal(triangular, triangular.triu())
+    assert ((triangular - chain).norm() / chain.norm()).item() < 1e-9
+    assert torch.allclose(triangular.T @ triangular @ hd, torch.eye(256, dtype=torch.float64), atol=1e-8)
 
 
 def test_both_inverses_stay_with_the_float64_gptq_on_an_ill_conditioned_hessian(cpu8):
