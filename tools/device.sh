@@ -49,7 +49,8 @@
 #     speed_models  the models of SHAPES
 #     speed      GPTQModel alone on each shape but 32 layers, then defaults
 #     defaults   qlink's defaults (install(strict=True), no other argument) on each shape
-#     inverse_bench  gptq_inverse_bench.py: the engine's two inverses on 7B and 70B layers
+#     inverse_bench  gptq_inverse_bench.py: the engine's two inverses on 7B and 70B layers, and how
+#                far each route's codes are from float64 GPTQ's (engine and PyTorch)
 #     inverse    the defaults with the triangular inverse and TF32 cross-block updates
 #     triangular the defaults with the triangular inverse alone
 #     gemm       the triangular inverse, TF32 updates and tensor_gemm Hessians
@@ -355,7 +356,7 @@ part_speed() {  # GPTQModel alone (but at 32 layers), then qlink's defaults, on 
 }
 part_defaults() { local s; for s in $shapes; do on_shape speed_qlink$s 300 "$s" --qlink --strict --defaults; done; }
 part_inverse_bench() {
-  run inverse_bench 120 python3 "$P/bench/gptq_inverse_bench.py" --library "$lib" --markdown "$out/inverse.md"
+  run inverse_bench 180 python3 "$P/bench/gptq_inverse_bench.py" --library "$lib" --markdown "$out/inverse.md"
 }
 part_inverse() {  # the defaults with the triangular inverse and TF32 cross-block updates
   local s
