@@ -37,19 +37,25 @@ class GPTQLayer:
     device: int = None
 
 
+def inverse_code(inverse):
+    """qlink_gptq_inverse's value for `inverse` ("cholesky_inverse" or "triangular");
+    ValueError naming the argument otherwise."""
+    if inverse not in _abi.GPTQ_INVERSES:
+        raise ValueError("inverse must be one of %s, got %r" % (", ".join(_abi.GPTQ_INVERSES), inverse))
+    return _abi.GPTQ_INVERSES[inverse]
+
+
 def _options(**options):
     unknown = sorted(set(options) - set(DEFAULTS))
     if unknown:
         raise TypeError("unknown GPTQ options %s (the options: %s)" % (unknown, ", ".join(DEFAULTS)))
     o = dict(DEFAULTS, **options)
-    if o["inverse"] not in _abi.GPTQ_INVERSES:
-        raise ValueError("inverse must be one of %s, got %r" % (", ".join(_abi.GPTQ_INVERSES), o["inverse"]))
     return {"bits": int(o["bits"]), "group_size": int(o["group_size"]), "sym": int(bool(o["sym"])),
             "desc_act": int(bool(o["desc_act"])), "static_groups": int(bool(o["static_groups"])),
             "tf32": int(bool(o["tf32"])), "damp": float(o["damp"]),
             "damp_auto_increment": float(o["damp_auto_increment"]),
             "nsamples": float(o["nsamples"]), "act_group_aware": int(bool(o["act_group_aware"])),
-            "inverse": _abi.GPTQ_INVERSES[o["inverse"]]}
+            "inverse": inverse_code(o["inverse"])}
 
 
 def group_count(columns, group_size):

@@ -8,6 +8,7 @@ import importlib
 import torch
 
 from ... import _abi
+from ...quant.gptq import inverse_code
 from ...quant.hessian import HessianAccumulator
 from ..base import Installation
 from ..process_settings import check_interval
@@ -80,8 +81,7 @@ class GPTQModelInstallation(Installation):
             raise ValueError("read_ahead must be one of %s, got %r" % (READ_AHEAD, read_ahead))
         if hessian_precision not in HESSIAN_PRECISIONS:
             raise ValueError("hessian_precision must be one of %s, got %r" % (HESSIAN_PRECISIONS, hessian_precision))
-        if inverse not in _abi.GPTQ_INVERSES:
-            raise ValueError("inverse must be one of %s, got %r" % (", ".join(_abi.GPTQ_INVERSES), inverse))
+        inverse_code(inverse)
         for name, value in (("fixed_segments", fixed_segments), ("tf32", tf32),
                             ("attention_outputs", attention_outputs), ("tail_inputs", tail_inputs),
                             ("stopped_products", stopped_products),
