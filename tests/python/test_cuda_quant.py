@@ -13,16 +13,12 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 
 
-def _problem(rows=96, cols=384, seed=0):
-    return ill_conditioned_problem(rows, cols, seed)
-
-
 @pytest.mark.parametrize("bits,group_size,sym,desc_act,static_groups,act_group_aware", [
     (4, 128, True, False, False, False), (4, 32, False, True, False, False), (3, 64, True, True, True, False),
     (2, -1, False, False, False, False), (8, 128, True, True, False, False), (4, 128, True, False, False, True)])
 def test_gptq_on_the_gpu_matches_the_reference(ctx, bits, group_size, sym, desc_act, static_groups, act_group_aware):
     # gate_proj's shape, a dead column; the engine follows PyTorch's CUDA calls one for one.
-    w, h = _problem(rows=11008, cols=4096)
+    w, h = ill_conditioned_problem(rows=11008, cols=4096)
     h[9, :], h[:, 9] = 0, 0  # a dead column
     opts = dict(bits=bits, group_size=group_size, sym=sym, desc_act=desc_act, static_groups=static_groups,
                 act_group_aware=act_group_aware)
@@ -44,7 +40,7 @@ def test_the_triangular_inverse_on_the_gpu_stays_with_float64_gptq(ctx, desc_act
     # ABI 1.11) as close to float64 GPTQ's codes as the same route in PyTorch's fp32 (within
     # half a point: fp32 GPTQ parts from float64 at near-ties), the loss within 0.5 %, the
     # dead column at zero. (How far apart the two routes are: bench/gptq_inverse_bench.py.)
-    w, h = _problem(rows=1024, cols=4096)
+    w, h = ill_conditioned_problem(rows=1024, cols=4096)
     w = w.bfloat16()
     h[9, :], h[:, 9] = 0, 0  # a dead column
     codes, *_, loss, _ = reference_gptq(w.double(), h.double(), desc_act=desc_act)
@@ -88,7 +84,8 @@ def test_many_hessians_on_lanes_equal_each_layer_solved_alone(ctx):
     # kernels the ones it runs alone (the same calls on another stream).
     layers = []
     for e in range(12):
-        (w, h), (wd, hd) = _problem(rows=192, cols=512, seed=2 * e), _problem(rows=512, cols=192, seed=2 * e + 1)
+        w, h = ill_conditioned_problem(rows=192, cols=512, seed=2 * e)
+        wd, hd = ill_conditioned_problem(rows=512, cols=192, seed=2 * e + 1)
         layers += [GPTQLayer(w, h, "gate%d" % e), GPTQLayer(w * 0.7, h, "up%d" % e), GPTQLayer(wd, hd, "down%d" % e)]
     together = parallel_gptq(layers, None, ctx=ctx, act_group_aware=True, group_size=64)
     for layer, got in zip(layers, together):
@@ -99,7 +96,7 @@ def test_many_hessians_on_lanes_equal_each_layer_solved_alone(ctx):
 
 @two_gpus
 def test_parallel_gptq_on_two_gpus_equals_one(ctx):
-    (w1, h1), (w2, h2) = _problem(rows=301), _problem(rows=200, cols=256, seed=1)
+    (w1, h1), (w2, h2) = ill_conditioned_problem(rows=301), ill_conditioned_problem(rows=200, cols=256, seed=1)
     layers = [GPTQLayer(w1, h1, "a"), GPTQLayer(w1 * 0.5, h1, "b"), GPTQLayer(w2, h2, "c")]
     one = parallel_gptq(layers, Placement([0], ctx=ctx))
     two = parallel_gptq(layers, Placement([0, 1], ctx=ctx))
@@ -126,7 +123,7 @@ def test_a_failed_library_setup_leaves_no_half_made_state_and_names_the_status(l
     fake = os.path.join(os.path.dirname(library), "libfake_cusolver.so")
     if not os.path.exists(fake):
         pytest.skip("libfake_cusolver.so is not beside the library (tools/pack.sh puts it there)")
-    w, h = _problem()
+    w, h = ill_conditioned_problem()
     with qlink.load({"backend": "cuda", "log_level": "off"}, library=library) as plain:
         want = gptq_quantize(w, h, ctx=plain)
     with qlink.load({"backend": "cuda", "log_level": "off", "solver_library": fake}, library=library) as ctx:
