@@ -55,19 +55,20 @@ def agreement(ctx, device, rows, cols, seeds):
     PyTorch fp32's, over the seeds' problems (a dead column each, as the GPU test's)."""
     lines = ["| desc_act | route | engine: codes as float64's | PyTorch fp32, same route |", "|---|---|---|---|"]
     for desc_act in (False, True):
-        for inverse in INVERSES:
-            engine, torch_fp32 = [], []
-            for seed in range(seeds):
-                w, h = ill_conditioned_problem(rows, cols, seed, device=device)
-                w = w.bfloat16()
-                h[9, :], h[:, 9] = 0, 0
-                truth = reference_gptq(w.double(), h.double(), desc_act=desc_act)[0]
+        shares = {inverse: ([], []) for inverse in INVERSES}  # engine's, PyTorch fp32's
+        for seed in range(seeds):
+            w, h = ill_conditioned_problem(rows, cols, seed, device=device)
+            w = w.bfloat16()
+            h[9, :], h[:, 9] = 0, 0
+            truth = reference_gptq(w.double(), h.double(), desc_act=desc_act)[0]
+            for inverse, (engine, torch_fp32) in shares.items():
                 mine = gptq_quantize(w, h, ctx=ctx, desc_act=desc_act, inverse=inverse).codes
                 theirs = reference_gptq(w, h, desc_act=desc_act, inverse=inverse)[0]
                 engine.append((mine == truth).float().mean().item() * 100)
                 torch_fp32.append((theirs == truth).float().mean().item() * 100)
-            shares = [" / ".join("%.3f %%" % v for v in values) for values in (engine, torch_fp32)]
-            lines.append("| %s | %s | %s | %s |" % (desc_act, inverse, *shares))
+        for inverse, values in shares.items():
+            cells = [" / ".join("%.3f %%" % v for v in column) for column in values]
+            lines.append("| %s | %s | %s | %s |" % (desc_act, inverse, *cells))
             print(lines[-1], flush=True)
     return lines
 
