@@ -41,6 +41,7 @@
 #define gpuStreamDestroy hipStreamDestroy
 #define gpuStreamQuery hipStreamQuery
 #define gpuStreamSynchronize hipStreamSynchronize
+#define gpuDeviceSynchronize hipDeviceSynchronize
 #define gpuStreamWaitEvent hipStreamWaitEvent
 #define gpuEvent_t hipEvent_t
 #define gpuEventCreateWithFlags hipEventCreateWithFlags
@@ -86,6 +87,7 @@
 #define gpuStreamDestroy cudaStreamDestroy
 #define gpuStreamQuery cudaStreamQuery
 #define gpuStreamSynchronize cudaStreamSynchronize
+#define gpuDeviceSynchronize cudaDeviceSynchronize
 #define gpuStreamWaitEvent cudaStreamWaitEvent
 #define gpuEvent_t cudaEvent_t
 #define gpuEventCreateWithFlags cudaEventCreateWithFlags

@@ -225,7 +225,7 @@ class GpuQuantMath final : public QuantMath {
         api_.XtrtriBufferSize(st->solver, uplo, api_.diag_non_unit, n, api_.r_32f, a, n, &device_bytes, &host_bytes),
         api_.names.trtri_size));
     QLINK_RETURN_IF_ERROR(Work(*st, Int((device_bytes + sizeof(float) - 1) / sizeof(float))));
-    if (st->host_work.size() < host_bytes) st->host_work.resize(host_bytes);
+    QLINK_RETURN_IF_ERROR(HostWork(*st, host_bytes));
     return CheckSolver(api_.Xtrtri(st->solver, uplo, api_.diag_non_unit, n, api_.r_32f, a, n, st->work,
                                    sizeof(float) * static_cast<size_t>(st->work_floats), st->host_work.data(),
                                    st->host_work.size(), st->info + 1),
@@ -377,6 +377,15 @@ class GpuQuantMath final : public QuantMath {
     st.work_floats = 0;
     QLINK_RETURN_IF_ERROR(Check(gpuMalloc(reinterpret_cast<void**>(&st.work), sizeof(float) * floats), "gpuMalloc"));
     st.work_floats = floats;
+    return Status::Ok();
+  }
+
+  // Grows trtri's host workspace. An earlier trtri, on any stream, may still be using the old
+  // buffer after its call returned: the device is drained first, as gpuFree does for `work`.
+  static Status HostWork(DeviceState& st, size_t bytes) {
+    if (bytes <= st.host_work.size()) return Status::Ok();
+    if (!st.host_work.empty()) QLINK_RETURN_IF_ERROR(Check(gpuDeviceSynchronize(), "gpuDeviceSynchronize"));
+    st.host_work.resize(bytes);
     return Status::Ok();
   }
 
