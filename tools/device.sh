@@ -54,6 +54,8 @@
 #     inverse    the defaults with the triangular inverse and TF32 cross-block updates
 #     triangular the defaults with the triangular inverse alone
 #     gemm       the triangular inverse, TF32 updates and tensor_gemm Hessians
+#     speed_profile  the defaults on each shape profiled (torch.profiler's operators, the GPU's idle time by
+#                host stack) and, in another run, its main thread sampled
 #     attention  the defaults with each forward saving left out (--attention-outputs off, which takes
 #                the tails too; --stopped-products off; --tail-inputs off): the time each buys, the
 #                defaults' digests expected
@@ -355,6 +357,14 @@ part_speed() {  # GPTQModel alone (but at 32 layers), then qlink's defaults, on 
   part_defaults
 }
 part_defaults() { local s; for s in $shapes; do on_shape speed_qlink$s 300 "$s" --qlink --strict --defaults; done; }
+part_speed_profile() {
+  local s
+  for s in $shapes; do
+    on_shape profile$s 300 "$s" --qlink --strict --defaults --profile "$out/profile${s}_ops.txt" \
+      --idle "$out/profile${s}_idle.txt"
+    on_shape samples$s 300 "$s" --qlink --strict --defaults --samples-out "$out/samples${s}.txt"
+  done
+}
 part_inverse_bench() {
   run inverse_bench 180 python3 "$P/bench/gptq_inverse_bench.py" --library "$lib" --markdown "$out/inverse.md"
 }
@@ -489,7 +499,7 @@ part_moe_samples() {  # every thread sampled (the sampling stretches the run)
 }
 host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks \
 ar_moe_host ar_moe_qlink ar_moe_grouped ar_moe_save moe_check moe_solve moe moe_samples speed_models speed breakdown divergence \
-moe_stage moe_stage_samples moe_nostage moe_host moe_spread moe_235b moe_dsv3 moe_tree unwrap packer defaults inverse triangular gemm attention "
+moe_stage moe_stage_samples moe_nostage moe_host moe_spread moe_235b moe_dsv3 moe_tree unwrap packer defaults speed_profile inverse triangular gemm attention "
 
 [ $# -ge 1 ] || usage
 case $1 in
