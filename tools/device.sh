@@ -47,13 +47,16 @@
 #   layer, 70bN N of them), each part after speed_models in the same lease:
 #     packer     GPTQModel's C++ packer built (so no timed run builds it; before any alone run)
 #     speed_models  the models of SHAPES
+#     warmup     qlink's defaults once on the first shape, not compared: a fresh machine's first CUDA process
+#                pays its kernels' loading (5.31 s against 3.82-4.57 s later at 2 layers, thirty-first session)
 #     speed      GPTQModel alone on each shape but 32 layers, then defaults
 #     defaults   qlink's defaults (install(strict=True), no other argument) on each shape
 #     inverse_bench  gptq_inverse_bench.py: the engine's two inverses on 7B and 70B layers, and how
 #                far each route's codes are from float64 GPTQ's (engine and PyTorch)
-#     inverse    the defaults with the triangular inverse and TF32 cross-block updates
-#     triangular the defaults with the triangular inverse alone
-#     gemm       the triangular inverse, TF32 updates and tensor_gemm Hessians
+#     inverse    the defaults with GPTQModel's inverse and IEEE fp32 cross-block updates (the defaults
+#                before the thirty-first session)
+#     triangular the defaults with IEEE fp32 cross-block updates (the triangular inverse alone)
+#     gemm       the defaults with tensor_gemm Hessians
 #     speed_profile  the defaults on each shape profiled (torch.profiler's operators, the GPU's idle time by
 #                host stack) and, in another run, its main thread sampled
 #     attention  the defaults with each forward saving left out (--attention-outputs off, which takes
@@ -77,7 +80,7 @@
 #     breakdown  GPTQModel alone with each of qlink's process settings (gc, switch, segments) at
 #                2 and 4 layers; AutoRound alone with each (AR_ITERS)
 #   Groups: gpu, hosts, issue20 (moe_check moe_solve moe), issue22 (ar ar0), issue23 (hprec loop loop_slope),
-#   ar_moe (ar_moe_host ar_moe_qlink ar_moe_grouped), issue40 (packer speed_models speed inverse gemm
+#   ar_moe (ar_moe_host ar_moe_qlink ar_moe_grouped), issue40 (packer speed_models warmup speed inverse gemm
 #   attention)
 # Environment: BUDGET (seconds for the whole run, 540 by default, 0 for none: a command's
 # limit is cut to what is left, and one with less than 10 s left is skipped, so the archive is
@@ -103,7 +106,7 @@ declare -A groups=(
   [issue22]="ar ar0"
   [issue23]="hprec loop loop_slope"
   [ar_moe]="ar_moe_host ar_moe_qlink ar_moe_grouped"
-  [issue40]="packer speed_models speed inverse gemm attention"
+  [issue40]="packer speed_models warmup speed inverse gemm attention"
   [gpus]="models moe_models dense_gpus moe_gpus"
 )
 
@@ -351,6 +354,7 @@ LLAMA_70B; make_llama('/tmp/llama$s', layers=int('${s#70b}' or 1), **LLAMA_70B)"
     fi
   done
 }
+part_warmup() { local s; for s in $shapes; do on_shape warmup$s 300 "$s" --qlink --strict --defaults; break; done; }
 part_speed() {  # GPTQModel alone (but at 32 layers), then qlink's defaults, on the same models
   local s
   for s in $shapes; do [ "$s" = 32 ] || on_shape speed_host$s 300 "$s"; done
@@ -368,19 +372,19 @@ part_speed_profile() {
 part_inverse_bench() {
   run inverse_bench 180 python3 "$P/bench/gptq_inverse_bench.py" --library "$lib" --markdown "$out/inverse.md"
 }
-part_inverse() {  # the defaults with the triangular inverse and TF32 cross-block updates
-  local s
-  for s in $shapes; do on_shape inv_tf32_$s 300 "$s" --qlink --strict --defaults --inverse triangular --tf32; done
-}
-part_triangular() {  # the defaults with the triangular inverse alone
-  local s
-  for s in $shapes; do on_shape inv_tri$s 300 "$s" --qlink --strict --defaults --inverse triangular; done
-}
-part_gemm() {  # the defaults with the triangular inverse, TF32 updates and tensor_gemm Hessians
+part_inverse() {  # the defaults with GPTQModel's inverse and IEEE fp32 updates
   local s
   for s in $shapes; do
-    on_shape inv_gemm_$s 300 "$s" --qlink --strict --inverse triangular --tf32 --precision tensor_gemm
+    on_shape inv_chain$s 300 "$s" --qlink --strict --defaults --inverse cholesky_inverse --tf32 off
   done
+}
+part_triangular() {  # the defaults with IEEE fp32 updates
+  local s
+  for s in $shapes; do on_shape inv_tri$s 300 "$s" --qlink --strict --defaults --tf32 off; done
+}
+part_gemm() {  # the defaults with tensor_gemm Hessians
+  local s
+  for s in $shapes; do on_shape inv_gemm_$s 300 "$s" --qlink --strict --precision tensor_gemm; done
 }
 part_attention() {  # each forward saving left out (install keeps them all); defaults' digests expected
   local s saving
@@ -499,7 +503,7 @@ part_moe_samples() {  # every thread sampled (the sampling stretches the run)
 }
 host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks \
 ar_moe_host ar_moe_qlink ar_moe_grouped ar_moe_save moe_check moe_solve moe moe_samples speed_models speed breakdown divergence \
-moe_stage moe_stage_samples moe_nostage moe_host moe_spread moe_235b moe_dsv3 moe_tree unwrap packer defaults speed_profile inverse triangular gemm attention "
+moe_stage moe_stage_samples moe_nostage moe_host moe_spread moe_235b moe_dsv3 moe_tree unwrap packer warmup defaults speed_profile inverse triangular gemm attention "
 
 [ $# -ge 1 ] || usage
 case $1 in

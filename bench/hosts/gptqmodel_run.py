@@ -12,7 +12,7 @@ call (device checksums, turned into digests after it).
     python3 gptqmodel_run.py --model DIR [--layers N]
         [--model-kind llama|llama70b|qwen3_moe|qwen3_235b|qwen3_moe_tree|deepseek_v3|ARCH]
         [--qlink [--strict] [--defaults] [--expert-stage on|off] [--inverse cholesky_inverse|triangular]
-         [--tf32] [--attention-outputs on|off] [--tail-inputs on|off] [--stopped-products on|off]
+         [--tf32 on|off] [--attention-outputs on|off] [--tail-inputs on|off] [--stopped-products on|off]
          [--read-ahead pinned|pageable|off]
          [--switch-interval S|off] [--landing pinned|pageable] [--segments fixed|host] | --guards]
         [--precision ieee_fp32|tensor] [--reversed] [--hessian-f64] [--codes FILE.pt]
@@ -254,7 +254,8 @@ def main():
                    help="with --qlink: install(expert_stage=...), qlink's owned MoE expert stage (install's default)")
     a.add_argument("--inverse", choices=("cholesky_inverse", "triangular"),
                    help="with --qlink: install(inverse=...), the engine's inverse factor (install's default)")
-    a.add_argument("--tf32", action="store_true", help="with --qlink: install(tf32=True), TF32 cross-block updates")
+    a.add_argument("--tf32", choices=("on", "off"),
+                   help="with --qlink: install(tf32=...), TF32 cross-block updates (install's default)")
     a.add_argument("--attention-outputs", choices=("on", "off"),
                    help="with --qlink: install(attention_outputs=...), the attention block's outputs kept")
     a.add_argument("--tail-inputs", choices=("on", "off"),
@@ -343,7 +344,7 @@ def main():
         if args.inverse:
             stage["inverse"] = args.inverse
         if args.tf32:
-            stage["tf32"] = True
+            stage["tf32"] = args.tf32 == "on"
         for name in ("attention_outputs", "tail_inputs", "stopped_products"):
             if getattr(args, name):
                 stage[name] = getattr(args, name) == "on"

@@ -2,9 +2,10 @@
 machine: a byte-level BPE tokenizer and a LLaMA-architecture model (about 34 M parameters:
 hidden 512, 8 layers, intermediate 1408, 8 heads, vocab 8192) trained from a fixed seed on
 corpus.py's training text; its held-out perplexity in bf16; then each quantization of it in
-a gptqmodel_run.py process of its own (GPTQModel alone, qlink ieee_fp32, qlink tensor, qlink
-tensor with the triangular inverse, and with TF32 cross-block updates too, and those with the
-vendor's GemmEx Hessians; --variants picks some), at
+a gptqmodel_run.py process of its own (GPTQModel alone; qlink ieee_fp32 and tensor with
+GPTQModel's solve, tensor with the triangular inverse; qlink's defaults: tensor, the triangular
+inverse and TF32 cross-block updates; those with the vendor's GemmEx Hessians; --variants
+picks some), at
 4-bit and 3-bit g128, each with two calibration seeds (the noise), and RTN (GPTQModel's
 symmetric min-max, no calibration); every quantized model's held-out perplexity from the
 solves' quant-dequantized weights written into a bf16 copy. Prints the table, writes JSON.
@@ -29,13 +30,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIZES = dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8,
              num_key_value_heads=8, vocab_size=8192, max_position_embeddings=1024)
-VARIANTS = {"GPTQModel alone": [], "qlink ieee_fp32": ["--qlink", "--strict", "--precision", "ieee_fp32"],
-            "qlink tensor": ["--qlink", "--strict", "--precision", "tensor"],
-            "qlink tensor triangular": ["--qlink", "--strict", "--precision", "tensor", "--inverse", "triangular"],
-            "qlink tensor triangular tf32": ["--qlink", "--strict", "--precision", "tensor", "--inverse", "triangular",
-                                             "--tf32"],
-            "qlink tensor_gemm triangular tf32": ["--qlink", "--strict", "--precision", "tensor_gemm", "--inverse",
-                                                  "triangular", "--tf32"]}
+IEEE_SOLVE = ["--inverse", "cholesky_inverse", "--tf32", "off"]  # the solve as GPTQModel's own
+VARIANTS = {"GPTQModel alone": [],
+            "qlink ieee_fp32": ["--qlink", "--strict", "--precision", "ieee_fp32"] + IEEE_SOLVE,
+            "qlink tensor": ["--qlink", "--strict", "--precision", "tensor"] + IEEE_SOLVE,
+            "qlink tensor triangular": ["--qlink", "--strict", "--precision", "tensor", "--tf32", "off"],
+            "qlink defaults": ["--qlink", "--strict", "--defaults"],
+            "qlink tensor_gemm": ["--qlink", "--strict", "--precision", "tensor_gemm"]}
 
 
 def train_tokenizer(text_path, vocab):

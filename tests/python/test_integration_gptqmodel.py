@@ -252,8 +252,8 @@ def test_the_layer_solve_runs_through_qlinks_native_engine(host, engine_calls, s
     # One layer in one call; the engine's loss sum divided by the task's samples afterwards.
     assert engine_calls == [[dict(shape=(48, 256), dtype=torch.float32, bits=4, group_size=group_size, sym=sym,
                                   desc_act=False, static_groups=False, damp=0.05, damp_auto_increment=0.01,
-                                  nsamples=0, act_group_aware=False, inverse="cholesky_inverse",
-                                  tf32=False, ctx=host["ctx"])]]
+                                  nsamples=0, act_group_aware=False, inverse="triangular",
+                                  tf32=True, ctx=host["ctx"])]]
     assert not hasattr(g, "H")  # done with, as the host's solve leaves it
     assert q.shape == own[0].shape and q.dtype == own[0].dtype and scales.shape == own[1].shape
     assert torch.equal(g_idx, own[3])
@@ -294,7 +294,8 @@ def test_group_aware_reordering_runs_through_qlinks_native_engine(host):
     g = _task(host, qcfg)
     g.finalize_hessian()
     want = qlink.quant.gptq_quantize(g.module.weight.data, g.H.clone(), group_size=32, act_group_aware=True,
-                                     damp=qcfg.damp_percent, nsamples=g.nsamples, ctx=host["ctx"])
+                                     damp=qcfg.damp_percent, nsamples=g.nsamples, ctx=host["ctx"],
+                                     inverse="triangular", tf32=True)  # install()'s defaults
     q, scales, zeros, g_idx, _, loss, damp, _ = _task(host, qcfg).quantize()
     assert adapter.counters()["seams"]["quantize"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
     assert torch.equal(q, want.weight) and torch.equal(scales, want.scales) and torch.equal(zeros, want.zeros)
@@ -302,21 +303,21 @@ def test_group_aware_reordering_runs_through_qlinks_native_engine(host):
 
 
 def test_installs_engine_options_reach_the_engine(host, engine_calls):
-    """install(inverse="triangular", tf32=True) solves with those engine options: the same
-    as calling the engine with them on the merged Hessian (tf32 is IEEE on the CPU); an
+    """install(inverse="cholesky_inverse", tf32=False) (not the defaults) solves with those
+    engine options: the same as calling the engine with them on the merged Hessian; an
     unknown inverse is refused."""
     import qlink.quant
 
     qcfg = host["config"].QuantizeConfig(group_size=32)
-    adapter.install(ctx=host["ctx"], strict=True, inverse="triangular", tf32=True)
+    adapter.install(ctx=host["ctx"], strict=True, inverse="cholesky_inverse", tf32=False)
     g = _task(host, qcfg)
     g.finalize_hessian()
-    want = qlink.quant.gptq_quantize(g.module.weight.data, g.H.clone(), group_size=32, inverse="triangular",
-                                     tf32=True, damp=qcfg.damp_percent, nsamples=g.nsamples, ctx=host["ctx"])
+    want = qlink.quant.gptq_quantize(g.module.weight.data, g.H.clone(), group_size=32, inverse="cholesky_inverse",
+                                     tf32=False, damp=qcfg.damp_percent, nsamples=g.nsamples, ctx=host["ctx"])
     q, scales, zeros, _, _, loss, _, _ = _task(host, qcfg).quantize()
     assert adapter.counters()["seams"]["quantize"] == {"qlink": 1, "host": 0, "fallback": 0, "reasons": {}}
     assert torch.equal(q, want.weight) and torch.equal(scales, want.scales) and loss == want.loss
-    assert [(c["inverse"], c["tf32"]) for call in engine_calls for c in call] == [("triangular", True)] * 2
+    assert [(c["inverse"], c["tf32"]) for call in engine_calls for c in call] == [("cholesky_inverse", False)] * 2
     with pytest.raises(ValueError, match="inverse must be one of cholesky_inverse, triangular, got 'lu'"):
         adapter.install(ctx=host["ctx"], inverse="lu")
     with pytest.raises(ValueError, match="tf32 must be True or False, got 1"):

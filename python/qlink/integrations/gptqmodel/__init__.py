@@ -147,7 +147,7 @@ _integration = Integration()
 
 
 def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pinned", switch_interval=None,
-            fixed_segments=True, hessian_precision="tensor", inverse="cholesky_inverse", tf32=False,
+            fixed_segments=True, hessian_precision="tensor", inverse="triangular", tf32=True,
             attention_outputs=True, tail_inputs=True, stopped_products=True, expert_stage=True,
             expert_budget=None):
     """Routes this process's GPTQModel through qlink (see the module's docstring); a second
@@ -172,11 +172,12 @@ def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pi
     "tensor_gemm" (the vendor's GemmEx on CUDA too: faster, its sums longer in the tensor
     cores; to be judged on the trained model), "ieee_fp32", or None for the context config's
     hessian_precision.
-    inverse: how the engine makes each Hessian's inverse factor: "cholesky_inverse" (the
-    default: GPTQModel's own calls) or "triangular" (a quarter of the flops, the same factor
-    to fp32 rounding; qlink.quant.gptq_quantize). tf32: True lets the engine's cross-block
-    updates (W -= E U, GPTQModel's fp32 matmul) run on TF32 tensor cores; False (the
-    default) keeps IEEE fp32, as GPTQModel runs them.
+    inverse: how the engine makes each Hessian's inverse factor: "triangular" (the default:
+    a quarter of the flops, the same factor to fp32 rounding; qlink.quant.gptq_quantize) or
+    "cholesky_inverse" (GPTQModel's own calls). tf32: True (the default) lets the engine's
+    cross-block updates (W -= E U, GPTQModel's fp32 matmul) run on TF32 tensor cores where the
+    backend has them; False keeps IEEE fp32, as GPTQModel runs them. Both defaults were judged
+    on a trained model's perplexity, within calibration noise of GPTQModel's (docs/HOSTS.md).
     attention_outputs: True (the default, where the forwards run on one device) keeps each
     layer's attention block outputs across the layer's forwards while its inputs and weights
     stay the same, and returns copies of them instead of running the block again (the same

@@ -73,10 +73,9 @@ class GPTQLoop:
 
 
 class GPTQModelInstallation(Installation):
-    def __init__(self, ctx, strict, seams, host_spec, read_ahead="pinned", switch_interval=None,
-                 fixed_segments=True, hessian_precision="tensor", inverse="cholesky_inverse", tf32=False,
-                 attention_outputs=True, tail_inputs=True, stopped_products=True, expert_stage=True,
-                 expert_budget=None):
+    def __init__(self, ctx, strict, seams, host_spec, read_ahead, switch_interval, fixed_segments,
+                 hessian_precision, inverse, tf32, attention_outputs, tail_inputs, stopped_products,
+                 expert_stage, expert_budget):  # install()'s arguments, its defaults
         if read_ahead not in READ_AHEAD:
             raise ValueError("read_ahead must be one of %s, got %r" % (READ_AHEAD, read_ahead))
         if hessian_precision not in HESSIAN_PRECISIONS:
