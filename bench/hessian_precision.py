@@ -17,9 +17,14 @@ near tie flipped by rounding moves GPTQ's columns, and with them its codes):
   torch bf16, one mm (fp32 out)               tensor cores, one product of all rows
   torch bf16, R-row mms summed in fp32        the compensation at R = 2048 and 256 rows
 
-    python3 bench/hessian_precision.py --library DIST/libqlink.so [--json OUT.json] [--markdown OUT.md]
+    python3 bench/hessian_precision.py --library DIST/libqlink.so [--dims 4096,11008]
+        [--variants NAME,...] [--json OUT.json] [--markdown OUT.md]
+
+Each row's JSON has the digest of the Hessian's bytes: two builds' rows with the same digest
+summed alike, bit for bit.
 """
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -122,7 +127,9 @@ def main():
     a.add_argument("--json")
     a.add_argument("--markdown")
     a.add_argument("--dims", default="4096,11008")
+    a.add_argument("--variants", help="only these variants, comma-separated (their names as in the table)")
     args = a.parse_args()
+    wanted = set(args.variants.split(",")) if args.variants else None
     ctx = qlink.load({"backend": "cuda", "log_level": "warn"}, library=args.library)
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows, lines = [], ["| variant | d | time (ms) | rel. Frobenius error vs float64 | max rel. error, diagonal "
@@ -133,6 +140,8 @@ def main():
         norm, diag = torch.linalg.matrix_norm(exact).item(), exact.diagonal()
         exact_orders, ieee_orders = group_orders(exact), group_orders(qlink_calls(ctx, x, "ieee_fp32", SEQLEN)())
         for name, fn in variants(ctx, x):
+            if wanted is not None and name not in wanted:
+                continue
             try:
                 h, seconds = median_s(fn)
             except Exception as error:  # noqa: BLE001  (a variant this PyTorch lacks is reported)
@@ -145,7 +154,8 @@ def main():
             orders = group_orders(h)
             as_exact, as_ieee = share_equal(orders, exact_orders), share_equal(orders, ieee_orders)
             rows.append({"variant": name, "d": d, "ms": round(seconds * 1e3, 2), "rel_fro": fro, "max_rel_diag": worst,
-                         "orders_as_float64": as_exact, "orders_as_ieee_fp32": as_ieee})
+                         "orders_as_float64": as_exact, "orders_as_ieee_fp32": as_ieee,
+                         "digest": hashlib.sha256(h.cpu().numpy().tobytes()).hexdigest()[:16]})
             lines.append("| %s | %d | %.2f | %.2e | %.2e | %.1f %% | %.1f %% |"
                          % (name, d, seconds * 1e3, fro, worst, 100 * as_exact, 100 * as_ieee))
             del h, diff
