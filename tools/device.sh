@@ -77,8 +77,9 @@
 #     dsv3_gpus  the DeepSeek-V3-shaped layer through the stage on one GPU, then on every GPU
 #     moe_tree   Qwen3-30B-A3B's module tree with small matrices: GPTQModel alone and qlink's defaults to layer 2 at 2
 #                and 48 layers (the per-module costs as the model grows), then qlink's whole 48-layer run
-#     breakdown  GPTQModel alone with each of qlink's process settings (gc, switch, segments) at
-#                2 and 4 layers; AutoRound alone with each (AR_ITERS)
+#     breakdown  GPTQModel alone with each of qlink's process settings (gc, switch, segments) and all three
+#                (BD_SETTINGS) at 2 and 4 layers (BD_LAYERS)
+#     ar_breakdown  AutoRound alone, with qlink, then alone with all three of those settings and each (AR_ITERS)
 #   Groups: gpu, hosts, issue20 (moe_check moe_solve moe), issue22 (ar ar0), issue23 (hprec loop loop_slope),
 #   ar_moe (ar_moe_host ar_moe_qlink ar_moe_grouped), issue40 (packer speed_models warmup speed inverse gemm
 #   attention)
@@ -487,13 +488,17 @@ part_moe_tree() {  # issue 41: the loop's costs per module at a whole model's si
 }
 part_breakdown() {
   local n s
-  for n in 2 4; do
-    for s in gc switch segments gc,switch,segments; do
+  for n in ${BD_LAYERS:-2 4}; do
+    for s in ${BD_SETTINGS:-gc switch segments gc,switch,segments}; do
       gptqmodel_run bd_host${n}_${s//,/+} 300 --model /tmp/llama7b-${n}layers --layers $n --settings $s
     done
   done
+}
+part_ar_breakdown() {  # AutoRound alone, with qlink, then alone with all of qlink's process settings and each
+  local s
   autoround_run bd_ar_host 330 --iters "${AR_ITERS:-200}"
-  for s in gc switch segments gc,switch,segments; do
+  autoround_run bd_ar_qlink 330 --iters "${AR_ITERS:-200}" --qlink auto
+  for s in gc,switch,segments gc switch segments; do
     autoround_run bd_ar_${s//,/+} 330 --iters "${AR_ITERS:-200}" --settings $s
   done
 }
@@ -502,7 +507,7 @@ part_moe_samples() {  # every thread sampled (the sampling stretches the run)
     --samples-out "$out/moe_samples.txt"
 }
 host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks \
-ar_moe_host ar_moe_qlink ar_moe_grouped ar_moe_save moe_check moe_solve moe moe_samples speed_models speed breakdown divergence \
+ar_moe_host ar_moe_qlink ar_moe_grouped ar_moe_save moe_check moe_solve moe moe_samples speed_models speed breakdown ar_breakdown divergence \
 moe_stage moe_stage_samples moe_nostage moe_host moe_spread moe_235b moe_dsv3 moe_tree unwrap packer warmup defaults speed_profile inverse triangular gemm attention "
 
 [ $# -ge 1 ] || usage
