@@ -18,7 +18,7 @@ near tie flipped by rounding moves GPTQ's columns, and with them its codes):
   torch bf16, R-row mms summed in fp32        the compensation at R = 2048 and 256 rows
 
     python3 bench/hessian_precision.py --library DIST/libqlink.so [--dims 4096,11008]
-        [--variants NAME,...] [--json OUT.json] [--markdown OUT.md]
+        [--variant NAME ...] [--json OUT.json] [--markdown OUT.md]
 
 Each row's JSON has the digest of the Hessian's bytes: two builds' rows with the same digest
 summed alike, bit for bit.
@@ -127,9 +127,14 @@ def main():
     a.add_argument("--json")
     a.add_argument("--markdown")
     a.add_argument("--dims", default="4096,11008")
-    a.add_argument("--variants", help="only these variants, comma-separated (their names as in the table)")
+    a.add_argument("--variant", action="append",
+                   help="only this variant (its name as in the table, commas and all); repeatable")
     args = a.parse_args()
-    wanted = set(args.variants.split(",")) if args.variants else None
+    names = [name for name, _ in variants(None, torch.empty(0, 0))]
+    unknown = sorted(set(args.variant or ()) - set(names))
+    if unknown:
+        a.error("unknown variant(s) %s; the variants: %s" % (unknown, names))
+    wanted = set(args.variant) if args.variant else None
     ctx = qlink.load({"backend": "cuda", "log_level": "warn"}, library=args.library)
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows, lines = [], ["| variant | d | time (ms) | rel. Frobenius error vs float64 | max rel. error, diagonal "
