@@ -23,6 +23,8 @@
 #     stress_moves  stress_moves.py, STRESS_RUNS times
 #     gptq       GPTQModel alone, then with qlink (strict) GPTQ_QLINK_RUNS times; gptq3 one more
 #     hprec      hessian_precision.py: qlink and PyTorch, IEEE and tensor cores, vs float64
+#     kernel_ab  hessian_precision.py's qlink tensor row with this pack's libraries and ALT_LIB's (a
+#                folder of another build's): each Hessian kernel's time and the digest of its bytes
 #     loop       GPTQModel's loop alone at 2/4 layers, qlink ieee_fp32 and tensor at 2, levels compared
 #     loop_slope qlink ieee_fp32 at 2 layers sampled and profiled, PRECISIONS at SLOPE_LAYERS
 #     loop_host8 GPTQModel alone at 8 layers
@@ -213,6 +215,14 @@ part_gptq() {  # GPTQModel alone, then with qlink (strict) GPTQ_QLINK_RUNS times
   for r in $(seq 1 "${GPTQ_QLINK_RUNS:-2}"); do gptqmodel_run gptq_qlink$r 300 --model "$model" --qlink --strict; done
 }
 part_gptq3() { gptqmodel_run gptq_qlink3 300 --model "$model" --qlink --strict; }  # its tensors against gptq's
+part_kernel_ab() {  # the Hessian kernel of this pack against ALT_LIB's, timed and its bytes compared
+  local alt=${ALT_LIB:?kernel_ab needs ALT_LIB, the folder of another build and its libraries}
+  alt=$(cd "$alt" && pwd) || return
+  run kernel_ab_pack 120 python3 "$P/bench/hessian_precision.py" --library "$lib" --dims 11008,28672 \
+    --variant "qlink tensor, 128 calls" --json "$out/kernel_pack.json"
+  run kernel_ab_alt 120 python3 "$P/bench/hessian_precision.py" --library "$alt/libqlink.so" --dims 11008,28672 \
+    --variant "qlink tensor, 128 calls" --json "$out/kernel_alt.json"
+}
 part_hprec() {
   run hprec 240 python3 ../hessian_precision.py --library "$lib" --json "$out/hprec.json" --markdown "$out/hprec.md"
 }
