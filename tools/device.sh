@@ -25,7 +25,8 @@
 #     hprec      hessian_precision.py: qlink and PyTorch, IEEE and tensor cores, vs float64
 #     kernel_ab  hessian_precision.py's qlink tensor row with this pack's libraries and ALT_LIB's (a
 #                folder of another build's): each Hessian kernel's time and the digest of its bytes
-#     loop       GPTQModel's loop alone at 2/4 layers, qlink ieee_fp32 and tensor at 2, levels compared
+#     loop       GPTQModel's loop alone at 2/4 layers, qlink ieee_fp32 and tensor at 2 (GPTQModel's solve),
+#                levels compared
 #     loop_slope qlink ieee_fp32 at 2 layers sampled and profiled, PRECISIONS at SLOPE_LAYERS
 #     loop_host8 GPTQModel alone at 8 layers
 #     ar ar0 ar_stacks  AutoRound alone and with qlink at AR_ITERS (ar0: iters 0; ar_stacks: profiled)
@@ -69,7 +70,8 @@
 #     moe_stage  the Qwen3-MoE models at MOE_LAYERS with the expert stage (install's default)
 #     moe_stage_samples  the same at 2 layers, the main thread sampled
 #     moe_nostage  qlink's defaults but expert_stage=False at 2
-#     moe_host   GPTQModel alone to layer 1's first solve, then the stage with ieee_fp32: layer 0's codes compared
+#     moe_host   GPTQModel alone to layer 1's first solve, then the stage as GPTQModel solves (ieee_fp32, its
+#                inverse, IEEE updates): layer 0's codes compared
 #     moe_spread GPTQModel alone so again with its samples reversed, its codes against moe_host's (after it)
 #     moe_235b   a Qwen3-235B-A22B-shaped 2-layer model through the stage (made first)
 #     moe_dsv3   a DeepSeek-V3-shaped 1-layer model through the stage (made first)
@@ -114,6 +116,9 @@ declare -A groups=(
 )
 
 lib=$P/python/qlink/lib/libqlink.so
+# qlink solving as GPTQModel does (install's defaults are the triangular inverse and TF32 updates):
+# the runs whose codes or losses are held against GPTQModel alone's
+as_host=(--precision ieee_fp32 --inverse cholesky_inverse --tf32 off)
 build=${BUILD_DIR:-/tmp/qlink_device}
 arch=${ARCH:-sm_90}
 model=${MODEL:-/tmp/llama7b-2layers}
@@ -230,10 +235,10 @@ part_loop() {  # the levels kept in $codes and compared: tensor vs ieee_fp32 vs 
   mkdir -p "$codes"
   gptqmodel_run loop_host2 300 --model /tmp/llama7b-2layers --layers 2 --codes "$codes/host2.pt"
   gptqmodel_run loop_host4 300 --model /tmp/llama7b-4layers --layers 4
-  gptqmodel_run loop_qlink2 200 --model /tmp/llama7b-2layers --layers 2 --qlink --strict --precision ieee_fp32 \
+  gptqmodel_run loop_qlink2 200 --model /tmp/llama7b-2layers --layers 2 --qlink --strict "${as_host[@]}" \
     --codes "$codes/qlink2.pt"
   gptqmodel_run loop_qlink2_tensor 200 --model /tmp/llama7b-2layers --layers 2 --qlink --strict --precision tensor \
-    --codes "$codes/qlink2_tensor.pt"
+    --inverse cholesky_inverse --tf32 off --codes "$codes/qlink2_tensor.pt"
   run codes_ieee_vs_host 60 python3 compare_codes.py "$out/loop_host2.json" "$codes/host2.pt" \
     "$out/loop_qlink2.json" "$codes/qlink2.pt" "$out/codes_ieee_vs_host.json"
   run codes_tensor_vs_ieee 60 python3 compare_codes.py "$out/loop_qlink2.json" "$codes/qlink2.pt" \
@@ -408,7 +413,7 @@ part_attention() {  # each forward saving left out (install keeps them all); def
 part_divergence() {
   local r
   for r in $(seq 1 "${DIV_RUNS:-15}"); do
-    gptqmodel_run div$r 120 --model /tmp/llama7b-2layers --layers 2 --qlink --strict --precision ieee_fp32 \
+    gptqmodel_run div$r 120 --model /tmp/llama7b-2layers --layers 2 --qlink --strict "${as_host[@]}" \
       --input-digests --batch-digests 'layers\.0\.self_attn\.o_proj$'
   done
   run div_compare 60 python3 compare_runs.py "$out"/div[0-9]*.json --out "$out/o_proj_runs.json"
@@ -433,7 +438,7 @@ part_moe_host() {  # GPTQModel alone to layer 1's first solve, then the stage (i
   gptqmodel_run moe_host 420 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --stop-at-layer 1 \
     --codes "$codes/moe_host.pt"
   gptqmodel_run moe_stage_ieee 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink --strict \
-    --expert-stage on --precision ieee_fp32 --codes "$codes/moe_stage_ieee.pt"
+    --expert-stage on "${as_host[@]}" --codes "$codes/moe_stage_ieee.pt"
   run moe_codes 60 python3 compare_codes.py "$out/moe_host.json" "$codes/moe_host.pt" "$out/moe_stage_ieee.json" \
     "$codes/moe_stage_ieee.pt" "$out/moe_codes.json"
 }
