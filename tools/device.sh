@@ -83,7 +83,8 @@
 #                and 48 layers (the per-module costs as the model grows), then qlink's whole 48-layer run
 #     breakdown  GPTQModel alone with each of qlink's process settings (gc, switch, segments) and all three
 #                (BD_SETTINGS) at 2 and 4 layers (BD_LAYERS)
-#     ar_breakdown  AutoRound alone, with qlink, then alone with all three of those settings and each (AR_ITERS)
+#     ar_breakdown  AutoRound with qlink, then alone with no setting, all three of those and each, a timed run
+#                apiece after one warm-up in one process (AR_ITERS)
 #   Groups: gpu, hosts, issue20 (moe_check moe_solve moe), issue22 (ar ar0), issue23 (hprec loop loop_slope),
 #   ar_moe (ar_moe_host ar_moe_qlink ar_moe_grouped), issue40 (packer speed_models warmup speed inverse gemm
 #   attention)
@@ -509,13 +510,9 @@ part_breakdown() {
     done
   done
 }
-part_ar_breakdown() {  # AutoRound alone, with qlink, then alone with all of qlink's process settings and each
-  local s
-  autoround_run bd_ar_host 330 --iters "${AR_ITERS:-200}"
+part_ar_breakdown() {  # AutoRound with qlink, then alone: no setting, all of qlink's, each (one process, one warm-up)
   autoround_run bd_ar_qlink 330 --iters "${AR_ITERS:-200}" --qlink auto
-  for s in gc,switch,segments gc switch segments; do
-    autoround_run bd_ar_${s//,/+} 330 --iters "${AR_ITERS:-200}" --settings $s
-  done
+  autoround_run bd_ar_host 480 --iters "${AR_ITERS:-200}" --settings "none;gc,switch,segments;gc;switch;segments"
 }
 part_moe_samples() {  # every thread sampled (the sampling stretches the run)
   gptqmodel_run moe_samples 300 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink --strict \

@@ -14,9 +14,12 @@ its block loop (the held-out error is not measured: the layers are packed).
 
     python3 autoround_run.py --model DIR --iters 200|0 [--qlink auto|N|off [--grouped-moe]] [--strict]
         [--runs 2] [--profile FILE [--profile-stacks] [--idle FILE]] [--cprofile FILE] [--heldout 16]
-        [--blas cublas|cublaslt] [--out FILE]
+        [--blas cublas|cublaslt] [--settings ROW[;ROW...]] [--out FILE]
 
 --blas: the BLAS library PyTorch prefers for its GEMMs (torch.backends.cuda.preferred_blas_library).
+--settings: qlink's process settings without qlink, a row "gc,switch" or rows "none;gc;switch": the
+first row's runs as --runs says, then one timed run per further row in the same process (its
+figures in the JSON's "rows"), so the rows share one warm-up.
 --idle: in the profiled run, the GPU's idle time from the first block's tuning on charged to
 the host threads' stacks (idle.py).
 """
@@ -103,8 +106,9 @@ def load(path):
     return transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16)
 
 
-def quantize_once(args, tokenizer, heldout, reference, profile=False, cprofile=None):
-    """One AutoRound(...).quantize() of a freshly loaded model: its figures."""
+def quantize_once(args, tokenizer, heldout, reference, settings, profile=False, cprofile=None):
+    """One AutoRound(...).quantize() of a freshly loaded model, inside the process settings
+    named (common.process_settings): its figures."""
     import torch
     from auto_round import AutoRound
     lines = Lines()
@@ -122,13 +126,13 @@ def quantize_once(args, tokenizer, heldout, reference, profile=False, cprofile=N
         if args.idle:
             mark_tuning(sampler)
         with torch.profiler.profile(**profiler_activities(args.profile_stacks)) as prof:
-            with process_settings(args.settings), timed(run, "quantize_s"):
+            with process_settings(settings), timed(run, "quantize_s"):
                 ar.quantize()
         if args.idle:
             sampler.stop()
             idle.report(prof, sampler, TUNING_MARK, args.idle)
     else:
-        with python_profile(cprofile), process_settings(args.settings), timed(run, "quantize_s"):
+        with python_profile(cprofile), process_settings(settings), timed(run, "quantize_s"):
             if args.save:
                 ar.quantize_and_save(args.save, format="auto_round")
             else:
@@ -157,7 +161,8 @@ def main():
     a.add_argument("--qlink", default=None, help="parallel_quantization with qlink installed: auto, N or off")
     a.add_argument("--strict", action="store_true", help="qlink's failures raise instead of running AutoRound's")
     a.add_argument("--grouped-moe", action="store_true", help="qlink: install(grouped_moe=True), MoE experts grouped")
-    a.add_argument("--runs", type=int, default=2, help="unprofiled runs; the first warms up, the last is timed")
+    a.add_argument("--runs", type=int, default=2,
+                   help="unprofiled runs of the first row of --settings; the first warms up, the last is timed")
     a.add_argument("--profile", help="one more run under torch.profiler; its operator table to this file")
     a.add_argument("--idle", help="with --profile: the idle GPU time in the tuning by the host stacks, to this file")
     a.add_argument("--cprofile", help="the last unprofiled run under cProfile; its table to this file")
@@ -166,12 +171,17 @@ def main():
     a.add_argument("--seqlen", type=int, default=2048)
     a.add_argument("--heldout", type=int, default=16)
     a.add_argument("--blas", choices=("cublas", "cublaslt"), help="torch.backends.cuda.preferred_blas_library")
-    a.add_argument("--settings", default="", help="qlink's process settings alone, comma-separated: gc, switch, "
-                   "segments (common.process_settings), around the quantize call")
+    a.add_argument("--settings", default="",
+                   help="qlink's process settings alone (no qlink), comma-separated: gc, switch, segments "
+                        "(common.process_settings), around the quantize call; rows of them separated by ';' "
+                        "('none': no setting), each row a timed run of its own after the first's (one process)")
     a.add_argument("--save", metavar="DIR", help="quantize_and_save(DIR, format='auto_round') instead of quantize()")
     a.add_argument("--out")
     args = a.parse_args()
-    args.settings = [name for name in args.settings.split(",") if name]
+    rows = [[name for name in row.split(",") if name and name != "none"] for row in args.settings.split(";")]
+    if args.qlink is not None and any(rows):
+        a.error("--settings is for runs without qlink (qlink's install holds its own)")
+    args.settings = rows[0]
     import torch
     import transformers
     make_llama(args.model)
@@ -193,13 +203,19 @@ def main():
         parallel = args.qlink if args.qlink in ("auto", "off") else int(args.qlink)
         qlink_autoround.install(parallel, strict=args.strict, config={"backend": "cuda", "log_level": "warn"},
                                 grouped_moe=args.grouped_moe)
-    runs = result["runs"] = [quantize_once(args, tokenizer, heldout, reference,
+    figures = ("quantize_s", "tuning_s", "final_losses", "output_mse", "block_mse", "peak_gib")
+    runs = result["runs"] = [quantize_once(args, tokenizer, heldout, reference, rows[0],
                                            cprofile=args.cprofile if r == args.runs - 1 else None)
                              for r in range(args.runs)]
     timed_run = runs[args.runs - 1]
-    result.update({k: timed_run[k] for k in ("quantize_s", "tuning_s", "final_losses", "output_mse", "block_mse",
-                                             "peak_gib")})
+    result.update({k: timed_run[k] for k in figures})
     result["warmup_tuning_s"] = runs[0]["tuning_s"]
+    if len(rows) > 1:  # the other rows after the first's, each timed once
+        result["rows"] = [dict(settings=rows[0], **{k: timed_run[k] for k in figures})]
+        for row in rows[1:]:
+            runs.append(quantize_once(args, tokenizer, heldout, reference, row))
+            result["rows"].append(dict(settings=row, **{k: runs[-1][k] for k in figures}))
+            write(result, args.out)
 
     def qlink_state():
         if args.qlink is not None:
@@ -209,7 +225,7 @@ def main():
     qlink_state()
     write(result, args.out)  # the timed figures kept should the profiled run not finish
     if args.profile:
-        runs.append(quantize_once(args, tokenizer, heldout, reference, profile=True))
+        runs.append(quantize_once(args, tokenizer, heldout, reference, rows[0], profile=True))
         result["gpu_busy_kernels"] = runs[-1]["gpu_busy_kernels"]
         result["gpu_busy_kernels_or_copies"] = runs[-1]["gpu_busy_kernels_or_copies"]
         result["profiled_tuning_s"] = runs[-1]["tuning_s"]

@@ -96,14 +96,17 @@ def loop(out):
 
 def autoround(out, prefix, label):
     """AutoRound alone and with qlink: each timed after a warm-up run of itself in its process
-    (autoround_run.py), the tuning time of AutoRound's own log line, the GPU's busy share of
-    the profiled run, each block's final loss and the output error on held-out sequences."""
+    (autoround_run.py; alone's rows of process settings each a timed run after the same
+    warm-up), the tuning time of AutoRound's own log line, the GPU's busy share of the profiled
+    run, each block's final loss and the output error on held-out sequences."""
     host, ql = load(os.path.join(out, prefix + "_host.json")), load(os.path.join(out, prefix + "_qlink.json"))
     if not host and not ql:
         return ["AutoRound %s: no run finished" % label]
     lines = ["| AutoRound W4A16 %s | tuning (s; warm-up) | wall (s) | GPU busy (kernels; or copies) | final block "
              "losses | output MSE, 16 held-out |" % label, "|---|---|---|---|---|---|"]
-    for name, r in (("alone", host), ("qlink installed", ql)):
+    rows = [("alone, %s" % ("+".join(row["settings"]) or "no setting"), dict(row, warmup_tuning_s=""))
+            for row in (host or {}).get("rows", [])] or [("alone", host)]
+    for name, r in rows + [("qlink installed", ql)]:
         if r:
             busy = ("%.0f %%; %.0f %%" % (100 * r["gpu_busy_kernels"], 100 * r["gpu_busy_kernels_or_copies"])
                     if "gpu_busy_kernels" in r else "")
@@ -130,7 +133,8 @@ def autoround(out, prefix, label):
 
 def main():
     out = sys.argv[1]
-    for block in (gptq(out), loop(out), autoround(out, "ar", "iters=200"), autoround(out, "ar0", "iters=0")):
+    for block in (gptq(out), loop(out), autoround(out, "ar", "iters=200"), autoround(out, "ar0", "iters=0"),
+                  autoround(out, "bd_ar", "breakdown")):
         print("\n".join(block) + "\n")
 
 
