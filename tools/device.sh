@@ -52,7 +52,8 @@
 #     speed_models  the models of SHAPES
 #     warmup     qlink's defaults once on the first shape, not compared: a fresh machine's first CUDA process
 #                pays its kernels' loading (5.31 s against 3.82-4.57 s later at 2 layers, thirty-first session)
-#     speed      GPTQModel alone on each shape but 32 layers, then defaults
+#     speed      qlink's defaults on each shape, then GPTQModel alone on each but 32 layers (a short budget
+#                then cuts alone's long runs, not qlink's)
 #     defaults   qlink's defaults (install(strict=True), no other argument) on each shape
 #     inverse_bench  gptq_inverse_bench.py: the engine's two inverses on 7B and 70B layers, and how
 #                far each route's codes are from float64 GPTQ's (engine and PyTorch)
@@ -372,10 +373,10 @@ LLAMA_70B; make_llama('/tmp/llama$s', layers=int('${s#70b}' or 1), **LLAMA_70B)"
   done
 }
 part_warmup() { local s; for s in $shapes; do on_shape warmup$s 300 "$s" --qlink --strict --defaults; break; done; }
-part_speed() {  # GPTQModel alone (but at 32 layers), then qlink's defaults, on the same models
+part_speed() {  # qlink's defaults, then GPTQModel alone (but at 32 layers), on the same models
   local s
-  for s in $shapes; do [ "$s" = 32 ] || on_shape speed_host$s 300 "$s"; done
   part_defaults
+  for s in $shapes; do [ "$s" = 32 ] || on_shape speed_host$s 300 "$s"; done
 }
 part_defaults() { local s; for s in $shapes; do on_shape speed_qlink$s 300 "$s" --qlink --strict --defaults; done; }
 part_speed_profile() {
