@@ -118,9 +118,10 @@ declare -A groups=(
 )
 
 lib=$P/python/qlink/lib/libqlink.so
-# qlink solving as GPTQModel does (install's defaults are the triangular inverse and TF32 updates):
-# the runs whose codes or losses are held against GPTQModel alone's
-as_host=(--precision ieee_fp32 --inverse cholesky_inverse --tf32 off)
+# The engine solving as GPTQModel does (install's defaults are the triangular inverse and TF32 updates),
+# and with its Hessians too: the runs whose codes or losses are held against GPTQModel alone's
+host_solve=(--inverse cholesky_inverse --tf32 off)
+as_host=(--precision ieee_fp32 "${host_solve[@]}")
 build=${BUILD_DIR:-/tmp/qlink_device}
 arch=${ARCH:-sm_90}
 model=${MODEL:-/tmp/llama7b-2layers}
@@ -240,7 +241,7 @@ part_loop() {  # the levels kept in $codes and compared: tensor vs ieee_fp32 vs 
   gptqmodel_run loop_qlink2 200 --model /tmp/llama7b-2layers --layers 2 --qlink --strict "${as_host[@]}" \
     --codes "$codes/qlink2.pt"
   gptqmodel_run loop_qlink2_tensor 200 --model /tmp/llama7b-2layers --layers 2 --qlink --strict --precision tensor \
-    --inverse cholesky_inverse --tf32 off --codes "$codes/qlink2_tensor.pt"
+    "${host_solve[@]}" --codes "$codes/qlink2_tensor.pt"
   run codes_ieee_vs_host 60 python3 compare_codes.py "$out/loop_host2.json" "$codes/host2.pt" \
     "$out/loop_qlink2.json" "$codes/qlink2.pt" "$out/codes_ieee_vs_host.json"
   run codes_tensor_vs_ieee 60 python3 compare_codes.py "$out/loop_qlink2.json" "$codes/qlink2.pt" \
@@ -372,7 +373,7 @@ LLAMA_70B; make_llama('/tmp/llama$s', layers=int('${s#70b}' or 1), **LLAMA_70B)"
     fi
   done
 }
-part_warmup() { local s; for s in $shapes; do on_shape warmup$s 300 "$s" --qlink --strict --defaults; break; done; }
+part_warmup() { local s=${shapes%% *}; on_shape warmup$s 300 "$s" --qlink --strict --defaults; }
 part_speed() {  # qlink's defaults, then GPTQModel alone (but at 32 layers), on the same models
   local s
   part_defaults
@@ -393,7 +394,7 @@ part_inverse_bench() {
 part_inverse() {  # the defaults with GPTQModel's inverse and IEEE fp32 updates
   local s
   for s in $shapes; do
-    on_shape inv_chain$s 300 "$s" --qlink --strict --defaults --inverse cholesky_inverse --tf32 off
+    on_shape inv_chain$s 300 "$s" --qlink --strict --defaults "${host_solve[@]}"
   done
 }
 part_triangular() {  # the defaults with IEEE fp32 updates
