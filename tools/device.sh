@@ -55,6 +55,7 @@
 #     speed      qlink's defaults on each shape, then GPTQModel alone on each but 32 layers (a short budget
 #                then cuts alone's long runs, not qlink's)
 #     defaults   qlink's defaults (install(strict=True), no other argument) on each shape
+#     alone      GPTQModel alone on each shape but 32 layers (speed is defaults, then alone)
 #     inverse_bench  gptq_inverse_bench.py: the engine's two inverses on 7B and 70B layers, and how
 #                far each route's codes are from float64 GPTQ's (engine and PyTorch)
 #     inverse    the defaults with GPTQModel's inverse and IEEE fp32 cross-block updates (the defaults
@@ -374,11 +375,8 @@ LLAMA_70B; make_llama('/tmp/llama$s', layers=int('${s#70b}' or 1), **LLAMA_70B)"
   done
 }
 part_warmup() { local s=${shapes%% *}; on_shape warmup$s 300 "$s" --qlink --strict --defaults; }
-part_speed() {  # qlink's defaults, then GPTQModel alone (but at 32 layers), on the same models
-  local s
-  part_defaults
-  for s in $shapes; do [ "$s" = 32 ] || on_shape speed_host$s 300 "$s"; done
-}
+part_speed() { part_defaults; part_alone; }  # a short budget then cuts alone's long runs, not qlink's
+part_alone() { local s; for s in $shapes; do [ "$s" = 32 ] || on_shape speed_host$s 300 "$s"; done; }
 part_defaults() { local s; for s in $shapes; do on_shape speed_qlink$s 300 "$s" --qlink --strict --defaults; done; }
 part_speed_profile() {
   local s
@@ -522,7 +520,7 @@ part_moe_samples() {  # every thread sampled (the sampling stretches the run)
 }
 host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks \
 ar_moe_host ar_moe_qlink ar_moe_grouped ar_moe_save moe_check moe_solve moe moe_samples speed_models speed breakdown ar_breakdown divergence \
-moe_stage moe_stage_samples moe_nostage moe_host moe_spread moe_235b moe_dsv3 moe_tree unwrap packer warmup defaults speed_profile inverse triangular gemm attention "
+moe_stage moe_stage_samples moe_nostage moe_host moe_spread moe_235b moe_dsv3 moe_tree unwrap packer warmup defaults alone speed_profile inverse triangular gemm attention "
 
 [ $# -ge 1 ] || usage
 case $1 in
