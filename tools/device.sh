@@ -70,6 +70,7 @@
 #     divergence DIV_RUNS (15) 2-layer qlink ieee_fp32 runs (the divergence's likelier precision) with
 #                layer 0's o_proj inputs digested, compared by compare_runs.py (where a divergent run parts)
 #     moe_stage  the Qwen3-MoE models at MOE_LAYERS with the expert stage (install's default)
+#     moe_bare   the same without the bench's digests (its checksum work beside the loop left out)
 #     moe_stage_samples  the same at 2 layers, the main thread sampled
 #     moe_nostage  qlink's defaults but expert_stage=False at 2
 #     moe_host   GPTQModel alone to layer 1's first solve, then the stage as GPTQModel solves (ieee_fp32, its
@@ -426,6 +427,13 @@ part_moe_stage() {
       --strict --defaults --expert-stage on
   done
 }
+part_moe_bare() {  # moe_stage without the bench's digests (its checksums and copies beside the loop)
+  local n
+  for n in ${MOE_LAYERS:-2 4}; do
+    gptqmodel_run moe_bare$n 240 --model /tmp/qwen3moe-${n}layers --layers "$n" --model-kind qwen3_moe --qlink \
+      --strict --defaults --expert-stage on --no-digests
+  done
+}
 part_moe_stage_samples() {
   gptqmodel_run moe_stage2_samples 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink \
     --strict --defaults --expert-stage on --samples-out "$out/moe_stage2_samples.txt"
@@ -520,7 +528,7 @@ part_moe_samples() {  # every thread sampled (the sampling stretches the run)
 }
 host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks \
 ar_moe_host ar_moe_qlink ar_moe_grouped ar_moe_save moe_check moe_solve moe moe_samples speed_models speed breakdown ar_breakdown divergence \
-moe_stage moe_stage_samples moe_nostage moe_host moe_spread moe_235b moe_dsv3 moe_tree unwrap packer warmup defaults alone speed_profile inverse triangular gemm attention "
+moe_stage moe_bare moe_stage_samples moe_nostage moe_host moe_spread moe_235b moe_dsv3 moe_tree unwrap packer warmup defaults alone speed_profile inverse triangular gemm attention "
 
 [ $# -ge 1 ] || usage
 case $1 in

@@ -16,7 +16,7 @@ call (device checksums, turned into digests after it).
          [--read-ahead pinned|pageable|off]
          [--switch-interval S|off] [--landing pinned|pageable] [--segments fixed|host] | --guards]
         [--precision ieee_fp32|tensor] [--reversed] [--hessian-f64] [--codes FILE.pt]
-        [--input-digests] [--batch-digests REGEX]
+        [--input-digests] [--batch-digests REGEX] [--no-digests]
         [--profile OPS.txt [--profile-stacks] [--idle IDLE.txt] | --profile OPS.txt --device-only]
         [--cprofile FILE | --samples-out FILE] [--out FILE]
 
@@ -30,7 +30,9 @@ install's hessian_precision, inverse, tf32, attention_outputs, tail_inputs and s
 (its defaults where not given; all but --precision go with --defaults, as --expert-stage
 does). --input-digests:
 digests of each solve's weight and merged Hessian beside its result's (where two runs part,
-which input parted first); --batch-digests: digests of every input add_batch (GPTQModel's or
+which input parted first); --no-digests: the solves' losses alone, no digest of the solves
+or the packs (their checksums and the packs' copies run beside the loop: a MoE layer's 388
+modules make that work visible); --batch-digests: digests of every input add_batch (GPTQModel's or
 qlink's) is given for the layers whose name matches REGEX, in order (whether the forwards or
 the accumulation made two Hessians differ). --codes: every layer's 4-bit levels saved
 (torch.save of {layer: uint8 codes}) for compare_codes.py. --profile: torch.profiler over
@@ -105,7 +107,7 @@ def _task_name(task):
 
 
 def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batches=None, dequantized=None,
-                  on_stop=None):
+                  on_stop=None, digests=True):
     """Wraps GPTQ.quantize (as installed: GPTQModel's own or qlink's) to record each layer's
     result: device checksums of what the solve returns (Q, scales, zeros, g_idx) and its
     loss; its levels (on the device) where `codes` is a dict. Nothing waits on the device
@@ -118,7 +120,7 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
     which input differed first. batches: a regex; checksums of each input add_batch is given
     for the layers it matches, into into[name]["batch_sums"] (GPTQ.add_batch as installed).
     dequantized: a dict that receives each layer's quant-dequantized weight (the solve's Q),
-    on its device."""
+    on its device. digests=False: each solve's loss alone (no checksum work beside the loop's)."""
     import torch
     solve = GPTQ.quantize
     start, layers_seen, hessians, fed = time.perf_counter(), set(), {}, {}
@@ -153,7 +155,7 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
                 if on_stop is not None:
                     on_stop(time.perf_counter() - start)
                 os._exit(0)
-        into[name] = {"sums": solve_checksums(out), "loss": out[5], "damp": out[6]}
+        into[name] = {"sums": solve_checksums(out) if digests else None, "loss": out[5], "damp": out[6]}
         if inputs:
             into[name]["input_sums"] = {"weight": weight, "hessian": hessians.pop(name, None)}
         if name in fed:
@@ -183,10 +185,12 @@ def products_in_f64(GPTQ):
 def finish_records(into, codes=None):
     """The records' checksums as one sha256 per layer, losses as floats, codes on the host."""
     for record in into.values():
-        digest = hashlib.sha256()
-        for sums in record.pop("sums"):
-            digest.update(sums.cpu().numpy().tobytes())
-        record["digest"] = digest.hexdigest()
+        sums, record["digest"] = record.pop("sums"), None
+        if sums is not None:
+            digest = hashlib.sha256()
+            for part in sums:
+                digest.update(part.cpu().numpy().tobytes())
+            record["digest"] = digest.hexdigest()
         for what, sums in record.pop("input_sums", {}).items():
             record[what + "_digest"] = None if sums is None else hashlib.sha256(
                 sums.cpu().numpy().tobytes()).hexdigest()
@@ -237,6 +241,8 @@ def record_packs(into):
 
 
 def combined_digest(layers):
+    if any(layer["digest"] is None for layer in layers.values()):
+        return None  # --no-digests
     return hashlib.sha256("".join(layers[k]["digest"] for k in sorted(layers)).encode()).hexdigest()
 
 
@@ -281,6 +287,8 @@ def main():
                    help="alone: GPTQModel's X^T X products in float64 (a reference near the exact Hessian)")
     a.add_argument("--input-digests", action="store_true",
                    help="digests of each solve's weight and merged Hessian too (which input two runs differ in)")
+    a.add_argument("--no-digests", action="store_true",
+                   help="no digest of the solves or the packs (the bench's own work beside the loop left out)")
     a.add_argument("--batch-digests", metavar="REGEX",
                    help="digests of every add_batch input of the layers whose name matches REGEX, in order")
     a.add_argument("--profile", help="torch.profiler over the quantize call; its operator table to this file")
@@ -311,6 +319,8 @@ def main():
     if args.defaults and (args.precision or args.switch_interval != "off" or args.read_ahead != "pinned"
                           or args.segments != "fixed"):
         a.error("--defaults takes none of --precision, --switch-interval, --read-ahead, --segments")
+    if args.no_digests and (args.input_digests or args.batch_digests):
+        a.error("--no-digests leaves out the checksums --input-digests and --batch-digests need")
     if args.hessian_f64 and args.qlink:
         a.error("--hessian-f64 is for GPTQModel alone (qlink's Hessians are its own)")
     import torch
@@ -334,7 +344,7 @@ def main():
               "gpus": torch.cuda.device_count(), "layers": args.layers, "precision": args.precision,
               "profiled": bool(args.profile or args.cprofile or args.samples_out), "settings": args.settings,
               "bits": args.bits, "calibration": args.calibration, "reversed": args.reversed,
-              "hessian_f64": args.hessian_f64}
+              "hessian_f64": args.hessian_f64, "digests": not args.no_digests}
     if args.qlink or args.guards:
         install_guards()
     if args.qlink:
@@ -377,9 +387,10 @@ def main():
                 return {k: v for k, v in list(records.items()) if _layer_of(k) < args.stop_at_layer}
         report(args, result, before(layers), before(codes), before(dequantized), packs)
     record_solves(GPTQ, layers, codes, args.stop_at_layer, inputs=args.input_digests, batches=args.batch_digests,
-                  dequantized=dequantized, on_stop=stopped)
+                  dequantized=dequantized, on_stop=stopped, digests=not args.no_digests)
     packs = {}
-    record_packs(packs)
+    if not args.no_digests:
+        record_packs(packs)
     if args.profile:
         mark_layer_loop()
     # GPTQModel's defaults otherwise: its group-aware reordering (act_group_aware) is on.
