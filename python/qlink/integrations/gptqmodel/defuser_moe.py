@@ -17,8 +17,9 @@ sample per forward.
 
 With the expert stage on (install()'s default), a forward that nothing watches (no hook on
 an expert or its linears: GPTQModel's replay of the layer) runs the experts as two grouped
-GEMMs instead (grouped_experts, on GPUs that have them): the output within bf16 rounding of
-the loop's, deterministic."""
+GEMMs instead (grouped_experts, on GPUs that have them), their offsets left on the device
+(no host read: the next layer's kernels queue behind them): the output within bf16 rounding
+of the loop's, deterministic."""
 import threading
 
 import torch
@@ -47,19 +48,21 @@ def make_run_routed_experts(installation, original):
     @like(original)
     def run_routed_experts(experts, hidden_states, routing_weights, selected_experts, num_experts):
         tokens = hidden_states.shape[0]
-        samples = installation.samples_in(tokens)
-        plan = guard.attempt(PATCH, lambda: _plan(selected_experts, tokens, samples, num_experts), lambda: None)
+        why = _grouped_refusal(experts, hidden_states) if installation.expert_stage else "expert_stage=False"
+        if why is None:
+            plan = guard.attempt(PATCH, lambda: _grouped_plan(selected_experts, num_experts), lambda: None)
+        else:
+            samples = installation.samples_in(tokens)
+            plan = guard.attempt(PATCH, lambda: _plan(selected_experts, tokens, samples, num_experts), lambda: None)
         if plan is None:  # qlink's sort failed before any expert ran: the host's loop instead
             return original(experts, hidden_states, routing_weights, selected_experts, num_experts)
-        order, counts = plan
-        why = _grouped_refusal(experts, hidden_states) if installation.expert_stage else "expert_stage=False"
         installation.counters.record(GROUPED, why)
         if why is None:
+            order, ends = plan
             gate_up, down = ExpertWeights(experts).stacked()
-            x = hidden_states[order % tokens]
-            ends = grouped_experts.offsets([sum(c) for c in counts], x.device)
-            out, _ = grouped_experts.linears(x, ends, gate_up, down, experts[0].act_fn)
+            out, _ = grouped_experts.linears(hidden_states[order % tokens], ends, gate_up, down, experts[0].act_fn)
             return grouped_experts.combine(out, order, selected_experts, routing_weights, hidden_states)
+        order, counts = plan
         tokens_of, slots_of = order % tokens, torch.div(order, tokens, rounding_mode="floor")
         final = torch.zeros_like(hidden_states)
         at = 0
@@ -86,6 +89,15 @@ def _grouped_refusal(experts, hidden_states):
     if not grouped_experts.fits(hidden_states):
         return "no grouped GEMM for %s rows on %s" % (hidden_states.dtype, hidden_states.device)
     return layout_refusal(experts) or grouped_experts.unwatched_refusal(experts, hidden_states.device)
+
+
+def _grouped_plan(selected_experts, num_experts):
+    """(order, ends) for the grouped GEMMs: the router's choices sorted by expert as _plan
+    sorts them for one sample, and each expert's end row (int32), both left on the device:
+    nothing waits for the forward's kernels queued before them."""
+    choices = selected_experts.t().reshape(-1).to(torch.int64)
+    ends = torch.cumsum(torch.bincount(choices, minlength=num_experts), 0, dtype=torch.int32)
+    return torch.sort(choices, stable=True).indices, ends
 
 
 def _plan(selected_experts, tokens, samples, num_experts):
