@@ -37,8 +37,14 @@ gpuStream_t S(Stream s) { return static_cast<gpuStream_t>(s); }
 
 // Library handles and solver scratch, used by one call at a time: a device's shared one
 // for the callers' streams, and one per lane stream (LaneStreams), used on that stream only.
+// The shared one's buffers are one set for every caller stream: a use on a stream waits for
+// the last use on another (`used`, recorded after each), so two callers' streams never run
+// its workspaces at once.
 struct DeviceState {
   std::mutex mu;
+  bool shared = false;        // the callers' state (else a lane's)
+  Stream last = nullptr;      // the stream of the shared state's last use
+  gpuEvent_t used = nullptr;  // recorded on `last` after that use
   LinalgApi::Handle blas = nullptr, solver = nullptr;
   float* work = nullptr;  // solver workspace, grown on demand
   int work_floats = 0;
@@ -64,7 +70,9 @@ class GpuQuantMath final : public QuantMath {
                     DefiningFile(reinterpret_cast<const void*>(api.Spotrf)),
                 ""},
         states_(static_cast<size_t>(devices)),
-        lanes_(static_cast<size_t>(devices)) {}
+        lanes_(static_cast<size_t>(devices)) {
+    for (auto& st : states_) st.shared = true;
+  }
   ~GpuQuantMath() override {
     for (size_t d = 0; d < states_.size(); ++d) {
       if (gpuSetDevice(static_cast<int>(d)) != gpuSuccess) continue;
@@ -99,14 +107,13 @@ class GpuQuantMath final : public QuantMath {
   Status Gemm(int device, Stream stream, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
               const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool tf32) override {
     if (m == 0 || n == 0) return Status::Ok();
-    DeviceState* st = nullptr;
-    QLINK_RETURN_IF_ERROR(Acquire(device, stream, &st));
-    std::lock_guard<std::mutex> lock(st->mu);
-    QLINK_RETURN_IF_ERROR(Blas(*st, stream, tf32));
-    // Row-major C = A B is column-major C^T = B^T A^T: the operands swap.
-    return CheckBlas(api_.Sgemm(st->blas, api_.op_n, api_.op_n, Int(n), Int(m), Int(k), &alpha, b, Int(ldb), a,
-                                Int(lda), &beta, c, Int(ldc)),
-                     api_.names.sgemm);
+    return WithState(device, stream, [&](DeviceState& st) -> Status {
+      QLINK_RETURN_IF_ERROR(Blas(st, stream, tf32));
+      // Row-major C = A B is column-major C^T = B^T A^T: the operands swap.
+      return CheckBlas(api_.Sgemm(st.blas, api_.op_n, api_.op_n, Int(n), Int(m), Int(k), &alpha, b, Int(ldb), a,
+                                  Int(lda), &beta, c, Int(ldc)),
+                       api_.names.sgemm);
+    });
   }
 
   // The lower triangle of h (column-major) += A A^T for A = x^T (n x rows, column-major),
@@ -115,23 +122,22 @@ class GpuQuantMath final : public QuantMath {
   // against 103.4 ms for 262144 rows; split four ways the smaller GEMMs leave SMs idle).
   Status SyrkAccumulate(int device, Stream stream, const float* x, int64_t rows, int64_t n, float* h) override {
     if (rows == 0) return Status::Ok();
-    DeviceState* st = nullptr;
-    QLINK_RETURN_IF_ERROR(Acquire(device, stream, &st));
-    std::lock_guard<std::mutex> lock(st->mu);
-    QLINK_RETURN_IF_ERROR(Blas(*st, stream, /*tf32=*/false));
-    const float one = 1.0f;
-    const int64_t p = n / 2, q = n - p;
-    auto syrk = [&](int64_t first, int64_t size) {
-      return CheckBlas(api_.Ssyrk(st->blas, api_.fill_lower, api_.op_n, Int(size), Int(rows), &one, x + first, Int(n),
-                                  &one, h + first * n + first, Int(n)),
-                       api_.names.ssyrk);
-    };
-    if (p == 0) return syrk(0, n);
-    QLINK_RETURN_IF_ERROR(syrk(0, p));
-    QLINK_RETURN_IF_ERROR(CheckBlas(api_.Sgemm(st->blas, api_.op_n, api_.op_t, Int(q), Int(p), Int(rows), &one, x + p,
-                                               Int(n), x, Int(n), &one, h + p, Int(n)),
-                                    api_.names.sgemm));
-    return syrk(p, q);
+    return WithState(device, stream, [&](DeviceState& st) -> Status {
+      QLINK_RETURN_IF_ERROR(Blas(st, stream, /*tf32=*/false));
+      const float one = 1.0f;
+      const int64_t p = n / 2, q = n - p;
+      auto syrk = [&](int64_t first, int64_t size) {
+        return CheckBlas(api_.Ssyrk(st.blas, api_.fill_lower, api_.op_n, Int(size), Int(rows), &one, x + first, Int(n),
+                                    &one, h + first * n + first, Int(n)),
+                         api_.names.ssyrk);
+      };
+      if (p == 0) return syrk(0, n);
+      QLINK_RETURN_IF_ERROR(syrk(0, p));
+      QLINK_RETURN_IF_ERROR(CheckBlas(api_.Sgemm(st.blas, api_.op_n, api_.op_t, Int(q), Int(p), Int(rows), &one, x + p,
+                                                 Int(n), x, Int(n), &one, h + p, Int(n)),
+                                      api_.names.sgemm));
+      return syrk(p, q);
+    });
   }
 
   bool HasTensorSyrk() const override { return api_.GemmEx != nullptr; }
@@ -154,58 +160,55 @@ class GpuQuantMath final : public QuantMath {
     }
 #endif
     const int type = dtype.code == kDLBfloat ? api_.r_16bf : api_.r_16f;
-    DeviceState* st = nullptr;
-    QLINK_RETURN_IF_ERROR(Acquire(device, stream, &st));
-    std::lock_guard<std::mutex> lock(st->mu);
-    QLINK_RETURN_IF_ERROR(Blas(*st, stream, /*tf32=*/false));
-    const float one = 1.0f;
-    const auto* x16 = static_cast<const uint16_t*>(x);
-    // h[first_row.., first_col..] (count_rows x count_cols, column-major) += x[:, rows]^T x[:, cols].
-    auto gemm = [&](int64_t first_row, int64_t count_rows, int64_t first_col, int64_t count_cols) {
-      return CheckBlas(
-          api_.GemmEx(st->blas, api_.op_n, api_.op_t, Int(count_rows), Int(count_cols), Int(rows), &one,
-                      x16 + first_row, type, Int(n), x16 + first_col, type, Int(n), &one, h + first_col * n + first_row,
-                      api_.r_32f, Int(n), api_.compute_32f, api_.gemm_default),
-          api_.names.gemm_ex);
-    };
-    const int64_t p = n / 2, q = n - p;
-    if (p == 0) return gemm(0, n, 0, n);
-    QLINK_RETURN_IF_ERROR(gemm(0, p, 0, p));
-    QLINK_RETURN_IF_ERROR(gemm(p, q, 0, p));
-    return gemm(p, q, p, q);
+    return WithState(device, stream, [&](DeviceState& st) -> Status {
+      QLINK_RETURN_IF_ERROR(Blas(st, stream, /*tf32=*/false));
+      const float one = 1.0f;
+      const auto* x16 = static_cast<const uint16_t*>(x);
+      // h[first_row.., first_col..] (count_rows x count_cols, column-major) += x[:, rows]^T x[:, cols].
+      auto gemm = [&](int64_t first_row, int64_t count_rows, int64_t first_col, int64_t count_cols) {
+        return CheckBlas(
+            api_.GemmEx(st.blas, api_.op_n, api_.op_t, Int(count_rows), Int(count_cols), Int(rows), &one,
+                        x16 + first_row, type, Int(n), x16 + first_col, type, Int(n), &one,
+                        h + first_col * n + first_row, api_.r_32f, Int(n), api_.compute_32f, api_.gemm_default),
+            api_.names.gemm_ex);
+      };
+      const int64_t p = n / 2, q = n - p;
+      if (p == 0) return gemm(0, n, 0, n);
+      QLINK_RETURN_IF_ERROR(gemm(0, p, 0, p));
+      QLINK_RETURN_IF_ERROR(gemm(p, q, 0, p));
+      return gemm(p, q, p, q);
+    });
   }
 
   Status Potrf(int device, Stream stream, float* a, int64_t n, bool lower, bool* positive_definite) override {
-    DeviceState* st = nullptr;
-    QLINK_RETURN_IF_ERROR(Acquire(device, stream, &st));
-    std::lock_guard<std::mutex> lock(st->mu);
-    const int uplo = lower ? api_.fill_lower : api_.fill_upper;
-    int lwork = 0;
-    QLINK_RETURN_IF_ERROR(Solver(*st, stream));
-    QLINK_RETURN_IF_ERROR(
-        CheckSolver(api_.SpotrfBufferSize(st->solver, uplo, Int(n), a, Int(n), &lwork), api_.names.potrf_size));
-    QLINK_RETURN_IF_ERROR(Work(*st, lwork));
-    QLINK_RETURN_IF_ERROR(
-        CheckSolver(api_.Spotrf(st->solver, uplo, Int(n), a, Int(n), st->work, lwork, st->info), api_.names.potrf));
-    int info = 0;
-    QLINK_RETURN_IF_ERROR(ReadInfo(*st, stream, &info));
-    if (info < 0) return Internal("quant: potrf refused argument " + std::to_string(-info));
-    *positive_definite = info == 0;
-    return Status::Ok();
+    return WithState(device, stream, [&](DeviceState& st) -> Status {
+      const int uplo = lower ? api_.fill_lower : api_.fill_upper;
+      int lwork = 0;
+      QLINK_RETURN_IF_ERROR(Solver(st, stream));
+      QLINK_RETURN_IF_ERROR(
+          CheckSolver(api_.SpotrfBufferSize(st.solver, uplo, Int(n), a, Int(n), &lwork), api_.names.potrf_size));
+      QLINK_RETURN_IF_ERROR(Work(st, lwork));
+      QLINK_RETURN_IF_ERROR(
+          CheckSolver(api_.Spotrf(st.solver, uplo, Int(n), a, Int(n), st.work, lwork, st.info), api_.names.potrf));
+      int info = 0;
+      QLINK_RETURN_IF_ERROR(ReadInfo(st, stream, &info));
+      if (info < 0) return Internal("quant: potrf refused argument " + std::to_string(-info));
+      *positive_definite = info == 0;
+      return Status::Ok();
+    });
   }
 
   // As PyTorch's cholesky_inverse on CUDA: potrs of the identity.
   Status CholeskyInverse(int device, Stream stream, const float* factor, float* inverse, int64_t n) override {
-    DeviceState* st = nullptr;
-    QLINK_RETURN_IF_ERROR(Acquire(device, stream, &st));
-    std::lock_guard<std::mutex> lock(st->mu);
-    QLINK_RETURN_IF_ERROR(Check(gpu::LaunchIdentity(inverse, n, S(stream)), "identity kernel"));
-    QLINK_RETURN_IF_ERROR(Solver(*st, stream));
-    // potrs' info reports only an invalid argument, and every argument here is the engine's
-    // own: not read (reading it would wait for the device at every inverse; ATen skips it too).
-    return CheckSolver(
-        api_.Spotrs(st->solver, api_.fill_lower, Int(n), Int(n), factor, Int(n), inverse, Int(n), st->info + 1),
-        api_.names.potrs);
+    return WithState(device, stream, [&](DeviceState& st) -> Status {
+      QLINK_RETURN_IF_ERROR(Check(gpu::LaunchIdentity(inverse, n, S(stream)), "identity kernel"));
+      QLINK_RETURN_IF_ERROR(Solver(st, stream));
+      // potrs' info reports only an invalid argument, and every argument here is the engine's
+      // own: not read (reading it would wait for the device at every inverse; ATen skips it too).
+      return CheckSolver(
+          api_.Spotrs(st.solver, api_.fill_lower, Int(n), Int(n), factor, Int(n), inverse, Int(n), st.info + 1),
+          api_.names.potrs);
+    });
   }
 
   // trtri's info reports only a zero diagonal, which the factor of a successful potrf
@@ -215,21 +218,20 @@ class GpuQuantMath final : public QuantMath {
       return Unavailable(std::string("quant: the solver library lacks ") + api_.names.trtri +
                          ", which the triangular inverse (qlink_gptq_options.inverse) needs");
     }
-    DeviceState* st = nullptr;
-    QLINK_RETURN_IF_ERROR(Acquire(device, stream, &st));
-    std::lock_guard<std::mutex> lock(st->mu);
-    const int uplo = lower ? api_.fill_lower : api_.fill_upper;
-    size_t device_bytes = 0, host_bytes = 0;
-    QLINK_RETURN_IF_ERROR(Solver(*st, stream));
-    QLINK_RETURN_IF_ERROR(CheckSolver(
-        api_.XtrtriBufferSize(st->solver, uplo, api_.diag_non_unit, n, api_.r_32f, a, n, &device_bytes, &host_bytes),
-        api_.names.trtri_size));
-    QLINK_RETURN_IF_ERROR(Work(*st, Int((device_bytes + sizeof(float) - 1) / sizeof(float))));
-    QLINK_RETURN_IF_ERROR(HostWork(*st, host_bytes));
-    return CheckSolver(api_.Xtrtri(st->solver, uplo, api_.diag_non_unit, n, api_.r_32f, a, n, st->work,
-                                   sizeof(float) * static_cast<size_t>(st->work_floats), st->host_work.data(),
-                                   st->host_work.size(), st->info + 1),
-                       api_.names.trtri);
+    return WithState(device, stream, [&](DeviceState& st) -> Status {
+      const int uplo = lower ? api_.fill_lower : api_.fill_upper;
+      size_t device_bytes = 0, host_bytes = 0;
+      QLINK_RETURN_IF_ERROR(Solver(st, stream));
+      QLINK_RETURN_IF_ERROR(CheckSolver(
+          api_.XtrtriBufferSize(st.solver, uplo, api_.diag_non_unit, n, api_.r_32f, a, n, &device_bytes, &host_bytes),
+          api_.names.trtri_size));
+      QLINK_RETURN_IF_ERROR(Work(st, Int((device_bytes + sizeof(float) - 1) / sizeof(float))));
+      QLINK_RETURN_IF_ERROR(HostWork(st, host_bytes));
+      return CheckSolver(api_.Xtrtri(st.solver, uplo, api_.diag_non_unit, n, api_.r_32f, a, n, st.work,
+                                     sizeof(float) * static_cast<size_t>(st.work_floats), st.host_work.data(),
+                                     st.host_work.size(), st.info + 1),
+                         api_.names.trtri);
+    });
   }
 
   Status MirrorTriangle(int device, Stream stream, float* a, int64_t n, bool lower_to_upper) override {
@@ -311,6 +313,7 @@ class GpuQuantMath final : public QuantMath {
     if (st.work != nullptr) (void)gpuFree(st.work);
     if (st.info != nullptr) (void)gpuFree(st.info);
     if (st.blas_work != nullptr) (void)gpuFree(st.blas_work);
+    if (st.used != nullptr) (void)gpuEventDestroy(st.used);
   }
 
   // The state for work on `stream` of `device` (its lane's, or the device's shared one)
@@ -353,6 +356,25 @@ class GpuQuantMath final : public QuantMath {
     }
     *out = &st;
     return Status::Ok();
+  }
+
+  // body(state) for work on `stream` of `device`, the state held (Acquire), after the
+  // shared state's last use on another stream.
+  template <typename Body>
+  Status WithState(int device, Stream stream, Body body) {
+    DeviceState* st = nullptr;
+    QLINK_RETURN_IF_ERROR(Acquire(device, stream, &st));
+    std::lock_guard<std::mutex> lock(st->mu);
+    if (!st->shared) return body(*st);
+    if (st->used != nullptr && st->last != stream)
+      QLINK_RETURN_IF_ERROR(Check(gpuStreamWaitEvent(S(stream), st->used, 0), "gpuStreamWaitEvent"));
+    Status s = body(*st);
+    Status recorded = Status::Ok();
+    if (st->used == nullptr)
+      recorded = Check(gpuEventCreateWithFlags(&st->used, gpuEventDisableTiming), "gpuEventCreate");
+    if (recorded.ok()) recorded = Check(gpuEventRecord(st->used, S(stream)), "gpuEventRecord");
+    if (recorded.ok()) st->last = stream;
+    return s.ok() ? recorded : s;
   }
 
   // The BLAS handle on `stream`, in IEEE fp32 unless tf32 (st.mu held).

@@ -1,13 +1,15 @@
 """The quantization engines on real GPUs (the accelerator machine); skipped where PyTorch
 sees none."""
 import os
+import threading
 
 import pytest
 import torch
 
 import qlink
 from gptq_reference import ill_conditioned_problem, reference_gptq
-from qlink.quant import GPTQLayer, Placement, gptq_quantize, parallel_gptq, parallel_hessian, sign_round
+from qlink.quant import (GPTQLayer, HessianAccumulator, Placement, gptq_quantize, parallel_gptq, parallel_hessian,
+                         sign_round)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
@@ -92,6 +94,42 @@ def test_many_hessians_on_lanes_equal_each_layer_solved_alone(ctx):
         alone = parallel_gptq([layer], None, ctx=ctx, act_group_aware=True, group_size=64)[0]
         assert torch.equal(got.codes, alone.codes) and torch.equal(got.weight, alone.weight), layer.name
         assert torch.equal(got.scales, alone.scales) and got.loss == alone.loss and got.damp == alone.damp
+
+
+def test_callers_on_two_streams_at_once_get_what_each_gets_alone(ctx):
+    # Two threads, each on a stream of its own, share the device's library state for callers'
+    # streams (one cuBLAS and cuSOLVER workspace): each stream's use of it waits for the other's
+    # last, so twenty rounds of IEEE Hessians and solves side by side give each one's bytes.
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    inputs = [torch.randn(8192, 2048, generator=gen, device="cuda") for _ in range(2)]
+    problems = [ill_conditioned_problem(rows=1024, cols=2048, seed=seed) for seed in (4, 5)]
+
+    def run(i):
+        h = HessianAccumulator(ctx, "ieee_fp32").add(inputs[i])
+        got = gptq_quantize(problems[i][0].bfloat16(), problems[i][1], ctx=ctx, inverse="triangular", tf32=True)
+        return h, got
+
+    alone = [run(0), run(1)]
+    torch.cuda.synchronize()
+    rounds, barrier = [[], []], threading.Barrier(2)
+
+    def worker(i):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            barrier.wait()
+            rounds[i] = [run(i) for _ in range(20)]
+        stream.synchronize()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, (h, want) in enumerate(alone):
+        assert len(rounds[i]) == 20
+        for got_h, got in rounds[i]:
+            assert torch.equal(got_h, h) and torch.equal(got.codes, want.codes) and got.loss == want.loss, i
 
 
 @two_gpus
