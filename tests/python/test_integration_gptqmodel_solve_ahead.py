@@ -7,6 +7,7 @@ changed after the call, and every task of a batch the engine refuses, solved alo
 import qlink
 import random
 
+import pytest
 import torch
 
 from qlink.integrations import gptqmodel as adapter
@@ -167,3 +168,23 @@ def test_a_call_out_of_memory_halves_the_calls_after_it(host, monkeypatch):  # n
     adapter.install(ctx=host["ctx"], strict=True)
     for t, mine in zip(subset(host), got):
         assert same(t.quantize(), mine)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
+def test_small_outputs_come_to_the_cpu_in_one_copy_as_they_were(device):
+    # Views of one CPU buffer with each tensor's bytes, shape and dtype; a call's scales, zeros
+    # and g_idx on a GPU come to the CPU so, results on the CPU stay as they are.
+    tensors = [t.to(device) for t in (torch.randn(48, 2), torch.arange(256, dtype=torch.int32),
+                                      torch.randn(3, 5).double(), torch.randn(4, 4).t(),
+                                      torch.ones(7, dtype=torch.uint8))]
+    moved = solve.to_cpu_at_once(tensors)
+    assert [(m.shape, m.dtype, m.device.type) for m in moved] == [(t.shape, t.dtype, "cpu") for t in tensors]
+    assert all(torch.equal(m, t.cpu()) for m, t in zip(moved, tensors))
+    results = [(torch.zeros(2, 2, device=device), tensors[0], tensors[0].abs(), tensors[1], 0.1, 1.0, 0.01, 300)]
+    got = solve.small_outputs_on_cpu(results)
+    if device == "cpu":
+        assert got is results
+    else:
+        assert got[0][0] is results[0][0] and got[0][4:] == results[0][4:]
+        assert all(g.device.type == "cpu" and torch.equal(g, r.cpu()) for g, r in zip(got[0][1:4], results[0][1:4]))

@@ -83,3 +83,26 @@ def solve(tasks, ctx, placement=None, engine_options=None):
         q = out.weight.reshape(module.weight.shape).to(dtype=module.weight.dtype, device=module.weight.data.device)
         results.append((q, out.scales, out.zeros, out.g_idx, duration, loss, float(out.damp), task.nsamples))
     return results
+
+
+def small_outputs_on_cpu(results):
+    """The results (solve()'s tuples) with their scales, zeros and g_idx on the CPU, brought
+    there in one copy where they are on one GPU; as they are otherwise. GPTQModel's process
+    streams each module's three to the CPU after its solve (a copy stream, pinned buffers, an
+    event and a worker thread that waits for it, a module at a time): for an MoE layer's 384
+    solves that machinery, not the bytes, is the cost, and it finds them already there."""
+    small = [t for r in results for t in r[1:4]]
+    devices = {t.device for t in small}
+    if len(devices) != 1 or next(iter(devices)).type != "cuda":
+        return results
+    moved = iter(to_cpu_at_once(small))
+    return [(r[0], next(moved), next(moved), next(moved)) + tuple(r[4:]) for r in results]
+
+
+def to_cpu_at_once(tensors):
+    """CPU copies of tensors on one device, made by one copy of their bytes (views of one
+    buffer, in their shapes and dtypes)."""
+    flat = [t.detach().contiguous().view(-1).view(torch.uint8) for t in tensors]
+    buffer = torch.cat(flat).cpu()
+    return [part.view(t.dtype).view(t.shape)
+            for part, t in zip(torch.split(buffer, [f.numel() for f in flat]), tensors)]

@@ -8,10 +8,11 @@ flight together); the others' quantize calls then take their results. A result i
 given to a task whose Hessian is still the one it was solved with (the same merged tensor,
 sample count and no pending partial); otherwise, and when the engine refuses the batch,
 the task is solved alone. A batch refused for want of memory halves the batches after it.
-The call's layers' packed words are made with it (pack_ahead). Where the context has several
-devices, a call of more than one task may run on all of them (the engine places the layers
-by cost: an MoE layer's experts spread over the GPUs), its first task's device first; the
-results are the same."""
+The call's layers' packed words are made with it (pack_ahead), and their scales, zeros and
+g_idx come to the CPU in one copy (GPTQModel's process moves each module's there). Where the
+context has several devices, a call of more than one task may run on all of them (the engine
+places the layers by cost: an MoE layer's experts spread over the GPUs), its first task's
+device first; the results are the same."""
 import collections
 import logging
 import threading
@@ -20,7 +21,7 @@ import weakref
 import torch
 
 from ...quant.placement import Placement
-from .solve import options_of, solve, unsupported
+from .solve import options_of, small_outputs_on_cpu, solve, unsupported
 
 log = logging.getLogger("qlink")
 
@@ -81,6 +82,7 @@ class SolveAhead:
                     self._count(batch)
                     self._counts["spread"] += placement is not None
                     self.installation.packs.offer(batch, results, gptq.qcfg.bits)
+                    results = small_outputs_on_cpu(results)
                     for t, result in zip(siblings, results[1:]):
                         self._seen.pop(id(t), None)
                         self._solved[t] = _Solved(t.H, t.nsamples, result)
