@@ -62,9 +62,10 @@ setup_paths()
 
 
 def levels(q, scale, zero, g_idx, bits=4):
-    """The integer levels behind a dequantized weight q = scale * (level - zero), per group."""
+    """The integer levels behind a dequantized weight q = scale * (level - zero), per group
+    (on q's device: qlink's batched solves leave scale, zero and g_idx on the CPU)."""
     import torch
-    g = g_idx.long()
+    scale, zero, g = scale.to(q.device), zero.to(q.device), g_idx.to(q.device).long()
     return torch.round(q.float() / scale[:, g].float() + zero[:, g].float()).clamp(0, 2 ** bits - 1).to(torch.uint8)
 
 
