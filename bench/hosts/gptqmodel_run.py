@@ -108,7 +108,7 @@ def _task_name(task):
 
 
 def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batches=None, dequantized=None,
-                  on_stop=None, digests=True):
+                  on_stop=None, digests=True, first_solves=None):
     """Wraps GPTQ.quantize (as installed: GPTQModel's own or qlink's) to record each layer's
     result: device checksums of what the solve returns (Q, scales, zeros, g_idx) and its
     loss; its levels (on the device) where `codes` is a dict. Nothing waits on the device
@@ -121,7 +121,8 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
     which input differed first. batches: a regex; checksums of each input add_batch is given
     for the layers it matches, into into[name]["batch_sums"] (GPTQ.add_batch as installed).
     dequantized: a dict that receives each layer's quant-dequantized weight (the solve's Q),
-    on its device. digests=False: each solve's loss alone (no checksum work beside the loop's)."""
+    on its device. digests=False: each solve's loss alone (no checksum work beside the loop's).
+    first_solves: a dict that receives each layer's first solve, seconds from the wrap."""
     import torch
     solve = GPTQ.quantize
     start, layers_seen, hessians, fed = time.perf_counter(), set(), {}, {}
@@ -151,7 +152,10 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
         layer = re.search(r"layers\.(\d+)\.", name)
         if layer and layer.group(1) not in layers_seen:  # in the log as it runs: a slope even from a cut run
             layers_seen.add(layer.group(1))
-            print(f"first solve of layer {layer.group(1)} at {time.perf_counter() - start:.1f} s", flush=True)
+            seconds = time.perf_counter() - start
+            print(f"first solve of layer {layer.group(1)} at {seconds:.1f} s", flush=True)
+            if first_solves is not None:
+                first_solves[int(layer.group(1))] = round(seconds, 3)
             if stop_at_layer is not None and int(layer.group(1)) >= stop_at_layer:
                 if on_stop is not None:
                     on_stop(time.perf_counter() - start)
@@ -388,7 +392,8 @@ def main():
                 return {k: v for k, v in list(records.items()) if _layer_of(k) < args.stop_at_layer}
         report(args, result, before(layers), before(codes), before(dequantized), packs)
     record_solves(GPTQ, layers, codes, args.stop_at_layer, inputs=args.input_digests, batches=args.batch_digests,
-                  dequantized=dequantized, on_stop=stopped, digests=not args.no_digests)
+                  dequantized=dequantized, on_stop=stopped, digests=not args.no_digests,
+                  first_solves=result.setdefault("first_solve_s", {}))
     packs = {}
     if not args.no_digests:
         record_packs(packs)

@@ -94,6 +94,36 @@ def loop(out):
     return lines
 
 
+def runs(out):
+    """Every other GPTQModel run (speed, defaults, the MoE stage...): its wall time, each
+    layer's first solve and the intervals between them, peak memory, digest; and per added
+    layer, by least squares over runs of one name but their layer count (speed_qlink2,
+    speed_qlink4, speed_qlink32) and one model kind."""
+    found = {}
+    for path in sorted(glob.glob(os.path.join(out, "*.json"))):
+        name = os.path.basename(path)[:-len(".json")]
+        r = load(path)
+        if r and r.get("host") == "GPTQModel" and not name.startswith(("loop_", "gptq_")) and "quantize_s" in r:
+            found[name] = r
+    if not found:
+        return []
+    lines = ["| GPTQModel run | kind | layers | qlink | wall (s) | first solves (s) | peak GPU, torch (GiB) | digest |",
+             "|---|---|---|---|---|---|---|---|"]
+    groups = {}
+    for name, r in found.items():
+        first = [v for _, v in sorted((int(k), v) for k, v in (r.get("first_solve_s") or {}).items())]
+        lines.append("| %s | %s | %d | %s | %.2f | %s | %.2f | %s |" % (
+            name, r["model_kind"], r["layers"], "yes" if r["qlink"] else "no", r["quantize_s"],
+            ", ".join("%.1f" % v for v in first), r["peak_torch_gib"], (r.get("digest") or "none")[:8]))
+        groups.setdefault((name.rstrip("0123456789"), r["model_kind"]), []).append((r["layers"], r["quantize_s"]))
+    lines.append("")
+    for (prefix, kind), points in sorted(groups.items()):
+        if len({layers for layers, _ in points}) > 1:
+            lines.append("%s (%s): %s; per added layer %.3f s" % (
+                prefix, kind, ", ".join("%d layers %.2f s" % p for p in sorted(points)), slope(points)))
+    return lines
+
+
 def autoround(out, prefix, label):
     """AutoRound alone and with qlink: each timed after a warm-up run of itself in its process
     (autoround_run.py; alone's rows of process settings each a timed run after the same
@@ -133,9 +163,10 @@ def autoround(out, prefix, label):
 
 def main():
     out = sys.argv[1]
-    for block in (gptq(out), loop(out), autoround(out, "ar", "iters=200"), autoround(out, "ar0", "iters=0"),
-                  autoround(out, "bd_ar", "breakdown")):
-        print("\n".join(block) + "\n")
+    for block in (gptq(out), loop(out), runs(out), autoround(out, "ar", "iters=200"),
+                  autoround(out, "ar0", "iters=0"), autoround(out, "bd_ar", "breakdown")):
+        if block:
+            print("\n".join(block) + "\n")
 
 
 if __name__ == "__main__":
