@@ -67,8 +67,9 @@
 #     attention  the defaults with each forward saving left out (--attention-outputs off, which takes
 #                the tails too; --stopped-products off; --tail-inputs off): the time each buys, the
 #                defaults' digests expected
-#     divergence DIV_RUNS (15) 2-layer qlink ieee_fp32 runs (the divergence's likelier precision) with
-#                layer 0's o_proj inputs digested, compared by compare_runs.py (where a divergent run parts)
+#     divergence DIV_RUNS (15) qlink ieee_fp32 runs (the divergence's likelier precision) of DIV_LAYERS (4: where
+#                it has been seen; the models part makes them) with layer 0's o_proj inputs digested, compared
+#                by compare_runs.py (where a divergent run parts)
 #     moe_stage  the Qwen3-MoE models at MOE_LAYERS with the expert stage (install's default)
 #     moe_bare   the same without the bench's digests (its checksum work beside the loop left out)
 #     moe_stage_samples  the same at 2 layers, the main thread sampled
@@ -96,7 +97,8 @@
 # always made), DRY_RUN=1 (say each command, run none), KEEP_RAW=0 (remove OUTDIR once packed),
 # ARCH (nvcc's -arch, sm_90), BUILD_DIR (nvcc's outputs, /tmp/qlink_device), MODEL
 # (/tmp/llama7b-2layers), SHAPES (the speed set's), CODES (the loops' 4-bit levels, hundreds of MB, kept out of OUTDIR:
-# /tmp/qlink_codes), LAYERS ("2 4 8"), MOE_LAYERS ("2 4"), SLOPE_LAYERS ("4 8"), PRECISIONS
+# /tmp/qlink_codes), LAYERS ("2 4 8"), DIV_RUNS (15), DIV_LAYERS (4), MOE_LAYERS ("2 4"), SLOPE_LAYERS ("4 8"),
+# PRECISIONS
 # ("ieee_fp32 tensor"), STRESS_RUNS (3), GPTQ_QLINK_RUNS (2), AR_ITERS (200), AR_MOE_ITERS (50), AR_HOST_PROFILE
 # (set: AutoRound alone profiled too), AR_MOE_CPROFILE (set: ar_moe_grouped adds an iters=0 run under cProfile). NVLink multicast stays off (NCCL, symmetric memory,
 # NVSHMEM). Exits 0 when every command exited 0, 1 naming those that did not, 2 on a bad part.
@@ -413,9 +415,9 @@ part_attention() {  # each forward saving left out (install keeps them all); def
   done
 }
 part_divergence() {
-  local r
+  local r n=${DIV_LAYERS:-4}
   for r in $(seq 1 "${DIV_RUNS:-15}"); do
-    gptqmodel_run div$r 120 --model /tmp/llama7b-2layers --layers 2 --qlink --strict "${as_host[@]}" \
+    gptqmodel_run div$r 120 --model /tmp/llama7b-${n}layers --layers "$n" --qlink --strict "${as_host[@]}" \
       --input-digests --batch-digests 'layers\.0\.self_attn\.o_proj$'
   done
   run div_compare 60 python3 compare_runs.py "$out"/div[0-9]*.json --out "$out/o_proj_runs.json"
