@@ -98,8 +98,7 @@
 # ARCH (nvcc's -arch, sm_90), BUILD_DIR (nvcc's outputs, /tmp/qlink_device), MODEL
 # (/tmp/llama7b-2layers), SHAPES (the speed set's), CODES (the loops' 4-bit levels, hundreds of MB, kept out of OUTDIR:
 # /tmp/qlink_codes), LAYERS ("2 4 8"), DIV_RUNS (15), DIV_LAYERS (4), MOE_LAYERS ("2 4"), SLOPE_LAYERS ("4 8"),
-# PRECISIONS
-# ("ieee_fp32 tensor"), STRESS_RUNS (3), GPTQ_QLINK_RUNS (2), AR_ITERS (200), AR_MOE_ITERS (50), AR_HOST_PROFILE
+# PRECISIONS ("ieee_fp32 tensor"), STRESS_RUNS (3), GPTQ_QLINK_RUNS (2), AR_ITERS (200), AR_MOE_ITERS (50), AR_HOST_PROFILE
 # (set: AutoRound alone profiled too), AR_MOE_CPROFILE (set: ar_moe_grouped adds an iters=0 run under cProfile). NVLink multicast stays off (NCCL, symmetric memory,
 # NVSHMEM). Exits 0 when every command exited 0, 1 naming those that did not, 2 on a bad part.
 set -uo pipefail
