@@ -96,8 +96,11 @@ def _grouped_plan(selected_experts, num_experts):
     sorts them for one sample, and each expert's end row (int32), both left on the device:
     nothing waits for the forward's kernels queued before them."""
     choices = selected_experts.t().reshape(-1).to(torch.int64)
-    ends = torch.cumsum(torch.bincount(choices, minlength=num_experts), 0, dtype=torch.int32)
-    return torch.sort(choices, stable=True).indices, ends
+    chosen, order = torch.sort(choices, stable=True)
+    # Each expert's end, where its id ends in the sorted choices (bincount would read the
+    # largest id to the host to size its output).
+    experts = torch.arange(num_experts, device=choices.device)
+    return order, torch.searchsorted(chosen, experts, right=True).to(torch.int32)
 
 
 def _plan(selected_experts, tokens, samples, num_experts):
