@@ -72,7 +72,7 @@
 #                by compare_runs.py (where a divergent run parts)
 #     moe_stage  the Qwen3-MoE models at MOE_LAYERS with the expert stage (install's default)
 #     moe_bare   the same without the bench's digests (its checksum work beside the loop left out)
-#     moe_stage_samples  the same at 2 layers, the main thread sampled
+#     moe_stage_samples  moe_bare at 2 layers, every thread sampled
 #     moe_nostage  qlink's defaults but expert_stage=False at 2
 #     moe_host   GPTQModel alone to layer 1's first solve, then the stage as GPTQModel solves (ieee_fp32, its
 #                inverse, IEEE updates): layer 0's codes compared
@@ -437,7 +437,7 @@ part_moe_bare() {  # moe_stage without the bench's digests (its checksums and co
 }
 part_moe_stage_samples() {
   gptqmodel_run moe_stage2_samples 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink \
-    --strict --defaults --expert-stage on --samples-out "$out/moe_stage2_samples.txt"
+    --strict --defaults --expert-stage on --no-digests --samples-out "$out/moe_stage2_samples.txt"
 }
 part_moe_nostage() {
   gptqmodel_run moe_nostage2 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink --strict \
