@@ -42,7 +42,6 @@ gpuStream_t S(Stream s) { return static_cast<gpuStream_t>(s); }
 // its workspaces at once.
 struct DeviceState {
   std::mutex mu;
-  bool shared = false;        // the callers' state (else a lane's)
   Stream last = nullptr;      // the stream of the shared state's last use
   gpuEvent_t used = nullptr;  // recorded on `last` after that use
   LinalgApi::Handle blas = nullptr, solver = nullptr;
@@ -70,9 +69,7 @@ class GpuQuantMath final : public QuantMath {
                     DefiningFile(reinterpret_cast<const void*>(api.Spotrf)),
                 ""},
         states_(static_cast<size_t>(devices)),
-        lanes_(static_cast<size_t>(devices)) {
-    for (auto& st : states_) st.shared = true;
-  }
+        lanes_(static_cast<size_t>(devices)) {}
   ~GpuQuantMath() override {
     for (size_t d = 0; d < states_.size(); ++d) {
       if (gpuSetDevice(static_cast<int>(d)) != gpuSuccess) continue;
@@ -365,7 +362,7 @@ class GpuQuantMath final : public QuantMath {
     DeviceState* st = nullptr;
     QLINK_RETURN_IF_ERROR(Acquire(device, stream, &st));
     std::lock_guard<std::mutex> lock(st->mu);
-    if (!st->shared) return body(*st);
+    if (st != &states_[device]) return body(*st);  // a lane's: used on its stream only
     if (st->used != nullptr && st->last != stream)
       QLINK_RETURN_IF_ERROR(Check(gpuStreamWaitEvent(S(stream), st->used, 0), "gpuStreamWaitEvent"));
     Status s = body(*st);
