@@ -63,6 +63,9 @@ def make_llama(path, layers=2, hidden=4096, intermediate=11008, heads=32, kv_hea
     return path
 
 
+# gptqmodel_run.py's flags for qlink's engine solving as GPTQModel's own does (its inverse chain, IEEE fp32
+# updates; install()'s defaults are the triangular inverse and TF32): the runs held against alone's codes.
+HOST_SOLVE = ["--inverse", "cholesky_inverse", "--tf32", "off"]
 LLAMA_70B = dict(hidden=8192, intermediate=28672, heads=64, kv_heads=8)  # LLaMA-2/3-70B's layer
 
 

@@ -96,7 +96,7 @@ def loop(out):
 
 def runs(out):
     """Every other GPTQModel run (speed, defaults, the MoE stage...): its wall time, each
-    layer's first solve and the intervals between them, peak memory, digest; and per added
+    layer's first solve, peak memory, digest; and per added
     layer, by least squares over runs of one name but their layer count (speed_qlink2,
     speed_qlink4, speed_qlink32) and one model kind."""
     found = {}

@@ -27,13 +27,14 @@ import subprocess
 import sys
 import time
 
+from common import HOST_SOLVE
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIZES = dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8,
              num_key_value_heads=8, vocab_size=8192, max_position_embeddings=1024)
-IEEE_SOLVE = ["--inverse", "cholesky_inverse", "--tf32", "off"]  # the solve as GPTQModel's own
 VARIANTS = {"GPTQModel alone": [],
-            "qlink ieee_fp32": ["--qlink", "--strict", "--precision", "ieee_fp32"] + IEEE_SOLVE,
-            "qlink tensor": ["--qlink", "--strict", "--precision", "tensor"] + IEEE_SOLVE,
+            "qlink ieee_fp32": ["--qlink", "--strict", "--precision", "ieee_fp32"] + HOST_SOLVE,
+            "qlink tensor": ["--qlink", "--strict", "--precision", "tensor"] + HOST_SOLVE,
             "qlink tensor triangular": ["--qlink", "--strict", "--precision", "tensor", "--tf32", "off"],
             "qlink defaults": ["--qlink", "--strict", "--defaults"],
             "qlink tensor_gemm": ["--qlink", "--strict", "--precision", "tensor_gemm"]}
