@@ -421,20 +421,16 @@ part_divergence() {
   done
   run div_compare 60 python3 compare_runs.py "$out"/div[0-9]*.json --out "$out/o_proj_runs.json"
 }
-part_moe_stage() {
-  local n
+stage_runs() {  # PREFIX ARGS...: the Qwen3-MoE models at MOE_LAYERS through the expert stage, PREFIX<layers>
+  local prefix=$1 n
+  shift
   for n in ${MOE_LAYERS:-2 4}; do
-    gptqmodel_run moe_stage$n 240 --model /tmp/qwen3moe-${n}layers --layers "$n" --model-kind qwen3_moe --qlink \
-      --strict --defaults --expert-stage on
+    gptqmodel_run $prefix$n 240 --model /tmp/qwen3moe-${n}layers --layers "$n" --model-kind qwen3_moe --qlink \
+      --strict --defaults --expert-stage on "$@"
   done
 }
-part_moe_bare() {  # moe_stage without the bench's digests (its checksums and copies beside the loop)
-  local n
-  for n in ${MOE_LAYERS:-2 4}; do
-    gptqmodel_run moe_bare$n 240 --model /tmp/qwen3moe-${n}layers --layers "$n" --model-kind qwen3_moe --qlink \
-      --strict --defaults --expert-stage on --no-digests
-  done
-}
+part_moe_stage() { stage_runs moe_stage; }
+part_moe_bare() { stage_runs moe_bare --no-digests; }  # without the bench's checksums and copies beside the loop
 part_moe_stage_samples() {
   gptqmodel_run moe_stage2_samples 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink \
     --strict --defaults --expert-stage on --no-digests --samples-out "$out/moe_stage2_samples.txt"
