@@ -1,5 +1,6 @@
 #include "quant/gpu/gpu_quant_math.h"
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -60,6 +61,9 @@ struct DeviceState {
 
 // cuBLAS's recommended workspace on Hopper (4 MiB suffices on earlier GPUs).
 constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
+// The narrowest half TensorSyrkAccumulate's GemmEx triangle splits off: a 2048-column
+// square of a 2048-row call still fills an H100's SMs with 128 x 128 tiles.
+constexpr int64_t kTriangleLeaf = 2048;
 
 class GpuQuantMath final : public QuantMath {
  public:
@@ -145,8 +149,9 @@ class GpuQuantMath final : public QuantMath {
   // CUDA where vendor_gemm asks for it, and for x the kernel's 16-byte loads cannot take
   // (n % 8 != 0, x misaligned), GemmEx
   // (16-bit inputs, fp32 output and compute type): the vendors have no real 16-bit SYRK,
-  // so the lower triangle is two diagonal blocks, each a whole GEMM, and the GEMM below
-  // them (3/4 of the full product's work).
+  // so the lower triangle is the GEMM below its diagonal halves and each half's own
+  // triangle, split again while a half keeps kTriangleLeaf columns; a narrower triangle is
+  // one whole GEMM (the work 5/8 of the full product's at 8192 columns, 9/16 at 28672).
   Status TensorSyrkAccumulate(int device, Stream stream, const void* x, DLDataType dtype, int64_t rows, int64_t n,
                               float* h, bool vendor_gemm) override {
     if (rows == 0) return Status::Ok();
@@ -169,11 +174,15 @@ class GpuQuantMath final : public QuantMath {
                         h + first_col * n + first_row, api_.r_32f, Int(n), api_.compute_32f, api_.gemm_default),
             api_.names.gemm_ex);
       };
-      const int64_t p = n / 2, q = n - p;
-      if (p == 0) return gemm(0, n, 0, n);
-      QLINK_RETURN_IF_ERROR(gemm(0, p, 0, p));
-      QLINK_RETURN_IF_ERROR(gemm(p, q, 0, p));
-      return gemm(p, q, p, q);
+      // h's lower triangle over columns [first, first + size).
+      std::function<Status(int64_t, int64_t)> triangle = [&](int64_t first, int64_t size) -> Status {
+        const int64_t p = size / 2, q = size - p;
+        if (p < kTriangleLeaf) return gemm(first, size, first, size);
+        QLINK_RETURN_IF_ERROR(triangle(first, p));
+        QLINK_RETURN_IF_ERROR(gemm(first + p, q, first, p));
+        return triangle(first + p, q);
+      };
+      return triangle(0, n);
     });
   }
 

@@ -25,7 +25,7 @@ def _relative_error(h, x):
 
 
 # 1024: CUDA's kernel; 1030 (not a multiple of 8: the kernel's 16-byte loads cannot take
-# it): GemmEx, with an odd half, so its diagonal blocks differ in size.
+# it): GemmEx, one whole product.
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("cols", [1024, 1030])
 def test_tensor_precision_is_close_and_symmetric(ctx, dtype, cols):
@@ -79,6 +79,19 @@ def test_tensor_gemm_precision_is_the_vendors_gemm_close_and_symmetric(ctx, dtyp
         assert _relative_error(h, x) < 1e-3, precision
         results[precision] = h
     assert not torch.equal(results["tensor"], results["tensor_gemm"])  # not qlink's kernel
+
+
+# GemmEx's lower triangle split in halves while a half keeps 2048 columns: 4099 once, into
+# unequal halves; 8200 twice. A block missed or added twice is an error of 0.1 or more.
+@pytest.mark.parametrize("cols", [4099, 8200])
+def test_tensor_gemm_sums_every_block_of_a_split_triangle(ctx, cols):
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    x = torch.randn(2500, cols, device="cuda", generator=gen).to(torch.bfloat16)  # two calls of at most 2048 rows
+    h = torch.zeros(cols, cols, device="cuda")
+    ctx.hessian_accumulate([x], [h], precision="tensor_gemm")
+    torch.cuda.synchronize()
+    assert torch.equal(h, h.T)
+    assert _relative_error(h, x) < 1e-3
 
 
 def test_tensor_precision_takes_misaligned_inputs(ctx):
