@@ -16,7 +16,7 @@ call (device checksums, turned into digests after it).
          [--read-ahead pinned|pageable|off]
          [--switch-interval S|off] [--landing pinned|pageable] [--segments fixed|host] | --guards]
         [--precision ieee_fp32|tensor] [--reversed] [--hessian-f64] [--codes FILE.pt]
-        [--input-digests] [--batch-digests REGEX] [--no-digests]
+        [--input-digests] [--batch-digests REGEX] [--no-digests] [--module-offload on|off]
         [--profile OPS.txt [--profile-stacks] [--idle IDLE.txt] | --profile OPS.txt --device-only]
         [--cprofile FILE | --samples-out FILE] [--out FILE]
 
@@ -32,7 +32,10 @@ does). --input-digests:
 digests of each solve's weight and merged Hessian beside its result's (where two runs part,
 which input parted first); --no-digests: the solves' losses alone, no digest of the solves
 or the packs (their checksums and the packs' copies run beside the loop: a MoE layer's 388
-modules make that work visible); --batch-digests: digests of every input add_batch (GPTQModel's or
+modules make that work visible); --module-offload off: the finalizers' per-module disk offload
+(GPTQModel's offload_to_disk of each finished module: a directory, a safetensors file and an
+index each) left out, the modules kept in CPU memory: what that offload costs the loop, an
+experiment and no setting to ship; --batch-digests: digests of every input add_batch (GPTQModel's or
 qlink's) is given for the layers whose name matches REGEX, in order (whether the forwards or
 the accumulation made two Hessians differ). --codes: every layer's 4-bit levels saved
 (torch.save of {layer: uint8 codes}) for compare_codes.py. --profile: torch.profiler over
@@ -294,6 +297,8 @@ def main():
                    help="digests of each solve's weight and merged Hessian too (which input two runs differ in)")
     a.add_argument("--no-digests", action="store_true",
                    help="no digest of the solves or the packs (the bench's own work beside the loop left out)")
+    a.add_argument("--module-offload", default="on", choices=("on", "off"),
+                   help="off: the finalizers' per-module disk offload left out (what it costs the loop)")
     a.add_argument("--batch-digests", metavar="REGEX",
                    help="digests of every add_batch input of the layers whose name matches REGEX, in order")
     a.add_argument("--profile", help="torch.profiler over the quantize call; its operator table to this file")
@@ -349,7 +354,8 @@ def main():
               "gpus": torch.cuda.device_count(), "layers": args.layers, "precision": args.precision,
               "profiled": bool(args.profile or args.cprofile or args.samples_out), "settings": args.settings,
               "bits": args.bits, "calibration": args.calibration, "reversed": args.reversed,
-              "hessian_f64": args.hessian_f64, "digests": not args.no_digests}
+              "hessian_f64": args.hessian_f64, "digests": not args.no_digests,
+              "module_offload": args.module_offload}
     if args.qlink or args.guards:
         install_guards()
     if args.qlink:
@@ -378,6 +384,9 @@ def main():
             qlink_cache.GROUP_ROWS = args.group_rows
     from gptqmodel import GPTQModel, QuantizeConfig
     from gptqmodel.looper import gptq_processor
+    if args.module_offload == "off":
+        from gptqmodel.looper import stage_layer
+        stage_layer.offload_to_disk = lambda **kwargs: None  # the finalizers' call, by the name it imports
     GPTQ = gptq_processor.GPTQ  # the class the processor builds its tasks from (qlink's where installed)
     if args.hessian_f64:
         products_in_f64(GPTQ)
