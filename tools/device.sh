@@ -73,6 +73,8 @@
 #     moe_stage  the Qwen3-MoE models at MOE_LAYERS with the expert stage (install's default)
 #     moe_bare   the same without the bench's digests (its checksum work beside the loop left out)
 #     moe_no_offload  moe_bare with GPTQModel's per-module disk offload left out (what the finalizers' offload costs)
+#     moe_workers  moe_bare with GPTQModel's CPU pool (its finalizers) cut to MOE_CPU_WORKERS (2) threads
+#     moe_switch  moe_bare with the loop's switch interval at 1e-4 s
 #     moe_stage_samples  moe_bare at 2 layers, every thread sampled
 #     moe_nostage  qlink's defaults but expert_stage=False at 2
 #     moe_host   GPTQModel alone to layer 1's first solve, then the stage as GPTQModel solves (ieee_fp32, its
@@ -98,7 +100,7 @@
 # always made), DRY_RUN=1 (say each command, run none), KEEP_RAW=0 (remove OUTDIR once packed),
 # ARCH (nvcc's -arch, sm_90), BUILD_DIR (nvcc's outputs, /tmp/qlink_device), MODEL
 # (/tmp/llama7b-2layers), SHAPES (the speed set's), CODES (the loops' 4-bit levels, hundreds of MB, kept out of OUTDIR:
-# /tmp/qlink_codes), LAYERS ("2 4 8"), DIV_RUNS (15), DIV_LAYERS (4), MOE_LAYERS ("2 4"), SLOPE_LAYERS ("4 8"),
+# /tmp/qlink_codes), LAYERS ("2 4 8"), DIV_RUNS (15), DIV_LAYERS (4), MOE_LAYERS ("2 4"), MOE_CPU_WORKERS (2), SLOPE_LAYERS ("4 8"),
 # PRECISIONS ("ieee_fp32 tensor"), STRESS_RUNS (3), GPTQ_QLINK_RUNS (2), AR_ITERS (200), AR_MOE_ITERS (50), AR_HOST_PROFILE
 # (set: AutoRound alone profiled too), AR_MOE_CPROFILE (set: ar_moe_grouped adds an iters=0 run under cProfile). NVLink multicast stays off (NCCL, symmetric memory,
 # NVSHMEM). Exits 0 when every command exited 0, 1 naming those that did not, 2 on a bad part.
@@ -427,12 +429,18 @@ stage_runs() {  # PREFIX ARGS...: the Qwen3-MoE models at MOE_LAYERS through the
   shift
   for n in ${MOE_LAYERS:-2 4}; do
     gptqmodel_run $prefix$n 240 --model /tmp/qwen3moe-${n}layers --layers "$n" --model-kind qwen3_moe --qlink \
-      --strict --defaults --expert-stage on "$@"
+      --strict --expert-stage on "$@"
   done
 }
-part_moe_stage() { stage_runs moe_stage; }
-part_moe_bare() { stage_runs moe_bare --no-digests; }  # without the bench's checksums and copies beside the loop
-part_moe_no_offload() { stage_runs moe_no_offload --no-digests --module-offload off; }  # moe_bare less the offload
+part_moe_stage() { stage_runs moe_stage --defaults; }
+part_moe_bare() { stage_runs moe_bare --defaults --no-digests; }  # without the bench's checksums beside the loop
+# moe_bare but for one thing each: GPTQModel's per-module offload left out; its CPU pool (the finalizers, 8
+# threads on 16 cores) cut to MOE_CPU_WORKERS; the loop's switch interval 1e-4 s (install's switch_interval)
+part_moe_no_offload() { stage_runs moe_no_offload --defaults --no-digests --module-offload off; }
+part_moe_workers() {
+  GPTQMODEL_CPU_WORKERS=${MOE_CPU_WORKERS:-2} stage_runs moe_workers --defaults --no-digests
+}
+part_moe_switch() { stage_runs moe_switch --no-digests --switch-interval 1e-4; }
 part_moe_stage_samples() {
   gptqmodel_run moe_stage2_samples 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink \
     --strict --defaults --expert-stage on --no-digests --samples-out "$out/moe_stage2_samples.txt"
@@ -527,7 +535,7 @@ part_moe_samples() {  # every thread sampled (the sampling stretches the run)
 }
 host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks \
 ar_moe_host ar_moe_qlink ar_moe_grouped ar_moe_save moe_check moe_solve moe moe_samples speed_models speed breakdown ar_breakdown divergence \
-moe_stage moe_bare moe_no_offload moe_stage_samples moe_nostage moe_host moe_spread moe_235b moe_dsv3 moe_tree unwrap packer warmup defaults alone speed_profile inverse triangular gemm attention "
+moe_stage moe_bare moe_no_offload moe_workers moe_switch moe_stage_samples moe_nostage moe_host moe_spread moe_235b moe_dsv3 moe_tree unwrap packer warmup defaults alone speed_profile inverse triangular gemm attention "
 
 [ $# -ge 1 ] || usage
 case $1 in

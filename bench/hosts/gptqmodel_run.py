@@ -355,7 +355,8 @@ def main():
               "profiled": bool(args.profile or args.cprofile or args.samples_out), "settings": args.settings,
               "bits": args.bits, "calibration": args.calibration, "reversed": args.reversed,
               "hessian_f64": args.hessian_f64, "digests": not args.no_digests,
-              "module_offload": args.module_offload}
+              "module_offload": args.module_offload,
+              "cpu_workers": os.environ.get("GPTQMODEL_CPU_WORKERS")}  # GPTQModel's CPU pool (finalizers) size
     if args.qlink or args.guards:
         install_guards()
     if args.qlink:
