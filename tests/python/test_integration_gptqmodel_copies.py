@@ -5,10 +5,11 @@ reused, refreshed after an in-place change and retired when their source dies; r
 that copy nothing. With a GPU, the stand-in GPTQModel's forward stages its host
 calibration batches through the twins, and a failing staging falls back or raises; the
 calibration cache GPTQModel's capture returns moves to the one GPU once (or stays, and
-says why)."""
+says why), and layer 0's landing finds its page-locked blocks made during the capture."""
 import gc
 import os
 import re
+import threading
 import time
 
 import pytest
@@ -289,6 +290,7 @@ def test_on_the_cpu_backend_the_capture_stays_in_host_memory(host, library):
     cache = _looper().loop(0)
     assert all(t.device.type == "cpu" for t in _leaves(cache))
     assert adapter.counters()["seams"]["cache_inputs"]["reasons"] == {"the cpu backend computes in CPU memory": 1}
+    assert adapter.counters()["seams"]["pinned_warmup"]["reasons"] == {"the cpu backend computes in CPU memory": 1}
 
 
 one_gpu = pytest.mark.skipif(torch.cuda.device_count() != 1, reason="needs exactly one GPU")
@@ -314,6 +316,35 @@ def test_the_capture_moves_to_the_gpu_once_as_the_same_bytes(gpu_host):
     staged = adapter.counters()["staging"]["leaves"]
     assert gpu_host["model"].move_to(cache.position_ids[0], torch.device("cuda:0")) is cache.position_ids[0]
     assert adapter.counters()["staging"]["leaves"] == staged
+
+
+@one_gpu
+def test_layer_zeros_landing_finds_its_page_locked_blocks_made_during_the_capture(gpu_host):
+    adapter.install(ctx=gpu_host["ctx"], strict=True)
+    torch._C._host_emptyCache()  # no freed block of an earlier test serves the landing
+    layer = torch.nn.Linear(2000, 5000, device="meta")  # a 40 MB weight: a 64 MiB block
+    looper = _looper("cuda")
+    looper.layers = [layer]
+    looper.loop(0)
+    assert adapter.counters()["seams"]["pinned_warmup"]["qlink"] == 1
+    for thread in threading.enumerate():
+        if thread.name == "qlink-pinned-warmup":
+            thread.join()
+    made = torch.cuda.host_memory_stats()["num_host_alloc"]
+    solved = [torch.randn(p.shape, device="cuda:0") for p in layer.parameters()]
+    landed = gpu_host["ctx"].move_tensors(solved, "cpu")
+    assert all(t.is_pinned() and torch.equal(t, s.cpu()) for t, s in zip(landed, solved))
+    assert torch.cuda.host_memory_stats()["num_host_alloc"] == made  # every block was there
+
+
+@one_gpu
+def test_a_layer_too_small_to_land_page_locked_is_not_warmed(gpu_host):
+    adapter.install(ctx=gpu_host["ctx"], strict=True)
+    looper = _looper("cuda")
+    looper.layers = [torch.nn.Linear(16, 16, device="meta")]
+    looper.loop(0)
+    (said,) = adapter.counters()["seams"]["pinned_warmup"]["reasons"]
+    assert said.endswith("bytes would not land page-locked (PINNED_MIN_BYTES)")
 
 
 @one_gpu

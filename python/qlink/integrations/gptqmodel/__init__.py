@@ -92,8 +92,9 @@ SEAMS = SeamTable("gptqmodel", [
     Seam(_LOOPER + "loop", "module_looper", "the layer loop, run inside the process settings install() asks for",
          ["switch_interval", "fixed_segments"], module_looper.make_loop),
     Seam(_LOOPER + "cache_inputs", "module_looper",
-         "the calibration capture's cache: moved to the one GPU once, one-sample batches grouped",
-         ["cache_inputs", "group_batches"], module_looper.make_cache_inputs,
+         "the calibration capture's cache: moved to the one GPU once, one-sample batches grouped; layer 0's "
+         "landing page-locked meanwhile", ["cache_inputs", "group_batches", "pinned_warmup"],
+         module_looper.make_cache_inputs,
          reads=[_LOOPER + "gptq_model", _LOOPER + "processors", _LOOPER + "support_batch_quantize",
                 _LOOPER + "moe_routing_override", _LOOPER + "moe_routing_bypass",
                 "gptqmodel.looper.gptq_processor:GPTQProcessor", "gptqmodel.models.base:BaseQModel",
