@@ -319,6 +319,22 @@ def test_the_capture_moves_to_the_gpu_once_as_the_same_bytes(gpu_host):
 
 
 @one_gpu
+def test_a_cache_of_64_mib_or_more_streams_to_the_gpu_as_the_same_bytes(gpu_host):
+    adapter.install(ctx=gpu_host["ctx"], strict=True)
+    gen = torch.Generator().manual_seed(3)
+    host_cache = _capture(0)
+    host_cache.layer_inputs[:] = [[torch.randn(1, 2048, 4096, generator=gen).to(torch.bfloat16)] for _ in range(4)]
+    looper = _looper("cuda")
+    looper.capture = lambda calibration: host_cache
+    streamed = adapter.counters()["staging"]["bytes_streamed"]
+    cache = looper.loop(0)
+    assert adapter.counters()["staging"]["bytes_streamed"] - streamed >= 4 * 2048 * 4096 * 2
+    for moved, source in zip(_leaves(cache), _leaves(host_cache)):
+        assert moved.device == torch.device("cuda", 0) and moved.is_inference()
+        assert moved.dtype == source.dtype and torch.equal(moved.cpu(), source)
+
+
+@one_gpu
 def test_layer_zeros_landing_finds_its_page_locked_blocks_made_during_the_capture(gpu_host):
     adapter.install(ctx=gpu_host["ctx"], strict=True)
     torch._C._host_emptyCache()  # no freed block of an earlier test serves the landing

@@ -50,7 +50,7 @@ def make_cache_inputs(installation, original):
             counters.host("cache_inputs", reason)
         else:
             moved = cache
-            cache = guard.attempt("cache_inputs", lambda: input_cache.on_device(moved, device), lambda: moved)
+            cache = guard.attempt("cache_inputs", lambda: input_cache.on_device(ctx, moved, device), lambda: moved)
         installation.sample_tokens, plan = None, None
         reason = input_cache.grouping_refusal(looper, layers, h, h.routed)
         if reason is None:
