@@ -56,6 +56,7 @@
 #                then cuts alone's long runs, not qlink's)
 #     defaults   qlink's defaults (install(strict=True), no other argument) on each shape
 #     alone      GPTQModel alone on each shape but 32 layers (speed is defaults, then alone)
+#     no_warmup  the defaults on each shape with layer 0's landing page-locked at the landing, not in the capture
 #     inverse_bench  gptq_inverse_bench.py: the engine's two inverses on 7B and 70B layers, and how
 #                far each route's codes are from float64 GPTQ's (engine and PyTorch)
 #     inverse    the defaults with GPTQModel's inverse and IEEE fp32 cross-block updates (the defaults
@@ -383,6 +384,10 @@ part_warmup() { local s=${shapes%% *}; on_shape warmup$s 300 "$s" --qlink --stri
 part_speed() { part_defaults; part_alone; }  # a short budget then cuts alone's long runs, not qlink's
 part_alone() { local s; for s in $shapes; do [ "$s" = 32 ] || on_shape speed_host$s 300 "$s"; done; }
 part_defaults() { local s; for s in $shapes; do on_shape speed_qlink$s 300 "$s" --qlink --strict --defaults; done; }
+part_no_warmup() {  # the defaults with layer 0's landing page-locking its own blocks (no warm-up in the capture)
+  local s
+  for s in $shapes; do on_shape no_warmup$s 300 "$s" --qlink --strict --defaults --pinned-warmup off; done
+}
 part_speed_profile() {
   local s
   for s in $shapes; do
@@ -535,7 +540,7 @@ part_moe_samples() {  # every thread sampled (the sampling stretches the run)
 }
 host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks \
 ar_moe_host ar_moe_qlink ar_moe_grouped ar_moe_save moe_check moe_solve moe moe_samples speed_models speed breakdown ar_breakdown divergence \
-moe_stage moe_bare moe_no_offload moe_workers moe_switch moe_stage_samples moe_nostage moe_host moe_spread moe_235b moe_dsv3 moe_tree unwrap packer warmup defaults alone speed_profile inverse triangular gemm attention "
+moe_stage moe_bare moe_no_offload moe_workers moe_switch moe_stage_samples no_warmup moe_nostage moe_host moe_spread moe_235b moe_dsv3 moe_tree unwrap packer warmup defaults alone speed_profile inverse triangular gemm attention "
 
 [ $# -ge 1 ] || usage
 case $1 in

@@ -14,7 +14,8 @@ call (device checksums, turned into digests after it).
         [--qlink [--strict] [--defaults] [--expert-stage on|off] [--inverse cholesky_inverse|triangular]
          [--tf32 on|off] [--attention-outputs on|off] [--tail-inputs on|off] [--stopped-products on|off]
          [--read-ahead pinned|pageable|off]
-         [--switch-interval S|off] [--landing pinned|pageable] [--segments fixed|host] | --guards]
+         [--switch-interval S|off] [--landing pinned|pageable] [--pinned-warmup on|off] [--segments fixed|host]
+         | --guards]
         [--precision ieee_fp32|tensor] [--reversed] [--hessian-f64] [--codes FILE.pt]
         [--input-digests] [--batch-digests REGEX] [--no-digests] [--module-offload on|off]
         [--profile OPS.txt [--profile-stacks] [--idle IDLE.txt] | --profile OPS.txt --device-only]
@@ -46,8 +47,9 @@ threads' stacks and the main thread's operators (idle.py); --device-only: the de
 activity alone recorded (the host free of the profiler's per-operator cost: the busy share
 to report). --cprofile, --samples-out: the host's time by function (cProfile; the main
 thread's stack sampled every 2 ms). --landing pageable: qlink's finished layers moved by
-PyTorch's copy. --reversed, --hessian-f64: the references arch_table.py --references
-compares with (the samples' order GPTQModel's sums follow; its products in float64).
+PyTorch's copy; --pinned-warmup off: layer 0's landing page-locks its own blocks.
+--reversed, --hessian-f64: the references arch_table.py --references compares with (the
+samples' order GPTQModel's sums follow; its products in float64).
 """
 import argparse
 import hashlib
@@ -309,6 +311,8 @@ def main():
                    help="qlink: the layer loop's CUDA allocator segments fixed (install's default) or as the host set")
     a.add_argument("--landing", default="pinned", choices=("pinned", "pageable"),
                    help="qlink: finished layers land in page-locked memory (its default) or by PyTorch's copy")
+    a.add_argument("--pinned-warmup", default="on", choices=("on", "off"),
+                   help="qlink: layer 0's landing page-locked during the capture (its default) or at the landing")
     a.add_argument("--switch-interval", default="off",
                    help="with --qlink: the loop's interpreter switch interval in seconds, or off (install's)")
     a.add_argument("--idle", help="with --profile: the GPU's idle time in the loop by the host's stacks, to this file")
@@ -349,6 +353,7 @@ def main():
               "tf32": args.tf32, "attention_outputs": args.attention_outputs,
               "stopped_products": args.stopped_products, "tail_inputs": args.tail_inputs,
               "landing": args.landing if args.qlink else None,
+              "pinned_warmup": args.pinned_warmup if args.qlink else None,
               "segments": args.segments if args.qlink else None, "torch_threads": torch.get_num_threads(),
               "strict": args.strict, "guards": args.qlink or args.guards,
               "gpus": torch.cuda.device_count(), "layers": args.layers, "precision": args.precision,
@@ -380,6 +385,9 @@ def main():
         if args.landing == "pageable":
             import qlink.moves as qlink_moves
             qlink_moves.PINNED_MIN_BYTES = float("inf")
+        if args.pinned_warmup == "off":
+            import qlink.moves as qlink_moves
+            qlink_moves.WARMUP_MAX_BYTES = 0
         if args.group_rows is not None:
             import qlink.integrations.gptqmodel.input_cache as qlink_cache
             qlink_cache.GROUP_ROWS = args.group_rows

@@ -89,6 +89,8 @@ def warm_pinned_host(tensors):
         if t.numel() and held + nbytes([t]) <= WARMUP_MAX_BYTES:
             shapes.append((t.shape, t.dtype))
             held += nbytes([t])
+    if not shapes:
+        return None, "no tensor fits WARMUP_MAX_BYTES (%d)" % WARMUP_MAX_BYTES
 
     def make():
         try:
