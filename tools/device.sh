@@ -57,6 +57,7 @@
 #     defaults   qlink's defaults (install(strict=True), no other argument) on each shape
 #     alone      GPTQModel alone on each shape but 32 layers (speed is defaults, then alone)
 #     no_warmup  the defaults on each shape with layer 0's landing page-locked at the landing, not in the capture
+#     groups     the defaults on each shape with GROUP_ROWS (32768) tokens a grouped forward
 #     inverse_bench  gptq_inverse_bench.py: the engine's two inverses on 7B and 70B layers, and how
 #                far each route's codes are from float64 GPTQ's (engine and PyTorch)
 #     inverse    the defaults with GPTQModel's inverse and IEEE fp32 cross-block updates (the defaults
@@ -76,6 +77,7 @@
 #     moe_no_offload  moe_bare with GPTQModel's per-module disk offload left out (what the finalizers' offload costs)
 #     moe_workers  moe_bare with GPTQModel's CPU pool (its finalizers) cut to MOE_CPU_WORKERS (2) threads
 #     moe_switch  moe_bare with the loop's switch interval at 1e-4 s
+#     moe_groups moe_bare with GROUP_ROWS (32768) tokens a grouped forward (install's: 16384), half the forwards
 #     moe_stage_samples  moe_bare at 2 layers, every thread sampled
 #     moe_nostage  qlink's defaults but expert_stage=False at 2
 #     moe_host   GPTQModel alone to layer 1's first solve, then the stage as GPTQModel solves (ieee_fp32, its
@@ -101,7 +103,8 @@
 # always made), DRY_RUN=1 (say each command, run none), KEEP_RAW=0 (remove OUTDIR once packed),
 # ARCH (nvcc's -arch, sm_90), BUILD_DIR (nvcc's outputs, /tmp/qlink_device), MODEL
 # (/tmp/llama7b-2layers), SHAPES (the speed set's), CODES (the loops' 4-bit levels, hundreds of MB, kept out of OUTDIR:
-# /tmp/qlink_codes), LAYERS ("2 4 8"), DIV_RUNS (15), DIV_LAYERS (4), MOE_LAYERS ("2 4"), MOE_CPU_WORKERS (2), SLOPE_LAYERS ("4 8"),
+# /tmp/qlink_codes), LAYERS ("2 4 8"), DIV_RUNS (15), DIV_LAYERS (4), MOE_LAYERS ("2 4"), MOE_CPU_WORKERS (2),
+# GROUP_ROWS (32768), SLOPE_LAYERS ("4 8"),
 # PRECISIONS ("ieee_fp32 tensor"), STRESS_RUNS (3), GPTQ_QLINK_RUNS (2), AR_ITERS (200), AR_MOE_ITERS (50), AR_HOST_PROFILE
 # (set: AutoRound alone profiled too), AR_MOE_CPROFILE (set: ar_moe_grouped adds an iters=0 run under cProfile). NVLink multicast stays off (NCCL, symmetric memory,
 # NVSHMEM). Exits 0 when every command exited 0, 1 naming those that did not, 2 on a bad part.
@@ -446,6 +449,11 @@ part_moe_workers() {
   GPTQMODEL_CPU_WORKERS=${MOE_CPU_WORKERS:-2} stage_runs moe_workers --defaults --no-digests
 }
 part_moe_switch() { stage_runs moe_switch --no-digests --switch-interval 1e-4; }
+part_moe_groups() { stage_runs moe_groups --defaults --no-digests --group-rows "${GROUP_ROWS:-32768}"; }
+part_groups() {  # the defaults on each shape with GROUP_ROWS tokens a grouped forward
+  local s
+  for s in $shapes; do on_shape groups$s 300 "$s" --qlink --strict --defaults --group-rows "${GROUP_ROWS:-32768}"; done
+}
 part_moe_stage_samples() {
   gptqmodel_run moe_stage2_samples 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink \
     --strict --defaults --expert-stage on --no-digests --samples-out "$out/moe_stage2_samples.txt"
@@ -540,7 +548,7 @@ part_moe_samples() {  # every thread sampled (the sampling stretches the run)
 }
 host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks \
 ar_moe_host ar_moe_qlink ar_moe_grouped ar_moe_save moe_check moe_solve moe moe_samples speed_models speed breakdown ar_breakdown divergence \
-moe_stage moe_bare moe_no_offload moe_workers moe_switch moe_stage_samples no_warmup moe_nostage moe_host moe_spread moe_235b moe_dsv3 moe_tree unwrap packer warmup defaults alone speed_profile inverse triangular gemm attention "
+moe_stage moe_bare moe_no_offload moe_workers moe_switch moe_groups moe_stage_samples no_warmup groups moe_nostage moe_host moe_spread moe_235b moe_dsv3 moe_tree unwrap packer warmup defaults alone speed_profile inverse triangular gemm attention "
 
 [ $# -ge 1 ] || usage
 case $1 in
