@@ -24,7 +24,8 @@
 #     gptq       GPTQModel alone, then with qlink (strict) GPTQ_QLINK_RUNS times; gptq3 one more
 #     hprec      hessian_precision.py: qlink and PyTorch, IEEE and tensor cores, vs float64
 #     kernel_ab  hessian_precision.py's qlink tensor row with this pack's libraries and ALT_LIB's (a
-#                folder of another build's): each Hessian kernel's time and the digest of its bytes
+#                folder of another build's): each Hessian kernel's time and the digest of its bytes; the
+#                parts after it run ALT_LIB's libraries unless this pack's were faster with the same bytes
 #     loop       GPTQModel's loop alone at 2/4 layers, qlink ieee_fp32 and tensor at 2 (GPTQModel's solve),
 #                levels compared
 #     loop_slope qlink ieee_fp32 at 2 layers sampled and profiled, PRECISIONS at SLOPE_LAYERS
@@ -233,13 +234,30 @@ part_gptq() {  # GPTQModel alone, then with qlink (strict) GPTQ_QLINK_RUNS times
   for r in $(seq 1 "${GPTQ_QLINK_RUNS:-2}"); do gptqmodel_run gptq_qlink$r 300 --model "$model" --qlink --strict; done
 }
 part_gptq3() { gptqmodel_run gptq_qlink3 300 --model "$model" --qlink --strict; }  # its tensors against gptq's
-part_kernel_ab() {  # the Hessian kernel of this pack against ALT_LIB's, timed and its bytes compared
+# The Hessian kernel of this pack against ALT_LIB's, timed and its bytes compared: this pack's kept where it is
+# faster at every width with the same bytes, else ALT_LIB's libraries copied over this pack's for the parts after it.
+part_kernel_ab() {
   local alt=${ALT_LIB:?kernel_ab needs ALT_LIB, the folder of another build and its libraries}
   alt=$(cd "$alt" && pwd) || return
   run kernel_ab_pack 120 python3 "$P/bench/hessian_precision.py" --library "$lib" --dims 11008,28672 \
     --variant "qlink tensor, 128 calls" --json "$out/kernel_pack.json"
   run kernel_ab_alt 120 python3 "$P/bench/hessian_precision.py" --library "$alt/libqlink.so" --dims 11008,28672 \
     --variant "qlink tensor, 128 calls" --json "$out/kernel_alt.json"
+  [ -n "${DRY_RUN:-}" ] && return
+  if python3 - "$out/kernel_pack.json" "$out/kernel_alt.json" <<'EOF'
+import json, sys
+pack, alt = (json.load(open(path))["rows"] for path in sys.argv[1:3])
+for x, y in zip(pack, alt):
+    print("d=%s: this pack %s ms, ALT_LIB %s ms, digests %s" % (
+        x["d"], x.get("ms"), y.get("ms"), "equal" if x.get("digest") == y.get("digest") else "differ"))
+sys.exit(0 if len(pack) == len(alt) > 0 and all(x["digest"] == y["digest"] and x["ms"] < y["ms"]
+                                                for x, y in zip(pack, alt)) else 1)
+EOF
+  then
+    echo "=== kernel_ab: this pack's kernel kept"
+  else
+    cp -f "$alt"/*.so "$P/python/qlink/lib/" && echo "=== kernel_ab: ALT_LIB's libraries copied over this pack's"
+  fi
 }
 part_hprec() {
   run hprec 240 python3 ../hessian_precision.py --library "$lib" --json "$out/hprec.json" --markdown "$out/hprec.md"
