@@ -78,6 +78,8 @@ def _warm_landing(installation, layers):
         reason = "the %s backend computes in CPU memory" % ctx.backend
     elif not layers:
         reason = "no layers"
+    elif not isinstance(layers[0], torch.nn.Module):
+        reason = "layer 0 is a %s, not a module" % type(layers[0]).__name__
     else:
         params, buffers = module_tensors(layers[0])
         reason = warm_pinned_host(params + buffers)[1]
