@@ -61,8 +61,8 @@ struct DeviceState {
 
 // cuBLAS's recommended workspace on Hopper (4 MiB suffices on earlier GPUs).
 constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
-// The narrowest half TensorSyrkAccumulate's GemmEx triangle splits off: a 2048-column
-// square of a 2048-row call still fills an H100's SMs with 128 x 128 tiles.
+// TensorSyrkAccumulate's GemmEx triangle splits a half again only into halves this wide or
+// wider: a 2048-column square of a 2048-row call still fills an H100's SMs with 128 x 128 tiles.
 constexpr int64_t kTriangleLeaf = 2048;
 
 class GpuQuantMath final : public QuantMath {
@@ -150,8 +150,8 @@ class GpuQuantMath final : public QuantMath {
   // (n % 8 != 0, x misaligned), GemmEx
   // (16-bit inputs, fp32 output and compute type): the vendors have no real 16-bit SYRK,
   // so the lower triangle is the GEMM below its diagonal halves and each half's own
-  // triangle, split again while a half keeps kTriangleLeaf columns; a narrower triangle is
-  // one whole GEMM (the work 5/8 of the full product's at 8192 columns, 9/16 at 28672).
+  // triangle, split again while it keeps 2 * kTriangleLeaf columns (the work 3/4 of the full
+  // product's below 8192 columns, 5/8 at 8192, 9/16 at 28672).
   Status TensorSyrkAccumulate(int device, Stream stream, const void* x, DLDataType dtype, int64_t rows, int64_t n,
                               float* h, bool vendor_gemm) override {
     if (rows == 0) return Status::Ok();
@@ -174,13 +174,17 @@ class GpuQuantMath final : public QuantMath {
                         h + first_col * n + first_row, api_.r_32f, Int(n), api_.compute_32f, api_.gemm_default),
             api_.names.gemm_ex);
       };
-      // h's lower triangle over columns [first, first + size).
+      // h's lower triangle over columns [first, first + size): a half keeping 2 * kTriangleLeaf
+      // columns is split again, a narrower one is a whole GEMM.
       std::function<Status(int64_t, int64_t)> triangle = [&](int64_t first, int64_t size) -> Status {
         const int64_t p = size / 2, q = size - p;
-        if (p < kTriangleLeaf) return gemm(first, size, first, size);
-        QLINK_RETURN_IF_ERROR(triangle(first, p));
+        if (p == 0) return gemm(first, size, first, size);
+        auto half = [&](int64_t at, int64_t count) {
+          return count >= 2 * kTriangleLeaf ? triangle(at, count) : gemm(at, count, at, count);
+        };
+        QLINK_RETURN_IF_ERROR(half(first, p));
         QLINK_RETURN_IF_ERROR(gemm(first + p, q, first, p));
-        return triangle(first + p, q);
+        return half(first + p, q);
       };
       return triangle(0, n);
     });

@@ -25,7 +25,7 @@ def _relative_error(h, x):
 
 
 # 1024: CUDA's kernel; 1030 (not a multiple of 8: the kernel's 16-byte loads cannot take
-# it): GemmEx, one whole product.
+# it): GemmEx, with an odd half, so its diagonal blocks differ in size.
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("cols", [1024, 1030])
 def test_tensor_precision_is_close_and_symmetric(ctx, dtype, cols):
@@ -81,7 +81,7 @@ def test_tensor_gemm_precision_is_the_vendors_gemm_close_and_symmetric(ctx, dtyp
     assert not torch.equal(results["tensor"], results["tensor_gemm"])  # not qlink's kernel
 
 
-# GemmEx's lower triangle split in halves while a half keeps 2048 columns: 4099 once, into
+# GemmEx's lower triangle split again while a half keeps 4096 columns: 4099 once, into
 # unequal halves; 8200 twice. A block missed or added twice is an error of 0.1 or more.
 @pytest.mark.parametrize("cols", [4099, 8200])
 def test_tensor_gemm_sums_every_block_of_a_split_triangle(ctx, cols):
