@@ -67,6 +67,16 @@ def unwatched_refusal(experts, device, own_act=True, kept_hooks=None):
     return None
 
 
+def by_expert(choices, num_experts):
+    """(order, ends) of the routed rows whose experts are `choices` (1-D): the rows sorted by
+    expert, stably (each expert's rows in the order they come), and each expert's end row in
+    that order (int32: linears' ends), both left on the device: nothing waits for the kernels
+    queued before them (bincount would read the largest id to the host to size its output)."""
+    chosen, order = torch.sort(choices, stable=True)
+    experts = torch.arange(num_experts, dtype=chosen.dtype, device=chosen.device)
+    return order, torch.searchsorted(chosen, experts, right=True).to(torch.int32)
+
+
 def offsets(counts, device):
     """The grouped GEMM's offsets (each expert's end row, int32) on `device` from host counts."""
     return torch.tensor(list(itertools.accumulate(counts)), dtype=torch.int32).to(device, non_blocking=True)

@@ -89,11 +89,9 @@ def grouped_forward(hidden_states, top_k_index, top_k_weights, experts, num_expe
     the imatrix additions of the hooks it stands in for: _imatrix_additions); act: the
     activation (default the first expert's act_fn)."""
     tokens, top_k = top_k_index.shape
-    chosen = top_k_index.reshape(-1)
-    order = torch.argsort(chosen, stable=True)  # routed rows grouped by expert, each in AutoRound's order
-    counts = torch.zeros(num_experts, dtype=torch.int32, device=chosen.device)
-    counts.index_add_(0, chosen, torch.ones_like(chosen, dtype=torch.int32))
-    ends = torch.cumsum(counts, 0, dtype=torch.int32)
+    # Routed rows grouped by expert, each expert's in AutoRound's order.
+    order, ends = grouped_experts.by_expert(top_k_index.reshape(-1), num_experts)
+    counts = torch.diff(ends, prepend=ends.new_zeros(1))
     gate_up, down = grouped_experts.stacked(experts)
     # Each token's rows by expand and a permutation: their gradients sum without atomics.
     rows = hidden_states.unsqueeze(1).expand(-1, top_k, -1).reshape(tokens * top_k, -1)[order]

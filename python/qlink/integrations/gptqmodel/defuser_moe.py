@@ -92,15 +92,9 @@ def _grouped_refusal(experts, hidden_states):
 
 
 def _grouped_plan(selected_experts, num_experts):
-    """(order, ends) for the grouped GEMMs: the router's choices sorted by expert as _plan
-    sorts them for one sample, and each expert's end row (int32), both left on the device:
-    nothing waits for the forward's kernels queued before them."""
-    choices = selected_experts.t().reshape(-1).to(torch.int64)
-    chosen, order = torch.sort(choices, stable=True)
-    # Each expert's end, where its id ends in the sorted choices (bincount would read the
-    # largest id to the host to size its output).
-    experts = torch.arange(num_experts, device=choices.device)
-    return order, torch.searchsorted(chosen, experts, right=True).to(torch.int32)
+    """(order, ends) for the grouped GEMMs (grouped_experts.by_expert): the router's choices
+    sorted by expert as _plan sorts them for one sample (slots first, then tokens)."""
+    return grouped_experts.by_expert(selected_experts.t().reshape(-1), num_experts)
 
 
 def _plan(selected_experts, tokens, samples, num_experts):
