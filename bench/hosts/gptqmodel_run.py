@@ -382,11 +382,10 @@ def main():
             qlink_gptqmodel.install(config, strict=args.strict, read_ahead=args.read_ahead, switch_interval=interval,
                                     fixed_segments=args.segments == "fixed", **stage,
                                     **({"hessian_precision": args.precision} if args.precision else {}))
+        import qlink.moves as qlink_moves
         if args.landing == "pageable":
-            import qlink.moves as qlink_moves
             qlink_moves.PINNED_MIN_BYTES = float("inf")
         if args.pinned_warmup == "off":
-            import qlink.moves as qlink_moves
             qlink_moves.WARMUP_MAX_BYTES = 0
         if args.group_rows is not None:
             import qlink.integrations.gptqmodel.input_cache as qlink_cache

@@ -74,23 +74,25 @@ WARMUP_MAX_BYTES = 2 << 30  # page-locked ahead at most: a LLaMA-70B-shaped laye
 
 
 def warm_pinned_host(tensors):
-    """(a started thread, None), or (None, why not): the thread makes the page-locked blocks a
-    later _to_pinned_host of tensors shaped like `tensors` (meta ones will do) asks for, the
-    first WARMUP_MAX_BYTES of them, and frees them. PyTorch's host allocator keeps a freed
-    block for the next request of its size, so that landing finds them made (a LLaMA-70B-
-    shaped layer's first landing spent 0.62 s in cudaHostAlloc, its copies a tenth of that).
-    Meanwhile the process's other CUDA calls wait for the driver."""
+    """Starts a thread that makes the page-locked blocks a later _to_pinned_host of tensors
+    shaped like `tensors` (meta ones will do) asks for, the first WARMUP_MAX_BYTES of them,
+    and frees them; returns why it did not start one, or None. PyTorch's host allocator keeps
+    a freed block for the next request of its size, so that landing finds them made (a
+    LLaMA-70B-shaped layer's first landing spent 0.62 s in cudaHostAlloc, its copies a tenth
+    of that). Meanwhile the process's other CUDA calls wait for the driver."""
     if not torch.cuda.is_available():
-        return None, "no GPU"
-    if nbytes(tensors) < PINNED_MIN_BYTES:
-        return None, "%d bytes would not land page-locked (PINNED_MIN_BYTES)" % nbytes(tensors)
+        return "no GPU"
+    total = nbytes(tensors)
+    if total < PINNED_MIN_BYTES:
+        return "%d bytes would not land page-locked (PINNED_MIN_BYTES)" % total
     shapes, held = [], 0
     for t in tensors:
-        if t.numel() and held + nbytes([t]) <= WARMUP_MAX_BYTES:
+        size = t.numel() * t.element_size()
+        if size and held + size <= WARMUP_MAX_BYTES:
             shapes.append((t.shape, t.dtype))
-            held += nbytes([t])
+            held += size
     if not shapes:
-        return None, "no tensor fits WARMUP_MAX_BYTES (%d)" % WARMUP_MAX_BYTES
+        return "no tensor fits WARMUP_MAX_BYTES (%d)" % WARMUP_MAX_BYTES
 
     def make():
         try:
@@ -99,9 +101,8 @@ def warm_pinned_host(tensors):
         except Exception as error:  # noqa: BLE001 (the landing then page-locks its own, as before)
             logging.getLogger("qlink").warning("qlink: page-locked landing blocks not made ahead (%s: %s)",
                                                type(error).__name__, error)
-    thread = threading.Thread(target=make, name="qlink-pinned-warmup", daemon=True)
-    thread.start()
-    return thread, None
+    threading.Thread(target=make, name="qlink-pinned-warmup", daemon=True).start()
+    return None
 
 
 def nested_tensors(value):

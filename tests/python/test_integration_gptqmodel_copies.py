@@ -297,10 +297,10 @@ def test_a_warm_up_nothing_would_use_is_refused_and_named(monkeypatch):
     from qlink import moves
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the refusals come before any GPU call
     small = [torch.empty(16, 16, device="meta")]
-    assert moves.warm_pinned_host(small) == (None, "1024 bytes would not land page-locked (PINNED_MIN_BYTES)")
+    assert moves.warm_pinned_host(small) == "1024 bytes would not land page-locked (PINNED_MIN_BYTES)"
     monkeypatch.setattr(moves, "WARMUP_MAX_BYTES", 1 << 20)
     large = [torch.empty(1024, 1024, device="meta")]  # 4 MiB: more than the warm-up may take
-    assert moves.warm_pinned_host(large) == (None, "no tensor fits WARMUP_MAX_BYTES (1048576)")
+    assert moves.warm_pinned_host(large) == "no tensor fits WARMUP_MAX_BYTES (1048576)"
 
 
 one_gpu = pytest.mark.skipif(torch.cuda.device_count() != 1, reason="needs exactly one GPU")

@@ -82,7 +82,7 @@ def _warm_landing(installation, layers):
         reason = "layer 0 is a %s, not a module" % type(layers[0]).__name__
     else:
         params, buffers = module_tensors(layers[0])
-        reason = warm_pinned_host(params + buffers)[1]
+        reason = warm_pinned_host(params + buffers)
     if reason:
         counters.host("pinned_warmup", reason)
     else:
