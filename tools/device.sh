@@ -404,11 +404,14 @@ LLAMA_70B; make_llama('/tmp/llama$s', layers=int('${s#70b}' or 1), **LLAMA_70B)"
 part_warmup() { local s=${shapes%% *}; on_shape warmup$s 300 "$s" --qlink --strict --defaults; }
 part_speed() { part_defaults; part_alone; }  # a short budget then cuts alone's long runs, not qlink's
 part_alone() { local s; for s in $shapes; do [ "$s" = 32 ] || on_shape speed_host$s 300 "$s"; done; }
-part_defaults() { local s; for s in $shapes; do on_shape speed_qlink$s 300 "$s" --qlink --strict --defaults; done; }
-part_no_warmup() {  # the defaults with layer 0's landing page-locking its own blocks (no warm-up in the capture)
-  local s
-  for s in $shapes; do on_shape no_warmup$s 300 "$s" --qlink --strict --defaults --pinned-warmup off; done
+defaults_on_shapes() {  # PREFIX ARGS...: qlink's defaults with ARGS on each shape, PREFIX<shape>
+  local prefix=$1 s
+  shift
+  for s in $shapes; do on_shape $prefix$s 300 "$s" --qlink --strict --defaults "$@"; done
 }
+part_defaults() { defaults_on_shapes speed_qlink; }
+# layer 0's landing page-locking its own blocks (no warm-up in the capture)
+part_no_warmup() { defaults_on_shapes no_warmup --pinned-warmup off; }
 part_speed_profile() {
   local s
   for s in $shapes; do
@@ -420,16 +423,8 @@ part_speed_profile() {
 part_inverse_bench() {
   run inverse_bench 180 python3 "$P/bench/gptq_inverse_bench.py" --library "$lib" --markdown "$out/inverse.md"
 }
-part_inverse() {  # the defaults with GPTQModel's inverse and IEEE fp32 updates
-  local s
-  for s in $shapes; do
-    on_shape inv_chain$s 300 "$s" --qlink --strict --defaults "${host_solve[@]}"
-  done
-}
-part_triangular() {  # the defaults with IEEE fp32 updates
-  local s
-  for s in $shapes; do on_shape inv_tri$s 300 "$s" --qlink --strict --defaults --tf32 off; done
-}
+part_inverse() { defaults_on_shapes inv_chain "${host_solve[@]}"; }  # GPTQModel's inverse, IEEE fp32 updates
+part_triangular() { defaults_on_shapes inv_tri --tf32 off; }  # the defaults with IEEE fp32 updates
 part_gemm() {  # the defaults with tensor_gemm Hessians
   local s
   for s in $shapes; do on_shape inv_gemm_$s 300 "$s" --qlink --strict --precision tensor_gemm; done
@@ -468,10 +463,7 @@ part_moe_workers() {
 }
 part_moe_switch() { stage_runs moe_switch --no-digests --switch-interval 1e-4; }
 part_moe_groups() { stage_runs moe_groups --defaults --no-digests --group-rows "${GROUP_ROWS:-32768}"; }
-part_groups() {  # the defaults on each shape with GROUP_ROWS tokens a grouped forward
-  local s
-  for s in $shapes; do on_shape groups$s 300 "$s" --qlink --strict --defaults --group-rows "${GROUP_ROWS:-32768}"; done
-}
+part_groups() { defaults_on_shapes groups --group-rows "${GROUP_ROWS:-32768}"; }  # GROUP_ROWS a grouped forward
 part_moe_stage_samples() {
   gptqmodel_run moe_stage2_samples 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink \
     --strict --defaults --expert-stage on --no-digests --samples-out "$out/moe_stage2_samples.txt"
