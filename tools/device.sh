@@ -8,7 +8,8 @@
 #   bash tools/device.sh OUTDIR PART...     bash tools/device.sh --list
 # Parts (a group's name stands for its parts):
 #   GPU tests and benchmarks (group gpu, all of them):
-#     pytest     the Python tests, their GPU half included (the first 30 FAILED/ERROR lines in run.txt)
+#     pytest     the Python tests, their GPU half included (the first 30 FAILED/ERROR lines in run.txt);
+#                TESTS: only these files of tests/python
 #     conf       conformance_test against the CUDA backend
 #     stress     stress_test on the CUDA backend
 #     over       abi_overhead: a prepared plan through the ABI, C++
@@ -175,7 +176,9 @@ nvcc_once() {  # NAME OUTPUT NVCC_ARGS...: builds OUTPUT unless it is there
 
 # The GPU tests and benchmarks.
 part_pytest() {
-  run pytest 400 python3 -m pytest -q -rf -p no:cacheprovider "$P/tests/python" --qlink-library "$lib"
+  local files=() f
+  for f in ${TESTS:-.}; do files+=("$P/tests/python/$f"); done
+  run pytest 400 python3 -m pytest -q -rf -p no:cacheprovider "${files[@]}" --qlink-library "$lib"
   [ -f "$out/pytest.log" ] && grep -E "^(FAILED|ERROR) " "$out/pytest.log" | head -n 30  # the counts: run's tail
 }
 part_conf() { run conf 300 "$P/bin/conformance_test" --backend="$P/python/qlink/lib/libqlink_backend_cuda.so"; }
