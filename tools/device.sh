@@ -407,14 +407,14 @@ LLAMA_70B; make_llama('/tmp/llama$s', layers=int('${s#70b}' or 1), **LLAMA_70B)"
 part_warmup() { local s=${shapes%% *}; on_shape warmup$s 300 "$s" --qlink --strict --defaults; }
 part_speed() { part_defaults; part_alone; }  # a short budget then cuts alone's long runs, not qlink's
 part_alone() { local s; for s in $shapes; do [ "$s" = 32 ] || on_shape speed_host$s 300 "$s"; done; }
-defaults_on_shapes() {  # PREFIX ARGS...: qlink's defaults with ARGS on each shape, PREFIX<shape>
+qlink_on_shapes() {  # PREFIX ARGS...: qlink (strict) with ARGS on each shape, PREFIX<shape>
   local prefix=$1 s
   shift
-  for s in $shapes; do on_shape $prefix$s 300 "$s" --qlink --strict --defaults "$@"; done
+  for s in $shapes; do on_shape $prefix$s 300 "$s" --qlink --strict "$@"; done
 }
-part_defaults() { defaults_on_shapes speed_qlink; }
+part_defaults() { qlink_on_shapes speed_qlink --defaults; }
 # layer 0's landing page-locking its own blocks (no warm-up in the capture)
-part_no_warmup() { defaults_on_shapes no_warmup --pinned-warmup off; }
+part_no_warmup() { qlink_on_shapes no_warmup --defaults --pinned-warmup off; }
 part_speed_profile() {
   local s
   for s in $shapes; do
@@ -426,12 +426,9 @@ part_speed_profile() {
 part_inverse_bench() {
   run inverse_bench 180 python3 "$P/bench/gptq_inverse_bench.py" --library "$lib" --markdown "$out/inverse.md"
 }
-part_inverse() { defaults_on_shapes inv_chain "${host_solve[@]}"; }  # GPTQModel's inverse, IEEE fp32 updates
-part_triangular() { defaults_on_shapes inv_tri --tf32 off; }  # the defaults with IEEE fp32 updates
-part_gemm() {  # the defaults with tensor_gemm Hessians
-  local s
-  for s in $shapes; do on_shape inv_gemm_$s 300 "$s" --qlink --strict --precision tensor_gemm; done
-}
+part_inverse() { qlink_on_shapes inv_chain --defaults "${host_solve[@]}"; }  # GPTQModel's inverse, IEEE fp32 updates
+part_triangular() { qlink_on_shapes inv_tri --defaults --tf32 off; }  # the defaults with IEEE fp32 updates
+part_gemm() { qlink_on_shapes inv_gemm_ --precision tensor_gemm; }  # install's defaults, tensor_gemm Hessians
 part_attention() {  # each forward saving left out (install keeps them all); defaults' digests expected
   local s saving
   for s in $shapes; do
@@ -466,7 +463,7 @@ part_moe_workers() {
 }
 part_moe_switch() { stage_runs moe_switch --no-digests --switch-interval 1e-4; }
 part_moe_groups() { stage_runs moe_groups --defaults --no-digests --group-rows "${GROUP_ROWS:-32768}"; }
-part_groups() { defaults_on_shapes groups --group-rows "${GROUP_ROWS:-32768}"; }  # GROUP_ROWS a grouped forward
+part_groups() { qlink_on_shapes groups --defaults --group-rows "${GROUP_ROWS:-32768}"; }  # GROUP_ROWS a grouped forward
 part_moe_stage_samples() {
   gptqmodel_run moe_stage2_samples 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink \
     --strict --defaults --expert-stage on --no-digests --samples-out "$out/moe_stage2_samples.txt"
