@@ -105,7 +105,7 @@
 # always made), DRY_RUN=1 (say each command, run none), KEEP_RAW=0 (remove OUTDIR once packed),
 # ARCH (nvcc's -arch, sm_90), BUILD_DIR (nvcc's outputs, /tmp/qlink_device), MODEL
 # (/tmp/llama7b-2layers), SHAPES (the speed set's), CODES (the loops' 4-bit levels, hundreds of MB, kept out of OUTDIR:
-# /tmp/qlink_codes), LAYERS ("2 4 8"), DIV_RUNS (15), DIV_LAYERS (4), MOE_LAYERS ("2 4"), MOE_CPU_WORKERS (2),
+# /tmp/qlink_codes), LAYERS ("2 4 8"), DIV_RUNS (15), DIV_LAYERS (4), DIV_PARALLEL (1), MOE_LAYERS ("2 4"), MOE_CPU_WORKERS (2),
 # GROUP_ROWS (32768), SLOPE_LAYERS ("4 8"),
 # PRECISIONS ("ieee_fp32 tensor"), STRESS_RUNS (3), GPTQ_QLINK_RUNS (2), AR_ITERS (200), AR_MOE_ITERS (50), AR_HOST_PROFILE
 # (set: AutoRound alone profiled too), AR_MOE_CPROFILE (set: ar_moe_grouped adds an iters=0 run under cProfile). NVLink multicast stays off (NCCL, symmetric memory,
@@ -437,12 +437,14 @@ part_attention() {  # each forward saving left out (install keeps them all); def
     done
   done
 }
-part_divergence() {
-  local r n=${DIV_LAYERS:-4}
+part_divergence() {  # DIV_PARALLEL runs at a time share the GPU: less device time, more timing spread
+  local r n=${DIV_LAYERS:-4} width=${DIV_PARALLEL:-1}
   for r in $(seq 1 "${DIV_RUNS:-15}"); do
     gptqmodel_run div$r 120 --model /tmp/llama7b-${n}layers --layers "$n" --qlink --strict "${as_host[@]}" \
-      --input-digests --batch-digests 'layers\.0\.self_attn\.o_proj$'
+      --input-digests --batch-digests 'layers\.0\.self_attn\.o_proj$' &
+    [ $((r % width)) -eq 0 ] && wait
   done
+  wait
   run div_compare 60 python3 compare_runs.py "$out"/div[0-9]*.json --out "$out/o_proj_runs.json"
 }
 stage_runs() {  # PREFIX ARGS...: the Qwen3-MoE models at MOE_LAYERS through the expert stage, PREFIX<layers>
