@@ -395,8 +395,7 @@ def test_a_failed_move_returns_the_hosts_cache_or_raises_when_strict(gpu_host, m
     def broken(*args, **kwargs):
         raise RuntimeError("injected")
 
-    from qlink.integrations.gptqmodel import input_cache
-    monkeypatch.setattr(input_cache, "_to", broken)
+    monkeypatch.setattr(ctx, "move_tensors", broken)  # the cache's move to the GPU (input_cache.on_device)
     adapter.install(ctx=ctx)
     host_cache = _capture(1)
     looper = _looper()
