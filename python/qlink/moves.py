@@ -77,9 +77,9 @@ def warm_pinned_host(tensors):
     """Starts a thread that makes the page-locked blocks a later _to_pinned_host of tensors
     shaped like `tensors` (meta ones will do) asks for, the first WARMUP_MAX_BYTES of them,
     and frees them; returns why it did not start one, or None. PyTorch's host allocator keeps
-    a freed block for the next request of its size, so that landing finds them made (a
-    LLaMA-70B-shaped layer's first landing spent 0.62 s in cudaHostAlloc, its copies a tenth
-    of that). Meanwhile the process's other CUDA calls wait for the driver."""
+    a freed block for the next request of its size, so that landing finds them made (page-
+    locking, not the copies, is most of a first landing's time: bench/RESULTS.md). Meanwhile
+    the process's other CUDA calls wait for the driver."""
     if not torch.cuda.is_available():
         return "no GPU"
     total = nbytes(tensors)

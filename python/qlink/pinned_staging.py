@@ -18,8 +18,8 @@ A large one-time move (sources no twin is kept for, STREAM_MIN_BYTES or more in 
 a module's weights arriving once) is streamed instead: its bytes pass through a few
 page-locked slots the staging keeps, each slot's device copy enqueued as soon as the CPU has
 filled it and the slot refilled once that copy has completed. Twins for it would page-lock
-as many fresh bytes as it moves, and page-locking costs more than the copy (about 0.8 s a
-GiB on the GPU machine against 0.02 s for its copy); the calling thread waits for the slots,
+as many fresh bytes as it moves, and page-locking costs far more than the copy
+(docs/HOSTS.md has the figures); the calling thread waits for the slots,
 so it returns once the last chunk is enqueued.
 
 On the GPU backends the twins live in page-locked memory, which the device addresses at

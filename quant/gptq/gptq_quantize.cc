@@ -65,9 +65,8 @@ double Milliseconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count();
 }
 
-// A device's lanes at most: on an H200 an MoE layer's 384 expert solves took 1157 ms on one
-// stream, 509 ms on four lanes and 404 ms on eight (their cuSOLVER calls, latency-bound at
-// these sizes, overlap).
+// A device's lanes at most: an MoE layer's expert solves (cuSOLVER calls, latency-bound at
+// these sizes) overlap on lanes, eight the most measured (bench/RESULTS.md).
 constexpr size_t kMaxLanes = 8;
 
 struct Work {

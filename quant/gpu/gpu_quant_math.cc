@@ -119,8 +119,8 @@ class GpuQuantMath final : public QuantMath {
 
   // The lower triangle of h (column-major) += A A^T for A = x^T (n x rows, column-major),
   // as two half-size SYRKs on the diagonal and one GEMM below them: the same flops as one
-  // SYRK, half of them in the vendor's faster GEMM (on an H200 at n = 4096: 97.8 ms
-  // against 103.4 ms for 262144 rows; split four ways the smaller GEMMs leave SMs idle).
+  // SYRK, half of them in the vendor's faster GEMM (bench/RESULTS.md times it; split four
+  // ways, the smaller GEMMs leave SMs idle).
   Status SyrkAccumulate(int device, Stream stream, const float* x, int64_t rows, int64_t n, float* h) override {
     if (rows == 0) return Status::Ok();
     return WithState(device, stream, [&](DeviceState& st) -> Status {

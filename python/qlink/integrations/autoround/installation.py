@@ -100,8 +100,8 @@ class AutoRoundInstallation(Installation):
             def move():
                 if _one_per_sample(input):
                     # One allocation for the block's samples: after AutoRound's clear_memory
-                    # emptied the allocator's cache, a GPU allocation each (128 x 16 MiB) took
-                    # 0.15 s of the first block's move.
+                    # emptied the allocator's cache, an allocation each cost more than the
+                    # copies (docs/HOSTS.md).
                     rows = torch.empty((len(input),) + tuple(input[0].shape), dtype=input[0].dtype, device=target)
                     return ctx.pinned_staging.to_device(input, target, into=list(rows.unbind(0)))
                 moved = ctx.move_nested_to_device(input, target)

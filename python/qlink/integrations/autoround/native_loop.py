@@ -79,8 +79,8 @@ def _masked_mse(pred, ref, mask, reduction):
 
 @functools.lru_cache(maxsize=None)
 def _compiled_mse():
-    # Eager, the loss is six passes over the batch's outputs (1.9 ms forward and backward at
-    # 8 x 2048 x 4096 on an H200); compiled, one (0.5 ms; bench/attention_mask_cost.py).
+    # Eager, the loss is six passes over the batch's outputs; compiled, one
+    # (bench/attention_mask_cost.py times both).
     return torch.compile(_masked_mse, dynamic=False)
 
 

@@ -61,9 +61,8 @@ def on_device(ctx, cache, device):
     twice, moved once, as move_nested_to_device moves it), made under inference_mode as the
     host's are. Moved once, before the first layer, by ctx's moves: a one-time move this
     large streams through the staging's few page-locked slots, enqueued on the device's
-    current stream, where the forwards read it (AutoRound's 2 GiB of first-block inputs
-    took 0.17 s so, 0.64 s by PyTorch's pageable copies, which a LLaMA-70B-shaped model's
-    4.3 GiB cache took 0.57 s; pinned twins would page-lock the whole cache anew)."""
+    current stream, where the forwards read it (about a quarter of the time of PyTorch's
+    pageable copies: bench/RESULTS.md; pinned twins would page-lock the whole cache anew)."""
     def move(tensors):
         with torch.inference_mode():
             return ctx.move_tensors(tensors, device)
@@ -73,8 +72,8 @@ def on_device(ctx, cache, device):
 # -- grouped batches -----------------------------------------------------------------------
 #
 # GPTQModel replays the cache a batch at a time: four subset forwards and a replay per decoder
-# layer, each through its per-batch Python (moves, masks, hooks, progress), about 1.8 ms of
-# host time for a 2048-token sample whose forward keeps an H200 busy for less. Consecutive
+# layer, each through its per-batch Python (moves, masks, hooks, progress): for a 2048-token
+# sample, more host time than its forward keeps a GPU busy (bench/RESULTS.md). Consecutive
 # batches grouped into one forward (as GPTQModel's own batch_size would have made them) leave
 # every token's computation as it was: the hooks see the same rows, GPTQ counts them as
 # rows, and a kwarg every batch holds alike (the rotary tables, position ids of unpadded

@@ -70,9 +70,9 @@ def make_cache_inputs(installation, original):
 
 
 def _warm_landing(installation, layers):
-    """The page-locked blocks of layer 0's landing (its move to the CPU once solved: 0.58 s of
-    page-locking on a LLaMA-70B-shaped layer, the run's GPU idle meanwhile) made on a thread
-    while GPTQModel's capture runs its embedding on the CPU (qlink.moves.warm_pinned_host)."""
+    """The page-locked blocks of layer 0's landing (its move to the CPU once solved, whose
+    page-locking leaves the GPU idle) made on a thread while GPTQModel's capture runs its
+    embedding on the CPU (qlink.moves.warm_pinned_host)."""
     ctx, counters = installation.ctx, installation.counters
     if ctx.cpu_memory:
         reason = "the %s backend computes in CPU memory" % ctx.backend
