@@ -445,6 +445,10 @@ part_divergence() {  # DIV_PARALLEL runs at a time share the GPU: less device ti
     [ $((r % width)) -eq 0 ] && wait
   done
   wait
+  # A run in the background keeps its failure to itself: one that wrote no JSON failed.
+  for r in $(seq 1 "${DIV_RUNS:-15}"); do
+    [ -n "${DRY_RUN:-}" ] || [ -f "$out/div$r.json" ] || failed+=("div$r")
+  done
   run div_compare 60 python3 compare_runs.py "$out"/div[0-9]*.json --out "$out/o_proj_runs.json"
 }
 stage_runs() {  # PREFIX ARGS...: the Qwen3-MoE models at MOE_LAYERS through the expert stage, PREFIX<layers>
