@@ -63,6 +63,27 @@ def test_the_linear_loop_experts_grouped_equal_autorounds_loop_within_bf16_round
         torch.testing.assert_close(a, b, rtol=1.6e-2, atol=1e-2)
 
 
+def test_the_seam_runs_as_python_inside_a_compiled_block_forward(interface, ctx):  # noqa: F811
+    """AutoRound compiles its block forward: traced there, the gate check read transformers'
+    default gate's __name__ as a class descriptor and sent every tuning call to AutoRound's
+    loop. The seam runs eagerly inside the compiled caller: the default gate takes the
+    grouped GEMMs, every call counted, the output the eager seam's."""
+    module, _, experts = interface
+    experts = experts.cuda().to(torch.bfloat16)
+    x = torch.randn(TOKENS * 8, HIDDEN, device="cuda").to(torch.bfloat16)
+    weights, chosen = torch.topk(torch.softmax(torch.randn(x.shape[0], EXPERTS, device="cuda"), -1), TOP_K)
+    weights = (weights / weights.sum(-1, keepdim=True)).to(torch.bfloat16)
+    adapter.install("off", ctx=ctx, grouped_moe=True)
+    with torch.no_grad():
+        expected = module.linear_loop_experts_forward(experts, x, chosen, weights)
+        compiled = torch.compile(lambda rows: module.linear_loop_experts_forward(experts, rows, chosen, weights))
+        outputs = [compiled(x) for _ in range(2)]
+    seam = adapter.counters()["seams"]["grouped_moe"]
+    assert seam["qlink"] == 3 and seam["host"] == 0, seam
+    for out in outputs:
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
 def test_the_native_loop_replays_a_transformers_moe_block_grouped_as_a_graph(host, ctx, monkeypatch):  # noqa: F811
     """bf16 on one GPU: with grouped_moe=True every iteration's experts are the grouped
     GEMMs, nothing reads the device from the host, and the step is captured (step_graph);

@@ -19,7 +19,10 @@ hook's; one host read a forward for the counts). Where an expert is not plain nn
 projections without bias (AutoRound's wrapped layers during its own tuning), another hook
 watches one, the activations differ or no grouped GEMM runs on the rows, AutoRound's loop
 runs, the reason counted ("grouped_moe"); a grouped forward that fails, before any imatrix
-is written, runs AutoRound's loop instead (a fallback; FallbackRefused under strict)."""
+is written, runs AutoRound's loop instead (a fallback; FallbackRefused under strict). Inside
+AutoRound's compiled block forward each seam runs as plain Python (grouped_experts.eager)."""
+import inspect
+
 import torch
 
 from .. import grouped_experts
@@ -106,6 +109,7 @@ def grouped_forward(hidden_states, top_k_index, top_k_weights, experts, num_expe
 def make_sequential_moe_forward(installation, original):
     counters, guard = installation.counters, installation.guard
 
+    @grouped_experts.eager  # AutoRound compiles its block forward (torch.compile)
     @like(original)
     def sequential_moe_forward(hidden_states, top_k_index, top_k_weights, experts, num_experts):
         why = "grouped_moe=False" if not installation.grouped_moe else (
@@ -127,6 +131,7 @@ def make_linear_loop_experts_forward(installation, original):
     counters, guard = installation.counters, installation.guard
     forced = installation.host.force_all_experts_routing_enabled
 
+    @grouped_experts.eager
     @like(original)
     def linear_loop_experts_forward(experts_module, hidden_states, top_k_index, top_k_weights):
         if installation.closed:
@@ -152,7 +157,7 @@ def make_linear_loop_experts_forward(installation, original):
     host = installation.host
     mapping = getattr(host.ALL_EXPERTS_FUNCTIONS, "_global_mapping", None)  # None: transformers < 5
     held = mapping.get(host.LINEAR_LOOP_IMPL) if mapping is not None else None
-    if held is not None and (held is original or getattr(held, "__wrapped__", None) is original):
+    if held is not None and inspect.unwrap(held, stop=lambda f: f is original) is original:
         installation.rebindings.entry(mapping, host.LINEAR_LOOP_IMPL, linear_loop_experts_forward,
                                       "transformers' experts functions[%r]" % host.LINEAR_LOOP_IMPL)
     return linear_loop_experts_forward
