@@ -7,6 +7,8 @@ function transformers' mapping took while installed AutoRound's own once uninsta
 setting refused by name; AutoRound's imatrix hooks kept. The grouped path itself runs on a
 GPU (test_cuda_grouped_moe.py)."""
 import copy
+import functools
+import types
 
 import pytest
 import qlink
@@ -133,6 +135,14 @@ def test_linear_loop_off_and_on_the_cpu_is_autorounds_and_uninstalled_its_own_ag
     assert torch.equal(experts(x, chosen, weights), theirs)  # the mapping's function defers to AutoRound's
 
 
+def _wrapping_disable(fn):
+    """torch.compiler.disable's shape: a wrapper (functools.wraps) that calls fn."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        return fn(*args, **kwargs)
+    return run
+
+
 def test_a_registration_made_before_install_goes_through_qlink_until_uninstalled(interface, ctx):
     """AutoRound prepared a model before install() (its function the mapping's first), or an
     earlier installation did: the mapping holds this installation's function until it is
@@ -150,6 +160,30 @@ def test_a_registration_made_before_install_goes_through_qlink_until_uninstalled
     assert mapping["linear_loop"].__module__ == grouped_moe.__name__
     adapter.uninstall()
     assert mapping["linear_loop"] is theirs
+
+
+@pytest.mark.parametrize("compiler", [None, _wrapping_disable], ids=["plain", "wrapped for torch.compile"])
+def test_a_registration_made_by_an_uninstalled_installation_goes_to_the_next(interface, ctx, monkeypatch, compiler):
+    """AutoRound's prepare registered while an earlier installation was installed (the mapping
+    holds that one's function, which defers to AutoRound's once uninstalled): the next
+    installation takes the mapping over, its seams wrapped for torch.compile or not."""
+    monkeypatch.setattr(torch, "compiler", types.SimpleNamespace(disable=compiler) if compiler else None,
+                        raising=False)
+    module, _, experts = interface
+    mapping = module.ALL_EXPERTS_FUNCTIONS._global_mapping
+    x = torch.randn(TOKENS, HIDDEN)
+    chosen, weights = _routing(x)
+    adapter.install("off", ctx=ctx, grouped_moe=True)
+    module.register_linear_loop_experts()
+    earlier = mapping["linear_loop"]
+    adapter.uninstall()
+    adapter.install("off", ctx=ctx, grouped_moe=True)
+    assert mapping["linear_loop"] is not earlier
+    experts(x, chosen, weights)
+    assert adapter.counters()["seams"]["grouped_moe"]["reasons"] == {
+        "no grouped GEMM for torch.float32 rows on cpu": 1}
+    adapter.uninstall()
+    assert mapping["linear_loop"] is earlier
 
 
 def test_what_the_linear_loop_path_does_not_cover_is_named(interface, ctx, monkeypatch):
