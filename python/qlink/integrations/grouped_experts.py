@@ -15,15 +15,6 @@ import torch
 GROUPED_MM = hasattr(torch, "_grouped_mm")  # PyTorch 2.8+; its fast path is bf16 on sm90 and later
 
 
-def eager(fn):
-    """fn run as plain Python where torch.compile traces its caller (a graph break there, so
-    its checks read attributes as Python does: under Dynamo a function's __name__ read as a
-    class descriptor, and a seam's counters and fallbacks would run only while tracing);
-    fn itself where PyTorch has no torch.compiler."""
-    disable = getattr(getattr(torch, "compiler", None), "disable", None)
-    return disable(fn) if disable is not None else fn
-
-
 def fits(x):
     """Whether x (the routed rows) can take the grouped GEMMs."""
     return (GROUPED_MM and x.is_cuda and x.dtype == torch.bfloat16

@@ -21,6 +21,16 @@ def like(original):
     return functools.wraps(original, assigned=("__name__", "__qualname__", "__doc__"))
 
 
+def eager(fn):
+    """fn run as plain Python where torch.compile traces its caller (a graph break there, so
+    its checks read attributes as Python does: under Dynamo a function's __name__ read as a
+    class descriptor, and a seam's counters and fallbacks would run only while tracing);
+    fn itself where PyTorch has no torch.compiler."""
+    import torch  # here only: the rest of this module needs no torch
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    return disable(fn) if disable is not None else fn
+
+
 class FallbackRefused(RuntimeError):
     """strict=True: a patch whose qlink path failed would have fallen back to the host."""
 

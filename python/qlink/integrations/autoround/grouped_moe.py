@@ -20,13 +20,13 @@ projections without bias (AutoRound's wrapped layers during its own tuning), ano
 watches one, the activations differ or no grouped GEMM runs on the rows, AutoRound's loop
 runs, the reason counted ("grouped_moe"); a grouped forward that fails, before any imatrix
 is written, runs AutoRound's loop instead (a fallback; FallbackRefused under strict). Inside
-AutoRound's compiled block forward each seam runs as plain Python (grouped_experts.eager)."""
+AutoRound's compiled block forward each seam runs as plain Python (patches.eager)."""
 import inspect
 
 import torch
 
 from .. import grouped_experts
-from ..patches import like
+from ..patches import eager, like
 from .contract import add_imatrix, imatrix_hook
 
 PATCH = "grouped_moe"
@@ -109,7 +109,7 @@ def grouped_forward(hidden_states, top_k_index, top_k_weights, experts, num_expe
 def make_sequential_moe_forward(installation, original):
     counters, guard = installation.counters, installation.guard
 
-    @grouped_experts.eager  # AutoRound compiles its block forward (torch.compile)
+    @eager  # AutoRound compiles its block forward (torch.compile)
     @like(original)
     def sequential_moe_forward(hidden_states, top_k_index, top_k_weights, experts, num_experts):
         why = "grouped_moe=False" if not installation.grouped_moe else (
@@ -131,7 +131,7 @@ def make_linear_loop_experts_forward(installation, original):
     counters, guard = installation.counters, installation.guard
     forced = installation.host.force_all_experts_routing_enabled
 
-    @grouped_experts.eager
+    @eager
     @like(original)
     def linear_loop_experts_forward(experts_module, hidden_states, top_k_index, top_k_weights):
         if installation.closed:
