@@ -42,25 +42,47 @@ def test_grouped_experts_equal_autorounds_loop_within_bf16_rounding(block, ctx):
         torch.testing.assert_close(a, b, rtol=1.6e-2, atol=1e-2)
 
 
-def test_the_linear_loop_experts_grouped_equal_autorounds_loop_within_bf16_rounding(interface, ctx):  # noqa: F811
+@pytest.mark.parametrize("rows, autocast", [(torch.bfloat16, None), (torch.float32, torch.bfloat16)],
+                         ids=["bf16 rows", "fp32 rows under bf16 autocast"])
+def test_the_linear_loop_experts_grouped_equal_autorounds_loop_within_bf16_rounding(
+        interface, ctx, rows, autocast):  # noqa: F811
+    """Also AutoRound's block forward with amp: fp32 rows (the residual stream) reach the
+    experts under bf16 autocast, every linear computing in bf16; they take the grouped GEMMs too."""
     module, _, experts = interface
     experts = experts.cuda().to(torch.bfloat16)
-    x = torch.randn(TOKENS * 8, HIDDEN, device="cuda").to(torch.bfloat16)
+    x = torch.randn(TOKENS * 8, HIDDEN, device="cuda").to(rows)
     weights, chosen = torch.topk(torch.softmax(torch.randn(x.shape[0], EXPERTS, device="cuda"), -1), TOP_K)
-    weights = (weights / weights.sum(-1, keepdim=True)).to(torch.bfloat16)
+    weights = (weights / weights.sum(-1, keepdim=True)).to(rows)
 
     def run(forward):
         experts.zero_grad()
-        rows = x.clone().requires_grad_()
-        out = forward(experts, rows, chosen, weights)
+        inputs = x.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=autocast, enabled=autocast is not None):
+            out = forward(experts, inputs, chosen, weights)
         (out.float() ** 2).sum().backward()
-        return [out.detach(), rows.grad] + [p.grad.clone() for p in experts.parameters()]
+        return [out.detach(), inputs.grad] + [p.grad.clone() for p in experts.parameters()]
     theirs = run(module.linear_loop_experts_forward)
     adapter.install("off", ctx=ctx, grouped_moe=True)
     mine = run(module.linear_loop_experts_forward)
     assert adapter.counters()["seams"]["grouped_moe"]["qlink"] == 1
     for a, b in zip(mine, theirs):
+        assert a.dtype == b.dtype
         torch.testing.assert_close(a, b, rtol=1.6e-2, atol=1e-2)
+
+
+def test_rows_a_linear_computes_in_float16_take_autorounds_loop(interface, ctx):  # noqa: F811
+    """Under fp16 autocast AutoRound's linears compute in fp16, which PyTorch's grouped GEMM
+    does not: its loop runs, the reason counted."""
+    module, _, experts = interface
+    experts = experts.cuda().to(torch.bfloat16)
+    x = torch.randn(TOKENS * 8, HIDDEN, device="cuda").to(torch.bfloat16)
+    weights, chosen = torch.topk(torch.softmax(torch.randn(x.shape[0], EXPERTS, device="cuda"), -1), TOP_K)
+    adapter.install("off", ctx=ctx, grouped_moe=True)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
+        module.linear_loop_experts_forward(experts, x, chosen, weights.to(torch.bfloat16))
+    seam = adapter.counters()["seams"]["grouped_moe"]
+    why = "no grouped GEMM for torch.bfloat16 rows computed in torch.float16 on cuda:0"
+    assert seam["qlink"] == 0 and seam["reasons"] == {why: 1}, seam
 
 
 def test_the_seam_runs_as_python_inside_a_compiled_block_forward(interface, ctx):  # noqa: F811

@@ -16,9 +16,26 @@ GROUPED_MM = hasattr(torch, "_grouped_mm")  # PyTorch 2.8+; its fast path is bf1
 
 
 def fits(x):
-    """Whether x (the routed rows) can take the grouped GEMMs."""
-    return (GROUPED_MM and x.is_cuda and x.dtype == torch.bfloat16
+    """Whether x (the routed rows) can take the grouped GEMMs: its linears compute in bf16
+    (compute_dtype) on an sm90 or later GPU."""
+    return (GROUPED_MM and x.is_cuda and compute_dtype(x) == torch.bfloat16
             and torch.cuda.get_device_capability(x.device)[0] >= 9)
+
+
+def refusal(x):
+    """Why x's rows cannot take the grouped GEMMs (fits), or None."""
+    if fits(x):
+        return None
+    if GROUPED_MM and x.is_cuda and compute_dtype(x) != x.dtype:
+        return "no grouped GEMM for %s rows computed in %s on %s" % (x.dtype, compute_dtype(x), x.device)
+    return "no grouped GEMM for %s rows on %s" % (x.dtype, x.device)
+
+
+def compute_dtype(x):
+    """The dtype a linear computes x's rows in: autocast's where autocast is on for x's device
+    (AutoRound's block forward with amp: fp32 rows, bf16 products), else x's own (PyTorch 2.4+)."""
+    kind = x.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
 
 
 def stacked(experts):

@@ -36,8 +36,9 @@ _PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 def refusal(hidden_states, experts, own_act=True):
     """Why these experts take AutoRound's loop, or None. own_act: each expert has its act_fn
     (else the experts module's one activation is applied)."""
-    if not grouped_experts.fits(hidden_states):
-        return "no grouped GEMM for %s rows on %s" % (hidden_states.dtype, hidden_states.device)
+    why = grouped_experts.refusal(hidden_states)
+    if why:
+        return why
     for index, expert in enumerate(experts):
         for name in _PROJECTIONS:
             linear = getattr(expert, name, None)

@@ -86,9 +86,8 @@ def _grouped_refusal(experts, hidden_states):
     """Why the split experts cannot run as grouped GEMMs (grouped_experts), or None: they
     need a GPU with them, a layout the expert stage reads, and nothing watching a call
     (grouped_experts.unwatched_refusal)."""
-    if not grouped_experts.fits(hidden_states):
-        return "no grouped GEMM for %s rows on %s" % (hidden_states.dtype, hidden_states.device)
-    return layout_refusal(experts) or grouped_experts.unwatched_refusal(experts, hidden_states.device)
+    return grouped_experts.refusal(hidden_states) or layout_refusal(experts) \
+        or grouped_experts.unwatched_refusal(experts, hidden_states.device)
 
 
 def _grouped_plan(selected_experts, num_experts):
