@@ -92,10 +92,10 @@ def test_the_layers_hessians_equal_gptqmodels_own_with_shared_accumulations(host
     assert adapter.counters()["seams"]["materialize_global_hessian"]["qlink"] == 7
 
 
-@pytest.mark.parametrize("asked, sent", [({}, "tensor"), ({"hessian_precision": "ieee_fp32"}, "ieee_fp32"),
+@pytest.mark.parametrize("asked, sent", [({}, "tensor_gemm"), ({"hessian_precision": "ieee_fp32"}, "ieee_fp32"),
                                          ({"hessian_precision": None}, None)])
 def test_the_loops_hessians_take_installs_precision(host, monkeypatch, asked, sent):
-    """install's hessian_precision (tensor unless asked) reaches every native call."""
+    """install's hessian_precision (tensor_gemm unless asked) reaches every native call."""
     seen = []
     accumulate = host["ctx"].hessian_accumulate
 

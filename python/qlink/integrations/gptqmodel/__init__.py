@@ -148,7 +148,7 @@ _integration = Integration()
 
 
 def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pinned", switch_interval=None,
-            fixed_segments=True, hessian_precision="tensor", inverse="triangular", tf32=True,
+            fixed_segments=True, hessian_precision="tensor_gemm", inverse="triangular", tf32=True,
             attention_outputs=True, tail_inputs=True, stopped_products=True, expert_stage=True,
             expert_budget=None):
     """Routes this process's GPTQModel through qlink (see the module's docstring); a second
@@ -167,12 +167,12 @@ def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pi
     fixed_segments: True (the default) runs the layer loop with PyTorch's CUDA allocator
     making fixed segments where the process asked for expandable ones (GPTQModel asks as it
     is imported; docs/HOSTS.md says what that cost); False leaves the allocator as set.
-    hessian_precision: how the loop's Hessians sum 16-bit activations' products: "tensor"
-    (the default: on the tensor cores where the backend has them, IEEE elsewhere; its
-    perplexity on a trained model is within calibration noise of GPTQModel's own, docs/HOSTS.md),
-    "tensor_gemm" (the vendor's GemmEx on CUDA too: faster, its sums longer in the tensor
-    cores; to be judged on the trained model), "ieee_fp32", or None for the context config's
-    hessian_precision.
+    hessian_precision: how the loop's Hessians sum 16-bit activations' products:
+    "tensor_gemm" (the default: the vendor's GemmEx on the tensor cores, 2048 rows a call,
+    IEEE where the backend has none), "tensor" (qlink's kernel on CUDA, its sums promoted
+    every 32 rows), "ieee_fp32", or None for the context config's hessian_precision. Each
+    tensor-core choice's perplexity on a trained model is within calibration noise of
+    GPTQModel's own, the vendor's GEMM the fastest (docs/HOSTS.md).
     inverse: how the engine makes each Hessian's inverse factor: "triangular" (the default:
     a quarter of the flops, the same factor to fp32 rounding; qlink.quant.gptq_quantize) or
     "cholesky_inverse" (GPTQModel's own calls). tf32: True (the default) lets the engine's
