@@ -72,8 +72,8 @@
 #                the tails too; --stopped-products off; --tail-inputs off): the time each buys, the
 #                defaults' digests expected
 #     divergence DIV_RUNS (15) qlink ieee_fp32 runs (the divergence's likelier precision) of DIV_LAYERS (4: where
-#                it has been seen; the models part makes them) with layer 0's o_proj inputs digested, compared
-#                by compare_runs.py (where a divergent run parts)
+#                it has been seen; the models part makes them) with layer 0's o_proj inputs and each call of its
+#                attention (arguments, weights) digested, compared by compare_runs.py (where a divergent run parts)
 #     moe_stage  the Qwen3-MoE models at MOE_LAYERS with the expert stage (install's default)
 #     moe_bare   the same without the bench's digests (its checksum work beside the loop left out)
 #     moe_no_offload  moe_bare with GPTQModel's per-module disk offload left out (what the finalizers' offload costs)
@@ -441,7 +441,7 @@ part_divergence() {  # DIV_PARALLEL runs at a time share the GPU: less device ti
   local r n=${DIV_LAYERS:-4} width=${DIV_PARALLEL:-1}
   for r in $(seq 1 "${DIV_RUNS:-15}"); do
     gptqmodel_run div$r 120 --model /tmp/llama7b-${n}layers --layers "$n" --qlink --strict "${as_host[@]}" \
-      --input-digests --batch-digests 'layers\.0\.self_attn\.o_proj$' &
+      --input-digests --batch-digests 'layers\.0\.self_attn\.o_proj$' --call-digests 'layers\.0\.self_attn$' &
     [ $((r % width)) -eq 0 ] && wait
   done
   wait

@@ -2,9 +2,10 @@
 about one 4-layer run in 12 solved layer 0's o_proj differently): for each layer, in
 solve order, how many distinct losses, weight digests and merged-Hessian digests the runs
 gave (--input-digests), and for the layers whose add_batch inputs were digested
-(--batch-digests) the first batch whose input differs between runs. A layer whose inputs
-agree but whose Hessian does not points at the accumulation; one whose batch inputs
-differ, at the forwards.
+(--batch-digests) the first batch whose input differs between runs; for the modules whose
+calls were digested (--call-digests), the first call where the runs part and what parted
+there (which argument, or which parameter). A layer whose inputs agree but whose Hessian does
+not points at the accumulation; one whose batch inputs differ, at the forwards.
 
     python3 bench/hosts/compare_runs.py RUN.json... [--out REPORT.json]
 """
@@ -38,6 +39,30 @@ def compare(runs):
     return report
 
 
+def compare_calls(runs):
+    """{module: {"first_call": index, "parted": [labels]}} for every module whose calls each
+    run digested: the first call where any digest differs, and the labels that do there
+    (first_call None where all agree)."""
+    report = {}
+    digested = [r.get("call_digests", {}) for r in runs]
+    for name in digested[0]:
+        calls = [d.get(name) for d in digested]
+        if any(c is None for c in calls):
+            continue
+        row = {"first_call": None, "parted": []}
+        for index, at in enumerate(zip(*calls)):
+            labels = sorted(set().union(*at))
+            parted = [label for label in labels if len({call.get(label) for call in at}) > 1]
+            if parted:
+                row = {"first_call": index, "parted": parted}
+                break
+        else:
+            if len({len(c) for c in calls}) > 1:
+                row["first_call"] = min(len(c) for c in calls)
+        report[name] = row
+    return report
+
+
 def main():
     a = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     a.add_argument("runs", nargs="+")
@@ -54,9 +79,12 @@ def main():
         if max(row["losses"], row["weights"], row["hessians"]) > 1 or row.get("first_batch") is not None:
             print("  %-40s losses %d, weights %d, Hessians %d, first differing batch %s" % (
                 name, row["losses"], row["weights"], row["hessians"], row.get("first_batch", "-")))
+    calls = compare_calls(runs)
+    for name, row in calls.items():
+        print("  %-40s calls part at %s: %s" % (name, row["first_call"], ", ".join(row["parted"]) or "-"))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"digests": digests, "layers": report}, f, indent=1)
+            json.dump({"digests": digests, "layers": report, "calls": calls}, f, indent=1)
 
 
 if __name__ == "__main__":

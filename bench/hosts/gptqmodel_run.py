@@ -17,7 +17,7 @@ call (device checksums, turned into digests after it).
          [--switch-interval S|off] [--landing pinned|pageable] [--pinned-warmup on|off] [--segments fixed|host]
          | --guards]
         [--precision ieee_fp32|tensor] [--reversed] [--hessian-f64] [--codes FILE.pt]
-        [--input-digests] [--batch-digests REGEX] [--no-digests] [--module-offload on|off]
+        [--input-digests] [--batch-digests REGEX] [--call-digests REGEX] [--no-digests] [--module-offload on|off]
         [--profile OPS.txt [--profile-stacks] [--idle IDLE.txt] | --profile OPS.txt --device-only]
         [--cprofile FILE | --samples-out FILE] [--out FILE]
 
@@ -38,7 +38,9 @@ modules make that work visible); --module-offload off: the finalizers' per-modul
 index each) left out, the modules kept in CPU memory: what that offload costs the loop, an
 experiment and no setting to ship; --batch-digests: digests of every input add_batch (GPTQModel's or
 qlink's) is given for the layers whose name matches REGEX, in order (whether the forwards or
-the accumulation made two Hessians differ). --codes: every layer's 4-bit levels saved
+the accumulation made two Hessians differ); --call-digests: digests of every tensor each call of
+the modules whose name matches REGEX is given and of the module's parameters then, in call
+order (which of a forward's inputs two runs part in first). --codes: every layer's 4-bit levels saved
 (torch.save of {layer: uint8 codes}) for compare_codes.py. --profile: torch.profiler over
 the quantize call; the share of its wall time with a kernel running (GPU busy), and with a
 kernel or a copy; its operator table to OPS.txt (--profile-stacks: with the Python code
@@ -99,6 +101,48 @@ def device_checksum(t, chunk=1 << 23):
         part = torch.stack([w.sum(), (w * multiplier).sum(), (w ^ position).sum()])
         sums = part if sums is None else sums + part
     return sums if sums is not None else torch.zeros(3, dtype=torch.int64, device=words.device)
+
+
+def record_calls(model, pattern, into):
+    """Each call of a module of `model` named to match `pattern`: device_checksum of every
+    tensor in its arguments (keyword ones by name, tuples flattened) and of each of its
+    parameters, appended to into[name] as [(label, sums)]. Wraps the matching modules'
+    classes' forward; a module is named on its first call (GPTQModel may fill them late)."""
+    import torch
+    names = {}
+
+    def name_of(module):
+        if id(module) not in names:
+            names.update({id(m): n for n, m in model.named_modules()})
+        return names.get(id(module))
+
+    def tensors(label, value):
+        if torch.is_tensor(value):
+            yield label, value
+        elif isinstance(value, (tuple, list)):
+            for i, part in enumerate(value):
+                yield from tensors("%s[%d]" % (label, i), part)
+
+    def wrap(cls):
+        forward = cls.forward
+
+        def recording(self, *args, **kwargs):
+            name = name_of(self)
+            if name is not None and re.search(pattern, name):
+                sums = [(label, device_checksum(t)) for i, a in enumerate(args) for label, t in tensors("arg%d" % i, a)]
+                sums += [(label, device_checksum(t)) for k in sorted(kwargs) for label, t in tensors(k, kwargs[k])]
+                sums += [(n, device_checksum(p)) for n, p in self.named_parameters()]
+                into.setdefault(name, []).append(sums)
+            return forward(self, *args, **kwargs)
+        cls.forward = recording
+    for cls in {type(m) for n, m in model.named_modules() if re.search(pattern, n)}:
+        wrap(cls)
+
+
+def call_digests(calls):
+    """record_calls' records as {name: [{label: digest}]}, read to the host."""
+    return {name: [{label: hashlib.sha256(sums.cpu().numpy().tobytes()).hexdigest()[:16] for label, sums in call}
+                   for call in records] for name, records in calls.items()}
 
 
 def solve_checksums(out):
@@ -303,6 +347,9 @@ def main():
                    help="off: the finalizers' per-module disk offload left out (what it costs the loop)")
     a.add_argument("--batch-digests", metavar="REGEX",
                    help="digests of every add_batch input of the layers whose name matches REGEX, in order")
+    a.add_argument("--call-digests", metavar="REGEX",
+                   help="digests of every tensor each call of the modules matching REGEX is given, and of their "
+                        "parameters then, in order")
     a.add_argument("--profile", help="torch.profiler over the quantize call; its operator table to this file")
     a.add_argument("--cprofile", help="cProfile over the quantize call; its table to this file")
     a.add_argument("--read-ahead", default="pinned", choices=("pinned", "pageable", "off"),
@@ -333,8 +380,8 @@ def main():
     if args.defaults and (args.precision or args.switch_interval != "off" or args.read_ahead != "pinned"
                           or args.segments != "fixed"):
         a.error("--defaults takes none of --precision, --switch-interval, --read-ahead, --segments")
-    if args.no_digests and (args.input_digests or args.batch_digests):
-        a.error("--no-digests leaves out the checksums --input-digests and --batch-digests need")
+    if args.no_digests and (args.input_digests or args.batch_digests or args.call_digests):
+        a.error("--no-digests leaves out the checksums --input-digests, --batch-digests and --call-digests need")
     if args.hessian_f64 and args.qlink:
         a.error("--hessian-f64 is for GPTQModel alone (qlink's Hessians are its own)")
     import torch
@@ -425,6 +472,9 @@ def main():
     from qlink.integrations.process_settings import expandable_now
     result["allocator_expandable"] = expandable_now()
     model = GPTQModel.load(args.model, config)
+    calls = {}
+    if args.call_digests:
+        record_calls(model.model, args.call_digests, calls)
     ids = torch.load(args.calibration) if args.calibration else token_batches(args.samples, args.seqlen)
     calibration = [{"input_ids": row, "attention_mask": torch.ones_like(row)} for row in ids]
     if args.reversed:
@@ -450,6 +500,8 @@ def main():
         with python_profile(args.cprofile), stack_samples(args.samples_out), process_settings(args.settings), \
                 timed(result, "quantize_s"):
             model.quantize(calibration, batch_size=1)
+    if calls:
+        result["call_digests"] = call_digests(calls)
     report(args, result, layers, codes, dequantized, packs)
 
 

@@ -1,11 +1,15 @@
 """bench/hosts/compare_runs.py, which says where repeated runs part: the first differing
-batch input of a digested layer, and per layer how many distinct losses, weights and
-Hessians the runs gave."""
+batch input of a digested layer, per layer how many distinct losses, weights and Hessians
+the runs gave, and the first call of a digested module where they part and in what
+(gptqmodel_run.py --call-digests records those calls)."""
 import os
 import sys
 
+import torch
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "hosts"))
 import compare_runs  # noqa: E402 (bench/hosts)
+import gptqmodel_run  # noqa: E402 (bench/hosts)
 
 
 def run(o_proj_loss, o_proj_hessian, o_proj_batches, digest):
@@ -31,3 +35,31 @@ def test_equal_inputs_with_a_differing_hessian_point_at_the_accumulation():
 def test_runs_of_different_batch_counts_part_where_the_shorter_ends():
     assert compare_runs.first_difference([["a", "b"], ["a", "b", "c"]]) == 2
     assert compare_runs.first_difference([["a", "b"], ["a", "b"]]) is None
+
+
+def test_a_modules_calls_part_where_a_weight_changed_between_runs(monkeypatch):
+    """record_calls digests each call's arguments and the module's parameters then; two runs
+    whose second call saw another weight part there, in the weight alone."""
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)])
+
+        def forward(self, x, scale=None):
+            return self.layers[1](self.layers[0](x * scale[0]))
+
+    runs, linear_forward = [], torch.nn.Linear.forward
+    for changed in (False, True, False):
+        monkeypatch.setattr(torch.nn.Linear, "forward", linear_forward)  # record_calls wraps the class; undone after
+        torch.manual_seed(0)
+        model, calls = Model(), {}
+        gptqmodel_run.record_calls(model, r"layers\.0$", calls)
+        for step in range(3):
+            if changed and step == 1:
+                with torch.no_grad():
+                    model.layers[0].weight[0, 0] += 1
+            model(torch.ones(2, 4), scale=(torch.full((1,), 2.0),))
+        runs.append({"call_digests": gptqmodel_run.call_digests(calls)})
+    assert [len(c) for c in runs[0]["call_digests"]["layers.0"]] == [3, 3, 3]  # arg0, weight, bias
+    assert compare_runs.compare_calls(runs) == {"layers.0": {"first_call": 1, "parted": ["weight"]}}
+    assert compare_runs.compare_calls([runs[0], runs[2]]) == {"layers.0": {"first_call": None, "parted": []}}
