@@ -79,6 +79,7 @@
 #     moe_no_offload  moe_bare with GPTQModel's per-module disk offload left out (what the finalizers' offload costs)
 #     moe_workers  moe_bare with GPTQModel's CPU pool (its finalizers) cut to MOE_CPU_WORKERS (2) threads
 #     moe_switch  moe_bare with the loop's switch interval at 1e-4 s
+#     moe_tensor  moe_bare with the Hessians on qlink's kernel (--precision tensor; the defaults take the vendor's GEMM)
 #     moe_groups moe_bare with GROUP_ROWS (32768) tokens a grouped forward (install's: 16384), half the forwards
 #     moe_stage_samples  moe_bare at 2 layers, every thread sampled
 #     moe_nostage  qlink's defaults but expert_stage=False at 2
@@ -468,6 +469,7 @@ part_moe_workers() {
   GPTQMODEL_CPU_WORKERS=${MOE_CPU_WORKERS:-2} stage_runs moe_workers --defaults --no-digests
 }
 part_moe_switch() { stage_runs moe_switch --no-digests --switch-interval 1e-4; }
+part_moe_tensor() { stage_runs moe_tensor --defaults --no-digests --precision tensor; }  # qlink's kernel's Hessians
 part_moe_groups() { stage_runs moe_groups --defaults --no-digests --group-rows "${GROUP_ROWS:-32768}"; }
 part_groups() { qlink_on_shapes groups --defaults --group-rows "${GROUP_ROWS:-32768}"; }  # GROUP_ROWS a grouped forward
 part_moe_stage_samples() {
@@ -564,7 +566,7 @@ part_moe_samples() {  # every thread sampled (the sampling stretches the run)
 }
 host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks \
 ar_moe_host ar_moe_qlink ar_moe_grouped ar_moe_save moe_check moe_solve moe moe_samples speed_models speed breakdown ar_breakdown divergence \
-moe_stage moe_bare moe_no_offload moe_workers moe_switch moe_groups moe_stage_samples no_warmup groups moe_nostage moe_host moe_spread moe_235b moe_dsv3 moe_tree unwrap packer warmup defaults alone speed_profile inverse triangular gemm attention "
+moe_stage moe_bare moe_no_offload moe_workers moe_switch moe_tensor moe_groups moe_stage_samples no_warmup groups moe_nostage moe_host moe_spread moe_235b moe_dsv3 moe_tree unwrap packer warmup defaults alone speed_profile inverse triangular gemm attention "
 
 [ $# -ge 1 ] || usage
 case $1 in
