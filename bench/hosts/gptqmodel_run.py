@@ -64,6 +64,7 @@ import idle
 from common import (ARCHS, LLAMA_70B, QWEN3_235B, QWEN3_MOE_TREE, busy_shares, install_guards, kernel_table,
                     launch_mark_kernel, make_arch, make_deepseek_v3, make_llama, make_qwen3_moe, process_settings,
                     profiler_activities, python_profile, setup_paths, stack_samples, timed, token_batches, write)
+from digests import call_digests, device_checksum, record_calls
 
 setup_paths()
 
@@ -74,75 +75,6 @@ def levels(q, scale, zero, g_idx, bits=4):
     import torch
     scale, zero, g = scale.to(q.device), zero.to(q.device), g_idx.to(q.device).long()
     return torch.round(q.float() / scale[:, g].float() + zero[:, g].float()).clamp(0, 2 ** bits - 1).to(torch.uint8)
-
-
-_POSITIONS = {}  # (length, device) -> (positions, their multipliers): made once a chunk length
-
-
-def device_checksum(t, chunk=1 << 23):
-    """Three int64 sums of a tensor's words on its device (plain, position-weighted, xor with
-    the position), enqueued without a host wait: a digest of the exact bits that costs the
-    timed run no device-to-host copy; chunked, so it adds little to peak memory, and with few
-    operations a chunk (the positions are made once a length: the solves' worker threads run
-    it under the GIL the timed loop needs)."""
-    import torch
-    words = t.detach().contiguous().view(-1)
-    words = words.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[words.element_size()])
-    sums = None
-    for at in range(0, words.numel(), chunk):
-        w = words[at:at + chunk].to(torch.int64)
-        key = (w.numel(), w.device)
-        if key not in _POSITIONS:
-            position = torch.arange(w.numel(), dtype=torch.int64, device=w.device)
-            _POSITIONS[key] = (position, position * 2654435761 + 97)
-        position, multiplier = _POSITIONS[key]
-        if at:
-            position, multiplier = position + at, multiplier + at * 2654435761
-        part = torch.stack([w.sum(), (w * multiplier).sum(), (w ^ position).sum()])
-        sums = part if sums is None else sums + part
-    return sums if sums is not None else torch.zeros(3, dtype=torch.int64, device=words.device)
-
-
-def record_calls(model, pattern, into):
-    """Each call of a module of `model` named to match `pattern`: device_checksum of every
-    tensor in its arguments (keyword ones by name, tuples flattened) and of each of its
-    parameters, appended to into[name] as [(label, sums)]. Wraps the matching modules'
-    classes' forward; a module is named on its first call (GPTQModel may fill them late)."""
-    import torch
-    names = {}
-
-    def name_of(module):
-        if id(module) not in names:
-            names.update({id(m): n for n, m in model.named_modules()})
-        return names.get(id(module))
-
-    def tensors(label, value):
-        if torch.is_tensor(value):
-            yield label, value
-        elif isinstance(value, (tuple, list)):
-            for i, part in enumerate(value):
-                yield from tensors("%s[%d]" % (label, i), part)
-
-    def wrap(cls):
-        forward = cls.forward
-
-        def recording(self, *args, **kwargs):
-            name = name_of(self)
-            if name is not None and re.search(pattern, name):
-                sums = [(label, device_checksum(t)) for i, a in enumerate(args) for label, t in tensors("arg%d" % i, a)]
-                sums += [(label, device_checksum(t)) for k in sorted(kwargs) for label, t in tensors(k, kwargs[k])]
-                sums += [(n, device_checksum(p)) for n, p in self.named_parameters()]
-                into.setdefault(name, []).append(sums)
-            return forward(self, *args, **kwargs)
-        cls.forward = recording
-    for cls in {type(m) for n, m in model.named_modules() if re.search(pattern, n)}:
-        wrap(cls)
-
-
-def call_digests(calls):
-    """record_calls' records as {name: [{label: digest}]}, read to the host."""
-    return {name: [{label: hashlib.sha256(sums.cpu().numpy().tobytes()).hexdigest()[:16] for label, sums in call}
-                   for call in records] for name, records in calls.items()}
 
 
 def solve_checksums(out):

@@ -1,7 +1,7 @@
 """bench/hosts/compare_runs.py, which says where repeated runs part: the first differing
 batch input of a digested layer, per layer how many distinct losses, weights and Hessians
 the runs gave, and the first call of a digested module where they part and in what
-(gptqmodel_run.py --call-digests records those calls)."""
+(digests.record_calls, gptqmodel_run.py --call-digests, records those calls)."""
 import os
 import sys
 
@@ -9,7 +9,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "hosts"))
 import compare_runs  # noqa: E402 (bench/hosts)
-import gptqmodel_run  # noqa: E402 (bench/hosts)
+import digests  # noqa: E402 (bench/hosts)
 
 
 def run(o_proj_loss, o_proj_hessian, o_proj_batches, digest):
@@ -53,13 +53,13 @@ def test_a_modules_calls_part_where_a_weight_changed_between_runs(monkeypatch):
         monkeypatch.setattr(torch.nn.Linear, "forward", linear_forward)  # record_calls wraps the class; undone after
         torch.manual_seed(0)
         model, calls = Model(), {}
-        gptqmodel_run.record_calls(model, r"layers\.0$", calls)
+        digests.record_calls(model, r"layers\.0$", calls)
         for step in range(3):
             if changed and step == 1:
                 with torch.no_grad():
                     model.layers[0].weight[0, 0] += 1
             model(torch.ones(2, 4), scale=(torch.full((1,), 2.0),))
-        runs.append({"call_digests": gptqmodel_run.call_digests(calls)})
+        runs.append({"call_digests": digests.call_digests(calls)})
     assert [len(c) for c in runs[0]["call_digests"]["layers.0"]] == [3, 3, 3]  # arg0, weight, bias
     assert compare_runs.compare_calls(runs) == {"layers.0": {"first_call": 1, "parted": ["weight"]}}
     assert compare_runs.compare_calls([runs[0], runs[2]]) == {"layers.0": {"first_call": None, "parted": []}}
