@@ -439,12 +439,13 @@ part_attention() {  # each forward saving left out (install keeps them all); def
   done
 }
 part_divergence() {  # DIV_PARALLEL runs at a time share the GPU: less device time, more timing spread
-  local r n=${DIV_LAYERS:-4} width=${DIV_PARALLEL:-1} mib
+  local r n=${DIV_LAYERS:-4} width=${DIV_PARALLEL:-1} mib cap
   # A run of one 7B-shaped layer peaks near 17 GiB of PyTorch's and more of the process's: at most
   # one run per 24 GiB of the GPU (four on an 80 GB H100 ran 10 of 24 out of memory, session 37).
   mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
-  if [ -n "$mib" ] && [ "$width" -gt $((mib / 24576 > 0 ? mib / 24576 : 1)) ]; then
-    width=$((mib / 24576 > 0 ? mib / 24576 : 1))
+  cap=$((${mib:-0} / 24576 > 0 ? ${mib:-0} / 24576 : 1))
+  if [ -n "$mib" ] && [ "$width" -gt "$cap" ]; then
+    width=$cap
     echo "divergence: $width runs at a time on a GPU of $mib MiB"
   fi
   for r in $(seq 1 "${DIV_RUNS:-15}"); do

@@ -67,7 +67,12 @@ def record_calls(model, pattern, into):
         wrap(cls)
 
 
+def short_digest(sums):
+    """device_checksum's sums read to the host as 16 hex digits."""
+    return hashlib.sha256(sums.cpu().numpy().tobytes()).hexdigest()[:16]
+
+
 def call_digests(calls):
     """record_calls' records as {name: [{label: digest}]}, read to the host."""
-    return {name: [{label: hashlib.sha256(sums.cpu().numpy().tobytes()).hexdigest()[:16] for label, sums in call}
-                   for call in records] for name, records in calls.items()}
+    return {name: [{label: short_digest(sums) for label, sums in call} for call in records]
+            for name, records in calls.items()}

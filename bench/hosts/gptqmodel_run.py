@@ -64,7 +64,7 @@ import idle
 from common import (ARCHS, LLAMA_70B, QWEN3_235B, QWEN3_MOE_TREE, busy_shares, install_guards, kernel_table,
                     launch_mark_kernel, make_arch, make_deepseek_v3, make_llama, make_qwen3_moe, process_settings,
                     profiler_activities, python_profile, setup_paths, stack_samples, timed, token_batches, write)
-from digests import call_digests, device_checksum, record_calls
+from digests import call_digests, device_checksum, record_calls, short_digest
 
 setup_paths()
 
@@ -181,8 +181,7 @@ def finish_records(into, codes=None):
             record[what + "_digest"] = None if sums is None else hashlib.sha256(
                 sums.cpu().numpy().tobytes()).hexdigest()
         if "batch_sums" in record:
-            record["batch_digests"] = [hashlib.sha256(sums.cpu().numpy().tobytes()).hexdigest()[:16]
-                                       for sums in record.pop("batch_sums")]
+            record["batch_digests"] = [short_digest(sums) for sums in record.pop("batch_sums")]
         record["loss"], record["damp"] = float(record["loss"]), float(record["damp"])
     if codes is not None:
         for name in codes:

@@ -26,8 +26,9 @@ def refusal(x):
     """Why x's rows cannot take the grouped GEMMs (fits), or None."""
     if fits(x):
         return None
-    if GROUPED_MM and x.is_cuda and compute_dtype(x) != x.dtype:
-        return "no grouped GEMM for %s rows computed in %s on %s" % (x.dtype, compute_dtype(x), x.device)
+    dtype = compute_dtype(x) if GROUPED_MM and x.is_cuda else x.dtype
+    if dtype != x.dtype:
+        return "no grouped GEMM for %s rows computed in %s on %s" % (x.dtype, dtype, x.device)
     return "no grouped GEMM for %s rows on %s" % (x.dtype, x.device)
 
 
