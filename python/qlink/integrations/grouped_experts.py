@@ -34,7 +34,10 @@ def refusal(x):
 
 def compute_dtype(x):
     """The dtype a linear computes x's rows in: autocast's where autocast is on for x's device
-    (AutoRound's block forward with amp: fp32 rows, bf16 products), else x's own (PyTorch 2.4+)."""
+    (AutoRound's block forward with amp: fp32 rows, bf16 products), else x's own. PyTorch asks
+    autocast per device from 2.4; before, with no grouped GEMM (2.8), x's own."""
+    if not hasattr(torch, "get_autocast_dtype"):
+        return x.dtype
     kind = x.device.type
     return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
 
@@ -104,11 +107,13 @@ def linears(x, ends, gate_up, down, act):
     """(output, intermediates) of x's rows sorted by expert (expert e's end at ends[e], an
     int32 device tensor: offsets()): act(gate) * up and down, each over every expert in one
     grouped GEMM (autograd through both). gate_up (experts, 2 * inter, hidden), down
-    (experts, hidden, inter)."""
-    both = torch._grouped_mm(x, gate_up.transpose(1, 2), offs=ends)
+    (experts, hidden, inter). Rows and weights are cast to compute_dtype(x), as autocast casts
+    a linear's operands (a no-op without autocast, where fits() wants bf16 rows)."""
+    dtype = compute_dtype(x)
+    both = torch._grouped_mm(x.to(dtype), gate_up.to(dtype).transpose(1, 2), offs=ends)
     inter = gate_up.shape[1] // 2
     h = act(both[:, :inter]) * both[:, inter:]
-    return torch._grouped_mm(h, down.transpose(1, 2), offs=ends), h
+    return torch._grouped_mm(h, down.to(dtype).transpose(1, 2), offs=ends), h
 
 
 def combine(out, order, top_k_index, top_k_weights, like):
