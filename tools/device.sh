@@ -477,7 +477,7 @@ part_moe_workers() {
   GPTQMODEL_CPU_WORKERS=${MOE_CPU_WORKERS:-2} stage_runs moe_workers --defaults --no-digests
 }
 part_moe_switch() { stage_runs moe_switch --no-digests --switch-interval 1e-4; }
-part_moe_tensor() { stage_runs moe_tensor --defaults --no-digests --precision tensor; }  # qlink's kernel's Hessians
+part_moe_tensor() { stage_runs moe_tensor --no-digests --precision tensor; }  # qlink's kernel's Hessians
 part_moe_groups() { stage_runs moe_groups --defaults --no-digests --group-rows "${GROUP_ROWS:-32768}"; }
 part_groups() { qlink_on_shapes groups --defaults --group-rows "${GROUP_ROWS:-32768}"; }  # GROUP_ROWS a grouped forward
 part_moe_stage_samples() {
