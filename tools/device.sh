@@ -77,7 +77,7 @@
 #     moe_stage  the Qwen3-MoE models at MOE_LAYERS with the expert stage (install's default)
 #     moe_bare   the same without the bench's digests (its checksum work beside the loop left out)
 #     moe_no_offload  moe_bare with GPTQModel's per-module disk offload left out (what the finalizers' offload costs)
-#     moe_workers  moe_bare with GPTQModel's CPU pool (its finalizers) cut to MOE_CPU_WORKERS (2) threads
+#     moe_workers  moe_bare with GPTQModel's CPU pool (its finalizers) at its own size (install(cpu_workers=None))
 #     moe_switch  moe_bare with the loop's switch interval at 1e-4 s
 #     moe_tensor  moe_bare with the Hessians on qlink's kernel (--precision tensor; the defaults take the vendor's GEMM)
 #     moe_groups moe_bare with GROUP_ROWS (32768) tokens a grouped forward (install's: 16384), half the forwards
@@ -94,8 +94,8 @@
 #     dsv3_gpus  the DeepSeek-V3-shaped layer through the stage on one GPU, then on every GPU
 #     moe_tree   Qwen3-30B-A3B's module tree with small matrices: GPTQModel alone and qlink's defaults to layer 2 at 2
 #                and 48 layers (the per-module costs as the model grows), then qlink's whole 48-layer run
-#     breakdown  GPTQModel alone with each of qlink's process settings (gc, switch, segments) and all three
-#                (BD_SETTINGS) at 2 and 4 layers (BD_LAYERS)
+#     breakdown  GPTQModel alone with each of qlink's process settings (gc, switch, segments, workers: its CPU
+#                pool at 2 threads) and all four (BD_SETTINGS) at 2 and 4 layers (BD_LAYERS)
 #     ar_breakdown  AutoRound with qlink, then alone with no setting, all three of those and each, a timed run
 #                apiece after one warm-up in one process (AR_ITERS)
 #   Groups: gpu, hosts, issue20 (moe_check moe_solve moe), issue22 (ar ar0), issue23 (hprec loop loop_slope),
@@ -106,7 +106,7 @@
 # always made), DRY_RUN=1 (say each command, run none), KEEP_RAW=0 (remove OUTDIR once packed),
 # ARCH (nvcc's -arch, sm_90), BUILD_DIR (nvcc's outputs, /tmp/qlink_device), MODEL
 # (/tmp/llama7b-2layers), SHAPES (the speed set's), CODES (the loops' 4-bit levels, hundreds of MB, kept out of OUTDIR:
-# /tmp/qlink_codes), LAYERS ("2 4 8"), DIV_RUNS (15), DIV_LAYERS (4), DIV_PARALLEL (1), MOE_LAYERS ("2 4"), MOE_CPU_WORKERS (2),
+# /tmp/qlink_codes), LAYERS ("2 4 8"), DIV_RUNS (15), DIV_LAYERS (4), DIV_PARALLEL (1), MOE_LAYERS ("2 4"),
 # GROUP_ROWS (32768), SLOPE_LAYERS ("4 8"),
 # PRECISIONS ("ieee_fp32 tensor"), STRESS_RUNS (3), GPTQ_QLINK_RUNS (2), AR_ITERS (200), AR_MOE_ITERS (50), AR_HOST_PROFILE
 # (set: AutoRound alone profiled too), AR_MOE_CPROFILE (set: ar_moe_grouped adds an iters=0 run under cProfile). NVLink multicast stays off (NCCL, symmetric memory,
@@ -470,12 +470,10 @@ stage_runs() {  # PREFIX ARGS...: the Qwen3-MoE models at MOE_LAYERS through the
 }
 part_moe_stage() { stage_runs moe_stage --defaults; }
 part_moe_bare() { stage_runs moe_bare --defaults --no-digests; }  # without the bench's checksums beside the loop
-# moe_bare but for one thing each: GPTQModel's per-module offload left out; its CPU pool (the finalizers, 8
-# threads on 16 cores) cut to MOE_CPU_WORKERS; the loop's switch interval 1e-4 s (install's switch_interval)
+# moe_bare but for one thing each: GPTQModel's per-module offload left out; its CPU pool (the finalizers) at
+# GPTQModel's own size (8 threads on 16 cores; install's cpu_workers is 2); the loop's switch interval 1e-4 s
 part_moe_no_offload() { stage_runs moe_no_offload --defaults --no-digests --module-offload off; }
-part_moe_workers() {
-  GPTQMODEL_CPU_WORKERS=${MOE_CPU_WORKERS:-2} stage_runs moe_workers --defaults --no-digests
-}
+part_moe_workers() { stage_runs moe_workers --defaults --no-digests --cpu-workers host; }
 part_moe_switch() { stage_runs moe_switch --no-digests --switch-interval 1e-4; }
 part_moe_tensor() { stage_runs moe_tensor --no-digests --precision tensor; }  # qlink's kernel's Hessians
 part_moe_groups() { stage_runs moe_groups --defaults --no-digests --group-rows "${GROUP_ROWS:-32768}"; }
@@ -559,7 +557,7 @@ part_moe_tree() {  # issue 41: the loop's costs per module at a whole model's si
 part_breakdown() {
   local n s
   for n in ${BD_LAYERS:-2 4}; do
-    for s in ${BD_SETTINGS:-gc switch segments gc,switch,segments}; do
+    for s in ${BD_SETTINGS:-gc switch segments workers gc,switch,segments,workers}; do
       gptqmodel_run bd_host${n}_${s//,/+} 300 --model /tmp/llama7b-${n}layers --layers $n --settings $s
     done
   done

@@ -29,8 +29,8 @@ import logging
 import re
 
 import idle
-from common import (busy_shares, install_guards, kernel_table, make_llama, process_settings, profiler_activities,
-                    python_profile, setup_paths, timed, token_batches, write)
+from common import (POOL_SETTING, busy_shares, install_guards, kernel_table, make_llama, process_settings,
+                    profiler_activities, python_profile, setup_paths, timed, token_batches, write)
 
 setup_paths()
 
@@ -181,6 +181,8 @@ def main():
     rows = [[name for name in row.split(",") if name and name != "none"] for row in args.settings.split(";")]
     if args.qlink is not None and any(rows):
         a.error("--settings is for runs without qlink (qlink's install holds its own)")
+    if any(POOL_SETTING in row for row in rows):
+        a.error("--settings: %s is GPTQModel's CPU pool; AutoRound has none" % POOL_SETTING)
     args.settings = rows[0]
     import torch
     import transformers

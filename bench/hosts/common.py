@@ -192,17 +192,26 @@ def token_batches(samples=128, seqlen=2048, vocab=32000, seed=1):
 
 
 SETTINGS = ("gc", "switch", "segments")
+POOL_SETTING = "workers"  # GPTQModel's alone: its CPU pool at 2 threads, as install(cpu_workers=2) builds it
+
+
+def pool_setting(names):
+    """GPTQModel's CPU pool at 2 threads where `names` hold "workers" (its own
+    GPTQMODEL_CPU_WORKERS, set before it starts the pool: as the run starts)."""
+    if POOL_SETTING in names:
+        os.environ["GPTQMODEL_CPU_WORKERS"] = "2"
 
 
 @contextlib.contextmanager
 def process_settings(names):
     """qlink's process settings alone, without qlink installed (the baselines' rows): "gc"
     the older objects frozen out of the collector, "switch" a 0.1 ms switch interval,
-    "segments" fixed CUDA allocator segments; each as qlink's loops hold them."""
+    "segments" fixed CUDA allocator segments; each as qlink's loops hold them ("workers"
+    is pool_setting's, made as the run starts)."""
     from qlink.integrations import process_settings as settings
-    unknown = sorted(set(names) - set(SETTINGS))
+    unknown = sorted(set(names) - set(SETTINGS) - {POOL_SETTING})
     if unknown:
-        raise ValueError("unknown process settings %s (known: %s)" % (unknown, ", ".join(SETTINGS)))
+        raise ValueError("unknown process settings %s (known: %s)" % (unknown, ", ".join(SETTINGS + (POOL_SETTING,))))
     with contextlib.ExitStack() as stack:
         for name, held in (("gc", settings.frozen_gc), ("switch", lambda: settings.short_switch_interval(1e-4)),
                            ("segments", settings.fixed_segments)):

@@ -62,8 +62,9 @@ import time
 
 import idle
 from common import (ARCHS, LLAMA_70B, QWEN3_235B, QWEN3_MOE_TREE, busy_shares, install_guards, kernel_table,
-                    launch_mark_kernel, make_arch, make_deepseek_v3, make_llama, make_qwen3_moe, process_settings,
-                    profiler_activities, python_profile, setup_paths, stack_samples, timed, token_batches, write)
+                    launch_mark_kernel, make_arch, make_deepseek_v3, make_llama, make_qwen3_moe, pool_setting,
+                    process_settings, profiler_activities, python_profile, setup_paths, stack_samples, timed,
+                    token_batches, write)
 from digests import call_digests, device_checksum, record_calls, short_digest
 
 setup_paths()
@@ -253,6 +254,9 @@ def main():
                    help="with --qlink: install(tail_inputs=...), the o_proj and down_proj inputs kept")
     a.add_argument("--stopped-products", choices=("on", "off"),
                    help="with --qlink: install(stopped_products=...), a stopped subset's last product left out")
+    a.add_argument("--cpu-workers", type=lambda v: None if v == "host" else int(v), default=False,  # False: not given
+                   help="with --qlink: install(cpu_workers=...), GPTQModel's CPU pool's threads ('host': its own "
+                        "size, cpu_workers=None; install's default 2)")
     a.add_argument("--guards", action="store_true", help="the torch guards without installing qlink (qlink run)")
     a.add_argument("--samples", type=int, default=128)
     a.add_argument("--seqlen", type=int, default=2048)
@@ -300,7 +304,8 @@ def main():
     a.add_argument("--profile-stacks", action="store_true", help="--profile with the Python stack behind each operator")
     a.add_argument("--samples-out", help="the main thread's stack sampled every 2 ms; its table to this file")
     a.add_argument("--settings", default="", help="qlink's process settings alone, comma-separated: gc, switch, "
-                   "segments (common.process_settings), around the quantize call")
+                   "segments (common.process_settings), around the quantize call; workers, GPTQModel's CPU pool "
+                   "at 2 threads (common.pool_setting)")
     a.add_argument("--out")
     args = a.parse_args()
     if args.device_only and (args.idle or args.profile_stacks or not args.profile):
@@ -308,6 +313,7 @@ def main():
     args.settings = [name for name in args.settings.split(",") if name]
     if args.settings and args.qlink:
         a.error("--settings is for runs without qlink (qlink's install holds its own)")
+    pool_setting(args.settings)
     if args.defaults and (args.precision or args.switch_interval != "off" or args.read_ahead != "pinned"
                           or args.segments != "fixed"):
         a.error("--defaults takes none of --precision, --switch-interval, --read-ahead, --segments")
@@ -339,7 +345,9 @@ def main():
               "bits": args.bits, "calibration": args.calibration, "reversed": args.reversed,
               "hessian_f64": args.hessian_f64, "digests": not args.no_digests,
               "module_offload": args.module_offload,
-              "cpu_workers": os.environ.get("GPTQMODEL_CPU_WORKERS")}  # GPTQModel's CPU pool (finalizers) size
+              # GPTQModel's CPU pool (finalizers): its own setting, else install's (qlink), else its default (None)
+              "cpu_workers": os.environ.get("GPTQMODEL_CPU_WORKERS") or (
+                  (2 if args.cpu_workers is False else args.cpu_workers) if args.qlink else None)}
     if args.qlink or args.guards:
         install_guards()
     if args.qlink:
@@ -353,6 +361,8 @@ def main():
         for name in ("attention_outputs", "tail_inputs", "stopped_products"):
             if getattr(args, name):
                 stage[name] = getattr(args, name) == "on"
+        if args.cpu_workers is not False:
+            stage["cpu_workers"] = args.cpu_workers
         if args.defaults:
             qlink_gptqmodel.install(config, strict=args.strict, **stage)
         else:

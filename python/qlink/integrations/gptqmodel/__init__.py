@@ -13,7 +13,8 @@ instead of running the host's code."""
 from ...defaults import configure
 from ..base import HostSpec, Integration
 from ..seams import Seam, SeamTable
-from . import attention_outputs, expert_stage, gptq, hooked_linear, looper_helpers, model_moves, module_looper, qlinear
+from . import (attention_outputs, cpu_pool, expert_stage, gptq, hooked_linear, looper_helpers, model_moves,
+               module_looper, qlinear)
 from .defuser_moe import make_run_routed_experts
 from .installation import GPTQModelInstallation
 
@@ -89,6 +90,10 @@ SEAMS = SeamTable("gptqmodel", [
          reads=["gptqmodel.nn_modules.hooked_linear:" + name for name in (
              "_materialize_if_meta_weight", "emit_device_telemetry", "apply_online_hadamard",
              "_restore_output_device", "STOP_FORWARD_EXCEPTION")]),
+    Seam("gptqmodel:_default_cpu_workers", "cpu_pool",
+         "the size of GPTQModel's CPU pool, which runs each module's finalize (pack, disk offload) beside the "
+         "next layer: min(12, cores / 2) threads", ["cpu_workers"], cpu_pool.make_default_cpu_workers,
+         when=lambda inst: inst.cpu_workers is not None, reads=["gptqmodel:_DEVICE_THREAD_POOL"]),
     Seam(_LOOPER + "loop", "module_looper", "the layer loop, run inside the process settings install() asks for",
          ["switch_interval", "fixed_segments"], module_looper.make_loop),
     Seam(_LOOPER + "cache_inputs", "module_looper",
@@ -150,7 +155,7 @@ _integration = Integration()
 def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pinned", switch_interval=None,
             fixed_segments=True, hessian_precision="tensor_gemm", inverse="triangular", tf32=True,
             attention_outputs=True, tail_inputs=True, stopped_products=True, expert_stage=True,
-            expert_budget=None):
+            expert_budget=None, cpu_workers=2):
     """Routes this process's GPTQModel through qlink (see the module's docstring); a second
     install replaces the first.
 
@@ -197,6 +202,11 @@ def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pi
     expert_budget: bytes one chunk of that stage's expert solves may take on a GPU (each
     Hessian twice over, with its inverse, and 3 bytes a weight; the forwards run once for
     every GPU's next chunk), or None for half each GPU's free memory (no bound in CPU memory).
+    cpu_workers: the threads of GPTQModel's CPU pool, which finalizes each quantized module
+    (its pack and disk offload) beside the next layer: 2 (the default) where the interpreter
+    has a GIL, whose Python those threads otherwise take from the loop (cpu_pool.py); None
+    leaves GPTQModel's (min(12, cores / 2)). GPTQMODEL_CPU_WORKERS, where set, wins; a pool
+    started before install() keeps its size.
     GPTQModel's version is checked against HOST's (another warns once; UnsupportedHost
     under strict) and every name the seams touch must be where HOST says (HostChanged
     naming each that moved); nothing is replaced otherwise."""
@@ -204,7 +214,7 @@ def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pi
     installation = GPTQModelInstallation(ctx or configure(config, library), strict, SEAMS, HOST, read_ahead,
                                          switch_interval, fixed_segments, hessian_precision, inverse, tf32,
                                          attention_outputs, tail_inputs, stopped_products, expert_stage,
-                                         expert_budget)
+                                         expert_budget, cpu_workers)
     return _integration.install(installation).ctx
 
 

@@ -75,7 +75,7 @@ class GPTQLoop:
 class GPTQModelInstallation(Installation):
     def __init__(self, ctx, strict, seams, host_spec, read_ahead, switch_interval, fixed_segments,
                  hessian_precision, inverse, tf32, attention_outputs, tail_inputs, stopped_products,
-                 expert_stage, expert_budget):  # install()'s arguments, its defaults
+                 expert_stage, expert_budget, cpu_workers):  # install()'s arguments, its defaults
         if read_ahead not in READ_AHEAD:
             raise ValueError("read_ahead must be one of %s, got %r" % (READ_AHEAD, read_ahead))
         if hessian_precision not in HESSIAN_PRECISIONS:
@@ -89,6 +89,11 @@ class GPTQModelInstallation(Installation):
                 raise ValueError("%s must be True or False, got %r" % (name, value))
         if expert_budget is not None and (not isinstance(expert_budget, int) or expert_budget <= 0):
             raise ValueError("expert_budget must be a positive number of bytes or None, got %r" % (expert_budget,))
+        if cpu_workers is not None and (not isinstance(cpu_workers, int) or isinstance(cpu_workers, bool)
+                                        or cpu_workers < 2):
+            raise ValueError("cpu_workers must be a number of threads, 2 or more (GPTQModel's model loader takes "
+                             "2), or None, got %r" % (cpu_workers,))
+        self.cpu_workers = cpu_workers
         self.switch_interval = check_interval(switch_interval)
         self.expert_stage, self.expert_budget = expert_stage, expert_budget
         self.fixed_segments = fixed_segments
