@@ -77,7 +77,7 @@
 #     moe_stage  the Qwen3-MoE models at MOE_LAYERS with the expert stage (install's default)
 #     moe_bare   the same without the bench's digests (its checksum work beside the loop left out)
 #     moe_no_offload  moe_bare with GPTQModel's per-module disk offload left out (what the finalizers' offload costs)
-#     moe_workers  moe_bare with GPTQModel's CPU pool (its finalizers) at its own size (install(cpu_workers=None))
+#     moe_workers  moe_bare with GPTQModel's CPU pool (its finalizers) at 2 threads (install(cpu_workers=2))
 #     moe_switch  moe_bare with the loop's switch interval at 1e-4 s
 #     moe_tensor  moe_bare with the Hessians on qlink's kernel (--precision tensor; the defaults take the vendor's GEMM)
 #     moe_groups moe_bare with GROUP_ROWS (32768) tokens a grouped forward (install's: 16384), half the forwards
@@ -470,10 +470,10 @@ stage_runs() {  # PREFIX ARGS...: the Qwen3-MoE models at MOE_LAYERS through the
 }
 part_moe_stage() { stage_runs moe_stage --defaults; }
 part_moe_bare() { stage_runs moe_bare --defaults --no-digests; }  # without the bench's checksums beside the loop
-# moe_bare but for one thing each: GPTQModel's per-module offload left out; its CPU pool (the finalizers) at
-# GPTQModel's own size (8 threads on 16 cores; install's cpu_workers is 2); the loop's switch interval 1e-4 s
+# moe_bare but for one thing each: GPTQModel's per-module offload left out; its CPU pool (the finalizers, 8
+# threads on 16 cores) at 2; the loop's switch interval 1e-4 s
 part_moe_no_offload() { stage_runs moe_no_offload --defaults --no-digests --module-offload off; }
-part_moe_workers() { stage_runs moe_workers --defaults --no-digests --cpu-workers host; }
+part_moe_workers() { stage_runs moe_workers --defaults --no-digests --cpu-workers 2; }
 part_moe_switch() { stage_runs moe_switch --no-digests --switch-interval 1e-4; }
 part_moe_tensor() { stage_runs moe_tensor --no-digests --precision tensor; }  # qlink's kernel's Hessians
 part_moe_groups() { stage_runs moe_groups --defaults --no-digests --group-rows "${GROUP_ROWS:-32768}"; }

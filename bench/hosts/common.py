@@ -192,7 +192,7 @@ def token_batches(samples=128, seqlen=2048, vocab=32000, seed=1):
 
 
 SETTINGS = ("gc", "switch", "segments")
-POOL_SETTING = "workers"  # GPTQModel's alone: its CPU pool at 2 threads, as install(cpu_workers=2) builds it
+POOL_SETTING = "workers"  # GPTQModel alone: its CPU pool at 2 threads, as install(cpu_workers=2) builds it
 
 
 def pool_setting(names):

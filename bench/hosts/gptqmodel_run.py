@@ -256,7 +256,7 @@ def main():
                    help="with --qlink: install(stopped_products=...), a stopped subset's last product left out")
     a.add_argument("--cpu-workers", type=lambda v: None if v == "host" else int(v), default=False,  # False: not given
                    help="with --qlink: install(cpu_workers=...), GPTQModel's CPU pool's threads ('host': its own "
-                        "size, cpu_workers=None; install's default 2)")
+                        "size, cpu_workers=None, install's default)")
     a.add_argument("--guards", action="store_true", help="the torch guards without installing qlink (qlink run)")
     a.add_argument("--samples", type=int, default=128)
     a.add_argument("--seqlen", type=int, default=2048)
@@ -347,7 +347,7 @@ def main():
               "module_offload": args.module_offload,
               # GPTQModel's CPU pool (finalizers): its own setting, else install's (qlink), else its default (None)
               "cpu_workers": os.environ.get("GPTQMODEL_CPU_WORKERS") or (
-                  (2 if args.cpu_workers is False else args.cpu_workers) if args.qlink else None)}
+                  (None if args.cpu_workers is False else args.cpu_workers) if args.qlink else None)}
     if args.qlink or args.guards:
         install_guards()
     if args.qlink:

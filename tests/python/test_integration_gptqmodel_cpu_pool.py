@@ -1,6 +1,6 @@
 """GPTQModel's CPU pool through qlink (cpu_pool) on the GPTQModel stand-in: install()
-builds it with cpu_workers threads (2 by default), GPTQModel's own size with
-cpu_workers=None, with GPTQMODEL_CPU_WORKERS set (its setting wins) or in a free-threaded
+builds it with cpu_workers threads where asked, GPTQModel's own size by default
+(cpu_workers=None), with GPTQMODEL_CPU_WORKERS set (its setting wins) or in a free-threaded
 interpreter; a pool started before install() keeps its size, the reason counted; the
 argument is checked."""
 import pytest
@@ -26,29 +26,29 @@ def _seam():
     return adapter.counters()["seams"]["cpu_workers"]
 
 
-def test_the_pool_starts_with_two_cpu_threads_by_default(host):
+def test_cpu_workers_sizes_the_pool_until_uninstalled(host):
     gptqmodel, ctx = host
     hosts_own = gptqmodel._default_cpu_workers()
-    adapter.install(ctx=ctx)
+    adapter.install(ctx=ctx, cpu_workers=2)
     assert gptqmodel.get_device_thread_pool()["cpu"] == 2
     assert _seam()["qlink"] == 1
     adapter.uninstall()
     assert gptqmodel._default_cpu_workers() == hosts_own
 
 
-def test_cpu_workers_sizes_the_pool_and_none_leaves_gptqmodels(host):
+def test_by_default_the_pool_keeps_gptqmodels_size(host):
     gptqmodel, ctx = host
-    adapter.install(ctx=ctx, cpu_workers=3)
-    assert gptqmodel._default_cpu_workers() == 3
-    adapter.install(ctx=ctx, cpu_workers=None)
-    assert "cpu_workers" not in adapter.counters()["seams"] or _seam()["qlink"] == 0
-    assert gptqmodel.get_device_thread_pool()["cpu"] == min(12, max(1, (__import__("os").cpu_count() + 1) // 2))
+    hosts_own = gptqmodel._default_cpu_workers()
+    original = gptqmodel._default_cpu_workers
+    adapter.install(ctx=ctx)
+    assert gptqmodel._default_cpu_workers is original
+    assert gptqmodel.get_device_thread_pool()["cpu"] == hosts_own
 
 
 def test_gptqmodels_own_setting_wins(host, monkeypatch):
     gptqmodel, ctx = host
     monkeypatch.setenv("GPTQMODEL_CPU_WORKERS", "5")
-    adapter.install(ctx=ctx)
+    adapter.install(ctx=ctx, cpu_workers=2)
     assert gptqmodel.get_device_thread_pool()["cpu"] == 5
     assert _seam()["qlink"] == 0 and _seam()["reasons"] == {"GPTQMODEL_CPU_WORKERS is set": 1}
 
@@ -57,7 +57,7 @@ def test_without_a_gil_the_pool_keeps_gptqmodels_size(host, monkeypatch):
     gptqmodel, ctx = host
     monkeypatch.setattr(cpu_pool, "gil_enabled", lambda: False)
     hosts_own = gptqmodel._default_cpu_workers()
-    adapter.install(ctx=ctx)
+    adapter.install(ctx=ctx, cpu_workers=2)
     assert gptqmodel.get_device_thread_pool()["cpu"] == hosts_own
     assert _seam()["reasons"] == {"no GIL (free-threaded Python)": 1}
 

@@ -22,6 +22,8 @@ from test_defuser_standin import defuser  # noqa: F401 (the fixture: defuser imp
 
 INTEGRATIONS = {"gptqmodel": gptqmodel, "auto_round": autoround}
 SEAMS = [(package, seam) for package, adapter in sorted(INTEGRATIONS.items()) for seam in adapter.SEAMS.seams]
+# install()'s arguments that apply every seam: the defaults, and each opt-in seam asked for
+EVERY_SEAM = {gptqmodel: dict(cpu_workers=2), autoround: {}}
 HOSTS_MD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "HOSTS.md")
 
 
@@ -52,7 +54,10 @@ def test_every_seam_is_qlinks_after_install_and_the_hosts_after_uninstall(packag
         importlib.import_module(seam.target.partition(":")[0])
         before = _bindings(seam, package)
         assert before, "%s is not bound anywhere" % seam.target
-        adapter.install(ctx=cpu) if adapter is gptqmodel else adapter.install(2, ctx=cpu)
+        if adapter is gptqmodel:
+            adapter.install(ctx=cpu, **EVERY_SEAM[adapter])
+        else:
+            adapter.install(2, ctx=cpu, **EVERY_SEAM[adapter])
         after = [getattr(owner, attr) for owner, attr, _ in before]
         assert len({id(v) for v in after}) == 1, "%s: one replacement wherever it was bound" % seam.target
         assert after[0] is not before[0][2] and after[0].__module__.startswith("qlink.integrations."), seam.target

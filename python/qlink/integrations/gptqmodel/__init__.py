@@ -155,7 +155,7 @@ _integration = Integration()
 def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pinned", switch_interval=None,
             fixed_segments=True, hessian_precision="tensor_gemm", inverse="triangular", tf32=True,
             attention_outputs=True, tail_inputs=True, stopped_products=True, expert_stage=True,
-            expert_budget=None, cpu_workers=2):
+            expert_budget=None, cpu_workers=None):
     """Routes this process's GPTQModel through qlink (see the module's docstring); a second
     install replaces the first.
 
@@ -203,10 +203,11 @@ def install(config=None, strict=False, *, ctx=None, library=None, read_ahead="pi
     Hessian twice over, with its inverse, and 3 bytes a weight; the forwards run once for
     every GPU's next chunk), or None for half each GPU's free memory (no bound in CPU memory).
     cpu_workers: the threads of GPTQModel's CPU pool, which finalizes each quantized module
-    (its pack and disk offload) beside the next layer: 2 (the default) where the interpreter
-    has a GIL, whose Python those threads otherwise take from the loop (cpu_pool.py); None
-    leaves GPTQModel's (min(12, cores / 2)). GPTQMODEL_CPU_WORKERS, where set, wins; a pool
-    started before install() keeps its size.
+    (its pack and disk offload) beside the next layer, where the interpreter has a GIL (their
+    Python takes it from the loop: cpu_pool.py), or None (the default) for GPTQModel's size,
+    min(12, cores / 2): 2 threads bought an MoE layer nothing measurable and lengthened a 70B
+    layer's drain (bench/RESULTS.md). GPTQMODEL_CPU_WORKERS, where set, wins; a pool started
+    before install() keeps its size.
     GPTQModel's version is checked against HOST's (another warns once; UnsupportedHost
     under strict) and every name the seams touch must be where HOST says (HostChanged
     naming each that moved); nothing is replaced otherwise."""

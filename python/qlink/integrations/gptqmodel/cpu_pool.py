@@ -2,11 +2,10 @@
 workers, built at its first use from _default_cpu_workers: min(12, cores / 2) threads) runs
 each quantized module's finalize, its pack and disk offload, beside the next layer. Under a
 GIL their Python takes the interpreter from the loop's main thread, which releases it around
-every operator it launches and waits to take it back: on an MoE layer's 388 finalizes a
-layer, 8 threads cost 0.87 s a layer against 2 (docs/MOE.md). install(cpu_workers=N) builds
-the pool with N threads where the interpreter has a GIL and GPTQMODEL_CPU_WORKERS
-(GPTQModel's own setting, which wins) is unset; a pool started before install() keeps its
-size, the reason counted."""
+every operator it launches and waits to take it back. install(cpu_workers=N) builds the
+pool with N threads where the interpreter has a GIL and GPTQMODEL_CPU_WORKERS (GPTQModel's
+own setting, which wins) is unset; a pool started before install() keeps its size, the
+reason counted. Opt-in: the measurements are in docs/MOE.md."""
 import importlib
 import os
 import sys
