@@ -33,9 +33,10 @@
 #     loop_host8 GPTQModel alone at 8 layers
 #     ar ar0 ar_stacks  AutoRound alone and with qlink at AR_ITERS (ar0: iters 0; ar_stacks: profiled)
 #     ar_moe_host ar_moe_qlink ar_moe_grouped  AutoRound on the 2-layer Qwen3-MoE model (moe_models first):
-#                alone with the gc freeze; with qlink; with qlink and grouped_moe; at AR_MOE_ITERS (50), then 0
+#                alone with the gc freeze; with qlink but grouped_moe off; with qlink's defaults (grouped_moe on);
+#                at AR_MOE_ITERS (50), then 0
 #     ar_moe_save  the user's whole flow at iters 0, quantize_and_save (each layer packed and written in
-#                the block loop): alone with the gc freeze, then qlink with grouped_moe
+#                the block loop): alone with the gc freeze, then qlink's defaults (grouped_moe)
 #     moe_check moe_solve moe moe_samples  the Qwen3-MoE runs (issue 20)
 #     archs      arch_table.py: GPTQModel alone and qlink strict on each architecture's small model
 #     archs_ref  arch_table.py --references on Qwen3 and Mixtral (alone reversed, alone in float64)
@@ -314,24 +315,23 @@ part_ar_moe_host() {  # issue 42: AutoRound alone (gc freeze) on the 2-layer Qwe
   autoround_run ar_moe_host 420 --iters "${AR_MOE_ITERS:-50}" --settings gc
   autoround_run ar0_moe_host 200 --iters 0 --settings gc
 }
-part_ar_moe_qlink() {  # the same with qlink's defaults, then iters 0
+part_ar_moe_qlink() {  # the same with qlink, its experts AutoRound's loop (grouped_moe off), then iters 0
   local model=/tmp/qwen3moe-2layers
-  autoround_run ar_moe_qlink 420 --iters "${AR_MOE_ITERS:-50}" --qlink auto
-  autoround_run ar0_moe_qlink 200 --iters 0 --qlink auto
+  autoround_run ar_moe_qlink 420 --iters "${AR_MOE_ITERS:-50}" --qlink auto --grouped-moe off
+  autoround_run ar0_moe_qlink 200 --iters 0 --qlink auto --grouped-moe off
 }
-part_ar_moe_grouped() {  # the same with qlink and grouped_moe
+part_ar_moe_grouped() {  # the same with qlink's defaults (grouped_moe)
   local model=/tmp/qwen3moe-2layers
-  autoround_run ar_moe_grouped 420 --iters "${AR_MOE_ITERS:-50}" --qlink auto --grouped-moe
-  autoround_run ar0_moe_grouped 200 --iters 0 --qlink auto --grouped-moe
+  autoround_run ar_moe_grouped 420 --iters "${AR_MOE_ITERS:-50}" --qlink auto
+  autoround_run ar0_moe_grouped 200 --iters 0 --qlink auto
   if [ -n "${AR_MOE_CPROFILE:-}" ]; then  # where the iters=0 run's time still goes (its timing not comparable)
-    autoround_run ar0_moe_grouped_cprofile 200 --iters 0 --qlink auto --grouped-moe \
-      --cprofile "$out/ar0_moe_grouped_cprofile.txt"
+    autoround_run ar0_moe_grouped_cprofile 200 --iters 0 --qlink auto --cprofile "$out/ar0_moe_grouped_cprofile.txt"
   fi
 }
 part_ar_moe_save() {
   local model=/tmp/qwen3moe-2layers
   autoround_run ar0_moe_save_host 240 --iters 0 --settings gc --save /tmp/ar_saved_host
-  autoround_run ar0_moe_save_grouped 240 --iters 0 --qlink auto --grouped-moe --save /tmp/ar_saved_qlink
+  autoround_run ar0_moe_save_grouped 240 --iters 0 --qlink auto --save /tmp/ar_saved_qlink
 }
 part_moe_check() { run moe_check 300 python3 check_defuser.py --model /tmp/qwen3moe-2layers; }
 part_moe_solve() {  # one layer's routed Hessians and 384 expert solves, qlink vs GPTQModel's own

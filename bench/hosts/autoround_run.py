@@ -12,7 +12,7 @@ qlink's plans and counters. --save DIR times the user's whole flow instead,
 quantize_and_save(DIR, format="auto_round"): AutoRound then packs and writes each layer in
 its block loop (the held-out error is not measured: the layers are packed).
 
-    python3 autoround_run.py --model DIR --iters 200|0 [--qlink auto|N|off [--grouped-moe]] [--strict]
+    python3 autoround_run.py --model DIR --iters 200|0 [--qlink auto|N|off [--grouped-moe on|off]] [--strict]
         [--runs 2] [--profile FILE [--profile-stacks] [--idle FILE]] [--cprofile FILE] [--heldout 16]
         [--blas cublas|cublaslt] [--settings ROW[;ROW...]] [--out FILE]
 
@@ -160,7 +160,8 @@ def main():
     a.add_argument("--iters", type=int, default=200)
     a.add_argument("--qlink", default=None, help="parallel_quantization with qlink installed: auto, N or off")
     a.add_argument("--strict", action="store_true", help="qlink's failures raise instead of running AutoRound's")
-    a.add_argument("--grouped-moe", action="store_true", help="qlink: install(grouped_moe=True), MoE experts grouped")
+    a.add_argument("--grouped-moe", choices=("on", "off"),
+                   help="qlink: install(grouped_moe=...), MoE experts as grouped GEMMs (install's default: on)")
     a.add_argument("--runs", type=int, default=2,
                    help="unprofiled runs of the first row of --settings; the first warms up, the last is timed")
     a.add_argument("--profile", help="one more run under torch.profiler; its operator table to this file")
@@ -203,8 +204,9 @@ def main():
         install_guards()
         import qlink.integrations.autoround as qlink_autoround
         parallel = args.qlink if args.qlink in ("auto", "off") else int(args.qlink)
+        grouped = {} if args.grouped_moe is None else {"grouped_moe": args.grouped_moe == "on"}
         qlink_autoround.install(parallel, strict=args.strict, config={"backend": "cuda", "log_level": "warn"},
-                                grouped_moe=args.grouped_moe)
+                                **grouped)
     figures = ("quantize_s", "tuning_s", "final_losses", "output_mse", "block_mse", "peak_gib")
     runs = result["runs"] = [quantize_once(args, tokenizer, heldout, reference, rows[0],
                                            cprofile=args.cprofile if r == args.runs - 1 else None)

@@ -12,7 +12,7 @@ checked before the script starts; a refusal names the field and where it came fr
     [autoround]                                 # qlink.integrations.autoround.install's options
     parallel_quantization = "auto"
     transport = "fp32"
-    grouped_moe = false                         # unfused MoE blocks' experts as grouped GEMMs
+    grouped_moe = true                          # unfused MoE blocks' experts as grouped GEMMs
 """
 import dataclasses
 import json

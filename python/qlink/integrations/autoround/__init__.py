@@ -78,7 +78,7 @@ _integration = Integration()
 
 
 def install(parallel_quantization="auto", strict=False, *, config=None, ctx=None, library=None, transport="fp32",
-            check_replicas=False, grouped_moe=False):
+            check_replicas=False, grouped_moe=True):
     """Makes this process's AutoRound tune blocks data-parallel (see the module's docstring);
     a second install replaces the first.
 
@@ -88,9 +88,10 @@ def install(parallel_quantization="auto", strict=False, *, config=None, ctx=None
     check_replicas: compare every replica's tuning parameters with home's after each step
     (ReplicaDiverged if they differ; a test aid, it synchronizes every step). strict: a
     block whose replicas qlink fails to make raises FallbackRefused instead of running
-    AutoRound's serial loop. grouped_moe: True runs an unfused MoE block's experts as
-    two grouped GEMMs on GPUs that have them (grouped_moe.py; within bf16 rounding of
-    AutoRound's loop); False (the default until measured on a GPU) leaves AutoRound's loop.
+    AutoRound's serial loop. grouped_moe: True (the default) runs an unfused MoE block's
+    experts as two grouped GEMMs on GPUs that have them (grouped_moe.py; within bf16
+    rounding of AutoRound's loop, the tuned blocks' error within AutoRound's own spread:
+    bench/RESULTS.md); False leaves AutoRound's loop.
     AutoRound's version is checked against HOST's (another warns
     once; UnsupportedHost under strict) and every name the patches touch must be where
     HOST says (HostChanged naming each that moved); nothing is patched otherwise."""

@@ -56,7 +56,7 @@ def _quantized_linears(block):
 
 
 class AutoRoundInstallation(Installation):
-    def __init__(self, ctx, strict, seams, host_spec, parallel, transport, check_replicas, grouped_moe=False):
+    def __init__(self, ctx, strict, seams, host_spec, parallel, transport, check_replicas, grouped_moe):
         check_setting(parallel)
         if transport not in TRANSPORTS:
             raise ValueError("transport must be one of %s, got %r" % (TRANSPORTS, transport))
