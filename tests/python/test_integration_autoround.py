@@ -602,19 +602,23 @@ def test_a_blocks_host_inputs_reach_the_gpu_through_qlinks_moves(host, ctx, monk
 
 def test_a_block_on_the_host_is_dispatched_by_autorounds_own_move(host, library):
     q = host.sign_round.SignRoundQuantizer(host.sign_round.SignRoundConfig(iters=1))
+    rtn = host.rtn.OptimizedRTNQuantizer(None)  # iters=0: BaseQuantizer's dispatch
     adapter.install("auto", ctx=cpu(library, 1), strict=True)
     block = Block()
     assert q.dispatch_block(block, None, {}) is block and q._loss_device == torch.device("cpu")
-    assert adapter.counters()["seams"]["block_dispatch"]["reasons"] == {"not a GPU of a GPU backend (cpu, cpu)": 1}
+    assert rtn.dispatch_block(block, None, {}) is block
+    assert adapter.counters()["seams"]["block_dispatch"]["reasons"] == {"not a GPU of a GPU backend (cpu, cpu)": 2}
     adapter.uninstall()
     assert host.sign_round.SignRoundQuantizer.dispatch_block.__module__ == host.sign_round.__name__
+    assert host.rtn.BaseQuantizer.dispatch_block.__module__ == host.rtn.BaseQuantizer.__module__
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_a_block_reaches_the_gpu_through_qlinks_moves(host, ctx, monkeypatch):
-    """dispatch_block on one GPU: the block's parameters on the GPU with the same values and
-    identities as Module.to leaves them, the quantizer's loss device set as AutoRound sets it;
-    a failing move falls back to AutoRound's, or raises under strict."""
+    """dispatch_block on one GPU, SignRound's and the RTN quantizers' (BaseQuantizer's): the
+    block's parameters on the GPU with the same values and identities as Module.to leaves
+    them, SignRound's loss device set as AutoRound sets it; a failing move falls back to
+    AutoRound's, or raises under strict."""
     gpu = torch.device("cuda", 0)
     monkeypatch.setattr(host.auto_round.utils.device_manager.device_manager, "device", gpu)
     monkeypatch.setattr(host.auto_round.utils.device_manager.device_manager, "device_list", [gpu])
@@ -628,6 +632,13 @@ def test_a_block_reaches_the_gpu_through_qlinks_moves(host, ctx, monkeypatch):
     assert q._loss_device == gpu and q._card_0_in_high_risk is False
     assert adapter.counters()["seams"]["block_dispatch"]["qlink"] == 1
 
+    rtn = host.rtn.RTNQuantizer(None)  # iters=0: BaseQuantizer's dispatch, through qlink's moves too
+    block = Block()
+    want, params = [p.detach().clone() for p in block.parameters()], list(block.parameters())
+    assert rtn.dispatch_block(block, None, {}) is block and list(block.parameters()) == params
+    assert all(p.device == gpu and torch.equal(p.cpu(), w) for p, w in zip(block.parameters(), want))
+    assert adapter.counters()["seams"]["block_dispatch"]["qlink"] == 2
+
     def broken(*args, **kwargs):
         raise RuntimeError("injected")
     monkeypatch.setattr(ctx, "move_module_to_device", broken)
@@ -636,7 +647,9 @@ def test_a_block_reaches_the_gpu_through_qlinks_moves(host, ctx, monkeypatch):
     adapter.install("auto", ctx=ctx)
     moved = q.dispatch_block(Block(), None, {})
     assert all(p.device == gpu for p in moved.parameters())
-    assert adapter.counters()["seams"]["block_dispatch"]["fallback"] == 1
+    moved = rtn.dispatch_block(Block(), None, {})
+    assert all(p.device == gpu for p in moved.parameters())
+    assert adapter.counters()["seams"]["block_dispatch"]["fallback"] == 2
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() != 1, reason="needs exactly one GPU")

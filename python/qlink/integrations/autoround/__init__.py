@@ -15,7 +15,7 @@ from ...defaults import configure
 from ..base import HostSpec, Integration
 from ..seams import Seam, SeamTable
 from .grouped_moe import make_linear_loop_experts_forward, make_sequential_moe_forward
-from .installation import _INPUTS, _ORCHESTRATOR, _RTN, _SIGN_ROUND, AutoRoundInstallation
+from .installation import _BASE, _INPUTS, _ORCHESTRATOR, _RTN, _SIGN_ROUND, AutoRoundInstallation
 
 _QUANTIZER_STATE = [_SIGN_ROUND + "." + name for name in (
     "_compute_valid_token_mask", "_get_loss", "_scale_loss_and_backward", "_get_non_zero_cnt", "_step",
@@ -46,6 +46,9 @@ SEAMS = SeamTable("auto_round", [
     Seam(_SIGN_ROUND + ".dispatch_block", "installation",
          "a block's weights moved to the tuning GPU by Module.to's pageable copies", ["block_dispatch"],
          _method("dispatch_block")),
+    Seam(_BASE + ".dispatch_block", "installation",
+         "iters=0 (the RTN quantizers): a block's weights moved to the primary GPU by Module.to's pageable "
+         "copies", ["block_dispatch"], _method("base_dispatch_block")),
     Seam(_RTN + "RTNQuantizer.quantize_block", "installation, grouped_unwrap",
          "iters=0: a block's layers' RTN one after another", ["rtn_layers", "grouped_unwrap"],
          _method("rtn_quantize_block"),
@@ -53,7 +56,7 @@ SEAMS = SeamTable("auto_round", [
     Seam(_RTN + "OptimizedRTNQuantizer.quantize_block", "installation, grouped_unwrap",
          "iters=0: a block's layers' optimized RTN search one after another", ["rtn_layers", "grouped_unwrap"],
          _method("rtn_quantize_block"), reads=[_RTN + "OptimizedRTNQuantizer"]),
-    Seam("auto_round.algorithms.quantization.base:BaseQuantizer._quantize_layer_via_rtn", "installation",
+    Seam(_BASE + "._quantize_layer_via_rtn", "installation",
          "a layer's RTN: deferred while a block's RTN runs (spread over the devices, or stacked by shape on one)",
          ["rtn_layers"], _method("quantize_layer_via_rtn")),
     Seam(_ORCHESTRATOR + ".quantize", "installation",

@@ -27,6 +27,7 @@ _SIGN_ROUND = "auto_round.algorithms.quantization.sign_round.quantizer:SignRound
 _RTN = "auto_round.algorithms.quantization.rtn.quantizer:"
 _ORCHESTRATOR = "auto_round.compressors.orchestrator:CompressionOrchestrator"
 _INPUTS = "auto_round.calibration.inputs:"
+_BASE = "auto_round.algorithms.quantization.base:BaseQuantizer"
 
 
 class _Host:
@@ -138,6 +139,22 @@ class AutoRoundInstallation(Installation):
                 return moved
             return guard.attempt("block_dispatch", lambda: ctx.move_module_to_device(block, device),
                                  lambda: original(q, block, input_ids, input_others), commit)
+        return dispatch_block
+
+    def _make_base_dispatch_block(self, original):
+        """BaseQuantizer's dispatch (the RTN quantizers' at iters=0): the block to the primary
+        device, through qlink's moves where that is a GPU of a GPU backend."""
+        h, ctx, counters, guard = self.host, self.ctx, self.counters, self.guard
+
+        @like(original)
+        def dispatch_block(q, block, input_ids, input_others):
+            device = torch.device(h.device_manager.device)
+            reason = self._not_a_gpu(device, device)
+            if reason:
+                counters.host("block_dispatch", reason)
+                return original(q, block, input_ids, input_others)
+            return guard.attempt("block_dispatch", lambda: ctx.move_module_to_device(block, device),
+                                 lambda: original(q, block, input_ids, input_others))
         return dispatch_block
 
     # -- the plan --------------------------------------------------------------------------

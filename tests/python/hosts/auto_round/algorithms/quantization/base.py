@@ -1,6 +1,6 @@
-"""Stand-in for auto_round.algorithms.quantization.base.BaseQuantizer: the per-layer RTN
-quantization every block quantizer falls back on, optimized RTN turned off for an MoE
-model's routed experts as AutoRound turns it off."""
+"""Stand-in for auto_round.algorithms.quantization.base.BaseQuantizer: the block's dispatch
+to the primary device and the per-layer RTN quantization every block quantizer falls back
+on, optimized RTN turned off for an MoE model's routed experts as AutoRound turns it off."""
 import types
 
 import torch
@@ -19,6 +19,9 @@ class BaseQuantizer:
         self.block_forward = None
         self.model_context = types.SimpleNamespace(amp_dtype=torch.float32, is_moe_model=False)
         self.compress_context = types.SimpleNamespace(enable_torch_compile=False)
+
+    def dispatch_block(self, block, input_ids, input_others):
+        return block.to(device_manager.device)
 
     def quantize_layer_outside_block(self, layer, fp_inputs=None, q_inputs=None, disable_opt_rtn=None, input_ids=None):
         self._quantize_layer_via_rtn(layer, disable_opt_rtn=disable_opt_rtn)
