@@ -209,9 +209,10 @@ def process_settings(names):
     "segments" fixed CUDA allocator segments; each as qlink's loops hold them ("workers"
     is pool_setting's, made as the run starts)."""
     from qlink.integrations import process_settings as settings
-    unknown = sorted(set(names) - set(SETTINGS) - {POOL_SETTING})
+    known = SETTINGS + (POOL_SETTING,)
+    unknown = sorted(set(names) - set(known))
     if unknown:
-        raise ValueError("unknown process settings %s (known: %s)" % (unknown, ", ".join(SETTINGS + (POOL_SETTING,))))
+        raise ValueError("unknown process settings %s (known: %s)" % (unknown, ", ".join(known)))
     with contextlib.ExitStack() as stack:
         for name, held in (("gc", settings.frozen_gc), ("switch", lambda: settings.short_switch_interval(1e-4)),
                            ("segments", settings.fixed_segments)):

@@ -121,12 +121,24 @@ class AutoRoundInstallation(Installation):
         return None
 
     def _make_dispatch_block(self, original):
+        """SignRound's dispatch: the block to the tuning GPU through qlink's moves where AutoRound
+        would not spread it over several devices, the quantizer's loss device set as it sets it."""
+        return self._dispatch_through_moves(original, sign_round=True)
+
+    def _make_base_dispatch_block(self, original):
+        """BaseQuantizer's dispatch (the RTN quantizers' at iters=0): the block to the primary
+        device through qlink's moves, whatever the device count (it never spreads a block)."""
+        return self._dispatch_through_moves(original, sign_round=False)
+
+    def _dispatch_through_moves(self, original, sign_round):
+        """A quantizer's dispatch_block moving the block with ctx.move_module_to_device where
+        the primary device is a GPU of a GPU backend, AutoRound's own move otherwise (counted)."""
         h, ctx, counters, guard = self.host, self.ctx, self.counters, self.guard
 
         @like(original)
         def dispatch_block(q, block, input_ids, input_others):
             device = torch.device(h.device_manager.device)
-            if len(h.device_manager.device_list) > 1:
+            if sign_round and len(h.device_manager.device_list) > 1:
                 reason = "several devices (AutoRound may spread the block over them)"
             else:
                 reason = self._not_a_gpu(device, device)
@@ -135,26 +147,11 @@ class AutoRoundInstallation(Installation):
                 return original(q, block, input_ids, input_others)
 
             def commit(moved):
-                dispatched(q, device)
+                if sign_round:
+                    dispatched(q, device)
                 return moved
             return guard.attempt("block_dispatch", lambda: ctx.move_module_to_device(block, device),
                                  lambda: original(q, block, input_ids, input_others), commit)
-        return dispatch_block
-
-    def _make_base_dispatch_block(self, original):
-        """BaseQuantizer's dispatch (the RTN quantizers' at iters=0): the block to the primary
-        device, through qlink's moves where that is a GPU of a GPU backend."""
-        h, ctx, counters, guard = self.host, self.ctx, self.counters, self.guard
-
-        @like(original)
-        def dispatch_block(q, block, input_ids, input_others):
-            device = torch.device(h.device_manager.device)
-            reason = self._not_a_gpu(device, device)
-            if reason:
-                counters.host("block_dispatch", reason)
-                return original(q, block, input_ids, input_others)
-            return guard.attempt("block_dispatch", lambda: ctx.move_module_to_device(block, device),
-                                 lambda: original(q, block, input_ids, input_others))
         return dispatch_block
 
     # -- the plan --------------------------------------------------------------------------

@@ -6,7 +6,6 @@ every operator it launches and waits to take it back. install(cpu_workers=N) bui
 pool with N threads where the interpreter has a GIL and GPTQMODEL_CPU_WORKERS (GPTQModel's
 own setting, which wins) is unset; a pool started before install() keeps its size, the
 reason counted. Opt-in: the measurements are in docs/MOE.md."""
-import importlib
 import os
 import sys
 
@@ -24,7 +23,7 @@ def gil_enabled():
 def make_default_cpu_workers(installation, original):
     """gptqmodel._default_cpu_workers for `installation` (its cpu_workers setting)."""
     counters = installation.counters
-    if importlib.import_module("gptqmodel")._DEVICE_THREAD_POOL is not None:
+    if installation.names["gptqmodel:_DEVICE_THREAD_POOL"] is not None:  # as install() found it
         counters.host(PATCH, "GPTQModel's CPU pool was started before install()")
 
     @like(original)
