@@ -16,6 +16,7 @@ from ..base import HostSpec, Integration
 from ..seams import Seam, SeamTable
 from .grouped_moe import make_linear_loop_experts_forward, make_sequential_moe_forward
 from .installation import _BASE, _INPUTS, _ORCHESTRATOR, _RTN, _SIGN_ROUND, AutoRoundInstallation
+from .scale_search import make_search_scales
 
 _QUANTIZER_STATE = [_SIGN_ROUND + "." + name for name in (
     "_compute_valid_token_mask", "_get_loss", "_scale_loss_and_backward", "_get_non_zero_cnt", "_step",
@@ -56,6 +57,10 @@ SEAMS = SeamTable("auto_round", [
     Seam(_RTN + "OptimizedRTNQuantizer.quantize_block", "installation, grouped_unwrap",
          "iters=0: a block's layers' optimized RTN search one after another", ["rtn_layers", "grouped_unwrap"],
          _method("rtn_quantize_block"), reads=[_RTN + "OptimizedRTNQuantizer"]),
+    Seam("auto_round.data_type.int:search_scales", "scale_search",
+         "iters=0: optimized RTN's search of a layer's scales, two waits for the GPU for each of 200 candidates",
+         ["scale_search"], make_search_scales,
+         reads=["auto_round.data_type.int:get_reciprocal", "auto_round.data_type.int:envs"]),
     Seam(_BASE + "._quantize_layer_via_rtn", "installation",
          "a layer's RTN: deferred while a block's RTN runs (spread over the devices, or stacked by shape on one)",
          ["rtn_layers"], _method("quantize_layer_via_rtn")),

@@ -1,0 +1,71 @@
+"""AutoRound's optimized-RTN scale search (auto_round.data_type.int.search_scales: at iters=0,
+each group's scale tried at 200 candidate ranges, weighted by the layer's imatrix) without
+a host read per candidate. AutoRound keeps a better candidate's scales by boolean-mask writes
+behind `if mask.any()`: two waits for the GPU a candidate, 400 a layer, so the GPU idles
+while Python launches the next candidate's dozen kernels (1.2 s of a 2-block Qwen3-MoE run's
+4.6 s: bench/RESULTS.md). Here torch.where keeps them instead and nothing waits.
+
+Invariant: the candidates, their order and each candidate's arithmetic are AutoRound's
+operation for operation (the reciprocal of the groups' maxima is computed once, the value
+AutoRound computes for every candidate), and a candidate replaces the kept one only where
+its loss is strictly lower, so the scales are AutoRound's bit for bit."""
+import torch
+
+from ..patches import eager, like
+from .contract import CONTRACT
+
+PATCH = "scale_search"
+
+
+@CONTRACT.copies("auto_round/data_type/int.py", "search_scales", "f342f7600cf270f3")
+def search_scales(data, bits, qw, get_reciprocal, search_ratio):
+    """AutoRound's search_scales(data, bits, qw) with its module's get_reciprocal and
+    AR_SEARCH_SCALE_RATIO (`search_ratio`, None for its default)."""
+    nmax = int(2.0 ** (bits - 1))
+    imax = torch.abs(data).argmax(dim=-1, keepdim=True)
+    group_max = torch.take_along_dim(data, imax, dim=-1)
+    reciprocal = get_reciprocal(group_max)
+    iscales = -nmax * reciprocal
+    scales = get_reciprocal(iscales)
+    weighted = isinstance(qw, torch.Tensor)
+
+    def loss_of(candidate_iscales, candidate_scales):
+        levels = torch.empty_like(data)
+        torch.round(candidate_iscales * data, out=levels)
+        levels.clamp_(-nmax, nmax - 1)
+        loss = ((candidate_scales * levels - data).to(torch.float32)) ** 2
+        if weighted:
+            loss.mul_(qw)
+        return torch.sum(loss, dim=-1)
+
+    best_loss = loss_of(iscales, scales)
+    if bits == 2:
+        search_min, step = 18 * 5, 0.01
+    else:
+        search_min = nmax * (search_ratio or 0.75)
+        step = search_min / 200 * 2
+        search_min = int(search_min / step)
+    for candidate in range(-search_min, search_min + 1):
+        if candidate == 0:
+            continue
+        candidate_iscales = -(nmax - step * candidate) * reciprocal
+        candidate_scales = get_reciprocal(candidate_iscales)
+        loss = loss_of(candidate_iscales, candidate_scales)
+        better = loss < best_loss
+        scales = torch.where(better.unsqueeze(-1), candidate_scales, scales)
+        best_loss = torch.where(better, loss, best_loss)
+    return scales
+
+
+def make_search_scales(installation, original):
+    host_int = installation.names["auto_round.data_type.int:get_reciprocal"], \
+        installation.names["auto_round.data_type.int:envs"]
+    counters = installation.counters
+
+    @eager  # AutoRound compiles its quant-dequant: the search stays eager, as AutoRound's own does
+    @like(original)
+    def search_scales_unsynced(data, bits, qw=None):
+        get_reciprocal, envs = host_int
+        counters.qlink(PATCH)
+        return search_scales(data, bits, qw, get_reciprocal, envs.AR_SEARCH_SCALE_RATIO)
+    return search_scales_unsynced
