@@ -271,6 +271,33 @@ def test_autorounds_imatrix_hooks_are_kept_by_the_grouped_path(interface, ctx, m
     assert adapter.counters()["seams"]["grouped_moe"]["reasons"] == {"expert 1.down_proj is hooked": 3}
 
 
+def test_imatrix_additions_at_once_equal_the_hooks_one_after_another():
+    """add_imatrices of a forward's additions (a module twice, a new one, one counted and one
+    not, an imatrix in float64) leaves each module as add_imatrix one by one does, bit for bit."""
+    from qlink.integrations.autoround.contract import add_imatrices, add_imatrix
+    torch.manual_seed(0)
+    squares = [torch.rand(16) for _ in range(6)]
+
+    def modules():
+        mods = [torch.nn.Linear(16, 4) for _ in range(4)]
+        mods[0].imatrix, mods[0].imatrix_cnt = torch.rand(16), 3
+        mods[1].imatrix = torch.rand(16)
+        mods[3].imatrix, mods[3].imatrix_cnt = torch.rand(16, dtype=torch.float64), 1
+        return mods
+    ours, theirs = modules(), modules()
+    for a, b in zip(ours, theirs):
+        if hasattr(b, "imatrix"):
+            a.imatrix = b.imatrix.clone()
+    plan = [(0, 0, 5, True), (1, 1, 7, False), (2, 2, 2, True), (0, 3, 4, True), (3, 4, 6, True), (2, 5, 1, True)]
+    add_imatrices([(ours[m], squares[s], rows, count) for m, s, rows, count in plan])
+    for m, s, rows, count in plan:
+        add_imatrix(theirs[m], squares[s] if hasattr(theirs[m], "imatrix") else squares[s].clone(), rows, count)
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a.imatrix, b.imatrix) and a.imatrix.dtype == b.imatrix.dtype
+        assert getattr(a, "imatrix_cnt", None) == getattr(b, "imatrix_cnt", None)
+    assert ours[2].imatrix is not squares[2]
+
+
 def test_a_grouped_forward_that_fails_runs_autorounds_loop_or_raises_under_strict(interface, ctx, monkeypatch):
     from qlink.integrations.patches import FallbackRefused
     module, _, experts = interface

@@ -4,6 +4,8 @@ the learning rates of a layer's groups, the cached valid-token mask, the batch a
 iteration draws, what a one-device dispatch leaves on the quantizer, which layers a
 block's wrap takes, a layer's RTN, which layers' unwraps may be stacked by rows, and the
 imatrix optimized RTN's forward hooks collect."""
+import torch
+
 from ..contracts import Contract
 
 CONTRACT = Contract("AutoRound")
@@ -142,3 +144,34 @@ def add_imatrix(module, squared, rows, with_count):
     module.imatrix += squared.to(module.imatrix.device)
     if with_count:
         module.imatrix_cnt += rows
+
+
+@CONTRACT.copies("auto_round/algorithms/quantization/rtn/quantizer.py", "OptimizedRTNQuantizer._register_imatrix_hooks",
+                 "7c46879ef4c4d20d")
+def add_imatrices(additions):
+    """add_imatrix of each of `additions` [(module, squared, rows, with_count)] in their order:
+    the sums onto imatrices already on their squared's device and dtype in foreach adds (the
+    same fp32 additions, in the same order, not one launch each), a new imatrix its squared's
+    own copy."""
+    grown, onto, pending = [], [], set()  # pending: the ids of grown's imatrices (alive in it)
+
+    def flush():
+        if grown:
+            torch._foreach_add_(grown, onto)
+        grown.clear()
+        onto.clear()
+        pending.clear()
+
+    for module, squared, rows, with_count in additions:
+        imatrix = vars(module).get("imatrix")
+        if imatrix is not None and id(imatrix) in pending:
+            flush()  # a second addition onto one imatrix comes after the first
+        if imatrix is None or imatrix.device != squared.device or imatrix.dtype != squared.dtype:
+            add_imatrix(module, squared.clone() if imatrix is None else squared, rows, with_count)
+            continue
+        grown.append(imatrix)
+        onto.append(squared)
+        pending.add(id(imatrix))
+        if with_count:
+            module.imatrix_cnt += rows
+    flush()

@@ -27,7 +27,7 @@ import torch
 
 from .. import grouped_experts
 from ..patches import eager, like
-from .contract import add_imatrix, imatrix_hook
+from .contract import add_imatrices, imatrix_hook
 
 PATCH = "grouped_moe"
 _PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
@@ -62,29 +62,26 @@ def _imatrix_additions(experts, rows, h, counts):
     """What the projections' imatrix hooks would add had each expert been called on its rows
     (`rows` and `h`, the gate/up and the down inputs, sorted by expert, `counts` each):
     [(projection, fp32 sum of its input rows squared, rows, with_count)], nothing written."""
-    hooked = [(e, name) for e, expert in enumerate(experts) for name in _PROJECTIONS
-              if getattr(expert, name)._forward_hooks]
+    hooked = [(e, name, part) for e, expert in enumerate(experts) for name in _PROJECTIONS
+              for part in (getattr(expert, name),) if part._forward_hooks]
     if not hooked:
         return []
     rows_of = counts.tolist()  # the hook counts rows as an int: the one host read of the forward
     lengths = counts.long()
-    squares = {"inputs": torch.segment_reduce(rows.float().pow(2), "sum", lengths=lengths, axis=0),
-               "intermediates": torch.segment_reduce(h.float().pow(2), "sum", lengths=lengths, axis=0)}
+    squares = {"inputs": torch.segment_reduce(rows.float().pow(2), "sum", lengths=lengths, axis=0).unbind(0),
+               "intermediates": torch.segment_reduce(h.float().pow(2), "sum", lengths=lengths, axis=0).unbind(0)}
     out = []
-    for e, name in hooked:
+    for e, name, part in hooked:
         if rows_of[e]:  # AutoRound's loop calls no expert without rows
-            part = getattr(experts[e], name)
             squared = squares["intermediates" if name == "down_proj" else "inputs"][e]
             out += [(part, squared, rows_of[e], imatrix_hook(hook)[1]) for hook in part._forward_hooks.values()]
     return out
 
 
 def _added(result):
-    """The grouped forward's output, its imatrix additions made (add_imatrix: a new imatrix
-    is the projection's own copy)."""
+    """The grouped forward's output, its imatrix additions made (add_imatrices)."""
     out, additions = result
-    for part, squared, rows, with_count in additions:
-        add_imatrix(part, squared if hasattr(part, "imatrix") else squared.clone(), rows, with_count)
+    add_imatrices(additions)
     return out
 
 
