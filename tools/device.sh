@@ -35,6 +35,7 @@
 #     ar_moe_host ar_moe_qlink ar_moe_grouped  AutoRound on the 2-layer Qwen3-MoE model (moe_models first):
 #                alone with the gc freeze; with qlink but grouped_moe off; with qlink's defaults (grouped_moe on);
 #                at AR_MOE_ITERS (50), then 0
+#     ar0_moe    iters 0 alone: AutoRound alone with the gc freeze, then qlink's defaults
 #     ar_moe_save  the user's whole flow at iters 0, quantize_and_save (each layer packed and written in
 #                the block loop): alone with the gc freeze, then qlink's defaults (grouped_moe)
 #     moe_check moe_solve moe moe_samples  the Qwen3-MoE runs (issue 20)
@@ -328,6 +329,11 @@ part_ar_moe_grouped() {  # the same with qlink's defaults (grouped_moe)
     autoround_run ar0_moe_grouped_cprofile 200 --iters 0 --qlink auto --cprofile "$out/ar0_moe_grouped_cprofile.txt"
   fi
 }
+part_ar0_moe() {  # iters 0 only: AutoRound alone (gc freeze), then qlink's defaults
+  local model=/tmp/qwen3moe-2layers
+  autoround_run ar0_moe_host 200 --iters 0 --settings gc
+  autoround_run ar0_moe_grouped 200 --iters 0 --qlink auto
+}
 part_ar_moe_save() {
   local model=/tmp/qwen3moe-2layers
   autoround_run ar0_moe_save_host 240 --iters 0 --settings gc --save /tmp/ar_saved_host
@@ -571,7 +577,7 @@ part_moe_samples() {  # every thread sampled (the sampling stretches the run)
     --samples-out "$out/moe_samples.txt"
 }
 host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks \
-ar_moe_host ar_moe_qlink ar_moe_grouped ar_moe_save moe_check moe_solve moe moe_samples speed_models speed breakdown ar_breakdown divergence \
+ar_moe_host ar_moe_qlink ar_moe_grouped ar0_moe ar_moe_save moe_check moe_solve moe moe_samples speed_models speed breakdown ar_breakdown divergence \
 moe_stage moe_bare moe_no_offload moe_workers moe_switch moe_tensor moe_groups moe_stage_samples no_warmup groups moe_nostage moe_host moe_spread moe_235b moe_dsv3 moe_tree unwrap packer warmup defaults alone speed_profile inverse triangular gemm attention "
 
 [ $# -ge 1 ] || usage
