@@ -35,7 +35,8 @@
 #     ar_moe_host ar_moe_qlink ar_moe_grouped  AutoRound on the 2-layer Qwen3-MoE model (moe_models first):
 #                alone with the gc freeze; with qlink but grouped_moe off; with qlink's defaults (grouped_moe on);
 #                at AR_MOE_ITERS (50), then 0
-#     ar0_moe    iters 0 alone: AutoRound alone with the gc freeze, then qlink's defaults
+#     ar0_moe    iters 0 alone: AutoRound alone with the gc freeze, then qlink's defaults (AR_MOE_CPROFILE:
+#                then profiled)
 #     ar_moe_save  the user's whole flow at iters 0, quantize_and_save (each layer packed and written in
 #                the block loop): alone with the gc freeze, then qlink's defaults (grouped_moe)
 #     moe_check moe_solve moe moe_samples  the Qwen3-MoE runs (issue 20)
@@ -111,7 +112,7 @@
 # /tmp/qlink_codes), LAYERS ("2 4 8"), DIV_RUNS (15), DIV_LAYERS (4), DIV_PARALLEL (1), MOE_LAYERS ("2 4"),
 # GROUP_ROWS (32768), SLOPE_LAYERS ("4 8"),
 # PRECISIONS ("ieee_fp32 tensor"), STRESS_RUNS (3), GPTQ_QLINK_RUNS (2), AR_ITERS (200), AR_MOE_ITERS (50), AR_HOST_PROFILE
-# (set: AutoRound alone profiled too), AR_MOE_CPROFILE (set: ar_moe_grouped adds an iters=0 run under cProfile). NVLink multicast stays off (NCCL, symmetric memory,
+# (set: AutoRound alone profiled too), AR_MOE_CPROFILE (set: ar_moe_grouped and ar0_moe add an iters=0 run under cProfile). NVLink multicast stays off (NCCL, symmetric memory,
 # NVSHMEM). Exits 0 when every command exited 0, 1 naming those that did not, 2 on a bad part.
 set -uo pipefail
 P=$(cd "$(dirname "$0")/.." && pwd)
@@ -333,6 +334,9 @@ part_ar0_moe() {  # iters 0 only: AutoRound alone (gc freeze), then qlink's defa
   local model=/tmp/qwen3moe-2layers
   autoround_run ar0_moe_host 200 --iters 0 --settings gc
   autoround_run ar0_moe_grouped 200 --iters 0 --qlink auto
+  if [ -n "${AR_MOE_CPROFILE:-}" ]; then
+    autoround_run ar0_moe_grouped_cprofile 200 --iters 0 --qlink auto --cprofile "$out/ar0_moe_grouped_cprofile.txt"
+  fi
 }
 part_ar_moe_save() {
   local model=/tmp/qwen3moe-2layers
