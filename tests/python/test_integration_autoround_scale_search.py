@@ -24,8 +24,9 @@ def _groups(dtype, device="cpu", seed=0):
     return data.to(device, dtype), weights.to(device)
 
 
-def _ours(host, data, bits, qw):
-    return scale_search.search_scales(data, bits, qw, host.int.get_reciprocal, host.int.envs.AR_SEARCH_SCALE_RATIO)
+def _ours(int_host, data, bits, qw):
+    return scale_search.search_scales(data, bits, qw, int_host.int.get_reciprocal,
+                                      int_host.int.envs.AR_SEARCH_SCALE_RATIO)
 
 
 @pytest.fixture
