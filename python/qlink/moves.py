@@ -7,7 +7,7 @@ import threading
 import torch
 
 from .copy_calls import gpu_bridge
-from .pinned_staging import PinnedStaging, stageable
+from .pinned_staging import STREAM_MIN_BYTES, PinnedStaging, stageable
 from .streams import resolved_device
 
 _staging_lock = threading.Lock()
@@ -44,29 +44,36 @@ def nbytes(tensors):
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _to_pinned_host(tensors):
+def _to_host(tensors, land, min_bytes):
     """Copies of `tensors` in CPU memory. The contiguous GPU tensors that need no autograd
-    and share no storage with another of them, when they add up to PINNED_MIN_BYTES, land in
-    page-locked memory, each copied asynchronously on its device's current stream, the
-    streams waited for once at the end (PyTorch's pageable copy waits for each tensor, at a
-    fraction of the link's speed); the rest move by PyTorch."""
+    and share no storage with another of them, when they add up to min_bytes, by
+    land(those tensors); the rest by PyTorch (storage ties kept)."""
     out = list(tensors)
     storages = collections.Counter(t.untyped_storage().data_ptr() for t in tensors if t.is_cuda)
     fast = [i for i, t in enumerate(tensors) if t.is_cuda and t.is_contiguous() and not t.requires_grad
             and storages[t.untyped_storage().data_ptr()] == 1]
-    if nbytes([tensors[i] for i in fast]) < PINNED_MIN_BYTES:
+    if nbytes([tensors[i] for i in fast]) < min_bytes:
         fast = []
-    streams = {}
-    for i in fast:
-        t = tensors[i]
-        out[i] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-        out[i].copy_(t, non_blocking=True)  # on the source device's current stream
-        streams.setdefault(t.device, torch.cuda.current_stream(t.device))
-    for stream in streams.values():
-        stream.synchronize()  # the caller reads the copies as soon as they are returned
+    if fast:
+        for i, copy in zip(fast, land([tensors[i] for i in fast])):
+            out[i] = copy
     taken = set(fast)
     _move_regular(out, tensors, [i for i, t in enumerate(tensors) if i not in taken and t.device.type != "cpu"],
                   torch.device("cpu"))
+    return out
+
+
+def _pinned_landing(tensors):
+    """Page-locked copies of the GPU `tensors`, each copied asynchronously on its device's
+    current stream, the streams waited for once at the end (PyTorch's pageable copy waits
+    for each tensor, at a fraction of the link's speed)."""
+    out, streams = [], {}
+    for t in tensors:
+        out.append(torch.empty(t.shape, dtype=t.dtype, pin_memory=True))
+        out[-1].copy_(t, non_blocking=True)  # on the source device's current stream
+        streams.setdefault(t.device, torch.cuda.current_stream(t.device))
+    for stream in streams.values():
+        stream.synchronize()  # the caller reads the copies as soon as they are returned
     return out
 
 
@@ -74,7 +81,7 @@ WARMUP_MAX_BYTES = 2 << 30  # page-locked ahead at most: a LLaMA-70B-shaped laye
 
 
 def warm_pinned_host(tensors):
-    """Starts a thread that makes the page-locked blocks a later _to_pinned_host of tensors
+    """Starts a thread that makes the page-locked blocks a later _pinned_landing of tensors
     shaped like `tensors` (meta ones will do) asks for, the first WARMUP_MAX_BYTES of them,
     and frees them; returns why it did not start one, or None. PyTorch's host allocator keeps
     a freed block for the next request of its size, so that landing finds them made (page-
@@ -170,7 +177,7 @@ class MoveCalls:
                 staging = self.__dict__.setdefault("_host_staging", PinnedStaging(self))
         return staging
 
-    def move_tensors(self, tensors, device, keep_host_copies=False):
+    def move_tensors(self, tensors, device, keep_host_copies=False, pageable=False):
         """Copies of `tensors` on `device`, in order; those already there are returned as is.
 
         Through the torch bridge, GPU leaves that are contiguous and share no bytes with
@@ -180,8 +187,10 @@ class MoveCalls:
         a large one-time move, streamed through the staging's page-locked slots;
         keep_host_copies holds the twins for their sources' next move (data moved again
         and again). GPU leaves going to the host land in page-locked memory, copied
-        asynchronously and waited for once (_to_pinned_host). The rest, and every leaf
-        where the bridge is missing, move by PyTorch (storage ties kept)."""
+        asynchronously and waited for once (_pinned_landing), or, pageable and a large
+        move, in pageable memory streamed back through the staging's slots (data leaving
+        the GPU for good). The rest, and every leaf where the bridge is missing, move by
+        PyTorch (storage ties kept)."""
         out = list(tensors)
         if not out:
             return out
@@ -189,7 +198,9 @@ class MoveCalls:
         if all(t.device == target for t in out):
             return out  # the forwards' moves of a calibration cache already there (gptqmodel.input_cache)
         if target.type == "cpu" and not self.cpu_memory:
-            return _to_pinned_host(tensors)
+            if pageable:
+                return _to_host(tensors, self.pinned_staging.to_host, STREAM_MIN_BYTES)
+            return _to_host(tensors, _pinned_landing, PINNED_MIN_BYTES)
         if target.type != "cuda":
             for i, t in enumerate(tensors):
                 if t.device != target:
@@ -212,12 +223,13 @@ class MoveCalls:
         _move_regular(moved, tensors, [i for i, m in enumerate(moved) if m is None], target)
         return moved
 
-    def move_module_to_device(self, module, device):
+    def move_module_to_device(self, module, device, pageable=False):
         """module.to(device) for parameters and buffers, through qlink: parameters keep their
-        identity (param.data is replaced, as module.to does), tied parameters stay tied."""
+        identity (param.data is replaced, as module.to does), tied parameters stay tied.
+        pageable: to the CPU, as move_tensors says."""
         params, buffers = module_tensors(module)
         sources = [p.detach() for p in params] + buffers  # the parameters' data: autograd records no move
-        moved = self.move_tensors(sources, device)
+        moved = self.move_tensors(sources, device, pageable=pageable)
         with torch.no_grad():
             for p, source, new in zip(params, sources, moved):
                 if new is not source:

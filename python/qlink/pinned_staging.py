@@ -20,13 +20,17 @@ page-locked slots the staging keeps, each slot's device copy enqueued as soon as
 filled it and the slot refilled once that copy has completed. Twins for it would page-lock
 as many fresh bytes as it moves, and page-locking costs far more than the copy
 (docs/HOSTS.md has the figures); the calling thread waits for the slots,
-so it returns once the last chunk is enqueued.
+so it returns once the last chunk is enqueued. GPU tensors leaving the device for good (a
+quantized block's weights) stream back through the same slots into pageable memory
+(to_host): each chunk copied into a slot on its source's stream, then out of the slot by the
+CPU once that copy has completed, while the next slots fill.
 
 On the GPU backends the twins live in page-locked memory, which the device addresses at
 the same pointer (unified addressing): the copy plan reads them as the target device's
 memory. On the host-memory backends (CPU, the test backends) a twin is plain CPU memory
 described as the target's virtual device, and every call waits for its copy (the host
 itself reads the result)."""
+import collections
 import ctypes
 import threading
 import weakref
@@ -89,7 +93,7 @@ class PinnedStaging:
         self._stream_lock = threading.Lock()  # one streamed move at a time owns the slots
         self._counts = dict.fromkeys(("copies", "leaves", "twins_made", "twins_reused", "twins_refreshed",
                                       "pinned_sources", "inference_sources", "bytes_pinned", "bytes_copied",
-                                      "streamed", "bytes_streamed"), 0)
+                                      "streamed", "bytes_streamed", "streamed_back", "bytes_streamed_back"), 0)
 
     def counters(self):
         """copies: qlink copy_batch calls; leaves: tensors moved; twins_made / _reused /
@@ -97,8 +101,9 @@ class PinnedStaging:
         change of their source; pinned_sources: sources already page-locked, read in
         place; bytes_pinned: host bytes copied into twins; bytes_copied:
         bytes copied to devices; streamed, bytes_streamed: sources (and their bytes) that
-        went through the stream's slots instead of twins; retiring: twins waiting for their
-        last copy."""
+        went through the stream's slots instead of twins; streamed_back, bytes_streamed_back:
+        GPU tensors (and their bytes) copied back to pageable memory through the slots
+        (to_host); retiring: twins waiting for their last copy."""
         with self._lock:
             return dict(self._counts, kept=len(self._twins), retiring=len(self._retiring))
 
@@ -176,10 +181,7 @@ class PinnedStaging:
         """Each source's bytes through the slots into its target: a slot is filled once the
         copy that last read it has completed, and copied at once."""
         with self._stream_lock:
-            if not self._slots:
-                pinned = not self._ctx.cpu_memory
-                self._slots = [_Slot(torch.empty(SLOT_BYTES, dtype=torch.uint8, pin_memory=pinned))
-                               for _ in range(SLOTS)]
+            self._make_slots()
             turn = 0
             for source, target in zip(sources, targets):
                 data, base = source.reshape(-1).view(torch.uint8), target.data_ptr()
@@ -194,6 +196,49 @@ class PinnedStaging:
         with self._lock:
             self._counts["streamed"] += len(sources)
             self._counts["bytes_streamed"] += sum(t.numel() * t.element_size() for t in sources)
+
+    def to_host(self, sources):
+        """Copies of the GPU tensors `sources` (each contiguous, no autograd) in pageable CPU
+        memory, in order, streamed back through the slots: each chunk copied into a slot on
+        its source device's current stream (after the kernels that wrote it), then by the CPU
+        from the slot into its copy once that copy has completed, while the next slots fill.
+        For tensors leaving the GPU for good (a quantized block's weights): page-locked copies
+        would page-lock as many bytes as they move, and PyTorch's pageable copy waits for
+        each tensor at a fraction of the link's speed."""
+        for i, t in enumerate(sources):
+            if not isinstance(t, torch.Tensor) or not t.is_cuda or not t.is_contiguous() or t.requires_grad:
+                raise ValueError("sources[%d] cannot be streamed to the host: it must be a contiguous GPU "
+                                 "tensor that needs no autograd" % i)
+        targets = [torch.empty(t.shape, dtype=t.dtype) for t in sources]
+        with self._stream_lock:
+            self._make_slots()
+            filling = collections.deque()  # (slot, its chunk's place in a target), oldest first
+            turn = 0
+            for source, target in zip(sources, targets):
+                data, into = source.reshape(-1).view(torch.uint8), target.reshape(-1).view(torch.uint8)
+                for offset in range(0, data.numel(), SLOT_BYTES):
+                    slot, turn = self._slots[turn % SLOTS], turn + 1
+                    if filling and filling[0][0] is slot:
+                        _drain(*filling.popleft())
+                    elif slot.ticket is not None:
+                        slot.ticket.synchronize()
+                    size = min(SLOT_BYTES, data.numel() - offset)
+                    slot.buffer[:size].copy_(data[offset:offset + size], non_blocking=True)
+                    slot.ticket = _event_after_copy(source.device.index)
+                    filling.append((slot, into[offset:offset + size]))
+            while filling:
+                _drain(*filling.popleft())
+        with self._lock:
+            self._counts["streamed_back"] += len(sources)
+            self._counts["bytes_streamed_back"] += sum(t.numel() * t.element_size() for t in sources)
+        return targets
+
+    def _make_slots(self):
+        """The stream's page-locked slots, made at its first move (under _stream_lock)."""
+        if not self._slots:
+            pinned = not self._ctx.cpu_memory
+            self._slots = [_Slot(torch.empty(SLOT_BYTES, dtype=torch.uint8, pin_memory=pinned))
+                           for _ in range(SLOTS)]
 
     def _twin(self, source, keep):
         # An inference tensor (made under torch.inference_mode, as GPTQModel's captured
@@ -278,6 +323,13 @@ def _check_into(sources, targets, where):
                                  ("dtype", t.dtype, s.dtype), ("contiguous", t.is_contiguous(), True)):
             if got != want:
                 raise ValueError("into[%d]: %s is %s, expected %s" % (i, field, got, want))
+
+
+def _drain(slot, into):
+    """The slot's chunk, once its copy from the GPU has completed, into its place."""
+    slot.ticket.synchronize()
+    into.copy_(slot.buffer[:into.numel()])
+    slot.ticket = None
 
 
 def _event_after_copy(index):

@@ -652,6 +652,61 @@ def test_a_block_reaches_the_gpu_through_qlinks_moves(host, ctx, monkeypatch):
     assert adapter.counters()["seams"]["block_dispatch"]["fallback"] == 2
 
 
+def test_a_module_leaves_the_gpu_through_qlink_unless_it_holds_meta_tensors_or_names_its_device(host, library):
+    """mv_module_from_gpu, as AutoRound's orchestrator imported it: a plain module through
+    qlink's moves (its parameters the same objects), one holding meta tensors or naming its
+    own device by AutoRound's own move (whose walk over the children comes back through
+    qlink's), each reason counted; uninstalled, AutoRound's again."""
+    from auto_round.compressors import orchestrator
+    adapter.install("auto", ctx=cpu(library, 1), strict=True)
+    block = Block()
+    params = list(block.parameters())
+    assert orchestrator.mv_module_from_gpu(block) is block and list(block.parameters()) == params
+    lazy = Block()
+    lazy.down.weight = torch.nn.Parameter(torch.empty(lazy.down.weight.shape, device="meta"))
+    assert orchestrator.mv_module_from_gpu(lazy) is lazy and lazy.down.weight.is_meta
+    named = Block()
+    named.device = torch.device("cpu")
+    assert orchestrator.mv_module_from_gpu(named) is named
+    counted = adapter.counters()["seams"]["module_from_gpu"]  # AutoRound's own move recurses by its name:
+    assert counted["qlink"] == 2 and counted["reasons"] == {  # lazy.up through qlink, lazy.down AutoRound's
+        "meta tensors (AutoRound moves the others one by one)": 2, "a module that names its own device": 1}
+    adapter.uninstall()
+    assert orchestrator.mv_module_from_gpu is host.auto_round.utils.model.mv_module_from_gpu
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_a_quantized_block_streams_back_to_pageable_memory(host, ctx, monkeypatch):
+    """mv_module_from_gpu of a block on the GPU: its parameters on the CPU in pageable memory,
+    the same objects with the values the GPU's queued work left (behind a sleep on the
+    stream), streamed back through the staging's slots (a 64 MiB weight: four slots' turns);
+    a failing move falls back to AutoRound's, or raises under strict."""
+    from auto_round.compressors import orchestrator
+    from qlink.integrations.patches import FallbackRefused
+    adapter.install("auto", ctx=ctx, strict=True)
+    block = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.LayerNorm(4096)).cuda()
+    params = list(block.parameters())
+    torch.cuda._sleep(50_000_000)  # the copies wait behind this on the stream
+    with torch.no_grad():
+        block[0].weight.mul_(3)
+    want = [p.detach().cpu() for p in params]
+    before = ctx.pinned_staging.counters()["streamed_back"]
+    assert orchestrator.mv_module_from_gpu(block) is block and list(block.parameters()) == params
+    assert all(p.device.type == "cpu" and not p.is_pinned() and torch.equal(p.detach(), w)
+               for p, w in zip(params, want))
+    assert ctx.pinned_staging.counters()["streamed_back"] - before == 4
+    assert adapter.counters()["seams"]["module_from_gpu"]["qlink"] == 1
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected")
+    monkeypatch.setattr(ctx, "move_module_to_device", broken)
+    with pytest.raises(FallbackRefused, match="module_from_gpu failed.*injected"):
+        orchestrator.mv_module_from_gpu(block.cuda())
+    adapter.install("auto", ctx=ctx)
+    assert all(p.device.type == "cpu" for p in orchestrator.mv_module_from_gpu(block.cuda()).parameters())
+    assert adapter.counters()["seams"]["module_from_gpu"]["fallback"] == 1
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() != 1, reason="needs exactly one GPU")
 def test_an_iteration_that_reads_the_device_from_the_host_is_not_captured(host, ctx, monkeypatch):
     """An iteration that waits on the device (as AutoRound's own MoE routing does, a

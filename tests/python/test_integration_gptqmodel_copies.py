@@ -164,6 +164,14 @@ def test_a_refused_leaf_is_named_and_nothing_is_copied(slow, bad, reason):
     assert staging.counters()["copies"] == 0 and staging.counters()["twins_made"] == 0
 
 
+@pytest.mark.parametrize("bad", [lambda: torch.ones(3), lambda: 3])
+def test_a_leaf_that_is_no_gpu_tensor_is_not_streamed_back_and_named(slow, bad):
+    staging = PinnedStaging(slow)
+    with pytest.raises(ValueError, match="sources\\[0\\] cannot be streamed to the host: it must be a contiguous GPU"):
+        staging.to_host([bad()])
+    assert staging.counters()["streamed_back"] == 0
+
+
 def test_a_device_the_backend_lacks_is_refused(slow):
     staging = PinnedStaging(slow)
     with pytest.raises(ValueError, match="device 2 does not exist: the fault backend has 2"):
@@ -430,3 +438,23 @@ def test_gpu_tensors_land_in_page_locked_memory_complete_when_returned(gpu_host)
     weight = layer.weight
     ctx.move_module_to_device(layer, "cpu")
     assert layer.weight is weight and weight.device.type == "cpu" and weight.requires_grad and weight.is_pinned()
+
+
+@cuda
+def test_gpu_tensors_leaving_for_good_stream_back_to_pageable_memory(gpu_host):
+    """pageable=True (tensors leaving the GPU for good): a move of STREAM_MIN_BYTES or more
+    streamed back through the staging's slots behind the work queued before it (20 MiB
+    tensors: a slot and a part each), in pageable memory, complete when the call returns;
+    a smaller move by PyTorch."""
+    ctx = gpu_host["ctx"]
+    big = [torch.randn(5 << 20, device="cuda:0") for _ in range(4)]
+    torch.cuda._sleep(50_000_000)  # the copies wait behind this on the stream
+    expected = [b.mul(3) for b in big] + [torch.arange(999, device="cuda:0", dtype=torch.int16)]
+    before = ctx.pinned_staging.counters()["streamed_back"]
+    moved = ctx.move_tensors(expected, "cpu", pageable=True)
+    assert all(m.device.type == "cpu" and not m.is_pinned() and m.dtype == e.dtype and torch.equal(m, e.cpu())
+               for m, e in zip(moved, expected))
+    assert ctx.pinned_staging.counters()["streamed_back"] - before == 5
+    small = ctx.move_tensors([torch.ones(8, device="cuda:0")], "cpu", pageable=True)[0]
+    assert not small.is_pinned() and torch.equal(small, torch.ones(8))
+    assert ctx.pinned_staging.counters()["streamed_back"] - before == 5

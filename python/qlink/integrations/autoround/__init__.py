@@ -50,6 +50,9 @@ SEAMS = SeamTable("auto_round", [
     Seam(_BASE + ".dispatch_block", "installation",
          "iters=0 (the RTN quantizers): a block's weights moved to the primary GPU by Module.to's pageable "
          "copies", ["block_dispatch"], _method("base_dispatch_block")),
+    Seam("auto_round.utils.model:mv_module_from_gpu", "installation",
+         "a quantized block (or layer, or the model) back to the CPU by Module.to's pageable copies, a wait each",
+         ["module_from_gpu"], _method("module_from_gpu"), how="everywhere"),
     Seam(_RTN + "RTNQuantizer.quantize_block", "installation, grouped_unwrap",
          "iters=0: a block's layers' RTN one after another", ["rtn_layers", "grouped_unwrap"],
          _method("rtn_quantize_block"),

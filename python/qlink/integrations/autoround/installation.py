@@ -2,6 +2,7 @@
 replacements its seams bind (the _make_* methods), the plan per block and the losses of
 the native loop."""
 import importlib
+import itertools
 import logging
 import random
 import threading
@@ -153,6 +154,29 @@ class AutoRoundInstallation(Installation):
             return guard.attempt("block_dispatch", lambda: ctx.move_module_to_device(block, device),
                                  lambda: original(q, block, input_ids, input_others), commit)
         return dispatch_block
+
+    def _make_module_from_gpu(self, original):
+        """AutoRound's mv_module_from_gpu (a quantized block back to the CPU: Module.to's pageable
+        copies, a wait each) through qlink's moves, streamed back into pageable memory, where
+        the module holds no meta tensor and names no device of its own; AutoRound's own move
+        otherwise (counted)."""
+        ctx, counters, guard = self.ctx, self.counters, self.guard
+        cpu = torch.device("cpu")
+
+        @like(original)
+        def mv_module_from_gpu(module):
+            if hasattr(module, "device"):
+                reason = "a module that names its own device"
+            elif any(t.is_meta for t in itertools.chain(module.parameters(), module.buffers())):
+                reason = "meta tensors (AutoRound moves the others one by one)"
+            else:
+                reason = None
+            if reason:
+                counters.host("module_from_gpu", reason)
+                return original(module)
+            return guard.attempt("module_from_gpu", lambda: ctx.move_module_to_device(module, cpu, pageable=True),
+                                 lambda: original(module))
+        return mv_module_from_gpu
 
     # -- the plan --------------------------------------------------------------------------
 

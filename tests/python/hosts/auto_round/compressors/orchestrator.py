@@ -1,5 +1,7 @@
 import gc
 
+from auto_round.utils import mv_module_from_gpu  # noqa: F401 (imported by name, as AutoRound's is)
+
 
 class CompressionOrchestrator:
     """AutoRound's entry (AutoRound(...) for a language model): quantize() runs the block

@@ -6,7 +6,7 @@ import functools
 import torch
 
 from . import device_manager  # noqa: F401
-from .model import to_device  # noqa: F401
+from .model import mv_module_from_gpu, to_device  # noqa: F401
 
 
 def get_module(model, name):
