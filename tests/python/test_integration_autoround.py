@@ -654,9 +654,10 @@ def test_a_block_reaches_the_gpu_through_qlinks_moves(host, ctx, monkeypatch):
 
 def test_a_module_leaves_the_gpu_through_qlink_unless_it_holds_meta_tensors_or_names_its_device(host, library):
     """mv_module_from_gpu, as AutoRound's orchestrator imported it: a plain module through
-    qlink's moves (its parameters the same objects), one holding meta tensors or naming its
-    own device by AutoRound's own move (whose walk over the children comes back through
-    qlink's), each reason counted; uninstalled, AutoRound's again."""
+    qlink's moves (its parameters the same objects), one holding meta tensors, naming its
+    own device or holding a module of its own move by AutoRound's own move (whose walk over
+    the children comes back through qlink's), each reason counted; uninstalled, AutoRound's
+    again."""
     from auto_round.compressors import orchestrator
     adapter.install("auto", ctx=cpu(library, 1), strict=True)
     block = Block()
@@ -668,9 +669,16 @@ def test_a_module_leaves_the_gpu_through_qlink_unless_it_holds_meta_tensors_or_n
     named = Block()
     named.device = torch.device("cpu")
     assert orchestrator.mv_module_from_gpu(named) is named
+
+    class OwnMove(torch.nn.Linear):
+        def _apply(self, fn, *args, **kwargs):
+            return super()._apply(fn, *args, **kwargs)
+    own = torch.nn.Sequential(OwnMove(4, 4))
+    assert orchestrator.mv_module_from_gpu(own) is own
     counted = adapter.counters()["seams"]["module_from_gpu"]  # AutoRound's own move recurses by its name:
     assert counted["qlink"] == 2 and counted["reasons"] == {  # lazy.up through qlink, lazy.down AutoRound's
-        "meta tensors (AutoRound moves the others one by one)": 2, "a module that names its own device": 1}
+        "meta tensors (AutoRound moves the others one by one)": 2, "a module that names its own device": 1,
+        "a module of its own move (OwnMove: to or _apply)": 1}
     adapter.uninstall()
     assert orchestrator.mv_module_from_gpu is host.auto_round.utils.model.mv_module_from_gpu
 

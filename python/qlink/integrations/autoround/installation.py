@@ -158,8 +158,8 @@ class AutoRoundInstallation(Installation):
     def _make_module_from_gpu(self, original):
         """AutoRound's mv_module_from_gpu (a quantized block back to the CPU: Module.to's pageable
         copies, a wait each) through qlink's moves, streamed back into pageable memory, where
-        the module holds no meta tensor and names no device of its own; AutoRound's own move
-        otherwise (counted)."""
+        the module holds no meta tensor, names no device of its own and none of its modules
+        moves in its own way; AutoRound's own move otherwise (counted)."""
         ctx, counters, guard = self.ctx, self.counters, self.guard
         cpu = torch.device("cpu")
 
@@ -170,7 +170,9 @@ class AutoRoundInstallation(Installation):
             elif any(t.is_meta for t in itertools.chain(module.parameters(), module.buffers())):
                 reason = "meta tensors (AutoRound moves the others one by one)"
             else:
-                reason = None
+                own = (type(m).__name__ for m in module.modules()
+                       if type(m).to is not torch.nn.Module.to or type(m)._apply is not torch.nn.Module._apply)
+                reason = next(("a module of its own move (%s: to or _apply)" % name for name in own), None)
             if reason:
                 counters.host("module_from_gpu", reason)
                 return original(module)
