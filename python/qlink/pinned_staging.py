@@ -178,31 +178,34 @@ class PinnedStaging:
         return set(once)
 
     def _stream(self, sources, targets, index, streams):
-        """Each source's bytes through the slots into its target: a slot is filled once the
-        copy that last read it has completed, and copied at once."""
+        """Each source's bytes through the slots into its target, packed in order into the
+        slots' fills (_slot_fills): a slot is filled once the copy that last read it has
+        completed, and its pieces copied at once, in one copy_batch."""
+        datas = [s.reshape(-1).view(torch.uint8) for s in sources]
+        bases = [t.data_ptr() for t in targets]
         with self._stream_lock:
             self._make_slots()
-            turn = 0
-            for source, target in zip(sources, targets):
-                data, base = source.reshape(-1).view(torch.uint8), target.data_ptr()
-                for offset in range(0, data.numel(), SLOT_BYTES):
-                    slot, turn = self._slots[turn % SLOTS], turn + 1
-                    if slot.ticket is not None:
-                        slot.ticket.synchronize()
-                    size = min(SLOT_BYTES, data.numel() - offset)
-                    slot.buffer[:size].copy_(data[offset:offset + size])
-                    self._copy([slot.buffer.data_ptr()], [base + offset], [size], index, streams)
-                    slot.ticket = None if self._ctx.cpu_memory else _event_after_copy(index)
+            for turn, fill in enumerate(_slot_fills([d.numel() for d in datas])):
+                slot = self._slots[turn % SLOTS]
+                if slot.ticket is not None:
+                    slot.ticket.synchronize()
+                for run, offset, at, size in fill:
+                    slot.buffer[at:at + size].copy_(datas[run][offset:offset + size])
+                start = slot.buffer.data_ptr()
+                self._copy([start + at for _, _, at, _ in fill], [bases[run] + offset for run, offset, _, _ in fill],
+                           [size for _, _, _, size in fill], index, streams)
+                slot.ticket = None if self._ctx.cpu_memory else _event_after_copy(index)
         with self._lock:
             self._counts["streamed"] += len(sources)
             self._counts["bytes_streamed"] += sum(t.numel() * t.element_size() for t in sources)
 
     def to_host(self, sources):
         """Copies of the GPU tensors `sources` (each contiguous, no autograd) in pageable CPU
-        memory, in order, streamed back through the slots: each chunk copied into a slot on
-        its source device's current stream (after the kernels that wrote it), then by the CPU
-        from the slot into its copy once that copy has completed, while the next slots fill.
-        For tensors leaving the GPU for good (a quantized block's weights): page-locked copies
+        memory, in order, streamed back through the slots, a device's sources at a time: their
+        bytes packed into the slots' fills (_slot_fills), each fill's pieces copied into its slot
+        on their device's current stream (after the kernels that wrote them), then by the CPU
+        out of the slot once those copies have completed, while the next slots fill. For
+        tensors leaving the GPU for good (a quantized block's weights): page-locked copies
         would page-lock as many bytes as they move, and PyTorch's pageable copy waits for
         each tensor at a fraction of the link's speed."""
         for i, t in enumerate(sources):
@@ -210,28 +213,35 @@ class PinnedStaging:
                 raise ValueError("sources[%d] cannot be streamed to the host: it must be a contiguous GPU "
                                  "tensor that needs no autograd" % i)
         targets = [torch.empty(t.shape, dtype=t.dtype) for t in sources]
+        by_device = collections.defaultdict(list)
+        for i, t in enumerate(sources):
+            by_device[t.device.index].append(i)
         with self._stream_lock:
             self._make_slots()
-            filling = collections.deque()  # (slot, its chunk's place in a target), oldest first
-            turn = 0
-            for source, target in zip(sources, targets):
-                data, into = source.reshape(-1).view(torch.uint8), target.reshape(-1).view(torch.uint8)
-                for offset in range(0, data.numel(), SLOT_BYTES):
-                    slot, turn = self._slots[turn % SLOTS], turn + 1
-                    if filling and filling[0][0] is slot:
-                        _drain(*filling.popleft())
-                    elif slot.ticket is not None:
-                        slot.ticket.synchronize()
-                    size = min(SLOT_BYTES, data.numel() - offset)
-                    slot.buffer[:size].copy_(data[offset:offset + size], non_blocking=True)
-                    slot.ticket = _event_after_copy(source.device.index)
-                    filling.append((slot, into[offset:offset + size]))
-            while filling:
-                _drain(*filling.popleft())
+            for index, runs in by_device.items():
+                self._stream_back(index, [sources[i] for i in runs], [targets[i] for i in runs])
         with self._lock:
             self._counts["streamed_back"] += len(sources)
             self._counts["bytes_streamed_back"] += sum(t.numel() * t.element_size() for t in sources)
         return targets
+
+    def _stream_back(self, index, sources, targets):
+        """to_host's pass over the sources on device `index` (under _stream_lock)."""
+        datas = [s.reshape(-1).view(torch.uint8) for s in sources]
+        intos = [t.reshape(-1).view(torch.uint8) for t in targets]
+        filling = collections.deque()  # (slot, its fill) copied from the GPU, not yet out of the slot
+        for turn, fill in enumerate(_slot_fills([d.numel() for d in datas])):
+            slot = self._slots[turn % SLOTS]
+            if filling and filling[0][0] is slot:
+                _drain(*filling.popleft(), intos)
+            elif slot.ticket is not None:
+                slot.ticket.synchronize()
+            for run, offset, at, size in fill:
+                slot.buffer[at:at + size].copy_(datas[run][offset:offset + size], non_blocking=True)
+            slot.ticket = _event_after_copy(index)
+            filling.append((slot, fill))
+        while filling:
+            _drain(*filling.popleft(), intos)
 
     def _make_slots(self):
         """The stream's page-locked slots, made at its first move (under _stream_lock)."""
@@ -325,10 +335,31 @@ def _check_into(sources, targets, where):
                 raise ValueError("into[%d]: %s is %s, expected %s" % (i, field, got, want))
 
 
-def _drain(slot, into):
-    """The slot's chunk, once its copy from the GPU has completed, into its place."""
+def _slot_fills(sizes):
+    """Byte runs of `sizes` cut into pieces packed in order into fills of SLOT_BYTES, each a
+    slot's turn: [[(run, offset in the run, offset in the slot, size)]]. A module's many
+    small tensors (an MoE block's experts) share a slot's copy instead of one each."""
+    fills, fill, used = [], [], 0
+    for run, total in enumerate(sizes):
+        offset = 0
+        while offset < total:
+            if used == SLOT_BYTES:
+                fills.append(fill)
+                fill, used = [], 0
+            size = min(SLOT_BYTES - used, total - offset)
+            fill.append((run, offset, used, size))
+            used, offset = used + size, offset + size
+    if fill:
+        fills.append(fill)
+    return fills
+
+
+def _drain(slot, fill, intos):
+    """A fill's pieces, once their copies from the GPU have completed, out of the slot into
+    their places in `intos`."""
     slot.ticket.synchronize()
-    into.copy_(slot.buffer[:into.numel()])
+    for run, offset, at, size in fill:
+        intos[run][offset:offset + size].copy_(slot.buffer[at:at + size])
     slot.ticket = None
 
 

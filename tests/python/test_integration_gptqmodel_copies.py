@@ -7,6 +7,7 @@ calibration batches through the twins, and a failing staging falls back or raise
 calibration cache GPTQModel's capture returns moves to the one GPU once (or stays, and
 says why), and layer 0's landing finds its page-locked blocks made during the capture."""
 import gc
+import itertools
 import os
 import re
 import threading
@@ -114,9 +115,33 @@ def test_a_large_one_time_move_streams_through_the_slots_and_arrives_whole(slow,
     assert all(m.dtype == s.dtype and torch.equal(m, s) for s, m in zip(sources, moved))
     counts = staging.counters()
     assert counts["streamed"] == 3 and counts["twins_made"] == 0 and counts["bytes_streamed"] == 5474
-    assert counts["copies"] == 3 + 3 + 1  # one a chunk
+    assert counts["copies"] == 6  # one a slot's fill: 5474 bytes in slots of 1 KiB
     staging.release()
     assert all(torch.equal(s, m) for s, m in zip(sources, staging.to_device(sources, 0)))
+
+
+def test_small_tensors_streamed_share_a_slots_copy(slow, small_stream):
+    staging = PinnedStaging(slow)
+    sources = [torch.full((32,), float(i)) for i in range(40)]  # 40 tensors of 128 bytes: 5 KiB together
+    moved = staging.to_device(sources, 1)
+    assert all(torch.equal(m, s) for s, m in zip(sources, moved))
+    assert staging.counters()["copies"] == 5 and staging.counters()["streamed"] == 40
+
+
+@pytest.mark.parametrize("sizes", [[2800, 2664, 10], [1024, 1024], [1, 5000, 0, 3], [0]])
+def test_slot_fills_cover_each_run_once_in_order(small_stream, sizes):
+    fills = pinned_staging._slot_fills(sizes)
+    pieces = [piece for fill in fills for piece in fill]
+    assert [(run, offset) for run, offset, _, _ in pieces] == sorted((run, offset) for run, offset, _, _ in pieces)
+    for run, total in enumerate(sizes):
+        runs = [(offset, size) for r, offset, _, size in pieces if r == run]
+        assert sum(size for _, size in runs) == total
+        starts = list(itertools.accumulate([0] + [size for _, size in runs]))[:len(runs)]
+        assert [offset for offset, _ in runs] == starts
+    for fill in fills:
+        assert [at for _, _, at, _ in fill] == list(itertools.accumulate([0] + [size for *_, size in fill[:-1]]))
+        assert sum(size for *_, size in fill) <= 1024
+    assert all(sum(size for *_, size in fill) == 1024 for fill in fills[:-1])
 
 
 def test_kept_and_small_moves_keep_their_twins(slow, small_stream):
