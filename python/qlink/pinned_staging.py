@@ -15,15 +15,15 @@ it has completed (an event on that copy's stream), so pinned memory that a copy 
 reads is never handed out again.
 
 A large one-time move (sources no twin is kept for, STREAM_MIN_BYTES or more in one call:
-a module's weights arriving once) is streamed instead: its bytes pass through a few
-page-locked slots the staging keeps, each slot's device copy enqueued as soon as the CPU has
-filled it and the slot refilled once that copy has completed. Twins for it would page-lock
+a module's weights arriving once) is streamed instead: its bytes pass, packed in order, through
+a few page-locked slots the staging keeps, each slot's device copy enqueued as soon as the CPU
+has filled it and the slot refilled once that copy has completed. Twins for it would page-lock
 as many fresh bytes as it moves, and page-locking costs far more than the copy
 (docs/HOSTS.md has the figures); the calling thread waits for the slots,
 so it returns once the last chunk is enqueued. GPU tensors leaving the device for good (a
 quantized block's weights) stream back through the same slots into pageable memory
-(to_host): each chunk copied into a slot on its source's stream, then out of the slot by the
-CPU once that copy has completed, while the next slots fill.
+(to_host): each slot's pieces copied into it on their source's stream, then out of it by the
+CPU once those copies have completed, while the next slots fill.
 
 On the GPU backends the twins live in page-locked memory, which the device addresses at
 the same pointer (unified addressing): the copy plan reads them as the target device's
