@@ -185,7 +185,7 @@ class PinnedStaging:
         bases = [t.data_ptr() for t in targets]
         with self._stream_lock:
             self._make_slots()
-            for turn, fill in enumerate(_slot_fills([d.numel() for d in datas])):
+            for turn, fill in enumerate(_slot_fills([d.numel() for d in datas], self._slots[0].buffer.numel())):
                 slot = self._slots[turn % SLOTS]
                 if slot.ticket is not None:
                     slot.ticket.synchronize()
@@ -230,7 +230,7 @@ class PinnedStaging:
         datas = [s.reshape(-1).view(torch.uint8) for s in sources]
         intos = [t.reshape(-1).view(torch.uint8) for t in targets]
         filling = collections.deque()  # (slot, its fill) copied from the GPU, not yet out of the slot
-        for turn, fill in enumerate(_slot_fills([d.numel() for d in datas])):
+        for turn, fill in enumerate(_slot_fills([d.numel() for d in datas], self._slots[0].buffer.numel())):
             slot = self._slots[turn % SLOTS]
             if filling and filling[0][0] is slot:
                 _drain(*filling.popleft(), intos)
@@ -335,18 +335,18 @@ def _check_into(sources, targets, where):
                 raise ValueError("into[%d]: %s is %s, expected %s" % (i, field, got, want))
 
 
-def _slot_fills(sizes):
-    """Byte runs of `sizes` cut into pieces packed in order into fills of SLOT_BYTES, each a
+def _slot_fills(sizes, slot_bytes):
+    """Byte runs of `sizes` cut into pieces packed in order into fills of slot_bytes, each a
     slot's turn: [[(run, offset in the run, offset in the slot, size)]]. A module's many
     small tensors (an MoE block's experts) share a slot's copy instead of one each."""
     fills, fill, used = [], [], 0
     for run, total in enumerate(sizes):
         offset = 0
         while offset < total:
-            if used == SLOT_BYTES:
+            if used == slot_bytes:
                 fills.append(fill)
                 fill, used = [], 0
-            size = min(SLOT_BYTES - used, total - offset)
+            size = min(slot_bytes - used, total - offset)
             fill.append((run, offset, used, size))
             used, offset = used + size, offset + size
     if fill:

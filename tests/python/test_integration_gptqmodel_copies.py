@@ -129,8 +129,8 @@ def test_small_tensors_streamed_share_a_slots_copy(slow, small_stream):
 
 
 @pytest.mark.parametrize("sizes", [[2800, 2664, 10], [1024, 1024], [1, 5000, 0, 3], [0]])
-def test_slot_fills_cover_each_run_once_in_order(small_stream, sizes):
-    fills = pinned_staging._slot_fills(sizes)
+def test_slot_fills_cover_each_run_once_in_order(sizes):
+    fills = pinned_staging._slot_fills(sizes, 1024)
     pieces = [piece for fill in fills for piece in fill]
     assert [(run, offset) for run, offset, _, _ in pieces] == sorted((run, offset) for run, offset, _, _ in pieces)
     for run, total in enumerate(sizes):
