@@ -694,10 +694,11 @@ def test_a_quantized_block_streams_back_to_pageable_memory(host, ctx, monkeypatc
     adapter.install("auto", ctx=ctx, strict=True)
     block = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.LayerNorm(4096)).cuda()
     params = list(block.parameters())
+    want = [p.detach().cpu() for p in params]
+    want[0] = want[0] * 3
     torch.cuda._sleep(50_000_000)  # the copies wait behind this on the stream
     with torch.no_grad():
-        block[0].weight.mul_(3)
-    want = [p.detach().cpu() for p in params]
+        block[0].weight.mul_(3)  # queued after the sleep: read too early, the copies are stale
     before = ctx.pinned_staging.counters()["streamed_back"]
     assert orchestrator.mv_module_from_gpu(block) is block and list(block.parameters()) == params
     assert all(p.device.type == "cpu" and not p.is_pinned() and torch.equal(p.detach(), w)
