@@ -1,6 +1,7 @@
 """The Context's moves: a module's parameters and buffers, or a nested batch of tensors,
 to another device (GPTQModel's move_module_to_device and move_nested_to_device)."""
 import collections
+import itertools
 import logging
 import threading
 
@@ -163,6 +164,12 @@ def module_tensors(module):
             if b is not None:
                 buffers.setdefault(id(b), b)
     return list(params.values()), list(buffers.values())
+
+
+def has_meta(module):
+    """Whether any parameter or buffer of `module` (its submodules' too) is on the meta
+    device (offloaded, or not materialized yet)."""
+    return any(t.is_meta for t in itertools.chain(module.parameters(), module.buffers()))
 
 
 class MoveCalls:

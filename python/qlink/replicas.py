@@ -9,7 +9,9 @@ from .moves import module_tensors
 from .streams import resolved_device
 
 
-def _gil_enabled():
+def gil_enabled():
+    """Whether this interpreter runs Python one thread at a time (3.13's free-threaded
+    builds may not)."""
     probe = getattr(sys, "_is_gil_enabled", None)
     return probe() if probe is not None else not sysconfig.get_config_var("Py_GIL_DISABLED")
 
@@ -78,7 +80,7 @@ class ReplicaCalls:
         replicate funnels into broadcast_coalesced, which tears copies without it) the
         replicas come from torch.nn.parallel.replicate, otherwise from mirror_module."""
         devices = [resolved_device(d) for d in devices]
-        if (self.use_torch_replicate and _gil_enabled() and devices and all(d.type == "cuda" for d in devices)):
+        if (self.use_torch_replicate and gil_enabled() and devices and all(d.type == "cuda" for d in devices)):
             replicas = torch.nn.parallel.replicate(module, devices, detach=True)
         else:
             replicas = self.mirror_module(module, devices)

@@ -2,14 +2,13 @@
 replacements its seams bind (the _make_* methods), the plan per block and the losses of
 the native loop."""
 import importlib
-import itertools
 import logging
 import random
 import threading
 
 import torch
 
-from ...moves import nbytes
+from ...moves import has_meta, nbytes
 from ...pinned_staging import stageable
 from ...plan import check_setting, resolve_plan
 from ...quant.placement import Placement
@@ -167,7 +166,7 @@ class AutoRoundInstallation(Installation):
         def mv_module_from_gpu(module):
             if hasattr(module, "device"):
                 reason = "a module that names its own device"
-            elif any(t.is_meta for t in itertools.chain(module.parameters(), module.buffers())):
+            elif has_meta(module):
                 reason = "meta tensors (AutoRound moves the others one by one)"
             else:
                 own = (type(m).__name__ for m in module.modules()

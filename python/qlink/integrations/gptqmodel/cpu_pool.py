@@ -7,17 +7,11 @@ pool with N threads where the interpreter has a GIL and GPTQMODEL_CPU_WORKERS (G
 own setting, which wins) is unset; a pool started before install() keeps its size, the
 reason counted. Opt-in: the measurements are in docs/MOE.md."""
 import os
-import sys
 
+from ...replicas import gil_enabled
 from ..patches import like
 
 PATCH = "cpu_workers"
-
-
-def gil_enabled():
-    """Whether this interpreter runs Python one thread at a time (3.13's free-threaded
-    builds may not)."""
-    return getattr(sys, "_is_gil_enabled", lambda: True)()
 
 
 def make_default_cpu_workers(installation, original):

@@ -29,6 +29,7 @@ import time
 
 import torch
 
+from ...moves import has_meta
 from ...streams import resolved_device
 from .contract import count_batch
 from .expert_hessians import ChunkHessians, expert_rounds, solve_bytes
@@ -36,7 +37,6 @@ from .expert_layout import ExpertWeights, refusal as layout_refusal
 from .expert_placement import budget, placed_experts
 from .expert_pass import ExpertPass
 from .hessian_queue import unsupported
-from .model_moves import _has_meta
 
 PATCH = "expert_stage"
 _EXPERT = re.compile(r"^(?P<block>.+)\.(?P<index>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)$")
@@ -139,7 +139,7 @@ def _quantizers_to(installation, tasks, devices):
     by_device = {}
     for task, device in zip(tasks, devices):
         quantizer = getattr(task, "quantizer", None)
-        if isinstance(quantizer, torch.nn.Module) and not _has_meta(quantizer):
+        if isinstance(quantizer, torch.nn.Module) and not has_meta(quantizer):
             by_device.setdefault(device, []).append(quantizer)
     for device, quantizers in by_device.items():
         installation.ctx.move_module_to_device(torch.nn.ModuleList(quantizers), device)

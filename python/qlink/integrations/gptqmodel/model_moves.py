@@ -4,11 +4,8 @@ on the device's current stream (qlink/pinned_staging.py), no thread blocked; wha
 moves do not take (dtype conversions, meta tensors, other objects) stays GPTQModel's."""
 import torch
 
+from ...moves import has_meta
 from ..patches import like
-
-
-def _has_meta(module):
-    return any(t.is_meta for t in list(module.parameters()) + list(module.buffers()))
 
 
 def make_move_to(installation, original):
@@ -21,7 +18,7 @@ def make_move_to(installation, original):
         elif device is None:
             reason = "no device"
         elif isinstance(obj, torch.nn.Module):
-            reason = "meta (offloaded) tensors" if _has_meta(obj) else None
+            reason = "meta (offloaded) tensors" if has_meta(obj) else None
         else:
             reason = None if isinstance(obj, torch.Tensor) else "a %s, not a tensor" % type(obj).__name__
         if reason:

@@ -10,9 +10,8 @@ import torch
 from ..patches import like
 from ..process_settings import fixed_segments, short_switch_interval
 from . import input_cache
-from ...moves import module_tensors, warm_pinned_host
+from ...moves import has_meta, module_tensors, warm_pinned_host
 from ...streams import resolved_device
-from .model_moves import _has_meta
 
 
 def make_loop(installation, original):
@@ -99,7 +98,7 @@ def make_rehome_processor_task(installation, original):
         if not isinstance(quantizer, torch.nn.Module) or target_device is None:
             counters.host("rehome_processor_task", "no quantizer module" if target_device is not None
                           else "no device")
-        elif _has_meta(quantizer):
+        elif has_meta(quantizer):
             counters.host("rehome_processor_task", "meta (offloaded) tensors")
         elif all(t.device == resolved_device(target_device) for t in quantizer.buffers()):
             counters.host("rehome_processor_task", "already on the device")  # the expert stage moved it
