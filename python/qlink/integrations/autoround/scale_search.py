@@ -58,14 +58,13 @@ def search_scales(data, bits, qw, get_reciprocal, search_ratio):
 
 
 def make_search_scales(installation, original):
-    host_int = installation.names["auto_round.data_type.int:get_reciprocal"], \
-        installation.names["auto_round.data_type.int:envs"]
+    get_reciprocal = installation.names["auto_round.data_type.int:get_reciprocal"]
+    envs = installation.names["auto_round.data_type.int:envs"]
     counters = installation.counters
 
     @eager  # AutoRound compiles its quant-dequant: the search stays eager, as AutoRound's own does
     @like(original)
     def search_scales_unsynced(data, bits, qw=None):
-        get_reciprocal, envs = host_int
         counters.qlink(PATCH)
         return search_scales(data, bits, qw, get_reciprocal, envs.AR_SEARCH_SCALE_RATIO)
     return search_scales_unsynced
