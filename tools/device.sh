@@ -89,6 +89,8 @@
 #     moe_host   GPTQModel alone to layer 1's first solve, then the stage as GPTQModel solves (ieee_fp32, its
 #                inverse, IEEE updates): layer 0's codes compared
 #     moe_spread GPTQModel alone so again with its samples reversed, its codes against moe_host's (after it)
+#     moe_ungrouped  the stage as moe_host's but on GPTQModel's own batches (no grouped forwards): layer 0's
+#                codes against moe_host's (after it)
 #     moe_235b   a Qwen3-235B-A22B-shaped 2-layer model through the stage (made first)
 #     moe_dsv3   a DeepSeek-V3-shaped 1-layer model through the stage (made first)
 #   On a machine of several GPUs (group gpus, LAYERS=2 MOE_LAYERS=2; dsv3_gpus after moe_dsv3, in a call of its own):
@@ -511,6 +513,12 @@ part_moe_spread() {  # GPTQModel alone with its samples reversed, against moe_ho
   run moe_codes_reversed 60 python3 compare_codes.py "$out/moe_host.json" "$codes/moe_host.pt" \
     "$out/moe_host_reversed.json" "$codes/moe_host_reversed.pt" "$out/moe_codes_reversed.json"
 }
+part_moe_ungrouped() {  # moe_stage_ieee on GPTQModel's batches, against moe_host's alone: what the grouping changes
+  gptqmodel_run moe_stage_ieee_ungrouped 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe \
+    --qlink --strict --expert-stage on "${as_host[@]}" --group-rows 0 --codes "$codes/moe_stage_ieee_ungrouped.pt"
+  run moe_codes_ungrouped 60 python3 compare_codes.py "$out/moe_host.json" "$codes/moe_host.pt" \
+    "$out/moe_stage_ieee_ungrouped.json" "$codes/moe_stage_ieee_ungrouped.pt" "$out/moe_codes_ungrouped.json"
+}
 part_moe_235b() {  # issue 41: a Qwen3-235B-A22B-shaped pair of layers through the stage: a layer's time, the peak
   run make_qwen3_235b 300 python3 -c "import sys; sys.path.insert(0, '$hosts_dir'); from common import \
 make_qwen3_moe, QWEN3_235B; make_qwen3_moe('/tmp/qwen3-235b-2layers', layers=2, **QWEN3_235B)"
@@ -582,7 +590,7 @@ part_moe_samples() {  # every thread sampled (the sampling stretches the run)
 }
 host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks \
 ar_moe_host ar_moe_qlink ar_moe_grouped ar0_moe ar_moe_save moe_check moe_solve moe moe_samples speed_models speed breakdown ar_breakdown divergence \
-moe_stage moe_bare moe_no_offload moe_workers moe_switch moe_tensor moe_groups moe_stage_samples no_warmup groups moe_nostage moe_host moe_spread moe_235b moe_dsv3 moe_tree unwrap packer warmup defaults alone speed_profile inverse triangular gemm attention "
+moe_stage moe_bare moe_no_offload moe_workers moe_switch moe_tensor moe_groups moe_stage_samples no_warmup groups moe_nostage moe_host moe_spread moe_ungrouped moe_235b moe_dsv3 moe_tree unwrap packer warmup defaults alone speed_profile inverse triangular gemm attention "
 
 [ $# -ge 1 ] || usage
 case $1 in

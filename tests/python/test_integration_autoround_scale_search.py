@@ -50,6 +50,21 @@ def test_the_scales_are_autorounds_bit_for_bit(int_host, bits, dtype, weighted):
                                                             int_host.int.get_reciprocal(data.abs().amax(-1, True))))
 
 
+@pytest.mark.parametrize("chunk", [1, 3, 16, 1000])
+def test_any_chunk_of_candidates_keeps_autorounds_scales(int_host, monkeypatch, chunk):
+    """Equal losses across a chunk's edge keep the earlier candidate; NaN and infinite
+    losses never replace the kept scale, as AutoRound's strict comparison has it."""
+    data, weights = _groups(torch.float32, seed=3)
+    data[9, 4] = float("nan")
+    data[11, 2] = float("inf")
+    data[13] *= 1e20  # every candidate's loss overflows to infinity, their scales apart
+    monkeypatch.setattr(scale_search, "CHUNK_CANDIDATES", chunk)
+    for bits in (2, 4):
+        want = int_host.int.search_scales(data, bits, weights)
+        got = _ours(int_host, data, bits, weights)
+        assert torch.allclose(got, want, rtol=0, atol=0, equal_nan=True)  # equal, NaN where AutoRound's is
+
+
 def test_the_search_ratio_is_read_from_autorounds_settings(int_host, monkeypatch):
     data, weights = _groups(torch.float32, seed=1)
     default = _ours(int_host, data, 4, weights)
@@ -81,3 +96,14 @@ def test_on_a_gpu_nothing_waits_for_the_search(int_host, dtype):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.equal(got, int_host.int.search_scales(data, 4, weights))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_on_a_gpu_a_layer_sized_search_is_autorounds(int_host, dtype):
+    """A 4096 x 2048 weight in groups of 128 (chunks of 4 candidates): the chunk's reductions
+    over (candidates, groups, columns) sum each group as AutoRound's do over (groups, columns)."""
+    g = torch.Generator().manual_seed(4)
+    data = (torch.randn(65536, 128, generator=g) * 0.02).to("cuda", dtype)
+    weights = (torch.rand(65536, 128, generator=g) * 4).cuda()
+    assert torch.equal(_ours(int_host, data, 4, weights), int_host.int.search_scales(data, 4, weights))

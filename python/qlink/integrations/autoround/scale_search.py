@@ -1,20 +1,25 @@
 """AutoRound's optimized-RTN scale search (auto_round.data_type.int.search_scales: at iters=0,
 each group's scale tried at 200 candidate ranges, weighted by the layer's imatrix) without
-a host read per candidate. AutoRound keeps a better candidate's scales by boolean-mask writes
-behind `if mask.any()`: two waits for the GPU a candidate, 400 a layer, so the GPU idles
-while Python launches the next candidate's dozen kernels (1.2 s of a 2-block Qwen3-MoE run's
-4.6 s: bench/RESULTS.md). Here torch.where keeps them instead and nothing waits.
+a host read per candidate and with candidates evaluated a chunk at a time. AutoRound keeps a
+better candidate's scales by boolean-mask writes behind `if mask.any()`: two waits for the GPU
+a candidate, 400 a layer, so the GPU idles while Python launches the next candidate's dozen
+kernels (bench/RESULTS.md). Here a chunk's candidates take one pass of those kernels over
+(candidates, groups, group size) and the best of the chunk is kept by torch.where.
 
 Invariant: the candidates, their order and each candidate's arithmetic are AutoRound's
-operation for operation (the reciprocal of the groups' maxima is computed once, the value
-AutoRound computes for every candidate), and a candidate replaces the kept one only where
-its loss is strictly lower, so the scales are AutoRound's bit for bit."""
+operation for operation (each candidate's inverse scale is AutoRound's scalar product with
+the groups' reciprocal maxima, the elementwise steps the same, each group's loss summed over
+its own columns), and a candidate replaces the kept one only where its loss is strictly
+lower than every earlier one's (the chunk's first minimum against the kept loss), so the
+scales are AutoRound's bit for bit."""
 import torch
 
 from ..patches import eager, like
 from .contract import CONTRACT
 
 PATCH = "scale_search"
+CHUNK_CANDIDATES = 16  # candidates a pass
+CHUNK_ELEMENTS = 1 << 25  # and at most this many (candidate, weight) elements a pass: 128 MiB of fp32
 
 
 @CONTRACT.copies("auto_round/data_type/int.py", "search_scales", "f342f7600cf270f3")
@@ -30,7 +35,7 @@ def search_scales(data, bits, qw, get_reciprocal, search_ratio):
     weighted = isinstance(qw, torch.Tensor)
 
     def loss_of(candidate_iscales, candidate_scales):
-        levels = torch.empty_like(data)
+        levels = torch.empty(candidate_iscales.shape[:-1] + data.shape[-1:], dtype=data.dtype, device=data.device)
         torch.round(candidate_iscales * data, out=levels)
         levels.clamp_(-nmax, nmax - 1)
         loss = ((candidate_scales * levels - data).to(torch.float32)) ** 2
@@ -45,15 +50,17 @@ def search_scales(data, bits, qw, get_reciprocal, search_ratio):
         search_min = nmax * (search_ratio or 0.75)
         step = search_min / 200 * 2
         search_min = int(search_min / step)
-    for candidate in range(-search_min, search_min + 1):
-        if candidate == 0:
-            continue
-        candidate_iscales = -(nmax - step * candidate) * reciprocal
+    factors = [-(nmax - step * candidate) for candidate in range(-search_min, search_min + 1) if candidate != 0]
+    chunk = max(1, min(CHUNK_CANDIDATES, CHUNK_ELEMENTS // max(1, data.numel())))
+    for start in range(0, len(factors), chunk):
+        candidate_iscales = torch.stack([factor * reciprocal for factor in factors[start:start + chunk]])
         candidate_scales = get_reciprocal(candidate_iscales)
-        loss = loss_of(candidate_iscales, candidate_scales)
-        better = loss < best_loss
-        scales = torch.where(better.unsqueeze(-1), candidate_scales, scales)
-        best_loss = torch.where(better, loss, best_loss)
+        loss = loss_of(candidate_iscales, candidate_scales).nan_to_num_(float("inf"), float("inf"))  # NaN never wins
+        chunk_loss, first = loss.min(dim=0)  # the first minimum: the earliest of equal losses
+        better = chunk_loss < best_loss
+        chosen = torch.take_along_dim(candidate_scales, first[None, ..., None], dim=0)[0]
+        scales = torch.where(better.unsqueeze(-1), chosen, scales)
+        best_loss = torch.where(better, chunk_loss, best_loss)
     return scales
 
 
