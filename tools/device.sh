@@ -91,6 +91,8 @@
 #     moe_spread GPTQModel alone so again with its samples reversed, its codes against moe_host's (after it)
 #     moe_ungrouped  the stage as moe_host's but on GPTQModel's own batches (no grouped forwards): layer 0's
 #                codes against moe_host's (after it)
+#     moe_parting GPTQModel alone to layer 0's first expert solve and the stage (ieee_fp32) so, layer 0's
+#                attention calls and o_proj's add_batch inputs digested: where they part (compare_runs.py)
 #     moe_235b   a Qwen3-235B-A22B-shaped 2-layer model through the stage (made first)
 #     moe_dsv3   a DeepSeek-V3-shaped 1-layer model through the stage (made first)
 #   On a machine of several GPUs (group gpus, LAYERS=2 MOE_LAYERS=2; dsv3_gpus after moe_dsv3, in a call of its own):
@@ -519,6 +521,16 @@ part_moe_ungrouped() {  # moe_stage_ieee on GPTQModel's batches, against moe_hos
   run moe_codes_ungrouped 60 python3 compare_codes.py "$out/moe_host.json" "$codes/moe_host.pt" \
     "$out/moe_stage_ieee_ungrouped.json" "$codes/moe_stage_ieee_ungrouped.pt" "$out/moe_codes_ungrouped.json"
 }
+part_moe_parting() {  # which input of layer 0's attention, or which parameter, first differs from alone's
+  local digests=(--input-digests --batch-digests 'layers\.0\.self_attn\.o_proj$' --call-digests 'layers\.0\.self_attn$')
+  local stop=(--stop-at-module 'layers\.0\.mlp\.experts\.')
+  gptqmodel_run moe_parting_host 300 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe "${stop[@]}" \
+    "${digests[@]}"
+  gptqmodel_run moe_parting_stage 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink \
+    --strict --expert-stage on "${as_host[@]}" "${stop[@]}" "${digests[@]}"
+  run moe_parting 60 python3 compare_runs.py "$out/moe_parting_host.json" "$out/moe_parting_stage.json" \
+    --out "$out/moe_parting.json"
+}
 part_moe_235b() {  # issue 41: a Qwen3-235B-A22B-shaped pair of layers through the stage: a layer's time, the peak
   run make_qwen3_235b 300 python3 -c "import sys; sys.path.insert(0, '$hosts_dir'); from common import \
 make_qwen3_moe, QWEN3_235B; make_qwen3_moe('/tmp/qwen3-235b-2layers', layers=2, **QWEN3_235B)"
@@ -590,7 +602,7 @@ part_moe_samples() {  # every thread sampled (the sampling stretches the run)
 }
 host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks \
 ar_moe_host ar_moe_qlink ar_moe_grouped ar0_moe ar_moe_save moe_check moe_solve moe moe_samples speed_models speed breakdown ar_breakdown divergence \
-moe_stage moe_bare moe_no_offload moe_workers moe_switch moe_tensor moe_groups moe_stage_samples no_warmup groups moe_nostage moe_host moe_spread moe_ungrouped moe_235b moe_dsv3 moe_tree unwrap packer warmup defaults alone speed_profile inverse triangular gemm attention "
+moe_stage moe_bare moe_no_offload moe_workers moe_switch moe_tensor moe_groups moe_stage_samples no_warmup groups moe_nostage moe_host moe_spread moe_ungrouped moe_parting moe_235b moe_dsv3 moe_tree unwrap packer warmup defaults alone speed_profile inverse triangular gemm attention "
 
 [ $# -ge 1 ] || usage
 case $1 in

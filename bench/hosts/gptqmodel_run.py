@@ -17,6 +17,7 @@ call (device checksums, turned into digests after it).
          [--switch-interval S|off] [--landing pinned|pageable] [--pinned-warmup on|off] [--segments fixed|host]
          | --guards]
         [--precision ieee_fp32|tensor] [--reversed] [--hessian-f64] [--codes FILE.pt]
+        [--stop-at-layer N | --stop-at-module REGEX]
         [--input-digests] [--batch-digests REGEX] [--call-digests REGEX] [--no-digests] [--module-offload on|off]
         [--profile OPS.txt [--profile-stacks] [--idle IDLE.txt] | --profile OPS.txt --device-only]
         [--cprofile FILE | --samples-out FILE] [--out FILE]
@@ -90,14 +91,15 @@ def _task_name(task):
 
 
 def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batches=None, dequantized=None,
-                  on_stop=None, digests=True, first_solves=None):
+                  on_stop=None, digests=True, first_solves=None, stop_at_module=None):
     """Wraps GPTQ.quantize (as installed: GPTQModel's own or qlink's) to record each layer's
     result: device checksums of what the solve returns (Q, scales, zeros, g_idx) and its
     loss; its levels (on the device) where `codes` is a dict. Nothing waits on the device
     inside the timed run; finish_records() turns the records into digests (and codes on
     the host) after it. stop_at_layer: the process ends at that layer's first solve, once
     its time is printed and on_stop() has reported the layers before (the time a layer
-    takes, without the rest of the run). inputs: also
+    takes, without the rest of the run). stop_at_module: a regex; the process ends so at the
+    first solve of a module it matches (what came before it, without the rest). inputs: also
     checksums of what each solve reads, its weight as the solve starts and its merged Hessian
     (GPTQ.finalize_hessian's, the last before the solve): where two runs' solves differ,
     which input differed first. batches: a regex; checksums of each input add_batch is given
@@ -142,6 +144,10 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
                 if on_stop is not None:
                     on_stop(time.perf_counter() - start)
                 os._exit(0)
+        if stop_at_module is not None and re.search(stop_at_module, name):
+            if on_stop is not None:
+                on_stop(time.perf_counter() - start)
+            os._exit(0)
         into[name] = {"sums": solve_checksums(out) if digests else None, "loss": out[5], "damp": out[6]}
         if inputs:
             into[name]["input_sums"] = {"weight": weight, "hessian": hessians.pop(name, None)}
@@ -265,6 +271,7 @@ def main():
                    default="llama")
     a.add_argument("--precision", choices=("ieee_fp32", "tensor", "tensor_gemm"))
     a.add_argument("--stop-at-layer", type=int, help="end the run at this layer's first solve (its time printed)")
+    a.add_argument("--stop-at-module", metavar="REGEX", help="end the run at the first solve of a module it matches")
     a.add_argument("--group-rows", type=int, help="qlink: tokens per grouped forward (0: GPTQModel's batches kept)")
     a.add_argument("--codes")
     a.add_argument("--bits", type=int, default=4, help="GPTQModel's bits (group size 128)")
@@ -387,18 +394,22 @@ def main():
     if args.hessian_f64:
         products_in_f64(GPTQ)
     layers, codes = {}, {} if args.codes else None
+    calls = {}  # --call-digests' records
     dequantized = {} if args.dequantized else None
 
-    def stopped(seconds):  # the layers solved before stop_at_layer (other workers go on), as a finished run's
+    def stopped(seconds):  # the layers solved before the stop (other workers go on), as a finished run's
         result["stopped_at_s"] = round(seconds, 3)
+        if calls:
+            result["call_digests"] = call_digests(calls)
+        last = args.stop_at_layer if args.stop_at_layer is not None else float("inf")
 
         def before(records):
             if records is not None:
-                return {k: v for k, v in list(records.items()) if _layer_of(k) < args.stop_at_layer}
+                return {k: v for k, v in list(records.items()) if _layer_of(k) < last}
         report(args, result, before(layers), before(codes), before(dequantized), packs)
     record_solves(GPTQ, layers, codes, args.stop_at_layer, inputs=args.input_digests, batches=args.batch_digests,
                   dequantized=dequantized, on_stop=stopped, digests=not args.no_digests,
-                  first_solves=result.setdefault("first_solve_s", {}))
+                  first_solves=result.setdefault("first_solve_s", {}), stop_at_module=args.stop_at_module)
     packs = {}
     if not args.no_digests:
         record_packs(packs)
@@ -413,7 +424,6 @@ def main():
     from qlink.integrations.process_settings import expandable_now
     result["allocator_expandable"] = expandable_now()
     model = GPTQModel.load(args.model, config)
-    calls = {}
     if args.call_digests:
         record_calls(model.model, args.call_digests, calls)
     ids = torch.load(args.calibration) if args.calibration else token_batches(args.samples, args.seqlen)
