@@ -59,6 +59,7 @@ import hashlib
 import os
 import re
 import sys
+import threading
 import time
 
 import idle
@@ -110,6 +111,7 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
     import torch
     solve = GPTQ.quantize
     start, layers_seen, hessians, fed = time.perf_counter(), set(), {}, {}
+    stopping = threading.Lock()
     if batches is not None:
         add_batch = GPTQ.add_batch
 
@@ -145,9 +147,10 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
                     on_stop(time.perf_counter() - start)
                 os._exit(0)
         if stop_at_module is not None and re.search(stop_at_module, name):
-            if on_stop is not None:
-                on_stop(time.perf_counter() - start)
-            os._exit(0)
+            with stopping:  # one worker reports; the others wait here for the exit
+                if on_stop is not None:
+                    on_stop(time.perf_counter() - start)
+                os._exit(0)
         into[name] = {"sums": solve_checksums(out) if digests else None, "loss": out[5], "damp": out[6]}
         if inputs:
             into[name]["input_sums"] = {"weight": weight, "hessian": hessians.pop(name, None)}
