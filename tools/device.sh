@@ -91,8 +91,9 @@
 #     moe_spread GPTQModel alone so again with its samples reversed, its codes against moe_host's (after it)
 #     moe_ungrouped  the stage as moe_host's but on GPTQModel's own batches (no grouped forwards): layer 0's
 #                codes against moe_host's (after it)
-#     moe_parting GPTQModel alone to layer 0's first expert solve and the stage (ieee_fp32) so, layer 0's
-#                attention calls and o_proj's add_batch inputs digested: where they part (compare_runs.py)
+#     moe_parting GPTQModel alone to layer 0's first expert solve and the stage (ieee_fp32, on GPTQModel's
+#                batches) so, layer 0's attention calls and o_proj's add_batch inputs digested, batch by
+#                batch: where they part (compare_runs.py)
 #     moe_235b   a Qwen3-235B-A22B-shaped 2-layer model through the stage (made first)
 #     moe_dsv3   a DeepSeek-V3-shaped 1-layer model through the stage (made first)
 #   On a machine of several GPUs (group gpus, LAYERS=2 MOE_LAYERS=2; dsv3_gpus after moe_dsv3, in a call of its own):
@@ -113,7 +114,7 @@
 # always made), DRY_RUN=1 (say each command, run none), KEEP_RAW=0 (remove OUTDIR once packed),
 # ARCH (nvcc's -arch, sm_90), BUILD_DIR (nvcc's outputs, /tmp/qlink_device), MODEL
 # (/tmp/llama7b-2layers), SHAPES (the speed set's), CODES (the loops' 4-bit levels, hundreds of MB, kept out of OUTDIR:
-# /tmp/qlink_codes), LAYERS ("2 4 8"), DIV_RUNS (15), DIV_LAYERS (4), DIV_PARALLEL (1), MOE_LAYERS ("2 4"),
+# /tmp/qlink_codes), LAYERS ("2 4 8"), DIV_RUNS (15), DIV_LAYERS (4), DIV_PARALLEL (1), DIV_CALLS (1; 0: no call digests), MOE_LAYERS ("2 4"),
 # GROUP_ROWS (32768), SLOPE_LAYERS ("4 8"),
 # PRECISIONS ("ieee_fp32 tensor"), STRESS_RUNS (3), GPTQ_QLINK_RUNS (2), AR_ITERS (200), AR_MOE_ITERS (50), AR_HOST_PROFILE
 # (set: AutoRound alone profiled too), AR_MOE_CPROFILE (set: ar_moe_grouped and ar0_moe add an iters=0 run under cProfile). NVLink multicast stays off (NCCL, symmetric memory,
@@ -462,9 +463,11 @@ part_divergence() {  # DIV_PARALLEL runs at a time share the GPU: less device ti
     width=$cap
     echo "divergence: $width runs at a time on a GPU of $mib MiB"
   fi
+  local calls=(--call-digests 'layers\.0\.self_attn$')  # DIV_CALLS=0: without them (they change the timing)
+  [ "${DIV_CALLS:-1}" = 0 ] && calls=()
   for r in $(seq 1 "${DIV_RUNS:-15}"); do
     gptqmodel_run div$r 120 --model /tmp/llama7b-${n}layers --layers "$n" --qlink --strict "${as_host[@]}" \
-      --input-digests --batch-digests 'layers\.0\.self_attn\.o_proj$' --call-digests 'layers\.0\.self_attn$' &
+      --input-digests --batch-digests 'layers\.0\.self_attn\.o_proj$' "${calls[@]}" &
     [ $((r % width)) -eq 0 ] && wait
   done
   wait
@@ -527,7 +530,7 @@ part_moe_parting() {  # which input of layer 0's attention, or which parameter, 
   gptqmodel_run moe_parting_host 300 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe "${stop[@]}" \
     "${digests[@]}"
   gptqmodel_run moe_parting_stage 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink \
-    --strict --expert-stage on "${as_host[@]}" "${stop[@]}" "${digests[@]}"
+    --strict --expert-stage on "${as_host[@]}" --group-rows 0 "${stop[@]}" "${digests[@]}"
   run moe_parting 60 python3 compare_runs.py "$out/moe_parting_host.json" "$out/moe_parting_stage.json" \
     --out "$out/moe_parting.json"
 }
