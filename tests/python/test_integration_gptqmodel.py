@@ -2,6 +2,9 @@
 on the CPU backend: every binding patched and restored, what runs through qlink and what
 does not (counted, with reasons), strict mode, the Hessian merge in device order, and the
 layer solve through qlink's native engine (a recorder around it keeps its calls)."""
+import threading
+import time
+
 import pytest
 import torch
 
@@ -203,6 +206,40 @@ def test_the_hessian_merge_is_summed_in_device_order_whatever_the_arrival(host):
     assert not all(torch.equal(a, arrival[0]) for a in arrival)  # what the patch fixes
     exact = sum(p.double() for p in partials.values()) * (2.0 / 150)
     assert torch.allclose(merged[0].double(), exact, rtol=5e-7, atol=5e-7)
+    assert adapter.counters()["seams"]["materialize_global_hessian"]["qlink"] == 3
+
+
+def test_tasks_of_one_input_merging_at_once_make_one_hessian(host, monkeypatch):
+    """q, k and v on GPTQModel's workers merge their shared partials together: one
+    qlink.reduce, one merged tensor for the three (two made at once would be a second
+    Hessian for the engine, and its memory)."""
+    adapter.install(ctx=host["ctx"])
+    partials = {d: p.contiguous() for d, p in list(_partials(256, seed=2).items())[:2]}
+    tasks = [host["gptq_processor"].GPTQ(torch.nn.Linear(256, 48), host["config"].QuantizeConfig()) for _ in range(3)]
+    for g in tasks:  # as qlink's add_batch leaves a subset's tasks of one input
+        g.quantizer.configure(perchannel=True)
+        g._device_hessian_partials = dict(partials)
+        g._device_sample_counts = {d: 50 for d in partials}
+        g.nsamples, g._hessian_dirty = 100, True
+    reduce, calls = host["ctx"].reduce, []
+
+    def slow_reduce(*args, **kwargs):
+        calls.append(1)
+        time.sleep(0.2)  # long enough for the other workers to reach the merge
+        return reduce(*args, **kwargs)
+    monkeypatch.setattr(host["ctx"], "reduce", slow_reduce)
+    start = threading.Barrier(len(tasks))
+
+    def worker(g):
+        start.wait()
+        g.materialize_global_hessian()
+    threads = [threading.Thread(target=worker, args=(g,)) for g in tasks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+    assert all(g.H is tasks[0].H for g in tasks)
     assert adapter.counters()["seams"]["materialize_global_hessian"]["qlink"] == 3
 
 

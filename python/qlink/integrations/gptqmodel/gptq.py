@@ -5,6 +5,7 @@ one input, q/k/v or an expert's gate and up, holding one partial take one merged
 the engine inverts it once), the solve by qlink's native engine where it covers the task's
 options (solve.py, solve_ahead.py). Each method falls back to GPTQModel's own (super()) with
 its reason; GPTQModel's solve, which writes its task's Hessian in place, gets a copy of its own."""
+import contextlib
 import threading
 import weakref
 
@@ -51,12 +52,31 @@ def _merge_refusal(ctx, partials, target):
 class SharedMerges:
     """Merged Hessians by the partials (the same tensors, the same sample count and target)
     they were made from, while both live: a second task of those partials takes the same
-    merged tensor. One that GPTQModel's own solve is to take is copied first (own())."""
+    merged tensor. One that GPTQModel's own solve is to take is copied first (own()). Tasks
+    of one set of partials find or make it one at a time (making()): GPTQModel's workers
+    merge q, k and v together, and two that both missed would each make one."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._made = {}  # key -> (weakref of the merged tensor, weakrefs of its partials)
         self._merged = {}  # id -> weakref of every merged tensor in _made
+        self._making = {}  # key -> [its lock, the tasks holding or waiting for it]
+
+    @contextlib.contextmanager
+    def making(self, partials, total, target):
+        """Held while a task finds, or makes and keeps, the merged tensor of these partials."""
+        key = self._key(partials, total, target)
+        with self._lock:
+            slot = self._making.setdefault(key, [threading.Lock(), 0])
+            slot[1] += 1
+        try:
+            with slot[0]:
+                yield
+        finally:
+            with self._lock:
+                slot[1] -= 1
+                if not slot[1]:
+                    del self._making[key]
 
     @staticmethod
     def _key(partials, total, target):
@@ -112,29 +132,34 @@ def make_materialize_global_hessian(installation, original):
                 reason = _merge_refusal(ctx, partials, target)
             # Shared only where the engine solves it: GPTQModel's solve writes its H in place.
             shareable = reason is None and unsupported(gptq, installation.host) is None
-            if shareable:
-                same = installation.merges.find(partials, total, target)
+
+            def merge():
+                merged = torch.empty(gptq.columns, gptq.columns, dtype=torch.float32, device=target)
+                ids = list(range(len(partials))) if ctx.cpu_memory else None
+                ctx.reduce([p for _, p in partials], merged, 2.0 / total, input_devices=ids,
+                           output_device=0 if ids else None)
+                return merged
+
+            def commit(hessian):
+                merged(gptq, hessian, total)
+                if shareable:
+                    installation.merges.keep(partials, total, target, hessian)
+                return True
+
+            def merged_here():
+                """Whether this task took a merged tensor: the one its partials already made,
+                else one qlink.reduce makes (False: the host's merge, once the lock is released)."""
+                same = installation.merges.find(partials, total, target) if shareable else None
                 if same is not None:
                     merged(gptq, same, total)
                     counters.qlink(patch)
-                    return None
-            if reason is None:
-                def merge():
-                    merged = torch.empty(gptq.columns, gptq.columns, dtype=torch.float32, device=target)
-                    ids = list(range(len(partials))) if ctx.cpu_memory else None
-                    ctx.reduce([p for _, p in partials], merged, 2.0 / total, input_devices=ids,
-                               output_device=0 if ids else None)
-                    return merged
-
-                def commit(hessian):
-                    merged(gptq, hessian, total)
-                    if shareable:
-                        installation.merges.keep(partials, total, target, hessian)
                     return True
+                return guard.attempt(patch, merge, lambda: False, commit)
 
-                # A fallback is the host's merge below, once this lock is released.
-                if guard.attempt(patch, merge, lambda: False, commit):
-                    return None
+            if reason is None:
+                with installation.merges.making(partials, total, target) if shareable else contextlib.nullcontext():
+                    if merged_here():
+                        return None
             else:
                 counters.host(patch, reason)
         return original(gptq, target_device)  # takes the lock itself
