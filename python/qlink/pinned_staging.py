@@ -10,9 +10,9 @@ A twin is kept while its source lives and is unchanged (keep=True: GPTQModel's
 calibration cache, moved to the device again for every subset of every layer), so the
 next move of the same bytes is the device copy alone. A source changed in place (its
 version counter moved) gets a new twin; the old one, like the twin of a source that died
-and every twin of a keep=False move, is retired: freed only once the last copy that read
-it has completed (an event on that copy's stream), so pinned memory that a copy still
-reads is never handed out again.
+and every twin of a keep=False move, is retired: freed only once no move that took it is
+still to enqueue its copy and every copy that read it has completed (an event on each
+copy's stream), so pinned memory that a copy still reads is never handed out again.
 
 A large one-time move (sources no twin is kept for, STREAM_MIN_BYTES or more in one call:
 a module's weights arriving once) is streamed instead: its bytes pass, packed in order, through
@@ -73,11 +73,18 @@ class _Slot:
 
 class _Twin:
     """A source's pinned bytes (the page-locked source itself, when it is one); kept: held
-    for the source's next move, else retired once its copy is done."""
-    __slots__ = ("buffer", "version", "data", "ticket", "kept")
+    for the source's next move, else retired once its copies are done. users: the moves that
+    took it and have not yet recorded their copy's ticket; tickets: the recorded copies not
+    yet seen complete (moves on several threads and streams may read one twin at once)."""
+    __slots__ = ("buffer", "version", "data", "tickets", "users", "kept")
 
     def __init__(self, buffer, version, data):
-        self.buffer, self.version, self.data, self.ticket, self.kept = buffer, version, data, None, False
+        self.buffer, self.version, self.data, self.tickets, self.users, self.kept = buffer, version, data, [], 1, False
+
+    def done(self):
+        """Whether no copy reads it any more (under the staging's lock)."""
+        self.tickets = [t for t in self.tickets if not t.query()]
+        return not self.users and not self.tickets
 
 
 class PinnedStaging:
@@ -88,7 +95,7 @@ class PinnedStaging:
         self._ctx = ctx
         self._lock = threading.RLock()  # a source's death (weakref callback) may come inside a call
         self._twins = {}  # id(source) -> (weakref to source, _Twin)
-        self._retiring = []  # twins a copy may still read: (buffer, ticket)
+        self._retiring = []  # twins a copy may still read, each freed once done()
         self._slots = []  # the stream's page-locked chunks, made at the first streamed move
         self._stream_lock = threading.Lock()  # one streamed move at a time owns the slots
         self._counts = dict.fromkeys(("copies", "leaves", "twins_made", "twins_reused", "twins_refreshed",
@@ -139,16 +146,22 @@ class PinnedStaging:
         twinned = [i for i in range(len(sources)) if i not in streamed]
         streams = None if ctx.cpu_memory else current_streams(ctx, [index])
         if twinned:
-            twins = [self._twin(sources[i], keep) for i in twinned]
-            # The twins were written by this thread before the call (ready) and stay untouched
-            # until their ticket says the copy is done (held): only the target's stream orders it.
-            self._copy([tw.data for tw in twins], [targets[i].data_ptr() for i in twinned],
-                       [sources[i].numel() * sources[i].element_size() for i in twinned], index, streams)
-            ticket = None if ctx.cpu_memory else _event_after_copy(index)
-            with self._lock:
-                for tw in twins:
-                    tw.ticket = ticket
-                self._retiring.extend((tw.buffer, ticket) for tw in twins if not tw.kept)
+            twins, ticket = [], None
+            try:
+                for i in twinned:  # each taken counts as a user until the finally below
+                    twins.append(self._twin(sources[i], keep))
+                # The twins were written before the call (ready) and stay untouched until
+                # their tickets say the copies are done (held): only the target's stream orders it.
+                self._copy([tw.data for tw in twins], [targets[i].data_ptr() for i in twinned],
+                           [sources[i].numel() * sources[i].element_size() for i in twinned], index, streams)
+                ticket = None if ctx.cpu_memory else _event_after_copy(index)
+            finally:
+                with self._lock:
+                    for tw in twins:
+                        tw.users -= 1
+                        if ticket is not None:
+                            tw.tickets.append(ticket)
+                    self._retiring.extend(tw for tw in twins if not tw.kept)
         if streamed:
             self._stream([sources[i] for i in streamed], [targets[i] for i in streamed], index, streams)
         with self._lock:
@@ -267,10 +280,11 @@ class PinnedStaging:
                 twin = entry[1]
                 if twin.version == version and twin.buffer.numel() == source.numel() * source.element_size():
                     self._counts["twins_reused"] += 1
+                    twin.users += 1
                     return twin
                 self._counts["twins_refreshed"] += 1
                 del self._twins[key]
-                self._retiring.append((twin.buffer, twin.ticket))
+                self._retiring.append(twin)
         nbytes = source.numel() * source.element_size()
         if version is None:
             with self._lock:
@@ -296,19 +310,20 @@ class PinnedStaging:
                 entry = self._twins.get(key)
                 if entry is not None and entry[0] is ref:
                     del self._twins[key]
-                    self._retiring.append((entry[1].buffer, entry[1].ticket))
+                    self._retiring.append(entry[1])
         return retire
 
     def _sweep(self):
-        """Frees the retired twins whose last copy has completed."""
+        """Frees the retired twins no copy reads any more."""
         with self._lock:
-            self._retiring = [(b, t) for b, t in self._retiring if t is not None and not t.query()]
+            self._retiring = [tw for tw in self._retiring if not tw.done()]
 
     def release(self):
         """Waits for every copy from a twin and frees them all (the next move makes new
         ones)."""
         with self._stream_lock, self._lock:
-            held = self._retiring + [(entry[1].buffer, entry[1].ticket) for entry in self._twins.values()]
+            held = [(tw.buffer, t) for tw in self._retiring + [entry[1] for entry in self._twins.values()]
+                    for t in tw.tickets]
             held += [(slot.buffer, slot.ticket) for slot in self._slots]
             self._twins.clear()
             self._retiring, self._slots = [], []

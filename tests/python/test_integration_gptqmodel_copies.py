@@ -75,6 +75,33 @@ def test_kept_twins_are_reused_refreshed_after_a_change_and_retired_with_their_s
     assert counts["kept"] == 3 and counts["retiring"] == 0
 
 
+def test_a_twin_retired_while_a_move_copies_from_it_is_held_until_that_copy_is_recorded(slow):
+    """Another thread changes a source in place while a move copies from its kept twin: the
+    refreshed-out twin waits in `retiring` for that move, not only for copies already recorded."""
+    staging = PinnedStaging(slow)
+    sources = _batch(2)
+    staging.to_device(sources, 0, keep=True)
+    entered, proceed, copy = threading.Event(), threading.Event(), staging._copy
+
+    def gated(*args, **kwargs):  # the mover holds its twins, its copy not yet enqueued
+        if threading.current_thread() is mover:
+            entered.set()
+            proceed.wait(10)
+        return copy(*args, **kwargs)
+    staging._copy = gated
+    mover = threading.Thread(target=staging.to_device, args=(sources, 1), kwargs={"keep": True})
+    mover.start()
+    assert entered.wait(10)
+    sources[0].add_(1)
+    staging.to_device(sources[:1], 0, keep=True)  # refreshes the twin the mover holds
+    staging.to_device(sources[1:2], 0, keep=True)  # sweeps
+    assert staging.counters()["retiring"] == 1 and staging.counters()["twins_refreshed"] == 1
+    proceed.set()
+    mover.join()
+    staging.to_device(sources[1:2], 0, keep=True)
+    assert staging.counters()["retiring"] == 0
+
+
 def test_inference_tensors_arrive_whole_and_keep_no_twin(slow):
     # GPTQModel captures its inputs under inference_mode: no version counter to see a change
     # by, so each move copies afresh (and its twin is retired, not kept).
