@@ -159,8 +159,8 @@ class PinnedStaging:
                 with self._lock:
                     for tw in twins:
                         tw.users -= 1
-                        if ticket is not None:
-                            tw.tickets.append(ticket)
+                        if ticket is not None:  # a kept twin's completed tickets go as new ones come
+                            tw.tickets = [t for t in tw.tickets if not t.query()] + [ticket]
                     self._retiring.extend(tw for tw in twins if not tw.kept)
         if streamed:
             self._stream([sources[i] for i in streamed], [targets[i] for i in streamed], index, streams)
