@@ -17,7 +17,7 @@ call (device checksums, turned into digests after it).
          [--switch-interval S|off] [--landing pinned|pageable] [--pinned-warmup on|off] [--segments fixed|host]
          | --guards]
         [--precision ieee_fp32|tensor] [--reversed] [--hessian-f64] [--codes FILE.pt]
-        [--stop-at-layer N | --stop-at-module REGEX]
+        [--stop-at-layer N | --stop-at-module REGEX] [--warm-attention]
         [--input-digests] [--batch-digests REGEX] [--call-digests REGEX] [--no-digests] [--module-offload on|off]
         [--profile OPS.txt [--profile-stacks] [--idle IDLE.txt] | --profile OPS.txt --device-only]
         [--cprofile FILE | --samples-out FILE] [--out FILE]
@@ -164,6 +164,17 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
     GPTQ.quantize = recording
 
 
+def warm_attention(config, seqlen):
+    """One causal bf16 SDPA on the GPU at the model's head count and size, a sample long:
+    the backend's first-call setup done before the loop's first attention."""
+    import torch
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    q = torch.randn(1, heads, seqlen, head_dim, device="cuda", dtype=torch.bfloat16)
+    torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    torch.cuda.synchronize()
+
+
 def _layer_of(name):
     found = re.search(r"layers\.(\d+)\.", name)
     return int(found.group(1)) if found else -1
@@ -275,6 +286,9 @@ def main():
     a.add_argument("--precision", choices=("ieee_fp32", "tensor", "tensor_gemm"))
     a.add_argument("--stop-at-layer", type=int, help="end the run at this layer's first solve (its time printed)")
     a.add_argument("--stop-at-module", metavar="REGEX", help="end the run at the first solve of a module it matches")
+    a.add_argument("--warm-attention", action="store_true",
+                   help="one causal SDPA at the model's head shape before the quantize call (its first run of the "
+                        "attention is then not the loop's)")
     a.add_argument("--group-rows", type=int, help="qlink: tokens per grouped forward (0: GPTQModel's batches kept)")
     a.add_argument("--codes")
     a.add_argument("--bits", type=int, default=4, help="GPTQModel's bits (group size 128)")
@@ -433,6 +447,8 @@ def main():
     calibration = [{"input_ids": row, "attention_mask": torch.ones_like(row)} for row in ids]
     if args.reversed:
         calibration.reverse()
+    if args.warm_attention:
+        warm_attention(model.model.config, args.seqlen)
     for device in range(torch.cuda.device_count()):
         torch.cuda.reset_peak_memory_stats(device)
     if args.profile:
