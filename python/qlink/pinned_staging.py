@@ -81,10 +81,19 @@ class _Twin:
     def __init__(self, buffer, version, data):
         self.buffer, self.version, self.data, self.tickets, self.users, self.kept = buffer, version, data, [], 1, False
 
+    def copied(self, ticket):
+        """A move that took it has enqueued its copy (ticket: its event, None where the copy
+        was waited for); under the staging's lock."""
+        self.users -= 1
+        self.tickets = self._pending() + ([ticket] if ticket is not None else [])
+
     def done(self):
         """Whether no copy reads it any more (under the staging's lock)."""
-        self.tickets = [t for t in self.tickets if not t.query()]
+        self.tickets = self._pending()
         return not self.users and not self.tickets
+
+    def _pending(self):
+        return [t for t in self.tickets if not t.query()]
 
 
 class PinnedStaging:
@@ -158,9 +167,7 @@ class PinnedStaging:
             finally:
                 with self._lock:
                     for tw in twins:
-                        tw.users -= 1
-                        if ticket is not None:  # a kept twin's completed tickets go as new ones come
-                            tw.tickets = [t for t in tw.tickets if not t.query()] + [ticket]
+                        tw.copied(ticket)
                     self._retiring.extend(tw for tw in twins if not tw.kept)
         if streamed:
             self._stream([sources[i] for i in streamed], [targets[i] for i in streamed], index, streams)
