@@ -327,21 +327,21 @@ part_ar_moe_qlink() {  # the same with qlink, its experts AutoRound's loop (grou
   autoround_run ar_moe_qlink 420 --iters "${AR_MOE_ITERS:-50}" --qlink auto --grouped-moe off
   autoround_run ar0_moe_qlink 200 --iters 0 --qlink auto --grouped-moe off
 }
-part_ar_moe_grouped() {  # the same with qlink's defaults (grouped_moe)
-  local model=/tmp/qwen3moe-2layers
-  autoround_run ar_moe_grouped 420 --iters "${AR_MOE_ITERS:-50}" --qlink auto
+ar0_moe_grouped() {  # qlink's defaults at iters 0 on the caller's model
   autoround_run ar0_moe_grouped 200 --iters 0 --qlink auto
   if [ -n "${AR_MOE_CPROFILE:-}" ]; then  # where the iters=0 run's time still goes (its timing not comparable)
     autoround_run ar0_moe_grouped_cprofile 200 --iters 0 --qlink auto --cprofile "$out/ar0_moe_grouped_cprofile.txt"
   fi
 }
+part_ar_moe_grouped() {  # the same with qlink's defaults (grouped_moe)
+  local model=/tmp/qwen3moe-2layers
+  autoround_run ar_moe_grouped 420 --iters "${AR_MOE_ITERS:-50}" --qlink auto
+  ar0_moe_grouped
+}
 part_ar0_moe() {  # iters 0 only: AutoRound alone (gc freeze), then qlink's defaults
   local model=/tmp/qwen3moe-2layers
   autoround_run ar0_moe_host 200 --iters 0 --settings gc
-  autoround_run ar0_moe_grouped 200 --iters 0 --qlink auto
-  if [ -n "${AR_MOE_CPROFILE:-}" ]; then
-    autoround_run ar0_moe_grouped_cprofile 200 --iters 0 --qlink auto --cprofile "$out/ar0_moe_grouped_cprofile.txt"
-  fi
+  ar0_moe_grouped
 }
 part_ar_moe_save() {
   local model=/tmp/qwen3moe-2layers

@@ -131,6 +131,12 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
             return out
         GPTQ.finalize_hessian = finalizing
 
+    def stop():
+        with stopping:  # one worker reports; the others wait here for the exit
+            if on_stop is not None:
+                on_stop(time.perf_counter() - start)
+            os._exit(0)
+
     def recording(self, *args, **kwargs):
         weight = device_checksum(self.module.weight) if inputs else None
         out = solve(self, *args, **kwargs)
@@ -143,14 +149,9 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
             if first_solves is not None:
                 first_solves[int(layer.group(1))] = round(seconds, 3)
             if stop_at_layer is not None and int(layer.group(1)) >= stop_at_layer:
-                if on_stop is not None:
-                    on_stop(time.perf_counter() - start)
-                os._exit(0)
+                stop()
         if stop_at_module is not None and re.search(stop_at_module, name):
-            with stopping:  # one worker reports; the others wait here for the exit
-                if on_stop is not None:
-                    on_stop(time.perf_counter() - start)
-                os._exit(0)
+            stop()
         into[name] = {"sums": solve_checksums(out) if digests else None, "loss": out[5], "damp": out[6]}
         if inputs:
             into[name]["input_sums"] = {"weight": weight, "hessian": hessians.pop(name, None)}
