@@ -114,7 +114,7 @@
 # always made), DRY_RUN=1 (say each command, run none), KEEP_RAW=0 (remove OUTDIR once packed),
 # ARCH (nvcc's -arch, sm_90), BUILD_DIR (nvcc's outputs, /tmp/qlink_device), MODEL
 # (/tmp/llama7b-2layers), SHAPES (the speed set's), CODES (the loops' 4-bit levels, hundreds of MB, kept out of OUTDIR:
-# /tmp/qlink_codes), LAYERS ("2 4 8"), DIV_RUNS (15), DIV_LAYERS (4), DIV_PARALLEL (1), DIV_CALLS (1; 0: no call digests), DIV_WARM (set: an SDPA before each run's loop), MOE_LAYERS ("2 4"),
+# /tmp/qlink_codes), LAYERS ("2 4 8"), DIV_RUNS (15), DIV_LAYERS (4), DIV_PARALLEL (1), DIV_CALLS (1; 0: no call digests), DIV_WARM (set: an SDPA before each run's loop), DIV_MERGE_EACH (set: every task merges its own Hessian, --merge-each), MOE_LAYERS ("2 4"),
 # GROUP_ROWS (32768), SLOPE_LAYERS ("4 8"),
 # PRECISIONS ("ieee_fp32 tensor"), STRESS_RUNS (3), GPTQ_QLINK_RUNS (2), AR_ITERS (200), AR_MOE_ITERS (50), AR_HOST_PROFILE
 # (set: AutoRound alone profiled too), AR_MOE_CPROFILE (set: ar_moe_grouped and ar0_moe add an iters=0 run under cProfile). NVLink multicast stays off (NCCL, symmetric memory,
@@ -466,6 +466,7 @@ part_divergence() {  # DIV_PARALLEL runs at a time share the GPU: less device ti
   local extra=(--call-digests 'layers\.0\.self_attn$')  # DIV_CALLS=0: without them (they change the timing)
   [ "${DIV_CALLS:-1}" = 0 ] && extra=()
   [ -n "${DIV_WARM:-}" ] && extra+=(--warm-attention)  # the attention's first run before the loop's
+  [ -n "${DIV_MERGE_EACH:-}" ] && extra+=(--merge-each)  # b814d15's race, every time
   for r in $(seq 1 "${DIV_RUNS:-15}"); do
     gptqmodel_run div$r 120 --model /tmp/llama7b-${n}layers --layers "$n" --qlink --strict "${as_host[@]}" \
       --input-digests --batch-digests 'layers\.0\.self_attn\.o_proj$' "${extra[@]}" &

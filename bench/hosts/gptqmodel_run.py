@@ -17,7 +17,7 @@ call (device checksums, turned into digests after it).
          [--switch-interval S|off] [--landing pinned|pageable] [--pinned-warmup on|off] [--segments fixed|host]
          | --guards]
         [--precision ieee_fp32|tensor] [--reversed] [--hessian-f64] [--codes FILE.pt]
-        [--stop-at-layer N | --stop-at-module REGEX] [--warm-attention]
+        [--stop-at-layer N | --stop-at-module REGEX] [--warm-attention] [--merge-each]
         [--input-digests] [--batch-digests REGEX] [--call-digests REGEX] [--no-digests] [--module-offload on|off]
         [--profile OPS.txt [--profile-stacks] [--idle IDLE.txt] | --profile OPS.txt --device-only]
         [--cprofile FILE | --samples-out FILE] [--out FILE]
@@ -55,6 +55,7 @@ PyTorch's copy; --pinned-warmup off: layer 0's landing page-locks its own blocks
 samples' order GPTQModel's sums follow; its products in float64).
 """
 import argparse
+import contextlib
 import hashlib
 import os
 import re
@@ -290,6 +291,9 @@ def main():
     a.add_argument("--warm-attention", action="store_true",
                    help="one causal SDPA at the model's head shape before the quantize call (its first run of the "
                         "attention is then not the loop's)")
+    a.add_argument("--merge-each", action="store_true",
+                   help="with --qlink: every task merges its Hessian partials itself (q, k and v three merged "
+                        "tensors, the engine's several-Hessian path): the race b814d15 removed, made every time")
     a.add_argument("--group-rows", type=int, help="qlink: tokens per grouped forward (0: GPTQModel's batches kept)")
     a.add_argument("--codes")
     a.add_argument("--bits", type=int, default=4, help="GPTQModel's bits (group size 128)")
@@ -400,6 +404,10 @@ def main():
             qlink_moves.PINNED_MIN_BYTES = float("inf")
         if args.pinned_warmup == "off":
             qlink_moves.WARMUP_MAX_BYTES = 0
+        if args.merge_each:
+            merges = qlink_gptqmodel._integration.current.merges
+            merges.making = lambda *key: contextlib.nullcontext()
+            merges.find = lambda *key: None
         if args.group_rows is not None:
             import qlink.integrations.gptqmodel.input_cache as qlink_cache
             qlink_cache.GROUP_ROWS = args.group_rows
