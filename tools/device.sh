@@ -23,6 +23,8 @@
 #     plan       qlink plan, --parallel auto and 2
 #     stress_moves  stress_moves.py, STRESS_RUNS times
 #     gptq       GPTQModel alone, then with qlink (strict) GPTQ_QLINK_RUNS times; gptq3 one more
+#     isolated   GPTQModel alone on the 2-layer 7B model, then qlink (as alone's arithmetic: ieee_fp32, Cholesky
+#                inverse, no TF32) on GPTQModel's own add_batch, merge and batches: where they part (compare_runs.py)
 #     hprec      hessian_precision.py: qlink and PyTorch, IEEE and tensor cores, vs float64
 #     kernel_ab  hessian_precision.py's qlink tensor row with this pack's libraries and ALT_LIB's (a
 #                folder of another build's): each Hessian kernel's time and the digest of its bytes; the
@@ -91,6 +93,8 @@
 #     moe_spread GPTQModel alone so again with its samples reversed, its codes against moe_host's (after it)
 #     moe_ungrouped  the stage as moe_host's but on GPTQModel's own batches (no grouped forwards): layer 0's
 #                codes against moe_host's (after it)
+#     moe_isolated  the stage as moe_ungrouped's but on GPTQModel's own add_batch and merge for the attention
+#                (its Hessians alone's bits): layer 0's codes against moe_host's (after it), the stage's own part
 #     moe_parting GPTQModel alone to layer 0's first expert solve and the stage (ieee_fp32, on GPTQModel's
 #                batches) so, layer 0's attention calls and o_proj's add_batch inputs digested, batch by
 #                batch: where they part (compare_runs.py)
@@ -244,6 +248,12 @@ part_gptq() {  # GPTQModel alone, then with qlink (strict) GPTQ_QLINK_RUNS times
   local r
   gptqmodel_run gptq_host 300 --model "$model"
   for r in $(seq 1 "${GPTQ_QLINK_RUNS:-2}"); do gptqmodel_run gptq_qlink$r 300 --model "$model" --qlink --strict; done
+}
+part_isolated() {  # alone, then qlink on alone's own Hessians (add_batch, merge, batches): one digest if all else is alone's
+  gptqmodel_run iso_host 300 --model "$model" --input-digests
+  gptqmodel_run iso_qlink 300 --model "$model" --qlink --strict "${as_host[@]}" --group-rows 0 --host-hessians \
+    --input-digests
+  run iso_compare 60 python3 compare_runs.py "$out/iso_host.json" "$out/iso_qlink.json" --out "$out/isolated.json"
 }
 part_gptq3() { gptqmodel_run gptq_qlink3 300 --model "$model" --qlink --strict; }  # its tensors against gptq's
 # The Hessian kernel of this pack against ALT_LIB's, timed and its bytes compared: this pack's kept where it is
@@ -525,6 +535,12 @@ part_moe_ungrouped() {  # moe_stage_ieee on GPTQModel's batches, against moe_hos
     --qlink --strict --expert-stage on "${as_host[@]}" --group-rows 0 --codes "$codes/moe_stage_ieee_ungrouped.pt"
   run moe_codes_ungrouped 60 python3 compare_codes.py "$out/moe_host.json" "$codes/moe_host.pt" \
     "$out/moe_stage_ieee_ungrouped.json" "$codes/moe_stage_ieee_ungrouped.pt" "$out/moe_codes_ungrouped.json"
+}
+part_moe_isolated() {  # the stage on GPTQModel's own attention Hessians: its own difference, against moe_host's alone
+  gptqmodel_run moe_stage_isolated 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink \
+    --strict --expert-stage on "${as_host[@]}" --group-rows 0 --host-hessians --codes "$codes/moe_stage_isolated.pt"
+  run moe_codes_isolated 60 python3 compare_codes.py "$out/moe_host.json" "$codes/moe_host.pt" \
+    "$out/moe_stage_isolated.json" "$codes/moe_stage_isolated.pt" "$out/moe_codes_isolated.json"
 }
 part_moe_parting() {  # which input of layer 0's attention, or which parameter, first differs from alone's
   local digests=(--input-digests --batch-digests 'layers\.0\.self_attn\.o_proj$' --call-digests 'layers\.0\.self_attn$')

@@ -17,7 +17,7 @@ call (device checksums, turned into digests after it).
          [--switch-interval S|off] [--landing pinned|pageable] [--pinned-warmup on|off] [--segments fixed|host]
          | --guards]
         [--precision ieee_fp32|tensor] [--reversed] [--hessian-f64] [--codes FILE.pt]
-        [--stop-at-layer N | --stop-at-module REGEX] [--warm-attention] [--merge-each]
+        [--stop-at-layer N | --stop-at-module REGEX] [--warm-attention] [--merge-each] [--host-hessians]
         [--input-digests] [--batch-digests REGEX] [--call-digests REGEX] [--no-digests] [--module-offload on|off]
         [--profile OPS.txt [--profile-stacks] [--idle IDLE.txt] | --profile OPS.txt --device-only]
         [--cprofile FILE | --samples-out FILE] [--out FILE]
@@ -294,6 +294,10 @@ def main():
     a.add_argument("--merge-each", action="store_true",
                    help="with --qlink: every task merges its Hessian partials itself (q, k and v three merged "
                         "tensors, the engine's several-Hessian path): the race b814d15 removed, made every time")
+    a.add_argument("--host-hessians", action="store_true",
+                   help="with --qlink: GPTQModel's own add_batch and Hessian merge for every task the expert stage "
+                        "does not feed (the attention's Hessians GPTQModel's bits; with --group-rows 0): the "
+                        "stage's own difference from alone, the attention's rounding left out")
     a.add_argument("--group-rows", type=int, help="qlink: tokens per grouped forward (0: GPTQModel's batches kept)")
     a.add_argument("--codes")
     a.add_argument("--bits", type=int, default=4, help="GPTQModel's bits (group size 128)")
@@ -408,6 +412,9 @@ def main():
             merges = qlink_gptqmodel._integration.current.merges
             merges.making = lambda *key: contextlib.nullcontext()
             merges.find = lambda *key: None
+        if args.host_hessians:  # the class install() made for GPTQModel's tasks takes GPTQModel's methods again
+            task_class = qlink_gptqmodel._integration.current.host.task_class
+            del task_class.add_batch, task_class.materialize_global_hessian
         if args.group_rows is not None:
             import qlink.integrations.gptqmodel.input_cache as qlink_cache
             qlink_cache.GROUP_ROWS = args.group_rows
