@@ -13,8 +13,8 @@ issue's bar: within 0.5 %), whether the solves' digests agree, the wall times.
 --references: two more GPTQModel-alone runs per architecture, its samples in reverse order
 (the same sums in another order: how far alone is from itself) and its X^T X products in
 float64 (near the exact Hessian: which of alone and qlink is nearer it), and qlink solving as
-GPTQModel does: hessian_precision ieee_fp32, its inverse, IEEE fp32 updates (install's
-defaults are tensor, the triangular inverse and TF32 updates).
+GPTQModel does: hessian_precision ieee_fp32, its inverse, IEEE fp32 updates (the qlink run is
+install(strict=True)'s defaults: tensor_gemm, the triangular inverse and TF32 updates).
 
 MODELS: where each architecture's model is made (MODELS/<arch>, kept for the next run) and
 each run's JSON written (MODELS/<arch>.<alone|qlink>.json)."""
@@ -32,7 +32,7 @@ from common import ARCHS, HOST_SOLVE  # noqa: E402 (beside this script)
 BAR = 0.005  # the issue's: per-layer losses within 0.5 %
 
 
-MODES = {"alone": [], "qlink": ["--qlink", "--strict"], "alone_reversed": ["--reversed"],
+MODES = {"alone": [], "qlink": ["--qlink", "--strict", "--defaults"], "alone_reversed": ["--reversed"],
          "alone_f64": ["--hessian-f64"],
          "qlink_ieee_fp32": ["--qlink", "--strict", "--precision", "ieee_fp32"] + HOST_SOLVE}
 REFERENCES = ("alone_reversed", "alone_f64", "qlink_ieee_fp32")
