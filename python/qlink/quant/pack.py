@@ -45,6 +45,9 @@ def gptq_pack(weight, scales, zeros, g_idx, bits, device=None):
     with torch.cuda.stream(stream):
         words = pack()
     stream.synchronize()
+    for t in words:  # made on the pack's stream, read on the caller's: freed only after that work
+        if t.is_cuda:
+            t.record_stream(torch.cuda.current_stream(t.device))
     return words
 
 
