@@ -79,6 +79,9 @@
 #     divergence DIV_RUNS (15) qlink ieee_fp32 runs (the divergence's likelier precision) of DIV_LAYERS (4: where
 #                it has been seen; the models part makes them) with layer 0's o_proj inputs and each call of its
 #                attention (arguments, weights) digested, compared by compare_runs.py (where a divergent run parts)
+#     sanitize   one ieee_fp32 run of the 1-layer model (16 samples, to the MLP's first solve) under
+#                compute-sanitizer memcheck with PyTorch's caching allocator off: a stray or freed-memory write
+#                named (the divergence's suspect, RESULTS forty-first session); after models with LAYERS=1
 #     moe_stage  the Qwen3-MoE models at MOE_LAYERS with the expert stage (install's default)
 #     moe_bare   the same without the bench's digests (its checksum work beside the loop left out)
 #     moe_no_offload  moe_bare with GPTQModel's per-module disk offload left out (what the finalizers' offload costs)
@@ -488,6 +491,14 @@ part_divergence() {  # DIV_PARALLEL runs at a time share the GPU: less device ti
     [ -n "${DRY_RUN:-}" ] || [ -f "$out/div$r.json" ] || failed+=("div$r")
   done
   run div_compare 60 python3 compare_runs.py "$out"/div[0-9]*.json --out "$out/o_proj_runs.json"
+}
+part_sanitize() {  # a short divergence run under compute-sanitizer memcheck, each tensor its own cudaMalloc
+  local cs
+  cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  run sanitize 540 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$cs" --tool memcheck --leak-check no --print-limit 20 \
+    python3 gptqmodel_run.py --model /tmp/llama7b-1layers --layers 1 --qlink --strict "${as_host[@]}" --samples 16 \
+    --stop-at-module 'layers\.0\.mlp\.' --input-digests --batch-digests 'layers\.0\.self_attn\.o_proj$' \
+    --out "$out/sanitize.json"
 }
 stage_runs() {  # PREFIX ARGS...: the Qwen3-MoE models at MOE_LAYERS through the expert stage, PREFIX<layers>
   local prefix=$1 n

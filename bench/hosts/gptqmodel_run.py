@@ -38,8 +38,9 @@ modules make that work visible); --module-offload off: the finalizers' per-modul
 (GPTQModel's offload_to_disk of each finished module: a directory, a safetensors file and an
 index each) left out, the modules kept in CPU memory: what that offload costs the loop, an
 experiment and no setting to ship; --batch-digests: digests of every input add_batch (GPTQModel's or
-qlink's) is given for the layers whose name matches REGEX, in order (whether the forwards or
-the accumulation made two Hessians differ); --call-digests: digests of every tensor each call of
+qlink's) is given for the layers whose name matches REGEX, in order, one per sample of a
+(samples, tokens, columns) input (whether the forwards or the accumulation made two Hessians
+differ, and in which sample); --call-digests: digests of every tensor each call of
 the modules whose name matches REGEX is given and of the module's parameters then, in call
 order (which of a forward's inputs two runs part in first). --codes: every layer's 4-bit levels saved
 (torch.save of {layer: uint8 codes}) for compare_codes.py. --profile: torch.profiler over
@@ -105,7 +106,8 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
     checksums of what each solve reads, its weight as the solve starts and its merged Hessian
     (GPTQ.finalize_hessian's, the last before the solve): where two runs' solves differ,
     which input differed first. batches: a regex; checksums of each input add_batch is given
-    for the layers it matches, into into[name]["batch_sums"] (GPTQ.add_batch as installed).
+    for the layers it matches, each sample's, into into[name]["batch_sums"] (GPTQ.add_batch as
+    installed).
     dequantized: a dict that receives each layer's quant-dequantized weight (the solve's Q),
     on its device. digests=False: each solve's loss alone (no checksum work beside the loop's).
     first_solves: a dict that receives each layer's first solve, seconds from the wrap."""
@@ -119,7 +121,8 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
         def adding(self, inp, *args, **kwargs):
             name = _task_name(self)
             if re.search(batches, name) and torch.is_tensor(inp):
-                fed.setdefault(name, []).append(device_checksum(inp))
+                # One per sample: a grouped forward's (samples, tokens, columns) input holds several.
+                fed.setdefault(name, []).extend(map(device_checksum, inp.unbind(0) if inp.dim() == 3 else [inp]))
             return add_batch(self, inp, *args, **kwargs)
         GPTQ.add_batch = adding
     if inputs:
@@ -314,7 +317,8 @@ def main():
     a.add_argument("--module-offload", default="on", choices=("on", "off"),
                    help="off: the finalizers' per-module disk offload left out (what it costs the loop)")
     a.add_argument("--batch-digests", metavar="REGEX",
-                   help="digests of every add_batch input of the layers whose name matches REGEX, in order")
+                   help="digests of every add_batch input of the layers whose name matches REGEX, in order, each "
+                        "sample's")
     a.add_argument("--call-digests", metavar="REGEX",
                    help="digests of every tensor each call of the modules matching REGEX is given, and of their "
                         "parameters then, in order")
