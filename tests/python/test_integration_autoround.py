@@ -502,6 +502,30 @@ def test_the_native_loop_on_a_gpu_replays_a_graph_without_host_synchronization(h
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() != 1, reason="needs exactly one GPU")
+def test_a_loop_that_fails_leaves_the_callers_stream_behind_its_queued_work(host, ctx, monkeypatch):
+    """An iteration that raises with work still queued on the loop's stream: the caller's
+    stream waits for that work, so nothing after the failure (AutoRound's own loop, in the
+    memory the attempt freed) runs on it before the loop's writes are done."""
+    from qlink.integrations.autoround import native_loop
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(host.auto_round.utils.device_manager.device_manager, "device", gpu)
+    iteration, calls = native_loop.NativeTuning.iteration, []
+
+    def failing(self):
+        calls.append(self)
+        iteration(self)
+        if len(calls) == 2:
+            torch.cuda._sleep(200_000_000)  # still queued on the loop's stream when it raises
+            raise RuntimeError("injected")
+    monkeypatch.setattr(native_loop.NativeTuning, "iteration", failing)
+    adapter.install("auto", ctx=ctx, strict=True)
+    with pytest.raises(FallbackRefused, match="injected"):
+        _tune(host, iters=30, token_ids=True, device=gpu)
+    assert not torch.cuda.current_stream(gpu).query()  # behind the loop's sleep
+    torch.cuda.synchronize()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() != 1, reason="needs exactly one GPU")
 def test_the_graph_is_captured_with_the_warm_up_still_queued(host, ctx, monkeypatch):
     """The capture neither synchronizes the device nor empties the allocator's cache (as
     torch.cuda.graph does first, draining the GPU of the warm-up iterations still queued), and

@@ -415,23 +415,27 @@ class NativeTuning:
         stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream) if stream is not None else _Nothing():
-            for i in range(q.iters):
-                self.index.copy_(self.draws[i])
-                if graph is not None:
-                    graph.replay()
-                    continue
-                if i + 1 == WARMUP and reason is None:
-                    with _host_reads() as reads:
-                        self.iteration()
-                    if reads:
-                        reason = "the iteration reads the device from the host (%s)" % reads[0]
-                    else:
-                        graph, reason = self._capture(stream)
-                    continue
-                self.iteration()
-        if stream is not None:
-            torch.cuda.current_stream(self.device).wait_stream(stream)
+        try:
+            with torch.cuda.stream(stream) if stream is not None else _Nothing():
+                for i in range(q.iters):
+                    self.index.copy_(self.draws[i])
+                    if graph is not None:
+                        graph.replay()
+                        continue
+                    if i + 1 == WARMUP and reason is None:
+                        with _host_reads() as reads:
+                            self.iteration()
+                        if reads:
+                            reason = "the iteration reads the device from the host (%s)" % reads[0]
+                        else:
+                            graph, reason = self._capture(stream)
+                        continue
+                    self.iteration()
+        finally:
+            # However the loop ends: the caller's stream goes on (and reuses what this tuning
+            # frees, AutoRound's own loop after a failure) only behind the iterations queued here.
+            if stream is not None:
+                torch.cuda.current_stream(self.device).wait_stream(stream)
         graphs(reason)
         losses = self.losses[:q.iters].tolist()  # the one read of the loop's results
         if q.not_use_best_mse:
