@@ -493,9 +493,12 @@ part_divergence() {  # DIV_PARALLEL runs at a time share the GPU: less device ti
   run div_compare 60 python3 compare_runs.py "$out"/div[0-9]*.json --out "$out/o_proj_runs.json"
 }
 part_sanitize() {  # a short divergence run under compute-sanitizer memcheck, each tensor its own cudaMalloc
-  local cs
+  local cs pad=()
   cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  run sanitize 540 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$cs" --tool memcheck --leak-check no --print-limit 20 \
+  # A padding buffer after each allocation, where this version has one: a write past one tensor's end into the next
+  # allocation is otherwise a valid address to memcheck.
+  "$cs" --help 2>/dev/null | grep -q -- '--padding' && pad=(--padding 4096)
+  run sanitize 540 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$cs" --tool memcheck --leak-check no --print-limit 20 "${pad[@]}" \
     python3 gptqmodel_run.py --model /tmp/llama7b-1layers --layers 1 --qlink --strict "${as_host[@]}" --samples 16 \
     --stop-at-module 'layers\.0\.mlp\.' --input-digests --batch-digests 'layers\.0\.self_attn\.o_proj$' \
     --out "$out/sanitize.json"
