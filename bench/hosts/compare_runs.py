@@ -2,7 +2,8 @@
 about one 4-layer run in 12 solved layer 0's o_proj differently): for each layer, in
 solve order, how many distinct losses, weight digests and merged-Hessian digests the runs
 gave (--input-digests), and for the layers whose add_batch inputs were digested
-(--batch-digests) the first batch whose input differs between runs; for the modules whose
+(--batch-digests, one digest per sample) the first sample whose input differs between runs
+(its index in feeding order); for the modules whose
 calls were digested (--call-digests), the first call where the runs part and what parted
 there (which argument, or which parameter). A layer whose inputs agree but whose Hessian does
 not points at the accumulation; one whose batch inputs differ, at the forwards.
@@ -77,7 +78,7 @@ def main():
     print("%d runs, %d distinct digests: %s" % (len(runs), len(digests), " ".join(digests)))
     for name, row in report.items():
         if max(row["losses"], row["weights"], row["hessians"]) > 1 or row.get("first_batch") is not None:
-            print("  %-40s losses %d, weights %d, Hessians %d, first differing batch %s" % (
+            print("  %-40s losses %d, weights %d, Hessians %d, first differing sample %s" % (
                 name, row["losses"], row["weights"], row["hessians"], row.get("first_batch", "-")))
     calls = compare_calls(runs)
     for name, row in calls.items():
