@@ -81,7 +81,8 @@
 #                attention (arguments, weights) digested, compared by compare_runs.py (where a divergent run parts)
 #     sanitize   one ieee_fp32 run of the 1-layer model (16 samples, to the MLP's first solve) under
 #                compute-sanitizer memcheck with PyTorch's caching allocator off: a stray or freed-memory write
-#                named (the divergence's suspect, RESULTS forty-first session); after models with LAYERS=1
+#                named (issue 40's divergence: a persistent change to o_proj's first group); after models
+#                with LAYERS=1
 #     moe_stage  the Qwen3-MoE models at MOE_LAYERS with the expert stage (install's default)
 #     moe_bare   the same without the bench's digests (its checksum work beside the loop left out)
 #     moe_no_offload  moe_bare with GPTQModel's per-module disk offload left out (what the finalizers' offload costs)
@@ -479,7 +480,7 @@ part_divergence() {  # DIV_PARALLEL runs at a time share the GPU: less device ti
   local extra=(--call-digests 'layers\.0\.self_attn$')  # DIV_CALLS=0: without them (they change the timing)
   [ "${DIV_CALLS:-1}" = 0 ] && extra=()
   [ -n "${DIV_WARM:-}" ] && extra+=(--warm-attention)  # the attention's first run before the loop's
-  [ -n "${DIV_MERGE_EACH:-}" ] && extra+=(--merge-each)  # b814d15's race, every time
+  [ -n "${DIV_MERGE_EACH:-}" ] && extra+=(--merge-each)  # the concurrent merges' race, every time
   for r in $(seq 1 "${DIV_RUNS:-15}"); do
     gptqmodel_run div$r 120 --model /tmp/llama7b-${n}layers --layers "$n" --qlink --strict "${as_host[@]}" \
       --input-digests --batch-digests 'layers\.0\.self_attn\.o_proj$' "${extra[@]}" &

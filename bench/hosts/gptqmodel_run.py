@@ -296,7 +296,7 @@ def main():
                         "attention is then not the loop's)")
     a.add_argument("--merge-each", action="store_true",
                    help="with --qlink: every task merges its Hessian partials itself (q, k and v three merged "
-                        "tensors, the engine's several-Hessian path): the race b814d15 removed, made every time")
+                        "tensors, the engine's several-Hessian path): a race of concurrent merges, made every time")
     a.add_argument("--host-hessians", action="store_true",
                    help="with --qlink: GPTQModel's own add_batch and Hessian merge for every task the expert stage "
                         "does not feed (the attention's Hessians GPTQModel's bits; with --group-rows 0): the "
