@@ -241,6 +241,12 @@ Status GptqQuantize(Context& ctx, qlink_gptq_args* args) {
     }
     for (std::thread& t : threads) t.join();
   }
+  // A failed call leaves nothing queued on its lanes: the caller frees or reuses the outputs
+  // at once (the Python side retries a batch that ran out of memory in halves), and a lane
+  // that stopped early may still have kernels writing them and the workspaces.
+  if (std::any_of(results.begin(), results.end(), [](const Status& s) { return !s.ok(); })) {
+    for (const Worker& w : workers) (void)backend.SynchronizeStream(w.device, w.stream);
+  }
   // A refusal (an indefinite Hessian) before any other failure: it is what the host can act on.
   for (const Status& s : results) {
     if (s.code() == QLINK_INVALID_ARGUMENT) return s;
