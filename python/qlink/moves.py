@@ -113,22 +113,38 @@ def warm_pinned_host(tensors):
     return None
 
 
+# The walks below recurse through module-level functions: a nested function that calls
+# itself is a reference cycle, which would hold the call's tensors (GPU memory) until the
+# cyclic collector runs rather than until the caller lets them go.
+
+def _collect(v, leaves):
+    if isinstance(v, torch.Tensor):
+        leaves.setdefault(id(v), v)
+    elif isinstance(v, dict):
+        for x in v.values():
+            _collect(x, leaves)
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            _collect(x, leaves)
+
+
 def nested_tensors(value):
     """The distinct tensors of `value` (dicts, lists, tuples, namedtuples), first-seen order."""
     leaves = {}
-
-    def collect(v):
-        if isinstance(v, torch.Tensor):
-            leaves.setdefault(id(v), v)
-        elif isinstance(v, dict):
-            for x in v.values():
-                collect(x)
-        elif isinstance(v, (list, tuple)):
-            for x in v:
-                collect(x)
-
-    collect(value)
+    _collect(value, leaves)
     return list(leaves.values())
+
+
+def _rebuild(v, new):
+    if isinstance(v, torch.Tensor):
+        return new[id(v)]
+    if isinstance(v, dict):
+        return type(v)((k, _rebuild(x, new)) for k, x in v.items())
+    if isinstance(v, tuple) and hasattr(v, "_fields"):
+        return type(v)(*(_rebuild(x, new) for x in v))
+    if isinstance(v, (list, tuple)):
+        return type(v)(_rebuild(x, new) for x in v)
+    return v
 
 
 def map_nested(value, replace):
@@ -136,20 +152,7 @@ def map_nested(value, replace):
     replace(those tensors), in order; container types kept, anything else passed through,
     a tensor appearing twice replaced by the same one."""
     leaves = nested_tensors(value)
-    new = dict(zip(map(id, leaves), replace(leaves)))
-
-    def rebuild(v):
-        if isinstance(v, torch.Tensor):
-            return new[id(v)]
-        if isinstance(v, dict):
-            return type(v)((k, rebuild(x)) for k, x in v.items())
-        if isinstance(v, tuple) and hasattr(v, "_fields"):
-            return type(v)(*(rebuild(x) for x in v))
-        if isinstance(v, (list, tuple)):
-            return type(v)(rebuild(x) for x in v)
-        return v
-
-    return rebuild(value)
+    return _rebuild(value, dict(zip(map(id, leaves), replace(leaves))))
 
 
 def module_tensors(module):

@@ -22,18 +22,21 @@ def replicate_tree(module, tensors):
     attributes shared, so nothing that cannot be copied, a lock say, is copied), its
     parameters and buffers those of `tensors` ({id(source tensor): replica tensor}).
     Submodules and tensors that appear twice stay shared within the replica."""
-    copies = {}
+    return _replicate(module, tensors, {})
 
-    def replicate(m):
-        if id(m) not in copies:
-            r = copies[id(m)] = m.__new__(type(m))
-            r.__dict__ = m.__dict__.copy()
-            r._parameters = type(m._parameters)((k, None if p is None else tensors[id(p)])
-                                                for k, p in m._parameters.items())
-            r._buffers = type(m._buffers)((k, None if b is None else tensors[id(b)]) for k, b in m._buffers.items())
-            r._modules = type(m._modules)((k, None if c is None else replicate(c)) for k, c in m._modules.items())
-        return copies[id(m)]
-    return replicate(module)
+
+def _replicate(m, tensors, copies):
+    """replicate_tree's walk (module-level: a nested function calling itself is a reference
+    cycle, which would keep the replica's tensors until the cyclic collector runs)."""
+    if id(m) not in copies:
+        r = copies[id(m)] = m.__new__(type(m))
+        r.__dict__ = m.__dict__.copy()
+        r._parameters = type(m._parameters)((k, None if p is None else tensors[id(p)])
+                                            for k, p in m._parameters.items())
+        r._buffers = type(m._buffers)((k, None if b is None else tensors[id(b)]) for k, b in m._buffers.items())
+        r._modules = type(m._modules)((k, None if c is None else _replicate(c, tensors, copies))
+                                      for k, c in m._modules.items())
+    return copies[id(m)]
 
 
 class ReplicaCalls:

@@ -12,6 +12,7 @@ import os
 import re
 import threading
 import time
+import weakref
 
 import pytest
 import torch
@@ -21,7 +22,8 @@ from qlink import pinned_staging
 from qlink.pinned_staging import PinnedStaging
 from qlink.integrations import gptqmodel as adapter
 from qlink.integrations.patches import FallbackRefused
-from qlink.moves import nested_tensors
+from qlink.moves import map_nested, nested_tensors
+from qlink.replicas import replicate_tree
 
 from stand_in_hosts import stand_in
 
@@ -343,6 +345,27 @@ def _leaves(cache):
 def host(library):
     with stand_in("gptqmodel", adapter):
         yield
+
+
+def test_the_nested_walks_hold_no_tensor_once_they_return():
+    """nested_tensors, map_nested and replicate_tree leave no reference cycle behind: what
+    they walked is freed as soon as the caller lets it go (a batch's GPU tensors, a
+    replica's), not at the cyclic collector's next run."""
+    enabled = gc.isenabled()
+    gc.disable()  # what a collection between the call and the check would hide
+    try:
+        walked = [torch.randn(8), torch.randn(8)]
+        module = torch.nn.Sequential(torch.nn.Linear(2, 2))
+        copies = {id(p): p.detach().clone() for p in module.parameters()}
+        refs = [weakref.ref(t) for t in walked + list(copies.values())]
+        nested_tensors({"a": [walked[0]]})
+        map_nested({"a": (walked[1],)}, lambda ts: [t.clone() for t in ts])
+        replicate_tree(module, copies)  # the replica dropped at once
+        del walked, copies
+        assert [r() is None for r in refs] == [True] * len(refs)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def test_on_the_cpu_backend_the_capture_stays_in_host_memory(host, library):
