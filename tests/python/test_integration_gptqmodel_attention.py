@@ -8,6 +8,7 @@ hook in it, a copy of the layer, all run it again. The o_proj and down_proj inpu
 (tail_inputs.py) likewise. (Every saving at once, and on transformers' own layer:
 test_integration_gptqmodel_stage.py.)"""
 import copy
+import weakref
 
 import pytest
 import torch
@@ -77,10 +78,11 @@ def _linear(layer, name):
     return getattr(layer.self_attn if name in SUBSETS[0] + SUBSETS[1] else layer.mlp, name)
 
 
-def _forward(layer, batches, hooked=(), seen=None):
-    """One of the stage's forwards: every batch, the hooked modules' inputs into `seen`,
-    stopped after the last of them; the layer's outputs where it ran whole."""
-    handles, outputs = [], []
+def _forward(layer, batches, hooked=(), seen=None, move=None):
+    """One of the stage's forwards: every batch (each through move(), where given), the
+    hooked modules' inputs into `seen`, stopped after the last of them; the layer's outputs
+    where it ran whole."""
+    handles, outputs, move = [], [], move() if move is not None else (lambda batch: batch)
     for i, name in enumerate(hooked):
         def hook(module, inputs, output, name=name, last=i == len(hooked) - 1):
             seen.append((name, inputs[0].clone()))
@@ -89,11 +91,13 @@ def _forward(layer, batches, hooked=(), seen=None):
         handles.append(_linear(layer, name).register_forward_hook(hook))
     try:
         with torch.no_grad():
-            for args, kwargs in batches:
+            for batch in batches:
+                args, kwargs = move(batch)
                 try:
                     outputs.append(layer(*args, **kwargs)[0])
                 except Stop:
                     pass
+                del args, kwargs  # a moved batch is freed before the next one moves
     finally:
         for handle in handles:
             handle.remove()
@@ -107,7 +111,7 @@ def _quantized(layer, names):
         linear.weight.data = (linear.weight.data * 64).round() / 64
 
 
-def _stage(host, layer, batches, between=None, processors=None):
+def _stage(host, layer, batches, between=None, processors=None, move=None):
     """GPTQModel's layer stage over `layer` inside its layer loop (ModuleLooper.loop, in
     inference mode): (every hooked input, the replay's outputs, the layer after post_quantize)."""
     done = []
@@ -116,11 +120,11 @@ def _stage(host, layer, batches, between=None, processors=None):
         staged = model.pre_quantize(layer)
         seen = []
         for index, subset in enumerate(SUBSETS):
-            _forward(staged, batches, subset, seen)
+            _forward(staged, batches, subset, seen, move)
             _quantized(staged, subset)
             if between is not None:
                 between(index, staged)
-        outputs = _forward(staged, batches)
+        outputs = _forward(staged, batches, move=move)
         done.append((seen, outputs, model.post_quantize(staged)))
 
     _in_loop(host, stage, processors)
@@ -165,15 +169,15 @@ def _same(a, b):
             assert torch.equal(x, y)
 
 
-def _against_the_host(host, make_layer, between=None, **install):
+def _against_the_host(host, make_layer, between=None, move=None, **install):
     """The stage over make_layer() without qlink, then with qlink installed (install's
     arguments): every hooked input and output the same bytes. Returns qlink's seam counters."""
     batches = _batches()
     torch.manual_seed(0)
-    seen, outputs, _ = _stage(host, make_layer(), batches, between)
+    seen, outputs, _ = _stage(host, make_layer(), batches, between, move=move)
     adapter.install(ctx=host["ctx"], strict=True, **install)
     torch.manual_seed(0)
-    kept_seen, kept_outputs, _ = _stage(host, make_layer(), batches, between)
+    kept_seen, kept_outputs, _ = _stage(host, make_layer(), batches, between, move=move)
     _same(kept_seen, seen)
     _same(kept_outputs, outputs)
     return adapter.counters()["seams"]
@@ -213,6 +217,41 @@ CHANGES = {  # made after gate/up's forward; the batches whose block down's forw
     "a weight before the block written in place": (lambda layer: layer.input_layernorm.weight.mul_(1.5), BATCHES),
     "a hook inside the block": (lambda layer: layer.self_attn.k_proj.register_forward_hook(lambda m, i, o: None), 0),
 }
+
+
+class IntoFreedBlocks:
+    """GPTQModel's per-batch move where its cache stays in CPU memory: each batch's tensors
+    copied into new tensors over the blocks the batch before held, once nothing holds them
+    (the caching allocator's reuse, made certain)."""
+
+    def __init__(self):
+        self.blocks = {}  # (position in the batch, dtype, numel) -> (block, weak references of its tensors)
+
+    def __call__(self, value, at=None):
+        at = [0] if at is None else at
+        if isinstance(value, torch.Tensor):
+            slot = (at[0], value.dtype, value.numel())
+            at[0] += 1
+            block, users = self.blocks.get(slot, (None, []))
+            if block is None or any(u() is not None for u in users):
+                block, users = torch.empty(value.numel(), dtype=value.dtype), []
+            moved = block.view(value.shape)
+            moved.copy_(value)
+            self.blocks[slot] = (block, users + [weakref.ref(moved)])
+            return moved
+        if isinstance(value, dict):
+            return {k: self(v, at) for k, v in value.items()}
+        if isinstance(value, (tuple, list)):
+            return type(value)(self(v, at) for v in value)
+        return value
+
+
+def test_batches_moved_into_freed_memory_get_their_own_outputs(host):
+    """A batch at the addresses a freed batch had is not that batch: no record or kept tail
+    input of one answers the other (every record is keyed by addresses, good only while the
+    tensors it was made from live)."""
+    counters = _against_the_host(host, _layer, move=IntoFreedBlocks)
+    assert counters["attention_outputs"]["qlink"] == 0 and counters["tail_inputs"]["qlink"] == 0
 
 
 @pytest.mark.parametrize("change", CHANGES)

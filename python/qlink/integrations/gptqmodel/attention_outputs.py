@@ -11,8 +11,10 @@ depends on changed; otherwise the block runs (and its new output is recorded). T
 attachment keeps the block's and the MLP's last-linear inputs (tail_inputs.py).
 
 Invariant, what "nothing changed" means: the same layer call (every tensor the layer is
-given, and every one the block is given but its hidden states, is the same tensor: GPTQModel
-replays its cached batches; the block's n-th call in it), the same children of the layer
+given, and every one the block is given but its hidden states, is the same tensor: at the
+same address and alive since the record, as GPTQModel's cached batches are where the cache
+is on the GPU; a batch moved anew each forward may land where a freed one was, and is not
+the same; the block's n-th call in it), the same children of the layer
 run before the block, with the same parameters and buffers (the same tensors at the same
 address and version), the block's own likewise, no hook on or in the block but qlink's (a
 subset being calibrated), no argument holding state of its own, autograd off. The block's
@@ -31,7 +33,7 @@ import torch
 
 from ...moves import map_nested, nbytes, nested_tensors
 from ..patches import like
-from .module_state import OwnHook, hooked, plain, signature, tensor_keys
+from .module_state import OwnHook, alive, hooked, plain, signature, tensor_keys, tensor_refs
 from .tail_inputs import Tail
 
 PATCH = "attention_outputs"
@@ -60,16 +62,18 @@ class _Ran(OwnHook):
 
 
 class _LayerCall:
-    """An attached layer's call on this thread: its key, the children run so far, how many
-    times each wrapped child has been called."""
-    __slots__ = ("layer", "key", "ran", "calls")
+    """An attached layer's call on this thread: its tensors and their key, the children run
+    so far, how many times each wrapped child has been called."""
+    __slots__ = ("layer", "tensors", "key", "ran", "calls")
 
-    def __init__(self, layer, key):
-        self.layer, self.key, self.ran, self.calls = layer, key, [], {}
+    def __init__(self, layer, tensors):
+        self.layer, self.tensors, self.key, self.ran, self.calls = layer, tensors, tensor_keys(tensors), [], {}
 
     def next_key(self, child, others):
+        """(the child's call key, weak references of the tensors it was made from)."""
         self.calls[id(child)] = self.calls.get(id(child), 0) + 1  # a layer may call a child twice
-        return self.key + (id(child), self.calls[id(child)]) + tensor_keys(nested_tensors(others))
+        tensors = nested_tensors(others)
+        return self.key + (id(child), self.calls[id(child)]) + tensor_keys(tensors), tensor_refs(self.tensors + tensors)
 
     def ran_before(self, child):
         return tuple(m for m in self.ran if m is not child)
@@ -197,7 +201,7 @@ class AttentionOutputs:
     def layer_call(self, attached, args, kwargs):
         attached.track()
         previous = getattr(self.local, "current", None)
-        self.local.current = _LayerCall(attached, tensor_keys(nested_tensors((args, kwargs))))
+        self.local.current = _LayerCall(attached, nested_tensors((args, kwargs)))
         try:
             return attached.forward_of(attached.layer)(*args, **kwargs)
         finally:
@@ -227,23 +231,23 @@ class AttentionOutputs:
             if child is attached.block:
                 self.counters.host(PATCH, reason)
             return own()
-        key = current.next_key(child, others)
+        key, refs = current.next_key(child, others)
         before = signature(current.ran_before(child), recurse=True)
         tail = attached.tails.get(id(child))
         if child is not attached.block:  # the MLP: its tail alone
-            return tail.run(key, (before, signature((attached.block,), True), _but_last(child, tail)), own)
+            return tail.run(key, refs, (before, signature((attached.block,), True), _but_last(child, tail)), own)
         if tail is not None:
-            own = (lambda run=own: tail.run(key, (before, _but_last(child, tail)), run))
-        return self.block_call(attached, key, (before, signature(tuple(child.modules()), False)), own)
+            own = (lambda run=own: tail.run(key, refs, (before, _but_last(child, tail)), run))
+        return self.block_call(attached, key, refs, (before, signature(tuple(child.modules()), False)), own)
 
-    def block_call(self, attached, key, state, own):
-        """The block's output: a copy of its record where `state` (its signature) matches,
-        else own() (recorded within the budget)."""
+    def block_call(self, attached, key, refs, state, own):
+        """The block's output: a copy of its record where `state` (its signature) matches and
+        the tensors its key was made from live, else own() (recorded within the budget)."""
         if hooked(attached.block):
             self.counters.host(PATCH, "a hook on the block (its subset's forward)")
             return own()
         record = attached.records.get(key)
-        if record is not None and record.signature == state:
+        if record is not None and record.signature == state and alive(record.refs):
             self.counters.qlink(PATCH)
             return map_nested(record.output, lambda ts: [t.clone() for t in ts])
         output = own()
@@ -252,7 +256,7 @@ class AttentionOutputs:
         if not attached.take(nbytes(tensors) - given):
             self.counters.host(PATCH, "over the layer's budget (a quarter of the GPU's free memory)")
             return output
-        attached.records[key] = _Record(map_nested(output, lambda ts: [t.detach().clone() for t in ts]), state)
+        attached.records[key] = _Record(map_nested(output, lambda ts: [t.detach().clone() for t in ts]), state, refs)
         self.counters.host(PATCH, "recorded (its inputs or weights new)")
         return output
 
@@ -263,10 +267,10 @@ def _but_last(child, tail):
 
 
 class _Record:
-    __slots__ = ("output", "signature")
+    __slots__ = ("output", "signature", "refs")
 
-    def __init__(self, output, signature):
-        self.output, self.signature = output, signature
+    def __init__(self, output, signature, refs):
+        self.output, self.signature, self.refs = output, signature, refs
 
 
 def make_pre_quantize(installation, original):

@@ -1,14 +1,25 @@
-"""What the kept layer outputs and the stopped products compare between a layer's forwards
-(attention_outputs.py, tail_inputs.py, hooked_linear.py): tensors by address, shape and
-layout; modules by identity and their tensors by identity, address and version; the hooks
-on a module but qlink's own."""
+"""What the kept layer outputs compare between a layer's forwards (attention_outputs.py,
+tail_inputs.py): tensors by address, shape and layout, a key good only while those tensors
+live (a dead tensor's address may be another's); modules by identity and their tensors by
+identity, address and version; the hooks on a module but qlink's own."""
 import itertools
+import weakref
 
 import torch
 
 
 def tensor_keys(tensors):
     return tuple((t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, t.device) for t in tensors)
+
+
+def tensor_refs(tensors):
+    """Weak references of the tensors a key was made from (alive() says whether it holds)."""
+    return tuple(weakref.ref(t) for t in tensors)
+
+
+def alive(refs):
+    """Whether every tensor of tensor_refs() still lives: their addresses are still theirs."""
+    return all(r() is not None for r in refs)
 
 
 def _version(t):

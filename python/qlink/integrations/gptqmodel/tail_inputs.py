@@ -19,17 +19,18 @@ import threading
 import torch
 
 from ...moves import nbytes
-from .module_state import OwnHook, hooked
+from .module_state import OwnHook, alive, hooked
 
 PATCH = "tail_inputs"
 
 
 class _Call:
-    """One run of the child: its key and signature, the last linear's input and output seen."""
-    __slots__ = ("key", "signature", "x", "out")
+    """One run of the child: its key (and the weak references it holds while) and signature,
+    the last linear's input and output seen."""
+    __slots__ = ("key", "refs", "signature", "x", "out")
 
-    def __init__(self, key, signature):
-        self.key, self.signature, self.x, self.out = key, signature, None, None
+    def __init__(self, key, refs, signature):
+        self.key, self.refs, self.signature, self.x, self.out = key, refs, signature, None, None
 
 
 class _In(OwnHook):
@@ -59,7 +60,7 @@ class Tail:
 
     def __init__(self, child, last_name, counters, take):
         self.child, self.last_name, self.counters, self.take = child, last_name, counters, take
-        self.kept = {}  # key -> (input, signature)
+        self.kept = {}  # key -> (input, signature, the key's weak references)
         self.answers = None  # the child's output form once checked ("tensor" or a tuple's length), False if not
         self.local = threading.local()
         self.handles, self.on = [], None
@@ -78,21 +79,22 @@ class Tail:
             handle.remove()
         self.handles, self.on = [], None
 
-    def run(self, key, signature, run_child):
+    def run(self, key, refs, signature, run_child):
         """The child's output for this call: its last linear of the kept input where that
         answers (see the module's docstring), else the child's own run."""
         kept = self.kept.get(key)
-        if self.answers and kept is not None and kept[1] == signature and not hooked(self.child):
+        same = kept is not None and kept[1] == signature and alive(kept[2])
+        if self.answers and same and not hooked(self.child):
             self.counters.qlink(PATCH)
             out = getattr(self.child, self.last_name)(kept[0].clone())
             return out if self.answers == "tensor" else (out,) + (None,) * (self.answers - 1)
-        call = _Call(key, signature)
+        call = _Call(key, refs, signature)
         previous, self.local.call = getattr(self.local, "call", None), call
         try:
             output = run_child()
         finally:
             self.local.call = previous
-        if self.answers is None and kept is not None and kept[1] == signature and call.out is not None:
+        if self.answers is None and same and call.out is not None:
             form = _form(output, call.out)
             self.answers = form if form is not None and torch.equal(call.x, kept[0]) else False
             self.counters.host(PATCH, "checked against a whole run" if self.answers else
@@ -101,12 +103,12 @@ class Tail:
 
     def keep(self, call):
         kept = self.kept.get(call.key)
-        if kept is not None and kept[1] == call.signature:
+        if kept is not None and kept[1] == call.signature and alive(kept[2]):
             return  # a whole run's input, to compare with it
         if not self.take(nbytes([call.x]) - (nbytes([kept[0]]) if kept is not None else 0)):
             self.counters.host(PATCH, "over the layer's budget (a quarter of the GPU's free memory)")
             return
-        self.kept[call.key] = (call.x.detach().clone(), call.signature)
+        self.kept[call.key] = (call.x.detach().clone(), call.signature, call.refs)
         self.counters.host(PATCH, "kept (its inputs or weights new)")
 
     def clear(self):
