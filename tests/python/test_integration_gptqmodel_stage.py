@@ -264,6 +264,40 @@ def test_a_product_another_hooked_module_reads_is_computed(host, products):
     assert products == {"q_proj": BATCHES, "k_proj": BATCHES}
 
 
+class ReusedChain(torch.nn.Module):
+    """A subset whose second module reads the first one's output, written where the first
+    one's input was freed, and whose last module reads a new tensor there too (the caching
+    allocator's reuse, made certain): every input at one address, no two the same tensor."""
+
+    def __init__(self, hooked):
+        super().__init__()
+        torch.manual_seed(0)
+        self.q_proj = hooked.HookedLinear.from_linear(torch.nn.Linear(HIDDEN, HIDDEN, bias=False))
+        self.k_proj = hooked.HookedLinear.from_linear(torch.nn.Linear(HIDDEN, OUT, bias=False))
+        self.v_proj = hooked.HookedLinear.from_linear(torch.nn.Linear(HIDDEN, OUT, bias=False))
+        self.block = None
+
+    def _at_block(self, value):
+        if self.block is None:
+            self.block = torch.empty(value.numel())
+        return self.block.view(value.shape).copy_(value)
+
+    def forward(self, x):
+        q = self.q_proj(self._at_block(x))
+        k = self.k_proj(self._at_block(torch.relu(q)))
+        return k + self.v_proj(self._at_block(torch.relu(q)))
+
+
+def test_inputs_at_one_address_are_not_one_input(host, products):
+    """q_proj's output feeds k_proj and v_proj through memory q_proj's input was freed from:
+    the products are computed in every batch (the hooks see what they see without qlink)."""
+    own = _subset(host, block=ReusedChain)
+    products.clear()
+    adapter.install(ctx=host["ctx"], strict=True)
+    _same(_subset(host, block=ReusedChain), own)
+    assert products == {"q_proj": BATCHES, "k_proj": BATCHES}
+
+
 def test_another_processor_keeps_every_product(host, products):
     class AWQProcessor:
         pass

@@ -20,7 +20,6 @@ import torch
 
 from ..patches import like
 from .contract import unproduced_forward
-from .module_state import tensor_keys
 
 PATCH = "stopped_products"
 
@@ -38,14 +37,13 @@ class StoppedProducts:
         pending = getattr(self.local, "pending", None)
         if pending is None:
             pending = self.local.pending = []
-        pending.append((module, tensor_keys((input,))))
+        pending.append((module, weakref.ref(input)))  # the very tensor: an address may be reused
 
     def stopped(self, input):
         """The subset's last module runs: the modules before it are marked where each of them
         was given its input."""
         pending, self.local.pending = getattr(self.local, "pending", None) or [], []
-        key = tensor_keys((input,))
-        if pending and all(k == key for _, k in pending):
+        if pending and all(given() is input for _, given in pending):
             with self.lock:
                 for module, _ in pending:
                     try:
