@@ -304,6 +304,9 @@ class PinnedStaging:
             self._counts["bytes_pinned"] += nbytes
             if keep:
                 twin.kept = True
+                displaced = self._twins.get(key)
+                if displaced is not None:  # another move of the source missed too and stored its own
+                    self._retiring.append(displaced[1])
                 self._twins[key] = (weakref.ref(source, self._source_died(key)), twin)
         return twin
 
@@ -327,13 +330,14 @@ class PinnedStaging:
 
     def release(self):
         """Waits for every copy from a twin and frees them all (the next move makes new
-        ones)."""
+        ones); a twin a move on another thread has taken and not yet copied from is freed
+        once that copy is done."""
         with self._stream_lock, self._lock:
-            held = [(tw.buffer, t) for tw in self._retiring + [entry[1] for entry in self._twins.values()]
-                    for t in tw.tickets]
+            twins = self._retiring + [entry[1] for entry in self._twins.values()]
+            held = [(tw.buffer, t) for tw in twins for t in tw.tickets]
             held += [(slot.buffer, slot.ticket) for slot in self._slots]
             self._twins.clear()
-            self._retiring, self._slots = [], []
+            self._retiring, self._slots = [tw for tw in twins if tw.users], []
         for _, ticket in held:  # the buffers stay referenced by `held` until their copies are done
             if ticket is not None:
                 ticket.synchronize()

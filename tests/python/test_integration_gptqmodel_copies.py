@@ -104,6 +104,70 @@ def test_a_twin_retired_while_a_move_copies_from_it_is_held_until_that_copy_is_r
     assert staging.counters()["retiring"] == 0
 
 
+def _tracked(staging):
+    return {id(entry[1]) for entry in staging._twins.values()} | {id(tw) for tw in staging._retiring}
+
+
+def test_two_moves_of_one_source_that_both_miss_leave_no_twin_untracked(library, monkeypatch):
+    """Two threads move one kept source at once and both make a twin: the one stored first
+    is retired when the other takes its place (a twin in neither books would be freed with
+    its copy maybe still queued)."""
+    with qlink.load({"backend": "cpu", "cpu_devices": 2, "log_level": "off"}, library=library) as ctx:
+        staging, source = PinnedStaging(ctx), torch.randn(4096)
+        made, both_made = [], threading.Barrier(2)
+
+        class Met(pinned_staging._Twin):
+            """A twin made once the other move has made one too: both missed."""
+            __slots__ = ()
+
+            def __init__(self, *args):
+                super().__init__(*args)
+                made.append(self)
+                try:
+                    both_made.wait(1.0)
+                except threading.BrokenBarrierError:  # the other move found this twin: no race to show
+                    pass
+        monkeypatch.setattr(pinned_staging, "_Twin", Met)
+        moved = {}
+        threads = [threading.Thread(target=lambda d=d: moved.update({d: staging.to_device([source], d, keep=True)[0]}))
+                   for d in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(made) == 2 and all(torch.equal(m, source) for m in moved.values())
+        assert [id(tw) in _tracked(staging) for tw in made] == [True, True]
+
+
+def test_a_release_while_a_move_holds_its_twin_keeps_that_twin_until_copied(library):
+    """release() on one thread while a move on another has taken a kept twin but not yet
+    copied from it: the twin stays retiring until that copy is done."""
+    with qlink.load({"backend": "cpu", "cpu_devices": 2, "log_level": "off"}, library=library) as ctx:
+        staging, source = PinnedStaging(ctx), torch.randn(4096)
+        staging.to_device([source], 0, keep=True)
+        twin = next(iter(staging._twins.values()))[1]
+        entered, proceed, copy = threading.Event(), threading.Event(), staging._copy
+
+        def gated(*args, **kwargs):
+            if threading.current_thread() is mover:
+                entered.set()
+                proceed.wait(10)
+            return copy(*args, **kwargs)
+        staging._copy = gated
+        mover = threading.Thread(target=staging.to_device, args=([source], 1), kwargs={"keep": True})
+        mover.start()
+        try:
+            assert entered.wait(10)
+            staging.release()
+            kept = id(twin) in _tracked(staging)
+        finally:
+            proceed.set()
+            mover.join()
+        assert kept
+        staging.to_device([torch.randn(8)], 0)  # sweeps: the copy is done, the twin freed
+        assert id(twin) not in _tracked(staging)
+
+
 def test_inference_tensors_arrive_whole_and_keep_no_twin(slow):
     # GPTQModel captures its inputs under inference_mode: no version counter to see a change
     # by, so each move copies afresh (and its twin is retired, not kept).
