@@ -7,7 +7,9 @@ quantize would, and solves them in one call (each Hessian inverted once, all of 
 flight together); the others' quantize calls then take their results. A result is only
 given to a task whose Hessian is still the one it was solved with (the same merged tensor,
 sample count and no pending partial); otherwise, and when the engine refuses the batch,
-the task is solved alone. A batch refused for want of memory halves the batches after it.
+the task is solved alone. A batch refused for want of memory halves the batches after it;
+the tasks of a batch refused otherwise are each solved alone (one Hessian the engine
+refuses would otherwise fail every sibling's call over the rest: N calls of N layers).
 The call's layers' packed words are made with it (pack_ahead), and their scales, zeros and
 g_idx come to the CPU in one copy (GPTQModel's process moves each module's there). Where the
 context has several devices, a call of more than one task may run on all of them (the engine
@@ -37,6 +39,7 @@ class SolveAhead:
         self._counts = {"calls": 0, "layers": 0, "ahead": 0, "refused": 0, "spread": 0}
         self._placements = {}  # device ids, home first -> Placement (its threads kept)
         self._most = None  # the most tasks a call takes, once a larger one ran out of memory
+        self._alone = weakref.WeakSet()  # tasks of a batch the engine refused (not for memory)
 
     def seen(self, gptq):
         with self._lock:
@@ -61,7 +64,8 @@ class SolveAhead:
                 return done.result
             fed = [ref() for ref in self._seen.values()]
             self._seen = {id(t): weakref.ref(t) for t in fed if t is not None}
-            siblings = [t for t in fed if t is not None and self._sibling(t, gptq)]
+            siblings = [] if gptq in self._alone else [
+                t for t in fed if t is not None and t not in self._alone and self._sibling(t, gptq)]
             if self._most is not None:
                 siblings = siblings[:self._most - 1]
             batch = [gptq] + siblings
@@ -75,6 +79,8 @@ class SolveAhead:
                     self._counts["refused"] += 1
                     if "out of memory" in str(error).lower():
                         self._most = max(1, len(batch) // 2)
+                    else:
+                        self._alone.update(batch)
                     log.warning("qlink: %d GPTQ tasks in one call refused (%s: %s); this one solved alone, "
                                 "the others in calls of at most %s", len(batch), type(error).__name__, error,
                                 self._most or len(batch))
