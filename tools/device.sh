@@ -530,32 +530,30 @@ part_moe_nostage() {
   gptqmodel_run moe_nostage2 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink --strict \
     --defaults --expert-stage off
 }
+moe_against_host() {  # NAME COMPARISON LIMIT ARGS...: the 2-layer Qwen3-MoE model so, its layer 0 against moe_host's
+  local name=$1 comparison=$2 limit=$3
+  shift 3
+  gptqmodel_run "$name" "$limit" --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe "$@" \
+    --codes "$codes/$name.pt"
+  run "$comparison" 60 python3 compare_codes.py "$out/moe_host.json" "$codes/moe_host.pt" "$out/$name.json" \
+    "$codes/$name.pt" "$out/$comparison.json"
+}
 part_moe_host() {  # GPTQModel alone to layer 1's first solve, then the stage (ieee_fp32): layer 0's codes compared
   mkdir -p "$codes"
   gptqmodel_run moe_host 420 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --stop-at-layer 1 \
     --codes "$codes/moe_host.pt"
-  gptqmodel_run moe_stage_ieee 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink --strict \
-    --expert-stage on "${as_host[@]}" --codes "$codes/moe_stage_ieee.pt"
-  run moe_codes 60 python3 compare_codes.py "$out/moe_host.json" "$codes/moe_host.pt" "$out/moe_stage_ieee.json" \
-    "$codes/moe_stage_ieee.pt" "$out/moe_codes.json"
+  moe_against_host moe_stage_ieee moe_codes 240 --qlink --strict --expert-stage on "${as_host[@]}"
 }
 part_moe_spread() {  # GPTQModel alone with its samples reversed, against moe_host's alone: its own spread
-  gptqmodel_run moe_host_reversed 420 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe \
-    --stop-at-layer 1 --reversed --codes "$codes/moe_host_reversed.pt"
-  run moe_codes_reversed 60 python3 compare_codes.py "$out/moe_host.json" "$codes/moe_host.pt" \
-    "$out/moe_host_reversed.json" "$codes/moe_host_reversed.pt" "$out/moe_codes_reversed.json"
+  moe_against_host moe_host_reversed moe_codes_reversed 420 --stop-at-layer 1 --reversed
 }
 part_moe_ungrouped() {  # moe_stage_ieee on GPTQModel's batches, against moe_host's alone: what the grouping changes
-  gptqmodel_run moe_stage_ieee_ungrouped 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe \
-    --qlink --strict --expert-stage on "${as_host[@]}" --group-rows 0 --codes "$codes/moe_stage_ieee_ungrouped.pt"
-  run moe_codes_ungrouped 60 python3 compare_codes.py "$out/moe_host.json" "$codes/moe_host.pt" \
-    "$out/moe_stage_ieee_ungrouped.json" "$codes/moe_stage_ieee_ungrouped.pt" "$out/moe_codes_ungrouped.json"
+  moe_against_host moe_stage_ieee_ungrouped moe_codes_ungrouped 240 --qlink --strict --expert-stage on "${as_host[@]}" \
+    --group-rows 0
 }
 part_moe_isolated() {  # the stage on GPTQModel's own attention Hessians: its own difference, against moe_host's alone
-  gptqmodel_run moe_stage_isolated 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink \
-    --strict --expert-stage on "${as_host[@]}" --group-rows 0 --host-hessians --codes "$codes/moe_stage_isolated.pt"
-  run moe_codes_isolated 60 python3 compare_codes.py "$out/moe_host.json" "$codes/moe_host.pt" \
-    "$out/moe_stage_isolated.json" "$codes/moe_stage_isolated.pt" "$out/moe_codes_isolated.json"
+  moe_against_host moe_stage_isolated moe_codes_isolated 240 --qlink --strict --expert-stage on "${as_host[@]}" \
+    --group-rows 0 --host-hessians
 }
 part_moe_parting() {  # which input of layer 0's attention, or which parameter, first differs from alone's
   local digests=(--input-digests --batch-digests 'layers\.0\.self_attn\.o_proj$' --call-digests 'layers\.0\.self_attn$')
