@@ -6,6 +6,7 @@ that copy nothing. With a GPU, the stand-in GPTQModel's forward stages its host
 calibration batches through the twins, and a failing staging falls back or raises; the
 calibration cache GPTQModel's capture returns moves to the one GPU once (or stays, and
 says why), and layer 0's landing finds its page-locked blocks made during the capture."""
+import contextlib
 import gc
 import itertools
 import os
@@ -77,29 +78,41 @@ def test_kept_twins_are_reused_refreshed_after_a_change_and_retired_with_their_s
     assert counts["kept"] == 3 and counts["retiring"] == 0
 
 
+@contextlib.contextmanager
+def _held_in_its_copy(staging, sources, device):
+    """A kept move of `sources` to `device` on another thread, held (its twins taken, its copy
+    not yet enqueued) while the block runs; then let go and joined."""
+    entered, proceed, copy = threading.Event(), threading.Event(), staging._copy
+
+    def gated(*args, **kwargs):
+        if threading.current_thread() is mover:
+            entered.set()
+            proceed.wait(10)
+        return copy(*args, **kwargs)
+    staging._copy = gated
+    mover = threading.Thread(target=staging.to_device, args=(sources, device), kwargs={"keep": True})
+    mover.start()
+    try:
+        assert entered.wait(10)
+        yield
+    finally:
+        proceed.set()
+        mover.join()
+        staging._copy = copy
+
+
 def test_a_twin_retired_while_a_move_copies_from_it_is_held_until_that_copy_is_recorded(slow):
     """Another thread changes a source in place while a move copies from its kept twin: the
     refreshed-out twin waits in `retiring` for that move, not only for copies already recorded."""
     staging = PinnedStaging(slow)
     sources = _batch(2)
     staging.to_device(sources, 0, keep=True)
-    entered, proceed, copy = threading.Event(), threading.Event(), staging._copy
-
-    def gated(*args, **kwargs):  # the mover holds its twins, its copy not yet enqueued
-        if threading.current_thread() is mover:
-            entered.set()
-            proceed.wait(10)
-        return copy(*args, **kwargs)
-    staging._copy = gated
-    mover = threading.Thread(target=staging.to_device, args=(sources, 1), kwargs={"keep": True})
-    mover.start()
-    assert entered.wait(10)
-    sources[0].add_(1)
-    staging.to_device(sources[:1], 0, keep=True)  # refreshes the twin the mover holds
-    staging.to_device(sources[1:2], 0, keep=True)  # sweeps
-    assert staging.counters()["retiring"] == 1 and staging.counters()["twins_refreshed"] == 1
-    proceed.set()
-    mover.join()
+    with _held_in_its_copy(staging, sources, 1):
+        sources[0].add_(1)
+        staging.to_device(sources[:1], 0, keep=True)  # refreshes the twin the mover holds
+        staging.to_device(sources[1:2], 0, keep=True)  # sweeps
+        counts = staging.counters()
+    assert counts["retiring"] == 1 and counts["twins_refreshed"] == 1
     staging.to_device(sources[1:2], 0, keep=True)
     assert staging.counters()["retiring"] == 0
 
@@ -146,23 +159,9 @@ def test_a_release_while_a_move_holds_its_twin_keeps_that_twin_until_copied(libr
         staging, source = PinnedStaging(ctx), torch.randn(4096)
         staging.to_device([source], 0, keep=True)
         twin = next(iter(staging._twins.values()))[1]
-        entered, proceed, copy = threading.Event(), threading.Event(), staging._copy
-
-        def gated(*args, **kwargs):
-            if threading.current_thread() is mover:
-                entered.set()
-                proceed.wait(10)
-            return copy(*args, **kwargs)
-        staging._copy = gated
-        mover = threading.Thread(target=staging.to_device, args=([source], 1), kwargs={"keep": True})
-        mover.start()
-        try:
-            assert entered.wait(10)
+        with _held_in_its_copy(staging, [source], 1):
             staging.release()
             kept = id(twin) in _tracked(staging)
-        finally:
-            proceed.set()
-            mover.join()
         assert kept
         staging.to_device([torch.randn(8)], 0)  # sweeps: the copy is done, the twin freed
         assert id(twin) not in _tracked(staging)

@@ -264,17 +264,13 @@ def test_a_product_another_hooked_module_reads_is_computed(host, products):
     assert products == {"q_proj": BATCHES, "k_proj": BATCHES}
 
 
-class ReusedChain(torch.nn.Module):
-    """A subset whose second module reads the first one's output, written where the first
-    one's input was freed, and whose last module reads a new tensor there too (the caching
-    allocator's reuse, made certain): every input at one address, no two the same tensor."""
+class ReusedChain(Chain):
+    """Chain with the second module's input written where the first one's input was freed,
+    and the last module's a new tensor there too (the caching allocator's reuse, made
+    certain): every input at one address, no two the same tensor."""
 
     def __init__(self, hooked):
-        super().__init__()
-        torch.manual_seed(0)
-        self.q_proj = hooked.HookedLinear.from_linear(torch.nn.Linear(HIDDEN, HIDDEN, bias=False))
-        self.k_proj = hooked.HookedLinear.from_linear(torch.nn.Linear(HIDDEN, OUT, bias=False))
-        self.v_proj = hooked.HookedLinear.from_linear(torch.nn.Linear(HIDDEN, OUT, bias=False))
+        super().__init__(hooked)
         self.block = None
 
     def _at_block(self, value):

@@ -62,18 +62,19 @@ class _Ran(OwnHook):
 
 
 class _LayerCall:
-    """An attached layer's call on this thread: its tensors and their key, the children run
-    so far, how many times each wrapped child has been called."""
-    __slots__ = ("layer", "tensors", "key", "ran", "calls")
+    """An attached layer's call on this thread: its tensors' key and weak references, the
+    children run so far, how many times each wrapped child has been called."""
+    __slots__ = ("layer", "key", "refs", "ran", "calls")
 
     def __init__(self, layer, tensors):
-        self.layer, self.tensors, self.key, self.ran, self.calls = layer, tensors, tensor_keys(tensors), [], {}
+        self.layer, self.ran, self.calls = layer, [], {}
+        self.key, self.refs = tensor_keys(tensors), tensor_refs(tensors)
 
     def next_key(self, child, others):
         """(the child's call key, weak references of the tensors it was made from)."""
         self.calls[id(child)] = self.calls.get(id(child), 0) + 1  # a layer may call a child twice
         tensors = nested_tensors(others)
-        return self.key + (id(child), self.calls[id(child)]) + tensor_keys(tensors), tensor_refs(self.tensors + tensors)
+        return self.key + (id(child), self.calls[id(child)]) + tensor_keys(tensors), self.refs + tensor_refs(tensors)
 
     def ran_before(self, child):
         return tuple(m for m in self.ran if m is not child)
