@@ -97,8 +97,9 @@
 #     moe_spread GPTQModel alone so again with its samples reversed, its codes against moe_host's (after it)
 #     moe_ungrouped  the stage as moe_host's but on GPTQModel's own batches (no grouped forwards): layer 0's
 #                codes against moe_host's (after it)
-#     moe_isolated  the stage as moe_ungrouped's but on GPTQModel's own add_batch and merge for the attention
-#                (its Hessians alone's bits): layer 0's codes against moe_host's (after it), the stage's own part
+#     moe_isolated  the stage as moe_ungrouped's but on GPTQModel's own Hessian arithmetic (--host-hessians: its
+#                add_batch and merge, its per-batch products under the stage): layer 0's codes against
+#                moe_host's (after it), what the stage's forwards and the solves change
 #     moe_parting GPTQModel alone to layer 0's first expert solve and the stage (ieee_fp32, on GPTQModel's
 #                batches) so, layer 0's attention calls and o_proj's add_batch inputs digested, batch by
 #                batch: where they part (compare_runs.py)
@@ -156,7 +157,7 @@ arch=${ARCH:-sm_90}
 model=${MODEL:-/tmp/llama7b-2layers}
 codes=${CODES:-/tmp/qlink_codes}
 hosts_dir=$P/bench/hosts
-cwd=$P   # where run() starts a command; the host parts run in bench/hosts
+cwd=$hosts_dir   # where run() starts a command: a part that runs elsewhere says so (local cwd=...)
 failed=()
 
 # run NAME LIMIT COMMAND...: COMMAND in $cwd, its output in $out/NAME.log, for at most LIMIT
@@ -174,7 +175,16 @@ run() {
     [ "$limit" -gt "$left" ] && limit=$left
   fi
   echo "=== $name (at most $limit s): $*"
-  [ -n "${DRY_RUN:-}" ] && return
+  if [ -n "${DRY_RUN:-}" ]; then
+    local arg
+    for arg in "$@"; do  # a script named relative to where the command starts is there
+      if [[ "$arg" == *.py && "$arg" != /* && ! -f "$cwd/$arg" ]]; then
+        echo "=== $name: no $arg in $cwd"
+        failed+=("$name")
+      fi
+    done
+    return
+  fi
   start=$(date +%s%N)
   (cd "$cwd" && exec timeout "$limit" "$@") >"$out/$name.log" 2>&1
   rc=$?
@@ -194,6 +204,7 @@ nvcc_once() {  # NAME OUTPUT NVCC_ARGS...: builds OUTPUT unless it is there
 # The GPU tests and benchmarks.
 part_pytest() {
   local files=() f
+  local cwd=$P  # not bench/hosts: its scripts would be importable as the tests' modules
   for f in ${TESTS:-.}; do files+=("$P/tests/python/$f"); done
   run pytest 400 python3 -m pytest -q -rf -p no:cacheprovider "${files[@]}" --qlink-library "$lib"
   [ -f "$out/pytest.log" ] && grep -E "^(FAILED|ERROR) " "$out/pytest.log" | head -n 30  # the counts: run's tail
@@ -378,23 +389,19 @@ part_moe() {  # qlink at MOE_LAYERS (and 2 with GPTQModel's batches kept), GPTQM
   [ -n "${DRY_RUN:-}" ] || grep -H "first solve" "$out"/moe_*.log
 }
 part_archs() {
-  local cwd=$hosts_dir
   run archs 540 python3 arch_table.py --dir /tmp/arch_models --samples 64 --seqlen 512 --out "$out/arch_table.json"
 }
 part_trained() {  # issue 40: corpus/ is tools/pack.sh's (python3.11-doc's sources, corpus.py's split)
-  local cwd=$hosts_dir
   run trained 480 python3 trained_model.py --corpus "$P/corpus" --dir /tmp/trained --out "$out/trained.json" \
     --parallel "${TRAINED_PARALLEL:-4}" ${TRAINED_VARIANTS:+--variants "$TRAINED_VARIANTS"}
 }
 part_archs_ref() {
-  local cwd=$hosts_dir
   run archs_ref 420 python3 arch_table.py --dir /tmp/arch_models --archs qwen3,mixtral --samples 64 --seqlen 512 \
     --references --out "$out/arch_ref.json"
 }
 part_attn() { run attn 200 python3 "$P/bench/attention_determinism.py" --processes 12; }
 part_walks() { run walks 120 python3 "$P/bench/finalize_walks.py" --hosts "$P/hosts:$hosts_dir/standins"; }
 part_unwrap() {
-  local cwd=$hosts_dir
   run unwrap 120 python3 check_unwrap.py
 }
 part_worlds() {  # on OpenBLAS's kernels for this processor, then on its Haswell, SkylakeX, Cooperlake ones
@@ -551,7 +558,7 @@ part_moe_ungrouped() {  # moe_stage_ieee on GPTQModel's batches, against moe_hos
   moe_against_host moe_stage_ieee_ungrouped moe_codes_ungrouped 240 --qlink --strict --expert-stage on "${as_host[@]}" \
     --group-rows 0
 }
-part_moe_isolated() {  # the stage on GPTQModel's own attention Hessians: its own difference, against moe_host's alone
+part_moe_isolated() {  # the stage on GPTQModel's Hessian arithmetic: what else differs, against moe_host's alone
   moe_against_host moe_stage_isolated moe_codes_isolated 240 --qlink --strict --expert-stage on "${as_host[@]}" \
     --group-rows 0 --host-hessians
 }
@@ -634,10 +641,6 @@ part_moe_samples() {  # every thread sampled (the sampling stretches the run)
   gptqmodel_run moe_samples 300 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink --strict \
     --samples-out "$out/moe_samples.txt"
 }
-host_parts=" models moe_models plan stress_moves gptq gptq3 hprec loop loop_slope loop_host8 ar ar0 ar_stacks \
-ar_moe_host ar_moe_qlink ar_moe_grouped ar0_moe ar_moe_save moe_check moe_solve moe moe_samples speed_models speed breakdown ar_breakdown divergence \
-moe_stage moe_bare moe_no_offload moe_workers moe_switch moe_tensor moe_groups moe_stage_samples no_warmup groups moe_nostage moe_host moe_spread moe_ungrouped moe_parting moe_235b moe_dsv3 moe_tree unwrap packer warmup defaults alone speed_profile inverse triangular gemm attention "
-
 [ $# -ge 1 ] || usage
 case $1 in
   -h | --help) usage 0 ;;
@@ -679,11 +682,7 @@ main() {
   fi
   for p in "${parts[@]}"; do
     echo "=== part $p"
-    if [[ "$host_parts" == *" $p "* ]]; then
-      cwd=$hosts_dir "part_$p"
-    else
-      "part_$p"
-    fi
+    "part_$p"
   done
   if [ -z "${DRY_RUN:-}" ] && compgen -G "$out/*.json" >/dev/null; then
     python3 "$hosts_dir/summarize.py" "$out" >"$out/summary.md" 2>&1 && cat "$out/summary.md"
