@@ -45,6 +45,28 @@ def install_guards():
     torch.distributed.all_reduce = forbid("torch.distributed.all_reduce")
 
 
+def host_hessians(installation):
+    """GPTQModel's own Hessian arithmetic under an installed qlink (gptqmodel_run.py
+    --host-hessians): the task class install() made takes GPTQModel's add_batch and merge
+    again, and the expert stage's products are GPTQModel's per batch (host_products), so each
+    Hessian is GPTQModel's bits wherever its rows are; the stage's forwards and the solves stay
+    qlink's. What is left between such a run and alone is qlink's own."""
+    task_class = installation.host.task_class
+    del task_class.add_batch, task_class.materialize_global_hessian
+    installation.accumulator.add_into = host_products
+
+
+def host_products(items, device=None):
+    """HessianAccumulator.add_into as GPTQModel's add_batch sums (gptq.py compute_hessian_xtx,
+    unchunked as its default config leaves it): partial += fp32 X^T X by torch.matmul, for each
+    (x, partial) in the order given."""
+    import torch
+    for x, partial, *_ in items:
+        rows = x.reshape(-1, x.shape[-1]).contiguous().to(torch.float32)
+        if rows.shape[0]:
+            partial.add_(torch.matmul(rows.T, rows))
+
+
 def make_llama(path, layers=2, hidden=4096, intermediate=11008, heads=32, kv_heads=None, vocab=32000, seed=0):
     """A LLaMA with `layers` decoder layers at 7B dimensions (or those given: LLAMA_70B's)
     and random weights, saved with a word-level tokenizer of `vocab` tokens."""

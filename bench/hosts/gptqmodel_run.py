@@ -65,10 +65,10 @@ import threading
 import time
 
 import idle
-from common import (ARCHS, LLAMA_70B, QWEN3_235B, QWEN3_MOE_TREE, busy_shares, install_guards, kernel_table,
-                    launch_mark_kernel, make_arch, make_deepseek_v3, make_llama, make_qwen3_moe, pool_setting,
-                    process_settings, profiler_activities, python_profile, setup_paths, stack_samples, timed,
-                    token_batches, write)
+from common import (ARCHS, LLAMA_70B, QWEN3_235B, QWEN3_MOE_TREE, busy_shares, host_hessians, install_guards,
+                    kernel_table, launch_mark_kernel, make_arch, make_deepseek_v3, make_llama, make_qwen3_moe,
+                    pool_setting, process_settings, profiler_activities, python_profile, setup_paths, stack_samples,
+                    timed, token_batches, write)
 from digests import call_digests, device_checksum, record_calls, short_digest
 
 setup_paths()
@@ -298,9 +298,9 @@ def main():
                    help="with --qlink: every task merges its Hessian partials itself (q, k and v three merged "
                         "tensors, the engine's several-Hessian path): a race of concurrent merges, made every time")
     a.add_argument("--host-hessians", action="store_true",
-                   help="with --qlink: GPTQModel's own add_batch and Hessian merge for every task the expert stage "
-                        "does not feed (the attention's Hessians GPTQModel's bits; with --group-rows 0): the "
-                        "stage's own difference from alone, the attention's rounding left out")
+                   help="with --qlink: GPTQModel's own Hessian arithmetic (common.host_hessians: its add_batch and "
+                        "merge, and its per-batch products under the expert stage; with --group-rows 0 every "
+                        "Hessian GPTQModel's bits): what qlink's forwards, stage and solves change, rounding left out")
     a.add_argument("--group-rows", type=int, help="qlink: tokens per grouped forward (0: GPTQModel's batches kept)")
     a.add_argument("--codes")
     a.add_argument("--bits", type=int, default=4, help="GPTQModel's bits (group size 128)")
@@ -416,9 +416,8 @@ def main():
             merges = qlink_gptqmodel._integration.current.merges
             merges.making = lambda *key: contextlib.nullcontext()
             merges.find = lambda *key: None
-        if args.host_hessians:  # the class install() made for GPTQModel's tasks takes GPTQModel's methods again
-            task_class = qlink_gptqmodel._integration.current.host.task_class
-            del task_class.add_batch, task_class.materialize_global_hessian
+        if args.host_hessians:
+            host_hessians(qlink_gptqmodel._integration.current)
         if args.group_rows is not None:
             import qlink.integrations.gptqmodel.input_cache as qlink_cache
             qlink_cache.GROUP_ROWS = args.group_rows

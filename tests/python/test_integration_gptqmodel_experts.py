@@ -8,6 +8,8 @@ the experts placed over GPTQModel's GPUs in ranges, its hints kept;
 what the stage does not cover runs GPTQModel's stage with the reason named."""
 import copy
 import dataclasses
+import os
+import sys
 
 import pytest
 import torch
@@ -24,6 +26,9 @@ from qlink.quant import HessianAccumulator
 
 from stand_in_hosts import stand_in
 from test_defuser_standin import Config, Experts, defuser  # noqa: F401 (the fixture)
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "hosts"))
+import common as bench_common  # noqa: E402 (bench/hosts: gptqmodel_run.py's --host-hessians)
 
 HIDDEN, INTER, EXPERTS, TOP_K, SEQ, BATCHES = 32, 24, 8, 2, 16, 4
 
@@ -87,9 +92,9 @@ def batches(seed=1):
     return [torch.randn(1, SEQ, HIDDEN, generator=gen) for _ in range(BATCHES)]
 
 
-def cache():
+def cache(dtype=torch.float32):
     from gptqmodel.looper.input_cache import InputCache
-    return InputCache([[x] for x in batches()], [{} for _ in range(BATCHES)], [], [None] * BATCHES)
+    return InputCache([[x.to(dtype)] for x in batches()], [{} for _ in range(BATCHES)], [], [None] * BATCHES)
 
 
 class SharedExpert(nn.Module):
@@ -136,8 +141,8 @@ def subsets(layer, processor):
 
 
 def run_layer(layer, monkeypatch, qcfg=None):
-    """The layer's expert subsets through the stand-in's layer stage (qcfg: the processor's
-    QuantizeConfig, its tasks' quantizers configured per channel); returns each task's
+    """The layer's expert subsets through the stand-in's layer stage on batches of the layer's
+    dtype (qcfg: the processor's QuantizeConfig, its tasks' quantizers configured per channel); returns each task's
     (Hessian, rows) as its solve found them, the solves' results, the dynamic exclusions."""
     from gptqmodel.looper import gptq_processor, stage_layer
     seen, process = {}, gptq_processor.GPTQProcessor.process
@@ -152,7 +157,8 @@ def run_layer(layer, monkeypatch, qcfg=None):
     for task in processor.tasks.values() if qcfg is not None else ():
         task.quantizer.configure(perchannel=True)  # as GPTQModel configures it: the engine covers the tasks
     looper = type("Looper", (), {"gptq_model": _model()})()
-    stage_layer.run_layer_stage(looper, plans=plans, processor=processor, module=layer, cache=cache(),
+    dtype = next(layer.parameters()).dtype
+    stage_layer.run_layer_stage(looper, plans=plans, processor=processor, module=layer, cache=cache(dtype),
                                 layer_index=0)
     return seen, processor.results, processor.qcfg.dynamic
 
@@ -204,6 +210,24 @@ def test_the_owned_stage_gives_gptqmodels_hessians_counts_and_exclusions(host, d
                                  "rows": 2 * BATCHES * SEQ * TOP_K, "chunks": 2,
                                  "placed": 0}
     assert seconds["forwards_s"] > 0 and seconds["solved_s"] > 0
+
+
+def test_on_gptqmodels_arithmetic_the_stage_gives_its_hessians_bit_for_bit(host, defuser, monkeypatch):  # noqa: F811
+    """bench/hosts/common.host_hessians (gptqmodel_run.py --host-hessians: GPTQModel's per-batch
+    products under the stage, its merge) on a bf16 layer: every expert's Hessian, gate/up's and
+    down's, is GPTQModel's own path's bit for bit, and the codes equal: the stage's rows, their
+    order, its forwards and counts are the host's. (The CPU backend's products are IEEE fp32
+    in that order anyway; on a GPU they are not, and this mode takes them out of a comparison.)"""
+    layer = defused(fused_layer(), defuser).to(torch.bfloat16)
+    theirs, their_results, _ = run_layer(copy.deepcopy(layer), monkeypatch)
+    adapter.install(ctx=host, strict=True, expert_stage=True)
+    bench_common.host_hessians(adapter._integration.current)
+    mine, my_results, _ = run_layer(copy.deepcopy(layer), monkeypatch)
+    assert adapter.counters()["seams"]["expert_stage"]["qlink"] == 2
+    assert sorted(mine) == sorted(theirs)
+    for name in theirs:
+        assert torch.equal(mine[name][0], theirs[name][0]) and mine[name][1] == theirs[name][1], name
+        assert torch.equal(my_results[name][0], their_results[name][0]), name
 
 
 def test_the_stage_is_the_default_and_expert_stage_false_leaves_gptqmodels(host, defuser, monkeypatch):  # noqa: F811
