@@ -223,7 +223,9 @@ def test_on_gptqmodels_arithmetic_the_stage_gives_its_hessians_bit_for_bit(host,
     adapter.install(ctx=host, strict=True, expert_stage=True)
     bench_common.host_hessians(adapter._integration.current)
     mine, my_results, _ = run_layer(copy.deepcopy(layer), monkeypatch)
-    assert adapter.counters()["seams"]["expert_stage"]["qlink"] == 2
+    counts = adapter.counters()
+    assert counts["seams"]["expert_stage"]["qlink"] == 2 and counts["experts"]["experts"] == 2 * EXPERTS
+    assert counts["hessians"]["calls"] == 0  # no product of qlink's accumulator: all GPTQModel's arithmetic
     assert sorted(mine) == sorted(theirs)
     for name in theirs:
         assert torch.equal(mine[name][0], theirs[name][0]) and mine[name][1] == theirs[name][1], name
