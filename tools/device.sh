@@ -78,7 +78,8 @@
 #                defaults' digests expected
 #     divergence DIV_RUNS (15) qlink ieee_fp32 runs (the divergence's likelier precision) of DIV_LAYERS (4: where
 #                it has been seen; the models part makes them) with layer 0's o_proj inputs and each call of its
-#                attention (arguments, weights) digested, compared by compare_runs.py (where a divergent run parts)
+#                attention (arguments, weights) digested, and the placed calibration cache checked at the end
+#                (--cache-check), compared by compare_runs.py (where a divergent run parts)
 #     sanitize   one ieee_fp32 run of the 1-layer model (16 samples, to the MLP's first solve) under
 #                compute-sanitizer memcheck with PyTorch's caching allocator off: a stray or freed-memory write
 #                named (issue 40's divergence: a persistent change to o_proj's first group); after models
@@ -490,7 +491,7 @@ part_divergence() {  # DIV_PARALLEL runs at a time share the GPU: less device ti
   [ -n "${DIV_MERGE_EACH:-}" ] && extra+=(--merge-each)  # the concurrent merges' race, every time
   for r in $(seq 1 "${DIV_RUNS:-15}"); do
     gptqmodel_run div$r 120 --model /tmp/llama7b-${n}layers --layers "$n" --qlink --strict "${as_host[@]}" \
-      --input-digests --batch-digests 'layers\.0\.self_attn\.o_proj$' "${extra[@]}" &
+      --input-digests --batch-digests 'layers\.0\.self_attn\.o_proj$' --cache-check "${extra[@]}" &
     [ $((r % width)) -eq 0 ] && wait
   done
   wait
@@ -509,7 +510,7 @@ part_sanitize() {  # a short divergence run under compute-sanitizer memcheck, ea
   run sanitize 540 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$cs" --tool memcheck --leak-check no --print-limit 20 "${pad[@]}" \
     python3 gptqmodel_run.py --model /tmp/llama7b-1layers --layers 1 --qlink --strict "${as_host[@]}" --samples 16 \
     --stop-at-module 'layers\.0\.mlp\.' --input-digests --batch-digests 'layers\.0\.self_attn\.o_proj$' \
-    --out "$out/sanitize.json"
+    --cache-check --out "$out/sanitize.json"
 }
 stage_runs() {  # PREFIX ARGS...: the Qwen3-MoE models at MOE_LAYERS through the expert stage, PREFIX<layers>
   local prefix=$1 n

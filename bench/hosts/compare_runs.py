@@ -5,8 +5,9 @@ gave (--input-digests), and for the layers whose add_batch inputs were digested
 (--batch-digests, one digest per sample) the first sample whose input differs between runs
 (its index in feeding order); for the modules whose
 calls were digested (--call-digests), the first call where the runs part and what parted
-there (which argument, or which parameter). A layer whose inputs agree but whose Hessian does
-not points at the accumulation; one whose batch inputs differ, at the forwards.
+there (which argument, or which parameter); and the runs whose calibration cache changed
+after it was made (--cache-check). A layer whose inputs agree but whose Hessian does not
+points at the accumulation; one whose batch inputs differ, at the forwards.
 
     python3 bench/hosts/compare_runs.py RUN.json... [--out REPORT.json]
 """
@@ -83,9 +84,24 @@ def main():
     calls = compare_calls(runs)
     for name, row in calls.items():
         print("  %-40s calls part at %s: %s" % (name, row["first_call"], ", ".join(row["parted"]) or "-"))
+    changed = cache_changes(args.runs, runs)
+    for path, names in changed.items():
+        print("  %s: its cache changed after its making: %s" % (path, ", ".join(names)))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"digests": digests, "layers": report, "calls": calls}, f, indent=1)
+            json.dump({"digests": digests, "layers": report, "calls": calls, "cache_changed": changed}, f, indent=1)
+
+
+def cache_changes(paths, runs):
+    """{run's path: the cache tensors (cache_check.py's names) that no longer held their
+    bytes at its end}, for the runs that made --cache-check and found some."""
+    changed = {}
+    for path, run in zip(paths, runs):
+        check = run.get("cache_check") or {}
+        names = check.get("placed_differing", []) + check.get("grouped_differing", [])
+        if names:
+            changed[path] = names
+    return changed
 
 
 if __name__ == "__main__":

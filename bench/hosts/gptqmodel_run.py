@@ -19,6 +19,7 @@ call (device checksums, turned into digests after it).
         [--precision ieee_fp32|tensor] [--reversed] [--hessian-f64] [--codes FILE.pt]
         [--stop-at-layer N | --stop-at-module REGEX] [--warm-attention] [--merge-each] [--host-hessians]
         [--input-digests] [--batch-digests REGEX] [--call-digests REGEX] [--no-digests] [--module-offload on|off]
+        [--cache-check]
         [--profile OPS.txt [--profile-stacks] [--idle IDLE.txt] | --profile OPS.txt --device-only]
         [--cprofile FILE | --samples-out FILE] [--out FILE]
 
@@ -301,6 +302,9 @@ def main():
                    help="with --qlink: GPTQModel's own Hessian arithmetic (common.host_hessians: its add_batch and "
                         "merge, and its per-batch products under the expert stage; with --group-rows 0 every "
                         "Hessian GPTQModel's bits): what qlink's forwards, stage and solves change, rounding left out")
+    a.add_argument("--cache-check", action="store_true",
+                   help="with --qlink: at the end, whether the cache qlink placed on the GPU and the grouped "
+                        "batches still hold the bytes they were made from (cache_check.py)")
     a.add_argument("--group-rows", type=int, help="qlink: tokens per grouped forward (0: GPTQModel's batches kept)")
     a.add_argument("--codes")
     a.add_argument("--bits", type=int, default=4, help="GPTQModel's bits (group size 128)")
@@ -387,6 +391,7 @@ def main():
                   (None if args.cpu_workers is False else args.cpu_workers) if args.qlink else None)}
     if args.qlink or args.guards:
         install_guards()
+    cache_check = None
     if args.qlink:
         import qlink.integrations.gptqmodel as qlink_gptqmodel
         config = {"backend": "cuda", "log_level": "warn"}
@@ -418,9 +423,12 @@ def main():
             merges.find = lambda *key: None
         if args.host_hessians:
             host_hessians(qlink_gptqmodel._integration.current)
+        import qlink.integrations.gptqmodel.input_cache as qlink_cache
         if args.group_rows is not None:
-            import qlink.integrations.gptqmodel.input_cache as qlink_cache
             qlink_cache.GROUP_ROWS = args.group_rows
+        if args.cache_check:
+            from cache_check import CacheCheck
+            cache_check = CacheCheck(qlink_cache)
     from gptqmodel import GPTQModel, QuantizeConfig
     from gptqmodel.looper import gptq_processor
     if args.module_offload == "off":
@@ -437,6 +445,8 @@ def main():
         result["stopped_at_s"] = round(seconds, 3)
         if calls:
             result["call_digests"] = call_digests(calls)
+        if cache_check is not None:
+            result["cache_check"] = cache_check.report()
         last = args.stop_at_layer if args.stop_at_layer is not None else float("inf")
 
         def before(records):
@@ -491,6 +501,8 @@ def main():
             model.quantize(calibration, batch_size=1)
     if calls:
         result["call_digests"] = call_digests(calls)
+    if cache_check is not None:
+        result["cache_check"] = cache_check.report()
     report(args, result, layers, codes, dequantized, packs)
 
 

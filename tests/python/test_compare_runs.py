@@ -63,3 +63,14 @@ def test_a_modules_calls_part_where_a_weight_changed_between_runs(monkeypatch):
     assert [len(c) for c in runs[0]["call_digests"]["layers.0"]] == [3, 3, 3]  # arg0, weight, bias
     assert compare_runs.compare_calls(runs) == {"layers.0": {"first_call": 1, "parted": ["weight"]}}
     assert compare_runs.compare_calls([runs[0], runs[2]]) == {"layers.0": {"first_call": None, "parted": []}}
+
+
+def test_the_runs_whose_cache_changed_are_named_with_what_changed():
+    whole = dict(run(2.0, "a", ["x0"], "d1"),
+                 cache_check={"placed": 3, "placed_differing": [], "grouped": 2, "grouped_differing": []})
+    changed = dict(run(2.5, "b", ["y0"], "d2"),
+                   cache_check={"placed": 3, "placed_differing": ["layer_input_kwargs[0]"], "grouped": 2,
+                                "grouped_differing": ["layer_inputs[0]"]})
+    unchecked = run(2.0, "a", ["x0"], "d1")
+    assert compare_runs.cache_changes(["w.json", "c.json", "u.json"], [whole, changed, unchecked]) == {
+        "c.json": ["layer_input_kwargs[0]", "layer_inputs[0]"]}
