@@ -43,7 +43,7 @@
 #                the block loop): alone with the gc freeze, then qlink's defaults (grouped_moe)
 #     moe_check moe_solve moe moe_samples  the Qwen3-MoE runs (issue 20)
 #     archs      arch_table.py: GPTQModel alone and qlink strict on each architecture's small model
-#     archs_ref  arch_table.py --references on Qwen3 and Mixtral (alone reversed, alone in float64)
+#     archs_ref  arch_table.py --references on REF_ARCHS (qwen3,mixtral; alone reversed, alone in float64)
 #     trained    trained_model.py: the model trained on corpus/ and its quantizations' perplexity
 #                (TRAINED_VARIANTS: some of its variants, comma-separated; TRAINED_PARALLEL: its
 #                quantizations at once, 4)
@@ -127,7 +127,7 @@
 # ARCH (nvcc's -arch, sm_90), BUILD_DIR (nvcc's outputs, /tmp/qlink_device), MODEL
 # (/tmp/llama7b-2layers), SHAPES (the speed set's), CODES (the loops' 4-bit levels, hundreds of MB, kept out of OUTDIR:
 # /tmp/qlink_codes), LAYERS ("2 4 8"), DIV_RUNS (15), DIV_LAYERS (4), DIV_PARALLEL (1), DIV_CALLS (1; 0: no call digests), DIV_WARM (set: an SDPA before each run's loop), DIV_MERGE_EACH (set: every task merges its own Hessian, --merge-each), MOE_LAYERS ("2 4"),
-# GROUP_ROWS (32768), SLOPE_LAYERS ("4 8"),
+# GROUP_ROWS (32768), SLOPE_LAYERS ("4 8"), REF_ARCHS (archs_ref's, "qwen3,mixtral"),
 # PRECISIONS ("ieee_fp32 tensor"), STRESS_RUNS (3), GPTQ_QLINK_RUNS (2), AR_ITERS (200), AR_MOE_ITERS (50), AR_HOST_PROFILE
 # (set: AutoRound alone profiled too), AR_MOE_CPROFILE (set: ar_moe_grouped and ar0_moe add an iters=0 run under cProfile). NVLink multicast stays off (NCCL, symmetric memory,
 # NVSHMEM). Exits 0 when every command exited 0, 1 naming those that did not, 2 on a bad part.
@@ -399,8 +399,8 @@ part_trained() {  # issue 40: corpus/ is tools/pack.sh's (python3.11-doc's sourc
     --parallel "${TRAINED_PARALLEL:-4}" ${TRAINED_VARIANTS:+--variants "$TRAINED_VARIANTS"}
 }
 part_archs_ref() {
-  run archs_ref 420 python3 arch_table.py --dir /tmp/arch_models --archs qwen3,mixtral --samples 64 --seqlen 512 \
-    --references --out "$out/arch_ref.json"
+  run archs_ref 540 python3 arch_table.py --dir /tmp/arch_models --archs "${REF_ARCHS:-qwen3,mixtral}" --samples 64 \
+    --seqlen 512 --references --out "$out/arch_ref.json"
 }
 part_attn() { run attn 200 python3 "$P/bench/attention_determinism.py" --processes 12; }
 part_walks() { run walks 120 python3 "$P/bench/finalize_walks.py" --hosts "$P/hosts:$hosts_dir/standins"; }
