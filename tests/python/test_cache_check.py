@@ -58,3 +58,10 @@ def test_a_tensor_written_after_its_making_is_named():
     found = check.report()
     assert found["placed_differing"] == ["layer_input_kwargs[2]"]
     assert found["grouped_differing"] == ["layer_inputs[0]"]  # group 1's tables are batch 2's very tensors
+
+
+def test_the_cache_given_the_next_layers_inputs_is_held_as_it_was_made():
+    check, placed, grouped = _placed_and_grouped()
+    grouped.layer_inputs = [[torch.zeros(2, 4, 8)], [torch.zeros(2, 4, 8)]]  # GPTQModel's next layer's inputs
+    placed.layer_inputs.clear()
+    assert check.report() == {"placed": 12, "placed_differing": [], "grouped": 6, "grouped_differing": []}
