@@ -441,18 +441,22 @@ def main():
     calls = {}  # --call-digests' records
     dequantized = {} if args.dequantized else None
 
-    def stopped(seconds):  # the layers solved before the stop (other workers go on), as a finished run's
-        result["stopped_at_s"] = round(seconds, 3)
+    def finish(kept=lambda records: records):
+        """The run's result written: the records kept() keeps of layers, codes and dequantized."""
         if calls:
             result["call_digests"] = call_digests(calls)
         if cache_check is not None:
             result["cache_check"] = cache_check.report()
+        report(args, result, kept(layers), kept(codes), kept(dequantized), packs)
+
+    def stopped(seconds):  # the layers solved before the stop (other workers go on), as a finished run's
+        result["stopped_at_s"] = round(seconds, 3)
         last = args.stop_at_layer if args.stop_at_layer is not None else float("inf")
 
         def before(records):
             if records is not None:
                 return {k: v for k, v in list(records.items()) if _layer_of(k) < last}
-        report(args, result, before(layers), before(codes), before(dequantized), packs)
+        finish(before)
     record_solves(GPTQ, layers, codes, args.stop_at_layer, inputs=args.input_digests, batches=args.batch_digests,
                   dequantized=dequantized, on_stop=stopped, digests=not args.no_digests,
                   first_solves=result.setdefault("first_solve_s", {}), stop_at_module=args.stop_at_module)
@@ -499,11 +503,7 @@ def main():
         with python_profile(args.cprofile), stack_samples(args.samples_out), process_settings(args.settings), \
                 timed(result, "quantize_s"):
             model.quantize(calibration, batch_size=1)
-    if calls:
-        result["call_digests"] = call_digests(calls)
-    if cache_check is not None:
-        result["cache_check"] = cache_check.report()
-    report(args, result, layers, codes, dequantized, packs)
+    finish()
 
 
 def report(args, result, layers, codes, dequantized, packs):
