@@ -85,7 +85,8 @@
 #                named (issue 40's divergence: a persistent change to o_proj's first group); after models
 #                with LAYERS=1
 #     csan       the same run under PyTorch's CUDA sanitizer (TORCH_CUDA_SANITIZER=1): a PyTorch operator's
-#                access unordered with another stream's, named with both stacks
+#                access unordered with another stream's, named with both stacks; the allocator's segments left
+#                as they are (--segments host: its trace hook failed where qlink turns them off and on)
 #     moe_stage  the Qwen3-MoE models at MOE_LAYERS with the expert stage (install's default)
 #     moe_bare   the same without the bench's digests (its checksum work beside the loop left out)
 #     moe_no_offload  moe_bare with GPTQModel's per-module disk offload left out (what the finalizers' offload costs)
@@ -106,6 +107,9 @@
 #     moe_parting GPTQModel alone to layer 0's first expert solve and the stage (ieee_fp32, on GPTQModel's
 #                batches) so, layer 0's attention calls and o_proj's add_batch inputs digested, batch by
 #                batch: where they part (compare_runs.py)
+#     moe_expert_inputs  GPTQModel alone to layer 0's first down_proj solve and moe_isolated's stage so, each
+#                solve's weight and merged Hessian digested: whether each expert's Hessian is alone's
+#                (then its codes part in the solve) or not (then in the rows the stage's forwards give it)
 #     moe_235b   a Qwen3-235B-A22B-shaped 2-layer model through the stage (made first)
 #     moe_dsv3   a DeepSeek-V3-shaped 1-layer model through the stage (made first)
 #   On a machine of several GPUs (group gpus, LAYERS=2 MOE_LAYERS=2; dsv3_gpus after moe_dsv3, in a call of its own):
@@ -518,7 +522,9 @@ part_sanitize() {  # a short divergence run under compute-sanitizer memcheck, ea
 # The same run under PyTorch's CUDA sanitizer: a PyTorch operator's access to a tensor on one stream unordered with
 # another stream's (the caching allocator on, whose cross-stream reuse memcheck cannot see). qlink's native kernels
 # and the waits it enqueues natively are not its to see: a report is two PyTorch accesses, to hold against those.
-part_csan() { run csan 540 env TORCH_CUDA_SANITIZER=1 "${short_divergence_run[@]}" --out "$out/csan.json"; }
+part_csan() {
+  run csan 540 env TORCH_CUDA_SANITIZER=1 "${short_divergence_run[@]}" --segments host --out "$out/csan.json"
+}
 stage_runs() {  # PREFIX ARGS...: the Qwen3-MoE models at MOE_LAYERS through the expert stage, PREFIX<layers>
   local prefix=$1 n
   shift
@@ -579,6 +585,14 @@ part_moe_parting() {  # which input of layer 0's attention, or which parameter, 
     --strict --expert-stage on "${as_host[@]}" --group-rows 0 "${stop[@]}" "${digests[@]}"
   run moe_parting 60 python3 compare_runs.py "$out/moe_parting_host.json" "$out/moe_parting_stage.json" \
     --out "$out/moe_parting.json"
+}
+part_moe_expert_inputs() {  # each expert solve's inputs (weight, merged Hessian) against alone's
+  local stop=(--stop-at-module 'layers\.0\.mlp\.experts\.[0-9]+\.down_proj$' --input-digests)
+  gptqmodel_run moe_inputs_host 360 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe "${stop[@]}"
+  gptqmodel_run moe_inputs_stage 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink \
+    --strict --expert-stage on "${as_host[@]}" --group-rows 0 --host-hessians "${stop[@]}"
+  run moe_expert_inputs 60 python3 compare_runs.py "$out/moe_inputs_host.json" "$out/moe_inputs_stage.json" \
+    --out "$out/moe_expert_inputs.json"
 }
 part_moe_235b() {  # issue 41: a Qwen3-235B-A22B-shaped pair of layers through the stage: a layer's time, the peak
   run make_qwen3_235b 300 python3 -c "import sys; sys.path.insert(0, '$hosts_dir'); from common import \

@@ -41,6 +41,15 @@ def compare(runs):
     return report
 
 
+def agreement(report):
+    """{"solves", "weights", "hessians", "both"}: how many of the report's solves all the runs
+    gave one weight, one Hessian, both (the solves that could give equal codes)."""
+    rows = list(report.values())
+    return {"solves": len(rows), "weights": sum(r["weights"] == 1 for r in rows),
+            "hessians": sum(r["hessians"] == 1 for r in rows),
+            "both": sum(r["weights"] == 1 and r["hessians"] == 1 for r in rows)}
+
+
 def compare_calls(runs):
     """{module: {"first_call": index, "parted": [labels]}} for every module whose calls each
     run digested: the first call where any digest differs, and the labels that do there
@@ -77,6 +86,8 @@ def main():
     report = compare(runs)
     digests = sorted({r["digest"][:8] for r in runs})
     print("%d runs, %d distinct digests: %s" % (len(runs), len(digests), " ".join(digests)))
+    agreed = agreement(report)
+    print("%(solves)d solves: equal weights in %(weights)d, equal Hessians in %(hessians)d, both in %(both)d" % agreed)
     for name, row in report.items():
         if max(row["losses"], row["weights"], row["hessians"]) > 1 or row.get("first_batch") is not None:
             print("  %-40s losses %d, weights %d, Hessians %d, first differing sample %s" % (
@@ -89,7 +100,8 @@ def main():
         print("  %s: its cache changed after its making: %s" % (path, ", ".join(names)))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"digests": digests, "layers": report, "calls": calls, "cache_changed": changed}, f, indent=1)
+            json.dump({"digests": digests, "agreement": agreed, "layers": report, "calls": calls,
+                       "cache_changed": changed}, f, indent=1)
 
 
 def cache_changes(paths, runs):

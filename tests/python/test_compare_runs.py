@@ -32,6 +32,11 @@ def test_equal_inputs_with_a_differing_hessian_point_at_the_accumulation():
     assert report["o_proj"]["first_batch"] is None and report["o_proj"]["hessians"] == 2
 
 
+def test_agreement_counts_the_solves_whose_weight_and_hessian_every_run_shared():
+    report = compare_runs.compare([run(2.0, "a", ["x0"], "d1"), run(2.1, "b", ["x0"], "d2")])
+    assert compare_runs.agreement(report) == {"solves": 2, "weights": 2, "hessians": 1, "both": 1}
+
+
 def test_runs_of_different_batch_counts_part_where_the_shorter_ends():
     assert compare_runs.first_difference([["a", "b"], ["a", "b", "c"]]) == 2
     assert compare_runs.first_difference([["a", "b"], ["a", "b"]]) is None
