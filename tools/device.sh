@@ -84,9 +84,6 @@
 #                compute-sanitizer memcheck with PyTorch's caching allocator off: a stray or freed-memory write
 #                named (issue 40's divergence: a persistent change to o_proj's first group); after models
 #                with LAYERS=1
-#     csan       the same run under PyTorch's CUDA sanitizer (TORCH_CUDA_SANITIZER=1): a PyTorch operator's
-#                access unordered with another stream's, named with both stacks; the allocator's segments left
-#                as they are (--segments host: its trace hook failed where qlink turns them off and on)
 #     moe_stage  the Qwen3-MoE models at MOE_LAYERS with the expert stage (install's default)
 #     moe_bare   the same without the bench's digests (its checksum work beside the loop left out)
 #     moe_no_offload  moe_bare with GPTQModel's per-module disk offload left out (what the finalizers' offload costs)
@@ -507,9 +504,6 @@ part_divergence() {  # DIV_PARALLEL runs at a time share the GPU: less device ti
   done
   run div_compare 60 python3 compare_runs.py "$out"/div[0-9]*.json --out "$out/o_proj_runs.json"
 }
-short_divergence_run=(python3 gptqmodel_run.py --model /tmp/llama7b-1layers --layers 1 --qlink --strict "${as_host[@]}"
-  --samples 16 --stop-at-module 'layers\.0\.mlp\.' --input-digests --batch-digests 'layers\.0\.self_attn\.o_proj$'
-  --cache-check)
 part_sanitize() {  # a short divergence run under compute-sanitizer memcheck, each tensor its own cudaMalloc
   local cs pad=()
   cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -517,13 +511,9 @@ part_sanitize() {  # a short divergence run under compute-sanitizer memcheck, ea
   # allocation is otherwise a valid address to memcheck.
   "$cs" --help 2>/dev/null | grep -q -- '--padding' && pad=(--padding 4096)
   run sanitize 540 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$cs" --tool memcheck --leak-check no --print-limit 20 "${pad[@]}" \
-    "${short_divergence_run[@]}" --out "$out/sanitize.json"
-}
-# The same run under PyTorch's CUDA sanitizer: a PyTorch operator's access to a tensor on one stream unordered with
-# another stream's (the caching allocator on, whose cross-stream reuse memcheck cannot see). qlink's native kernels
-# and the waits it enqueues natively are not its to see: a report is two PyTorch accesses, to hold against those.
-part_csan() {
-  run csan 540 env TORCH_CUDA_SANITIZER=1 "${short_divergence_run[@]}" --segments host --out "$out/csan.json"
+    python3 gptqmodel_run.py --model /tmp/llama7b-1layers --layers 1 --qlink --strict "${as_host[@]}" --samples 16 \
+    --stop-at-module 'layers\.0\.mlp\.' --input-digests --batch-digests 'layers\.0\.self_attn\.o_proj$' \
+    --cache-check --out "$out/sanitize.json"
 }
 stage_runs() {  # PREFIX ARGS...: the Qwen3-MoE models at MOE_LAYERS through the expert stage, PREFIX<layers>
   local prefix=$1 n
