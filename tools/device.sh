@@ -566,23 +566,23 @@ part_moe_isolated() {  # the stage on GPTQModel's Hessian arithmetic: what else 
   moe_against_host moe_stage_isolated moe_codes_isolated 240 --qlink --strict --expert-stage on "${as_host[@]}" \
     --group-rows 0 --host-hessians
 }
+moe_parted() {  # NAME LIMIT ARGS...: GPTQModel alone (at most LIMIT s) and the stage solving as it does, on its
+  # batches, with the caller's stage_only flags, both with ARGS; compare_runs.py says where they part
+  local name=$1 limit=$2
+  shift 2
+  gptqmodel_run "${name}_host" "$limit" --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe "$@"
+  gptqmodel_run "${name}_stage" 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink \
+    --strict --expert-stage on "${as_host[@]}" --group-rows 0 "${stage_only[@]}" "$@"
+  run "$name" 60 python3 compare_runs.py "$out/${name}_host.json" "$out/${name}_stage.json" --out "$out/$name.json"
+}
 part_moe_parting() {  # which input of layer 0's attention, or which parameter, first differs from alone's
-  local digests=(--input-digests --batch-digests 'layers\.0\.self_attn\.o_proj$' --call-digests 'layers\.0\.self_attn$')
-  local stop=(--stop-at-module 'layers\.0\.mlp\.experts\.')
-  gptqmodel_run moe_parting_host 300 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe "${stop[@]}" \
-    "${digests[@]}"
-  gptqmodel_run moe_parting_stage 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink \
-    --strict --expert-stage on "${as_host[@]}" --group-rows 0 "${stop[@]}" "${digests[@]}"
-  run moe_parting 60 python3 compare_runs.py "$out/moe_parting_host.json" "$out/moe_parting_stage.json" \
-    --out "$out/moe_parting.json"
+  local stage_only=()
+  moe_parted moe_parting 300 --stop-at-module 'layers\.0\.mlp\.experts\.' --input-digests \
+    --batch-digests 'layers\.0\.self_attn\.o_proj$' --call-digests 'layers\.0\.self_attn$'
 }
 part_moe_expert_inputs() {  # each expert solve's inputs (weight, merged Hessian) against alone's
-  local stop=(--stop-at-module 'layers\.0\.mlp\.experts\.[0-9]+\.down_proj$' --input-digests)
-  gptqmodel_run moe_inputs_host 360 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe "${stop[@]}"
-  gptqmodel_run moe_inputs_stage 240 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --qlink \
-    --strict --expert-stage on "${as_host[@]}" --group-rows 0 --host-hessians "${stop[@]}"
-  run moe_expert_inputs 60 python3 compare_runs.py "$out/moe_inputs_host.json" "$out/moe_inputs_stage.json" \
-    --out "$out/moe_expert_inputs.json"
+  local stage_only=(--host-hessians)
+  moe_parted moe_expert_inputs 360 --stop-at-module 'layers\.0\.mlp\.experts\.[0-9]+\.down_proj$' --input-digests
 }
 part_moe_235b() {  # issue 41: a Qwen3-235B-A22B-shaped pair of layers through the stage: a layer's time, the peak
   run make_qwen3_235b 300 python3 -c "import sys; sys.path.insert(0, '$hosts_dir'); from common import \
