@@ -83,7 +83,7 @@ class Tail:
         """The child's output for this call: its last linear of the kept input where that
         answers (see the module's docstring), else the child's own run."""
         kept = self.kept.get(key)
-        same = kept is not None and kept[1] == signature and alive(kept[2])
+        same = _answers(kept, signature)
         if self.answers and same and not hooked(self.child):
             self.counters.qlink(PATCH)
             out = getattr(self.child, self.last_name)(kept[0].clone())
@@ -103,7 +103,7 @@ class Tail:
 
     def keep(self, call):
         kept = self.kept.get(call.key)
-        if kept is not None and kept[1] == call.signature and alive(kept[2]):
+        if _answers(kept, call.signature):
             return  # a whole run's input, to compare with it
         if not self.take(nbytes([call.x]) - (nbytes([kept[0]]) if kept is not None else 0)):
             self.counters.host(PATCH, "over the layer's budget (a quarter of the GPU's free memory)")
@@ -124,3 +124,9 @@ def _form(output, last_output):
     if isinstance(output, tuple) and output and output[0] is last_output and all(o is None for o in output[1:]):
         return len(output)
     return None
+
+
+def _answers(kept, signature):
+    """Whether a kept (input, signature, refs) is this call's: the same signature, and the
+    tensors its key was made from still alive (their addresses still theirs)."""
+    return kept is not None and kept[1] == signature and alive(kept[2])
