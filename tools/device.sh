@@ -105,8 +105,9 @@
 #                batches) so, layer 0's attention calls and o_proj's add_batch inputs digested, batch by
 #                batch: where they part (compare_runs.py)
 #     moe_expert_inputs  GPTQModel alone to layer 0's first down_proj solve and moe_isolated's stage so, each
-#                solve's weight and merged Hessian digested: whether each expert's Hessian is alone's
-#                (then its codes part in the solve) or not (then in the rows the stage's forwards give it)
+#                solve's weight, merged Hessian and output digested, experts 0-7's rows forward by forward,
+#                the MLP's norm and router calls: whether each expert's Hessian is alone's (then its codes
+#                part in the solve) or not, and then whether its rows or the block's input part first
 #     moe_235b   a Qwen3-235B-A22B-shaped 2-layer model through the stage (made first)
 #     moe_dsv3   a DeepSeek-V3-shaped 1-layer model through the stage (made first)
 #   On a machine of several GPUs (group gpus, LAYERS=2 MOE_LAYERS=2; dsv3_gpus after moe_dsv3, in a call of its own):
@@ -580,9 +581,11 @@ part_moe_parting() {  # which input of layer 0's attention, or which parameter, 
   moe_parted moe_parting 300 --stop-at-module 'layers\.0\.mlp\.experts\.' --input-digests \
     --batch-digests 'layers\.0\.self_attn\.o_proj$' --call-digests 'layers\.0\.self_attn$'
 }
-part_moe_expert_inputs() {  # each expert solve's inputs (weight, merged Hessian) against alone's
+part_moe_expert_inputs() {  # each expert solve's inputs (weight, merged Hessian) and output against alone's
   local stage_only=(--host-hessians)
-  moe_parted moe_expert_inputs 360 --stop-at-module 'layers\.0\.mlp\.experts\.[0-9]+\.down_proj$' --input-digests
+  moe_parted moe_expert_inputs 360 --stop-at-module 'layers\.0\.mlp\.experts\.[0-9]+\.down_proj$' --input-digests \
+    --batch-digests 'layers\.0\.mlp\.experts\.[0-7]\.gate_proj$' \
+    --call-digests 'layers\.0\.(post_attention_layernorm|mlp\.gate)$'
 }
 part_moe_235b() {  # issue 41: a Qwen3-235B-A22B-shaped pair of layers through the stage: a layer's time, the peak
   run make_qwen3_235b 300 python3 -c "import sys; sys.path.insert(0, '$hosts_dir'); from common import \

@@ -24,8 +24,8 @@ def first_difference(sequences):
 
 
 def compare(runs):
-    """{layer: {"losses", "weights", "hessians": distinct counts, "first_batch": index}}
-    over every layer all the runs solved, in the first run's order."""
+    """{layer: {"losses", "weights", "hessians", "outputs": distinct counts, "first_batch":
+    index}} over every layer all the runs solved, in the first run's order."""
     report = {}
     for name in runs[0]["losses"]:
         if not all(name in r["losses"] for r in runs):
@@ -33,7 +33,8 @@ def compare(runs):
         inputs = [r.get("input_digests", {}).get(name, {}) for r in runs]
         row = {"losses": len({r["losses"][name] for r in runs}),
                "weights": len({i.get("weight") for i in inputs}),
-               "hessians": len({i.get("hessian") for i in inputs})}
+               "hessians": len({i.get("hessian") for i in inputs}),
+               "outputs": len({r.get("solve_digests", {}).get(name) for r in runs})}
         batches = [r.get("batch_digests", {}).get(name) for r in runs]
         if all(b is not None for b in batches):
             row["first_batch"] = first_difference(batches)
@@ -42,12 +43,14 @@ def compare(runs):
 
 
 def agreement(report):
-    """{"solves", "weights", "hessians", "both"}: how many of the report's solves all the runs
-    gave one weight, one Hessian, both (the solves that could give equal codes)."""
+    """{"solves", "weights", "hessians", "both", "outputs"}: how many of the report's solves all
+    the runs gave one weight, one Hessian, both (the solves that could give equal codes), one
+    output (the solve's Q, scales, zeros and g_idx: the bytes the next forwards read)."""
     rows = list(report.values())
     return {"solves": len(rows), "weights": sum(r["weights"] == 1 for r in rows),
             "hessians": sum(r["hessians"] == 1 for r in rows),
-            "both": sum(r["weights"] == 1 and r["hessians"] == 1 for r in rows)}
+            "both": sum(r["weights"] == 1 and r["hessians"] == 1 for r in rows),
+            "outputs": sum(r.get("outputs") == 1 for r in rows)}
 
 
 def compare_calls(runs):
@@ -87,11 +90,13 @@ def main():
     digests = sorted({r["digest"][:8] for r in runs})
     print("%d runs, %d distinct digests: %s" % (len(runs), len(digests), " ".join(digests)))
     agreed = agreement(report)
-    print("%(solves)d solves: equal weights in %(weights)d, equal Hessians in %(hessians)d, both in %(both)d" % agreed)
+    print("%(solves)d solves: equal weights in %(weights)d, equal Hessians in %(hessians)d, both in %(both)d, "
+          "equal outputs in %(outputs)d" % agreed)
     for name, row in report.items():
-        if max(row["losses"], row["weights"], row["hessians"]) > 1 or row.get("first_batch") is not None:
-            print("  %-40s losses %d, weights %d, Hessians %d, first differing sample %s" % (
-                name, row["losses"], row["weights"], row["hessians"], row.get("first_batch", "-")))
+        parted = max(row["losses"], row["weights"], row["hessians"], row["outputs"]) > 1
+        if parted or row.get("first_batch") is not None:
+            print("  %-40s losses %d, weights %d, Hessians %d, outputs %d, first differing sample %s" % (
+                name, row["losses"], row["weights"], row["hessians"], row["outputs"], row.get("first_batch", "-")))
     calls = compare_calls(runs)
     for name, row in calls.items():
         print("  %-40s calls part at %s: %s" % (name, row["first_call"], ", ".join(row["parted"]) or "-"))

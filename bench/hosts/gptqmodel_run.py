@@ -40,7 +40,8 @@ modules make that work visible); --module-offload off: the finalizers' per-modul
 index each) left out, the modules kept in CPU memory: what that offload costs the loop, an
 experiment and no setting to ship; --batch-digests: digests of every input add_batch (GPTQModel's or
 qlink's) is given for the layers whose name matches REGEX, in order, one per sample of a
-(samples, tokens, columns) input (whether the forwards or the accumulation made two Hessians
+(samples, tokens, columns) input, and with --qlink each forward's rows of a matching expert
+linear in qlink's expert stage (whether the forwards or the accumulation made two Hessians
 differ, and in which sample); --call-digests: digests of every tensor each call of
 the modules whose name matches REGEX is given and of the module's parameters then, in call
 order (which of a forward's inputs two runs part in first). --codes: every layer's 4-bit levels saved
@@ -108,7 +109,8 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
     (GPTQ.finalize_hessian's, the last before the solve): where two runs' solves differ,
     which input differed first. batches: a regex; checksums of each input add_batch is given
     for the layers it matches, each sample's, into into[name]["batch_sums"] (GPTQ.add_batch as
-    installed).
+    installed). Returns the dict those checksums wait in until their layer's solve
+    (record_stage_rows adds the expert stage's to it).
     dequantized: a dict that receives each layer's quant-dequantized weight (the solve's Q),
     on its device. digests=False: each solve's loss alone (no checksum work beside the loop's).
     first_solves: a dict that receives each layer's first solve, seconds from the wrap."""
@@ -168,6 +170,30 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
             dequantized[name] = out[0].detach().clone()
         return out
     GPTQ.quantize = recording
+    return fed
+
+
+def record_stage_rows(model, batches, fed):
+    """qlink's expert stage's rows as --batch-digests takes add_batch's: each forward's rows
+    of each expert linear of `model` named to match the regex `batches`, one checksum a
+    forward the expert has rows in (GPTQModel's add_batch call), into `fed` (record_solves')."""
+    from qlink.integrations.gptqmodel import expert_pass
+    init = expert_pass.ExpertPass.__init__
+
+    def recording_init(self, weights, record, sink):
+        path = next(n for n, m in model.named_modules() if m is weights.experts)
+        linears = ("gate_proj", "up_proj") if record == "inputs" else ("down_proj",)
+
+        def digesting(rows, counts):
+            at = 0
+            for expert, count in enumerate(counts):
+                for name in ("%s.%d.%s" % (path, expert, linear) for linear in linears):
+                    if count and re.search(batches, name):
+                        fed.setdefault(name, []).append(device_checksum(rows[at:at + count]))
+                at += count
+            return sink(rows, counts)
+        init(self, weights, record, digesting)
+    expert_pass.ExpertPass.__init__ = recording_init
 
 
 def warm_attention(config, seqlen):
@@ -315,14 +341,15 @@ def main():
     a.add_argument("--hessian-f64", action="store_true",
                    help="alone: GPTQModel's X^T X products in float64 (a reference near the exact Hessian)")
     a.add_argument("--input-digests", action="store_true",
-                   help="digests of each solve's weight and merged Hessian too (which input two runs differ in)")
+                   help="digests of each solve's weight and merged Hessian (which input two runs differ in) and "
+                        "of its output, by layer")
     a.add_argument("--no-digests", action="store_true",
                    help="no digest of the solves or the packs (the bench's own work beside the loop left out)")
     a.add_argument("--module-offload", default="on", choices=("on", "off"),
                    help="off: the finalizers' per-module disk offload left out (what it costs the loop)")
     a.add_argument("--batch-digests", metavar="REGEX",
                    help="digests of every add_batch input of the layers whose name matches REGEX, in order, each "
-                        "sample's")
+                        "sample's (with --qlink, the expert stage's rows of each matching expert linear too)")
     a.add_argument("--call-digests", metavar="REGEX",
                    help="digests of every tensor each call of the modules matching REGEX is given, and of their "
                         "parameters then, in order")
@@ -457,9 +484,10 @@ def main():
             if records is not None:
                 return {k: v for k, v in list(records.items()) if _layer_of(k) < last}
         finish(before)
-    record_solves(GPTQ, layers, codes, args.stop_at_layer, inputs=args.input_digests, batches=args.batch_digests,
-                  dequantized=dequantized, on_stop=stopped, digests=not args.no_digests,
-                  first_solves=result.setdefault("first_solve_s", {}), stop_at_module=args.stop_at_module)
+    fed = record_solves(GPTQ, layers, codes, args.stop_at_layer, inputs=args.input_digests,
+                        batches=args.batch_digests, dequantized=dequantized, on_stop=stopped,
+                        digests=not args.no_digests, first_solves=result.setdefault("first_solve_s", {}),
+                        stop_at_module=args.stop_at_module)
     packs = {}
     if not args.no_digests:
         record_packs(packs)
@@ -476,6 +504,8 @@ def main():
     model = GPTQModel.load(args.model, config)
     if args.call_digests:
         record_calls(model.model, args.call_digests, calls)
+    if args.batch_digests and args.qlink:
+        record_stage_rows(model.model, args.batch_digests, fed)
     ids = torch.load(args.calibration) if args.calibration else token_batches(args.samples, args.seqlen)
     calibration = [{"input_ids": row, "attention_mask": torch.ones_like(row)} for row in ids]
     if args.reversed:
@@ -519,6 +549,7 @@ def report(args, result, layers, codes, dequantized, packs):
     if args.input_digests:
         result["input_digests"] = {k: {what: v[what + "_digest"] for what in ("weight", "hessian")}
                                    for k, v in layers.items()}
+        result["solve_digests"] = {k: v["digest"] for k, v in layers.items()}
     if args.batch_digests:
         result["batch_digests"] = {k: v["batch_digests"] for k, v in layers.items() if "batch_digests" in v}
     if args.qlink:

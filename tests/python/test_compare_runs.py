@@ -1,6 +1,6 @@
 """bench/hosts/compare_runs.py, which says where repeated runs part: the first differing
-batch input of a digested layer, per layer how many distinct losses, weights and Hessians
-the runs gave, and the first call of a digested module where they part and in what
+batch input of a digested layer, per layer how many distinct losses, weights, Hessians and
+outputs the runs gave, and the first call of a digested module where they part and in what
 (digests.record_calls, gptqmodel_run.py --call-digests, records those calls)."""
 import os
 import sys
@@ -12,19 +12,20 @@ import compare_runs  # noqa: E402 (bench/hosts)
 import digests  # noqa: E402 (bench/hosts)
 
 
-def run(o_proj_loss, o_proj_hessian, o_proj_batches, digest):
+def run(o_proj_loss, o_proj_hessian, o_proj_batches, digest, o_proj_output="q"):
     return {"digest": digest, "losses": {"q_proj": 1.0, "o_proj": o_proj_loss},
             "input_digests": {"q_proj": {"weight": "w", "hessian": "h"},
                               "o_proj": {"weight": "w", "hessian": o_proj_hessian}},
+            "solve_digests": {"q_proj": "q", "o_proj": o_proj_output},
             "batch_digests": {"o_proj": o_proj_batches}}
 
 
 def test_a_run_whose_forward_parted_is_named_at_its_first_differing_batch():
     same = run(2.0, "a", ["x0", "x1", "x2"], "d1")
-    parted = run(2.5, "b", ["x0", "y1", "y2"], "d2")
+    parted = run(2.5, "b", ["x0", "y1", "y2"], "d2", o_proj_output="r")
     report = compare_runs.compare([same, same, parted])
-    assert report["q_proj"] == {"losses": 1, "weights": 1, "hessians": 1}  # no batch digests asked
-    assert report["o_proj"] == {"losses": 2, "weights": 1, "hessians": 2, "first_batch": 1}
+    assert report["q_proj"] == {"losses": 1, "weights": 1, "hessians": 1, "outputs": 1}  # no batch digests asked
+    assert report["o_proj"] == {"losses": 2, "weights": 1, "hessians": 2, "outputs": 2, "first_batch": 1}
 
 
 def test_equal_inputs_with_a_differing_hessian_point_at_the_accumulation():
@@ -32,9 +33,9 @@ def test_equal_inputs_with_a_differing_hessian_point_at_the_accumulation():
     assert report["o_proj"]["first_batch"] is None and report["o_proj"]["hessians"] == 2
 
 
-def test_agreement_counts_the_solves_whose_weight_and_hessian_every_run_shared():
-    report = compare_runs.compare([run(2.0, "a", ["x0"], "d1"), run(2.1, "b", ["x0"], "d2")])
-    assert compare_runs.agreement(report) == {"solves": 2, "weights": 2, "hessians": 1, "both": 1}
+def test_agreement_counts_the_solves_whose_weight_hessian_and_output_every_run_shared():
+    report = compare_runs.compare([run(2.0, "a", ["x0"], "d1"), run(2.1, "b", ["x0"], "d2", o_proj_output="r")])
+    assert compare_runs.agreement(report) == {"solves": 2, "weights": 2, "hessians": 1, "both": 1, "outputs": 1}
 
 
 def test_runs_of_different_batch_counts_part_where_the_shorter_ends():

@@ -335,6 +335,36 @@ def _hessians(accumulator, forwards, columns, budget=None, placed=None):
     return out, len(chunks)
 
 
+def test_the_benchs_stage_row_digests_are_the_host_loops_add_batch_inputs(defuser, monkeypatch):  # noqa: F811
+    """gptqmodel_run.record_stage_rows (--batch-digests under --qlink): each forward's rows of
+    a matching expert linear in the stage digest as that linear's input in the host's loop
+    (defuser's run_routed_experts), one digest a forward it has rows in, so an alone run's and
+    a stage run's batch digests compare expert by expert."""
+    import gptqmodel_run
+    from digests import device_checksum, short_digest
+    monkeypatch.setattr(ExpertPass, "__init__", ExpertPass.__init__)  # restored after the test
+    layer = fused_layer()
+    model = nn.ModuleDict({"layers": nn.ModuleList([layer])})
+    pattern = r"layers\.0\.mlp\.experts\.[0-2]\.(gate|down)_proj$"
+    staged = {}
+    gptqmodel_run.record_stage_rows(model, pattern, staged)
+    for record in ("inputs", "intermediates"):
+        _forwards(layer, record)(lambda rows, counts: None)
+    split = defused(layer, defuser)
+    fed = {}
+    for e in range(3):
+        for linear in ("gate_proj", "down_proj"):
+            name = "layers.0.mlp.experts.%d.%s" % (e, linear)
+            getattr(split.mlp.experts[e], linear).register_forward_pre_hook(
+                lambda module, args, name=name: fed.setdefault(name, []).append(device_checksum(args[0])))
+    with torch.no_grad():
+        for x in batches():
+            split.mlp(x)
+    assert sorted(staged) == sorted(fed) and len(fed) == 6
+    for name in fed:
+        assert [short_digest(s) for s in staged[name]] == [short_digest(s) for s in fed[name]], name
+
+
 @pytest.mark.parametrize("record", ["inputs", "intermediates"])
 def test_fused_hessians_equal_defused_and_chunked_equal_one_chunk(host, defuser, record):  # noqa: F811
     """Each expert's Hessian is the sum of its rows' products forward by forward: fused equals
