@@ -108,6 +108,8 @@
 #                solve's weight, merged Hessian and output digested, experts 0-7's rows forward by forward,
 #                the MLP's norm and router calls: whether each expert's Hessian is alone's (then its codes
 #                part in the solve) or not, and then whether its rows or the block's input part first
+#     moe_expert_solves  moe_expert_inputs's runs, the stage's attention solved by GPTQModel (--host-solves): each
+#                expert solve of qlink's engine on alone's weight and Hessian, its output against alone's
 #     moe_235b   a Qwen3-235B-A22B-shaped 2-layer model through the stage (made first)
 #     moe_dsv3   a DeepSeek-V3-shaped 1-layer model through the stage (made first)
 #   On a machine of several GPUs (group gpus, LAYERS=2 MOE_LAYERS=2; dsv3_gpus after moe_dsv3, in a call of its own):
@@ -586,6 +588,11 @@ part_moe_expert_inputs() {  # each expert solve's inputs (weight, merged Hessian
   moe_parted moe_expert_inputs 360 --stop-at-module 'layers\.0\.mlp\.experts\.[0-9]+\.down_proj$' --input-digests \
     --batch-digests 'layers\.0\.mlp\.experts\.[0-7]\.gate_proj$' \
     --call-digests 'layers\.0\.(post_attention_layernorm|mlp\.gate)$'
+}
+part_moe_expert_solves() {  # the engine's expert solves on alone's inputs: layer 0's attention solved by GPTQModel
+  local stage_only=(--host-hessians --host-solves 'self_attn\.')
+  moe_parted moe_expert_solves 360 --stop-at-module 'layers\.0\.mlp\.experts\.[0-9]+\.down_proj$' --input-digests \
+    --call-digests 'layers\.0\.mlp\.gate$'
 }
 part_moe_235b() {  # issue 41: a Qwen3-235B-A22B-shaped pair of layers through the stage: a layer's time, the peak
   run make_qwen3_235b 300 python3 -c "import sys; sys.path.insert(0, '$hosts_dir'); from common import \

@@ -5,6 +5,7 @@ weights, random tokens), and a JSON result."""
 import contextlib
 import json
 import os
+import re
 import sys
 import time
 
@@ -65,6 +66,28 @@ def host_products(items, device=None):
         rows = x.reshape(-1, x.shape[-1]).contiguous().to(torch.float32)
         if rows.shape[0]:
             partial.add_(torch.matmul(rows.T, rows))
+
+
+def host_solves(installation, pattern):
+    """GPTQModel's own solve under an installed qlink (gptqmodel_run.py --host-solves) for the
+    tasks whose layer name (GPTQModel's full name) matches the regex `pattern`; the others'
+    solves stay qlink's. With host_hessians, the layers after the matching ones read what
+    they read alone (the matching solves' bytes are GPTQModel's), so the other solves are
+    qlink's engine on alone's inputs."""
+    task_class = installation.host.task_class
+    own_solve, host_solve = task_class.quantize, task_class.__mro__[1].quantize
+    seen = installation.ahead.seen
+
+    def matches(gptq):
+        return re.search(pattern, getattr(getattr(gptq, "_named_module", None), "full_name", gptq.name))
+
+    def quantize(gptq, blocksize=128):
+        if matches(gptq):
+            return host_solve(installation.merges.own(gptq), blocksize)
+        return own_solve(gptq, blocksize)
+    task_class.quantize = quantize
+    # Nor solved ahead beside their siblings (a solve no one would take).
+    installation.ahead.seen = lambda gptq: None if matches(gptq) else seen(gptq)
 
 
 def make_llama(path, layers=2, hidden=4096, intermediate=11008, heads=32, kv_heads=None, vocab=32000, seed=0):

@@ -18,6 +18,7 @@ call (device checksums, turned into digests after it).
          | --guards]
         [--precision ieee_fp32|tensor] [--reversed] [--hessian-f64] [--codes FILE.pt]
         [--stop-at-layer N | --stop-at-module REGEX] [--warm-attention] [--merge-each] [--host-hessians]
+        [--host-solves REGEX]
         [--input-digests] [--batch-digests REGEX] [--call-digests REGEX] [--no-digests] [--module-offload on|off]
         [--cache-check]
         [--profile OPS.txt [--profile-stacks] [--idle IDLE.txt] | --profile OPS.txt --device-only]
@@ -67,10 +68,10 @@ import threading
 import time
 
 import idle
-from common import (ARCHS, LLAMA_70B, QWEN3_235B, QWEN3_MOE_TREE, busy_shares, host_hessians, install_guards,
-                    kernel_table, launch_mark_kernel, make_arch, make_deepseek_v3, make_llama, make_qwen3_moe,
-                    pool_setting, process_settings, profiler_activities, python_profile, setup_paths, stack_samples,
-                    timed, token_batches, write)
+from common import (ARCHS, LLAMA_70B, QWEN3_235B, QWEN3_MOE_TREE, busy_shares, host_hessians, host_solves,
+                    install_guards, kernel_table, launch_mark_kernel, make_arch, make_deepseek_v3, make_llama,
+                    make_qwen3_moe, pool_setting, process_settings, profiler_activities, python_profile, setup_paths,
+                    stack_samples, timed, token_batches, write)
 from digests import call_digests, device_checksum, record_calls, short_digest
 
 setup_paths()
@@ -328,6 +329,9 @@ def main():
                    help="with --qlink: GPTQModel's own Hessian arithmetic (common.host_hessians: its add_batch and "
                         "merge, and its per-batch products under the expert stage; with --group-rows 0 every "
                         "Hessian GPTQModel's bits): what qlink's forwards, stage and solves change, rounding left out")
+    a.add_argument("--host-solves", metavar="REGEX",
+                   help="with --qlink: GPTQModel's own solve (common.host_solves) for the layers whose name matches "
+                        "REGEX: with --host-hessians, what reaches the other layers' solves is alone's bits")
     a.add_argument("--cache-check", action="store_true",
                    help="with --qlink: at the end, whether the cache qlink placed on the GPU and the grouped "
                         "batches still hold the bytes they were made from (cache_check.py)")
@@ -450,6 +454,8 @@ def main():
             merges.find = lambda *key: None
         if args.host_hessians:
             host_hessians(qlink_gptqmodel._integration.current)
+        if args.host_solves:
+            host_solves(qlink_gptqmodel._integration.current, args.host_solves)
         import qlink.integrations.gptqmodel.input_cache as qlink_cache
         if args.group_rows is not None:
             qlink_cache.GROUP_ROWS = args.group_rows

@@ -9,6 +9,7 @@ what the stage does not cover runs GPTQModel's stage with the reason named."""
 import copy
 import dataclasses
 import os
+import re
 import sys
 
 import pytest
@@ -230,6 +231,28 @@ def test_on_gptqmodels_arithmetic_the_stage_gives_its_hessians_bit_for_bit(host,
     for name in theirs:
         assert torch.equal(mine[name][0], theirs[name][0]) and mine[name][1] == theirs[name][1], name
         assert torch.equal(my_results[name][0], their_results[name][0]), name
+
+
+def test_host_solves_gives_the_matching_tasks_gptqmodels_solve(host, defuser, monkeypatch):  # noqa: F811
+    """bench/hosts/common.host_solves (gptqmodel_run.py --host-solves): the tasks whose name
+    matches solve by GPTQModel's own quantize, the others by qlink's engine, each result its
+    path's; the experts' Hessians stay the stage's."""
+    from gptqmodel.quantization import gptq as host_gptq
+    from gptqmodel.quantization.config import QuantizeConfig
+    layer, qcfg = defused(fused_layer(), defuser), QuantizeConfig(group_size=8)  # one the engine covers
+    host_solved = []
+    quantize = host_gptq.GPTQ.quantize
+
+    def recorded(gptq, *args, **kwargs):
+        host_solved.append(gptq.name)
+        return quantize(gptq, *args, **kwargs)
+    monkeypatch.setattr(host_gptq.GPTQ, "quantize", recorded)
+    adapter.install(ctx=host, strict=True, expert_stage=True)
+    bench_common.host_solves(adapter._integration.current, r"experts\.[01]\.")
+    _, results, _ = run_layer(copy.deepcopy(layer), monkeypatch, qcfg)
+    matching = sorted(n for n in results if re.search(r"experts\.[01]\.", n))
+    assert len(matching) == 6 and sorted(host_solved) == matching
+    assert adapter.counters()["solves"]["layers"] == len(results) - len(matching)
 
 
 def test_the_stage_is_the_default_and_expert_stage_false_leaves_gptqmodels(host, defuser, monkeypatch):  # noqa: F811
