@@ -101,6 +101,8 @@
 #     moe_isolated  the stage as moe_ungrouped's but on GPTQModel's own Hessian arithmetic (--host-hessians: its
 #                add_batch and merge, its per-batch products under the stage): layer 0's codes against
 #                moe_host's (after it), what the stage's forwards and the solves change
+#     moe_alone_inputs  moe_isolated's stage with layer 0's attention solved by GPTQModel (--host-solves): its
+#                gate/up solves on alone's weights and Hessians, layer 0's codes against moe_host's (after it)
 #     moe_parting GPTQModel alone to layer 0's first expert solve and the stage (ieee_fp32, on GPTQModel's
 #                batches) so, layer 0's attention calls and o_proj's add_batch inputs digested, batch by
 #                batch: where they part (compare_runs.py)
@@ -568,6 +570,10 @@ part_moe_ungrouped() {  # moe_stage_ieee on GPTQModel's batches, against moe_hos
 part_moe_isolated() {  # the stage on GPTQModel's Hessian arithmetic: what else differs, against moe_host's alone
   moe_against_host moe_stage_isolated moe_codes_isolated 240 --qlink --strict --expert-stage on "${as_host[@]}" \
     --group-rows 0 --host-hessians
+}
+part_moe_alone_inputs() {  # moe_isolated's stage, layer 0's attention solved by GPTQModel: the experts on alone's inputs
+  moe_against_host moe_stage_alone_inputs moe_codes_alone_inputs 240 --qlink --strict --expert-stage on \
+    "${as_host[@]}" --group-rows 0 --host-hessians --host-solves 'self_attn\.'
 }
 moe_parted() {  # NAME LIMIT ARGS...: GPTQModel alone (at most LIMIT s) and the stage solving as it does, on its
   # batches, with the caller's stage_only flags, both with ARGS; compare_runs.py says where they part
