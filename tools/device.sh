@@ -102,7 +102,10 @@
 #                add_batch and merge, its per-batch products under the stage): layer 0's codes against
 #                moe_host's (after it), what the stage's forwards and the solves change
 #     moe_alone_inputs  moe_isolated's stage with layer 0's attention solved by GPTQModel (--host-solves): its
-#                gate/up solves on alone's weights and Hessians, layer 0's codes against moe_host's (after it)
+#                gate/up solves on alone's weights and Hessians, layer 0's codes against moe_host's (after it),
+#                and each solve's inputs, output and diagonal ties (compare_runs.py)
+#     gar_ties   whether GPTQModel's group-aware order (torch.topk on the GPU) breaks diagonal ties in column
+#                order, as qlink's engine does (gar_ties.py)
 #     moe_parting GPTQModel alone to layer 0's first expert solve and the stage (ieee_fp32, on GPTQModel's
 #                batches) so, layer 0's attention calls and o_proj's add_batch inputs digested, batch by
 #                batch: where they part (compare_runs.py)
@@ -557,7 +560,7 @@ moe_against_host() {  # NAME COMPARISON LIMIT ARGS...: the 2-layer Qwen3-MoE mod
 part_moe_host() {  # GPTQModel alone to layer 1's first solve, then the stage (ieee_fp32): layer 0's codes compared
   mkdir -p "$codes"
   gptqmodel_run moe_host 420 --model /tmp/qwen3moe-2layers --layers 2 --model-kind qwen3_moe --stop-at-layer 1 \
-    --codes "$codes/moe_host.pt"
+    --input-digests --codes "$codes/moe_host.pt"
   moe_against_host moe_stage_ieee moe_codes 240 --qlink --strict --expert-stage on "${as_host[@]}"
 }
 part_moe_spread() {  # GPTQModel alone with its samples reversed, against moe_host's alone: its own spread
@@ -573,8 +576,11 @@ part_moe_isolated() {  # the stage on GPTQModel's Hessian arithmetic: what else 
 }
 part_moe_alone_inputs() {  # moe_isolated's stage, layer 0's attention solved by GPTQModel: the experts on alone's inputs
   moe_against_host moe_stage_alone_inputs moe_codes_alone_inputs 240 --qlink --strict --expert-stage on \
-    "${as_host[@]}" --group-rows 0 --host-hessians --host-solves 'self_attn\.'
+    "${as_host[@]}" --group-rows 0 --host-hessians --host-solves 'self_attn\.' --input-digests
+  run moe_alone_inputs 60 python3 compare_runs.py "$out/moe_host.json" "$out/moe_stage_alone_inputs.json" \
+    --out "$out/moe_alone_inputs.json"
 }
+part_gar_ties() { run gar_ties 60 python3 gar_ties.py --out "$out/gar_ties.json"; }  # GPTQModel's GAR order on ties
 moe_parted() {  # NAME LIMIT ARGS...: GPTQModel alone (at most LIMIT s) and the stage solving as it does, on its
   # batches, with the caller's stage_only flags, both with ARGS; compare_runs.py says where they part
   local name=$1 limit=$2

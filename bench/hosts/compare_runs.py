@@ -25,7 +25,8 @@ def first_difference(sequences):
 
 def compare(runs):
     """{layer: {"losses", "weights", "hessians", "outputs": distinct counts, "first_batch":
-    index}} over every layer all the runs solved, in the first run's order."""
+    index, "diag_ties": the most ties any run's Hessian diagonal held within a group}} over
+    every layer all the runs solved, in the first run's order."""
     report = {}
     for name in runs[0]["losses"]:
         if not all(name in r["losses"] for r in runs):
@@ -35,6 +36,9 @@ def compare(runs):
                "weights": len({i.get("weight") for i in inputs}),
                "hessians": len({i.get("hessian") for i in inputs}),
                "outputs": len({r.get("solve_digests", {}).get(name) for r in runs})}
+        ties = [r.get("diag_ties", {}).get(name) for r in runs]
+        if any(t is not None for t in ties):
+            row["diag_ties"] = max(t for t in ties if t is not None)
         batches = [r.get("batch_digests", {}).get(name) for r in runs]
         if all(b is not None for b in batches):
             row["first_batch"] = first_difference(batches)
@@ -95,8 +99,9 @@ def main():
     for name, row in report.items():
         parted = max(row["losses"], row["weights"], row["hessians"], row["outputs"]) > 1
         if parted or row.get("first_batch") is not None:
-            print("  %-40s losses %d, weights %d, Hessians %d, outputs %d, first differing sample %s" % (
-                name, row["losses"], row["weights"], row["hessians"], row["outputs"], row.get("first_batch", "-")))
+            print("  %-40s losses %d, weights %d, Hessians %d, outputs %d, diagonal ties %s, first differing sample %s"
+                  % (name, row["losses"], row["weights"], row["hessians"], row["outputs"], row.get("diag_ties", "-"),
+                     row.get("first_batch", "-")))
     calls = compare_calls(runs)
     for name, row in calls.items():
         print("  %-40s calls part at %s: %s" % (name, row["first_call"], ", ".join(row["parted"]) or "-"))

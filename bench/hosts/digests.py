@@ -31,6 +31,18 @@ def device_checksum(t, chunk=1 << 23):
     return sums if sums is not None else torch.zeros(3, dtype=torch.int64, device=words.device)
 
 
+def diagonal_ties(h, group):
+    """How many entries of the square matrix h's diagonal, taken in consecutive groups of
+    `group` columns, equal another of their group (after a sort, the equal neighbours), on
+    h's device without a host wait: the ties a within-group descending sort (GPTQModel's
+    group-aware order) must break in some order."""
+    import torch
+    diag = torch.diagonal(h)
+    whole = diag.numel() // group * group
+    ordered = diag[:whole].view(-1, group).sort(dim=1).values
+    return (ordered[:, 1:] == ordered[:, :-1]).sum()
+
+
 def record_calls(model, pattern, into):
     """Each call of a module of `model` named to match `pattern`: device_checksum of every
     tensor in its arguments (keyword ones by name, tuples flattened) and of each of its

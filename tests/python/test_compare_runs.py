@@ -38,6 +38,19 @@ def test_agreement_counts_the_solves_whose_weight_hessian_and_output_every_run_s
     assert compare_runs.agreement(report) == {"solves": 2, "weights": 2, "hessians": 1, "both": 1, "outputs": 1}
 
 
+def test_diagonal_ties_count_equal_entries_within_each_group():
+    h = torch.diag(torch.tensor([3.0, 1.0, 3.0, 2.0, 5.0, 5.0, 5.0, 4.0, 7.0]))
+    assert int(digests.diagonal_ties(h, 4)) == 1 + 2  # {3, 3} in the first group, {5, 5, 5}; the tail left out
+    assert int(digests.diagonal_ties(h, 9)) == 1 + 2
+
+
+def test_the_most_ties_of_any_run_are_reported_with_the_layer():
+    first, second = run(2.0, "a", ["x0"], "d1"), run(2.0, "a", ["x0"], "d1")
+    first["diag_ties"], second["diag_ties"] = {"o_proj": 0}, {"o_proj": 2}
+    report = compare_runs.compare([first, second])
+    assert report["o_proj"]["diag_ties"] == 2 and "diag_ties" not in report["q_proj"]
+
+
 def test_runs_of_different_batch_counts_part_where_the_shorter_ends():
     assert compare_runs.first_difference([["a", "b"], ["a", "b", "c"]]) == 2
     assert compare_runs.first_difference([["a", "b"], ["a", "b"]]) is None

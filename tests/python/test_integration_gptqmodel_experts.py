@@ -8,6 +8,7 @@ the experts placed over GPTQModel's GPUs in ranges, its hints kept;
 what the stage does not cover runs GPTQModel's stage with the reason named."""
 import copy
 import dataclasses
+import importlib
 import os
 import re
 import sys
@@ -32,6 +33,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import common as bench_common  # noqa: E402 (bench/hosts: gptqmodel_run.py's --host-hessians)
 
 HIDDEN, INTER, EXPERTS, TOP_K, SEQ, BATCHES = 32, 24, 8, 2, 16, 4
+
+
+def bench_script(name):
+    """A bench/hosts script imported with sys.path as it was: gptqmodel_run.py puts the
+    packed folder's paths (the stand-ins' among them) first as it loads."""
+    saved = list(sys.path)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path[:] = saved
 
 
 @pytest.fixture
@@ -363,7 +374,7 @@ def test_the_benchs_stage_row_digests_are_the_host_loops_add_batch_inputs(defuse
     a matching expert linear in the stage digest as that linear's input in the host's loop
     (defuser's run_routed_experts), one digest a forward it has rows in, so an alone run's and
     a stage run's batch digests compare expert by expert."""
-    import gptqmodel_run
+    gptqmodel_run = bench_script("gptqmodel_run")
     from digests import device_checksum, short_digest
     monkeypatch.setattr(ExpertPass, "__init__", ExpertPass.__init__)  # restored after the test
     layer = fused_layer()
