@@ -2,9 +2,10 @@
 engine on the same bf16 weight and fp32 Hessian (4-bit g128 sym in GPTQModel's group-aware
 order, its inverse, IEEE fp32 updates), at the shapes of a Qwen3-30B-A3B layer's linears,
 each Hessian as made and again with two entries of one group of its diagonal made equal.
-Which shapes part, and whether a tie does (GPTQModel's order takes torch.topk on the GPU).
+Which shapes part, and whether a tie does (GPTQModel's order takes torch.topk on the GPU) or
+a damp scale PyTorch's fp32 mean rounds otherwise than the engine's exact one (mean_off).
 
-    python3 bench/solve_bits.py --library DIST/libqlink.so --gptqmodel DIRS [--seeds 4] [--out FILE.json]
+    python3 bench/solve_bits.py --library DIST/libqlink.so --gptqmodel DIRS [--seeds 8] [--out FILE.json]
 """
 import argparse
 import json
@@ -15,7 +16,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "hosts"))
 import qlink  # noqa: E402
+from digests import hessian_traits  # noqa: E402
 from gptq_bench import codes_of, gptqmodel_solver, hessian_of  # noqa: E402
 from qlink.quant import gptq_quantize  # noqa: E402
 
@@ -40,7 +43,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--library", required=True)
     ap.add_argument("--gptqmodel", required=True, help="folders holding the gptqmodel package and its stand-ins")
-    ap.add_argument("--seeds", type=int, default=4)
+    ap.add_argument("--seeds", type=int, default=8)
     ap.add_argument("--out")
     a = ap.parse_args()
     ctx = qlink.configure({"backend": "cuda", "log_level": "warn"}, library=a.library)
@@ -48,8 +51,9 @@ def main():
     if solve_gm is None:
         sys.exit("GPTQModel unavailable: %s" % why)
     rows_out = []
-    print("| linear | rows x columns | seed | diagonal | output bytes equal | codes equal | loss qlink / GPTQModel |")
-    print("|---|---|---|---|---|---|---|")
+    print("| linear | rows x columns | seed | diagonal | mean_off | output bytes equal | codes equal | "
+          "loss qlink / GPTQModel |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, rows, cols in SHAPES:
         for seed in range(a.seeds):
             gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -61,12 +65,14 @@ def main():
                                      nsamples=SAMPLES, inverse="cholesky_inverse", tf32=False, ctx=ctx)
                 gq, gs, gz, gg, gloss, _ = solve_gm(w, hessian, False, True, SAMPLES)
                 row = {"linear": name, "rows": rows, "columns": cols, "seed": seed, "diagonal": diagonal,
+                       "mean_off": int(hessian_traits(hessian, GROUP)["mean_off"]),
                        "bytes_equal": 100 * (ours.weight.cpu().view(torch.int16) ==
                                              gq.cpu().view(torch.int16)).float().mean().item(),
                        "codes_equal": 100 * (ours.codes.cpu() == codes_of(gq, gs, gz, gg).cpu()).float().mean().item(),
                        "loss_ratio": ours.loss / gloss}
                 rows_out.append(row)
-                print("| %(linear)s | %(rows)d x %(columns)d | %(seed)d | %(diagonal)s | %(bytes_equal).4f %% | "
+                print("| %(linear)s | %(rows)d x %(columns)d | %(seed)d | %(diagonal)s | %(mean_off)d | "
+                      "%(bytes_equal).4f %% | "
                       "%(codes_equal).4f %% | %(loss_ratio).7f |" % row, flush=True)
     if a.out:
         with open(a.out, "w") as f:

@@ -104,7 +104,7 @@
 #                moe_host's (after it), what the stage's forwards and the solves change
 #     moe_alone_inputs  moe_isolated's stage with layer 0's attention solved by GPTQModel (--host-solves): its
 #                gate/up solves on alone's weights and Hessians, layer 0's codes against moe_host's (after it),
-#                and each solve's inputs, output and diagonal ties (compare_runs.py)
+#                and each solve's inputs, output and Hessian traits (compare_runs.py)
 #     gar_ties   whether GPTQModel's group-aware order (torch.topk on the GPU) breaks diagonal ties in column
 #                order, as qlink's engine does (gar_ties.py)
 #     moe_parting GPTQModel alone to layer 0's first expert solve and the stage (ieee_fp32, on GPTQModel's

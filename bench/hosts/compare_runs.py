@@ -25,8 +25,8 @@ def first_difference(sequences):
 
 def compare(runs):
     """{layer: {"losses", "weights", "hessians", "outputs": distinct counts, "first_batch":
-    index, "diag_ties": the most ties any run's Hessian diagonal held within a group}} over
-    every layer all the runs solved, in the first run's order."""
+    index, "traits": {trait: the largest any run's Hessian gave} (gptqmodel_run.py's
+    hessian_traits)}} over every layer all the runs solved, in the first run's order."""
     report = {}
     for name in runs[0]["losses"]:
         if not all(name in r["losses"] for r in runs):
@@ -36,9 +36,9 @@ def compare(runs):
                "weights": len({i.get("weight") for i in inputs}),
                "hessians": len({i.get("hessian") for i in inputs}),
                "outputs": len({r.get("solve_digests", {}).get(name) for r in runs})}
-        ties = [r.get("diag_ties", {}).get(name) for r in runs]
-        if any(t is not None for t in ties):
-            row["diag_ties"] = max(t for t in ties if t is not None)
+        traits = [t for t in (r.get("hessian_traits", {}).get(name) for r in runs) if t]
+        if traits:
+            row["traits"] = {k: max(t[k] for t in traits) for k in sorted(traits[0])}
         batches = [r.get("batch_digests", {}).get(name) for r in runs]
         if all(b is not None for b in batches):
             row["first_batch"] = first_difference(batches)
@@ -99,9 +99,10 @@ def main():
     for name, row in report.items():
         parted = max(row["losses"], row["weights"], row["hessians"], row["outputs"]) > 1
         if parted or row.get("first_batch") is not None:
-            print("  %-40s losses %d, weights %d, Hessians %d, outputs %d, diagonal ties %s, first differing sample %s"
-                  % (name, row["losses"], row["weights"], row["hessians"], row["outputs"], row.get("diag_ties", "-"),
-                     row.get("first_batch", "-")))
+            traits = ", ".join("%s %d" % item for item in row.get("traits", {}).items()) or "-"
+            print("  %-40s losses %d, weights %d, Hessians %d, outputs %d, first differing sample %s, traits %s"
+                  % (name, row["losses"], row["weights"], row["hessians"], row["outputs"], row.get("first_batch", "-"),
+                     traits))
     calls = compare_calls(runs)
     for name, row in calls.items():
         print("  %-40s calls part at %s: %s" % (name, row["first_call"], ", ".join(row["parted"]) or "-"))

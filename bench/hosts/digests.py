@@ -31,16 +31,19 @@ def device_checksum(t, chunk=1 << 23):
     return sums if sums is not None else torch.zeros(3, dtype=torch.int64, device=words.device)
 
 
-def diagonal_ties(h, group):
-    """How many entries of the square matrix h's diagonal, taken in consecutive groups of
-    `group` columns, equal another of their group (after a sort, the equal neighbours), on
-    h's device without a host wait: the ties a within-group descending sort (GPTQModel's
-    group-aware order) must break in some order."""
+def hessian_traits(h, group):
+    """What of the square matrix h (a merged Hessian) a solve's order and damp read, as device
+    tensors without a host wait: "diag_ties", how many entries of its diagonal, taken in
+    consecutive groups of `group` columns, equal another of their group (the ties a within-
+    group descending sort, GPTQModel's group-aware order, must break in some order);
+    "mean_off", 1 where PyTorch's fp32 mean of the diagonal (GPTQModel's damp scale) is not
+    the exact mean rounded to fp32 (what a float64 sum gives, the engine's)."""
     import torch
-    diag = torch.diagonal(h)
+    diag = torch.diagonal(h).clone()
     whole = diag.numel() // group * group
     ordered = diag[:whole].view(-1, group).sort(dim=1).values
-    return (ordered[:, 1:] == ordered[:, :-1]).sum()
+    return {"diag_ties": (ordered[:, 1:] == ordered[:, :-1]).sum(),
+            "mean_off": (torch.mean(diag) != diag.double().mean().float()).to(torch.int64)}
 
 
 def record_calls(model, pattern, into):

@@ -72,7 +72,7 @@ from common import (ARCHS, LLAMA_70B, QWEN3_235B, QWEN3_MOE_TREE, busy_shares, h
                     install_guards, kernel_table, launch_mark_kernel, make_arch, make_deepseek_v3, make_llama,
                     make_qwen3_moe, pool_setting, process_settings, profiler_activities, python_profile, setup_paths,
                     stack_samples, timed, token_batches, write)
-from digests import call_digests, device_checksum, diagonal_ties, record_calls, short_digest
+from digests import call_digests, device_checksum, hessian_traits, record_calls, short_digest
 
 setup_paths()
 
@@ -107,9 +107,9 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
     takes, without the rest of the run). stop_at_module: a regex; the process ends so at the
     first solve of a module it matches (what came before it, without the rest). inputs: also
     checksums of what each solve reads, its weight as the solve starts and its merged Hessian
-    (GPTQ.finalize_hessian's, the last before the solve), and the ties in that Hessian's
-    diagonal within a group (digests.diagonal_ties): where two runs' solves differ, which
-    input differed first. batches: a regex; checksums of each input add_batch is given
+    (GPTQ.finalize_hessian's, the last before the solve), and what of that Hessian the
+    solve's order and damp read (digests.hessian_traits): where two runs' solves differ,
+    which input differed first. batches: a regex; checksums of each input add_batch is given
     for the layers it matches, each sample's, into into[name]["batch_sums"] (GPTQ.add_batch as
     installed). Returns the dict those checksums wait in until their layer's solve
     (record_stage_rows adds the expert stage's to it).
@@ -137,7 +137,7 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
             out = finalize(self, *args, **kwargs)
             if torch.is_tensor(getattr(self, "H", None)):
                 group = self.qcfg.group_size if self.qcfg.group_size > 0 else self.H.shape[0]
-                hessians[_task_name(self)] = (device_checksum(self.H), diagonal_ties(self.H, group))
+                hessians[_task_name(self)] = (device_checksum(self.H), hessian_traits(self.H, group))
             return out
         GPTQ.finalize_hessian = finalizing
 
@@ -164,7 +164,7 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
             stop()
         into[name] = {"sums": solve_checksums(out) if digests else None, "loss": out[5], "damp": out[6]}
         if inputs:
-            hessian, into[name]["diag_ties"] = hessians.pop(name, (None, None))
+            hessian, into[name]["traits"] = hessians.pop(name, (None, None))
             into[name]["input_sums"] = {"weight": weight, "hessian": hessian}
         if name in fed:
             into[name]["batch_sums"] = fed.pop(name)
@@ -237,8 +237,8 @@ def finish_records(into, codes=None):
         for what, sums in record.pop("input_sums", {}).items():
             record[what + "_digest"] = None if sums is None else hashlib.sha256(
                 sums.cpu().numpy().tobytes()).hexdigest()
-        if record.get("diag_ties") is not None:
-            record["diag_ties"] = int(record["diag_ties"])
+        if record.get("traits") is not None:
+            record["traits"] = {k: int(v) for k, v in record["traits"].items()}
         if "batch_sums" in record:
             record["batch_digests"] = [short_digest(sums) for sums in record.pop("batch_sums")]
         record["loss"], record["damp"] = float(record["loss"]), float(record["damp"])
@@ -351,7 +351,7 @@ def main():
                    help="alone: GPTQModel's X^T X products in float64 (a reference near the exact Hessian)")
     a.add_argument("--input-digests", action="store_true",
                    help="digests of each solve's weight and merged Hessian (which input two runs differ in) and "
-                        "of its output, and the ties within a group of that Hessian's diagonal, by layer")
+                        "of its output, and what of that Hessian its order and damp read (ties, mean), by layer")
     a.add_argument("--no-digests", action="store_true",
                    help="no digest of the solves or the packs (the bench's own work beside the loop left out)")
     a.add_argument("--module-offload", default="on", choices=("on", "off"),
@@ -560,7 +560,7 @@ def report(args, result, layers, codes, dequantized, packs):
     if args.input_digests:
         result["input_digests"] = {k: {what: v[what + "_digest"] for what in ("weight", "hessian")}
                                    for k, v in layers.items()}
-        result["diag_ties"] = {k: v.get("diag_ties") for k, v in layers.items()}
+        result["hessian_traits"] = {k: v.get("traits") for k, v in layers.items()}
         result["solve_digests"] = {k: v["digest"] for k, v in layers.items()}
     if args.batch_digests:
         result["batch_digests"] = {k: v["batch_digests"] for k, v in layers.items() if "batch_digests" in v}

@@ -1,10 +1,13 @@
 """bench/hosts/compare_runs.py, which says where repeated runs part: the first differing
 batch input of a digested layer, per layer how many distinct losses, weights, Hessians and
-outputs the runs gave, and the first call of a digested module where they part and in what
-(digests.record_calls, gptqmodel_run.py --call-digests, records those calls)."""
+outputs the runs gave, what of each Hessian a solve's order and damp read (its diagonal's
+ties within a group, whether PyTorch's fp32 mean of it is the exact one), and the first call
+of a digested module where they part and in what (digests.record_calls, gptqmodel_run.py
+--call-digests, records those calls)."""
 import os
 import sys
 
+import numpy
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "hosts"))
@@ -38,17 +41,31 @@ def test_agreement_counts_the_solves_whose_weight_hessian_and_output_every_run_s
     assert compare_runs.agreement(report) == {"solves": 2, "weights": 2, "hessians": 1, "both": 1, "outputs": 1}
 
 
-def test_diagonal_ties_count_equal_entries_within_each_group():
+def test_hessian_traits_count_the_ties_within_each_group_and_check_the_mean():
     h = torch.diag(torch.tensor([3.0, 1.0, 3.0, 2.0, 5.0, 5.0, 5.0, 4.0, 7.0]))
-    assert int(digests.diagonal_ties(h, 4)) == 1 + 2  # {3, 3} in the first group, {5, 5, 5}; the tail left out
-    assert int(digests.diagonal_ties(h, 9)) == 1 + 2
+    traits = digests.hessian_traits(h, 4)
+    assert int(traits["diag_ties"]) == 1 + 2  # {3, 3} in the first group, {5, 5, 5}; the tail left out
+    assert int(digests.hessian_traits(h, 9)["diag_ties"]) == 1 + 2
+    assert int(traits["mean_off"]) == 0  # 35 / 9 in fp32, both ways
 
 
-def test_the_most_ties_of_any_run_are_reported_with_the_layer():
+def test_a_diagonal_whose_fp32_mean_is_not_the_rounded_exact_mean_is_marked():
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):  # PyTorch's fp32 sum parts from the exact one in some of them
+        x = torch.rand(4096, generator=gen) * 3 + 1
+        if float(torch.mean(x)) != float(numpy.float32(x.numpy().astype(numpy.float64).mean())):
+            break
+    else:
+        raise AssertionError("no diagonal whose fp32 mean differs in 200")
+    assert int(digests.hessian_traits(torch.diag(x), 128)["mean_off"]) == 1
+
+
+def test_the_largest_trait_of_any_run_is_reported_with_the_layer():
     first, second = run(2.0, "a", ["x0"], "d1"), run(2.0, "a", ["x0"], "d1")
-    first["diag_ties"], second["diag_ties"] = {"o_proj": 0}, {"o_proj": 2}
+    first["hessian_traits"] = {"o_proj": {"diag_ties": 0, "mean_off": 1}}
+    second["hessian_traits"] = {"o_proj": {"diag_ties": 2, "mean_off": 0}}
     report = compare_runs.compare([first, second])
-    assert report["o_proj"]["diag_ties"] == 2 and "diag_ties" not in report["q_proj"]
+    assert report["o_proj"]["traits"] == {"diag_ties": 2, "mean_off": 1} and "traits" not in report["q_proj"]
 
 
 def test_runs_of_different_batch_counts_part_where_the_shorter_ends():
