@@ -4,6 +4,8 @@ order, its inverse, IEEE fp32 updates), at the shapes of a Qwen3-30B-A3B layer's
 each Hessian as made and again with two entries of one group of its diagonal made equal.
 Which shapes part, and whether a tie does (GPTQModel's order takes torch.topk on the GPU) or
 a damp scale PyTorch's fp32 mean rounds otherwise than the engine's exact one (mean_off).
+First, by shape, whether the cross-block update made as GPTQModel makes it and as the engine
+does (one GEMM into W) give the same bits on this GPU.
 
     python3 bench/solve_bits.py --library DIST/libqlink.so --gptqmodel DIRS [--seeds 8] [--out FILE.json]
 """
@@ -39,6 +41,26 @@ def tied(h, gen):
     return out, (i, j)
 
 
+def block_updates_apart(rows, cols, gen):
+    """Of a solve's cross-block updates W[:, i2:] -= E @ U[i1:i2, i2:] (E rows x 128, fp32),
+    how many give other bits made GPTQModel's way (the product in a new matrix, then
+    subtracted) than made the engine's way (one GEMM accumulating into W in place, alpha -1,
+    beta 1, W's row stride as its leading dimension), by PyTorch's GEMM on this GPU; and
+    how many updates there are."""
+    u = torch.linalg.cholesky(hessian_of(cols, gen, SAMPLES).double()).float().t().contiguous()
+    apart = 0
+    blocks = range(0, cols - GROUP, GROUP)
+    for i1 in blocks:
+        i2 = i1 + GROUP
+        w = torch.randn(rows, cols, device="cuda", generator=gen)
+        e = torch.randn(rows, GROUP, device="cuda", generator=gen) * 1e-3
+        theirs = w[:, i2:] - e.matmul(u[i1:i2, i2:])
+        mine = w.clone()
+        mine[:, i2:].addmm_(e, u[i1:i2, i2:], beta=1, alpha=-1)
+        apart += not torch.equal(theirs, mine[:, i2:])
+    return apart, len(blocks)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--library", required=True)
@@ -50,6 +72,13 @@ def main():
     solve_gm, why = gptqmodel_solver(a.gptqmodel)
     if solve_gm is None:
         sys.exit("GPTQModel unavailable: %s" % why)
+    print("| linear | rows x columns | cross-block updates whose bits part (GPTQModel's way against the engine's) |")
+    print("|---|---|---|")
+    updates = []
+    for name, rows, cols in SHAPES:
+        apart, total = block_updates_apart(rows, cols, torch.Generator(device="cuda").manual_seed(0))
+        updates.append({"linear": name, "rows": rows, "columns": cols, "apart": apart, "updates": total})
+        print("| %s | %d x %d | %d of %d |" % (name, rows, cols, apart, total), flush=True)
     rows_out = []
     print("| linear | rows x columns | seed | diagonal | mean_off | output bytes equal | codes equal | "
           "loss qlink / GPTQModel |")
@@ -76,8 +105,8 @@ def main():
                       "%(codes_equal).4f %% | %(loss_ratio).7f |" % row, flush=True)
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows_out}, f,
-                      indent=1)
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "updates": updates,
+                       "rows": rows_out}, f, indent=1)
 
 
 if __name__ == "__main__":
