@@ -18,6 +18,7 @@
 #     coll       collectives_bench.py           nccl  bench/baselines/nccl_bench.py
 #     probe      qlink probe --bytes 268435456  quant quant_bench.py
 #     solve_bits solve_bits.py: the engine's solve against GPTQModel's, bytes by shape, with a diagonal tie
+#                (again with ALT_LIB's libraries where it is set)
 #   Host runs, GPTQModel's and AutoRound's (group hosts: pytest plan stress_moves gptq ar ar0 gptq3):
 #     models     the LLaMA models at 7B dimensions, /tmp/llama7b-<N>layers for N in LAYERS
 #     moe_models the Qwen3-MoE models, /tmp/qwen3moe-<N>layers for N in MOE_LAYERS
@@ -242,9 +243,13 @@ part_nccl() {
   run nccl 200 python3 nccl_bench.py
 }
 part_probe() { run probe 120 "$P/python/qlink/lib/qlink" probe --bytes 268435456; }
-part_solve_bits() {  # the engine's solve against GPTQModel's by a Qwen3-MoE layer's shapes, with a diagonal tie
+part_solve_bits() {  # the engine's solve against GPTQModel's by a Qwen3-MoE layer's shapes, with a diagonal tie;
+  # again on ALT_LIB's libraries where it names a folder of another build's
   run solve_bits 300 python3 "$P/bench/solve_bits.py" --library "$lib" --gptqmodel "$P/hosts:$hosts_dir/standins" \
     --out "$out/solve_bits.json"
+  [ -n "${ALT_LIB:-}" ] || return 0
+  run solve_bits_alt 300 python3 "$P/bench/solve_bits.py" --library "$(cd "$ALT_LIB" && pwd)/libqlink.so" \
+    --gptqmodel "$P/hosts:$hosts_dir/standins" --out "$out/solve_bits_alt.json"
 }
 part_quant() { run quant 300 python3 "$P/bench/quant_bench.py" --library "$lib" --markdown "$out/quant.md"; }
 
