@@ -103,8 +103,9 @@
 #     moe_isolated  the stage as moe_ungrouped's but on GPTQModel's own Hessian arithmetic (--host-hessians: its
 #                add_batch and merge, its per-batch products under the stage): layer 0's codes against
 #                moe_host's (after it), what the stage's forwards and the solves change
-#     moe_alone_inputs  moe_isolated's stage with layer 0's attention solved by GPTQModel (--host-solves): its
-#                gate/up solves on alone's weights and Hessians, layer 0's codes against moe_host's (after it),
+#     moe_alone_inputs  moe_isolated's stage with layer 0's attention solved by GPTQModel (--host-solves) and
+#                its experts' linears run one at a time (--grouped-experts off, the loop's bits): its solves
+#                on alone's weights and Hessians, layer 0's codes against moe_host's (after it),
 #                and each solve's inputs, output and Hessian traits (compare_runs.py)
 #     gar_ties   whether GPTQModel's group-aware order (torch.topk on the GPU) breaks diagonal ties in column
 #                order, as qlink's engine does (gar_ties.py)
@@ -586,7 +587,7 @@ part_moe_isolated() {  # the stage on GPTQModel's Hessian arithmetic: what else 
 }
 part_moe_alone_inputs() {  # moe_isolated's stage, layer 0's attention solved by GPTQModel: the experts on alone's inputs
   moe_against_host moe_stage_alone_inputs moe_codes_alone_inputs 240 --qlink --strict --expert-stage on \
-    "${as_host[@]}" --group-rows 0 --host-hessians --host-solves 'self_attn\.' --input-digests
+    "${as_host[@]}" --group-rows 0 --host-hessians --host-solves 'self_attn\.' --grouped-experts off --input-digests
   run moe_alone_inputs 60 python3 compare_runs.py "$out/moe_host.json" "$out/moe_stage_alone_inputs.json" \
     --out "$out/moe_alone_inputs.json"
 }

@@ -18,7 +18,7 @@ call (device checksums, turned into digests after it).
          | --guards]
         [--precision ieee_fp32|tensor] [--reversed] [--hessian-f64] [--codes FILE.pt]
         [--stop-at-layer N | --stop-at-module REGEX] [--warm-attention] [--merge-each] [--host-hessians]
-        [--host-solves REGEX]
+        [--host-solves REGEX] [--grouped-experts on|off]
         [--input-digests] [--batch-digests REGEX] [--call-digests REGEX] [--no-digests] [--module-offload on|off]
         [--cache-check]
         [--profile OPS.txt [--profile-stacks] [--idle IDLE.txt] | --profile OPS.txt --device-only]
@@ -341,6 +341,9 @@ def main():
                    help="with --qlink: at the end, whether the cache qlink placed on the GPU and the grouped "
                         "batches still hold the bytes they were made from (cache_check.py)")
     a.add_argument("--group-rows", type=int, help="qlink: tokens per grouped forward (0: GPTQModel's batches kept)")
+    a.add_argument("--grouped-experts", default="on", choices=("on", "off"),
+                   help="qlink: off, the routed experts' linears one expert at a time (the host loop's arithmetic, "
+                        "bit for bit) where the grouped GEMMs would run")
     a.add_argument("--codes")
     a.add_argument("--bits", type=int, default=4, help="GPTQModel's bits (group size 128)")
     a.add_argument("--calibration", help="a .pt tensor of token ids (samples, seqlen) instead of random tokens")
@@ -464,6 +467,9 @@ def main():
         import qlink.integrations.gptqmodel.input_cache as qlink_cache
         if args.group_rows is not None:
             qlink_cache.GROUP_ROWS = args.group_rows
+        if args.grouped_experts == "off":
+            import qlink.integrations.grouped_experts as qlink_grouped
+            qlink_grouped.GROUPED_MM = False
         if args.cache_check:
             from cache_check import CacheCheck
             cache_check = CacheCheck(qlink_cache)
