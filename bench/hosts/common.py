@@ -74,12 +74,13 @@ def host_solves(installation, pattern):
     solves stay qlink's. With host_hessians, the layers after the matching ones read what
     they read alone (the matching solves' bytes are GPTQModel's), so the other solves are
     qlink's engine on alone's inputs."""
+    from qlink.integrations.gptqmodel.pack_ahead import task_name
     task_class = installation.host.task_class
     own_solve, host_solve = task_class.quantize, task_class.__mro__[1].quantize
     seen = installation.ahead.seen
 
     def matches(gptq):
-        return re.search(pattern, getattr(getattr(gptq, "_named_module", None), "full_name", gptq.name))
+        return re.search(pattern, task_name(gptq))
 
     def quantize(gptq, blocksize=128):
         if matches(gptq):

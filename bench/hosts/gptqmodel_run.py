@@ -92,10 +92,6 @@ def solve_checksums(out):
     return [device_checksum(out[0]), device_checksum(small)]
 
 
-def _task_name(task):
-    return getattr(getattr(task, "_named_module", None), "full_name", task.name)  # layer index included
-
-
 def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batches=None, dequantized=None,
                   on_stop=None, digests=True, first_solves=None, stop_at_module=None):
     """Wraps GPTQ.quantize (as installed: GPTQModel's own or qlink's) to record each layer's
@@ -117,6 +113,7 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
     on its device. digests=False: each solve's loss alone (no checksum work beside the loop's).
     first_solves: a dict that receives each layer's first solve, seconds from the wrap."""
     import torch
+    from qlink.integrations.gptqmodel.pack_ahead import task_name  # the layer index included
     solve = GPTQ.quantize
     start, layers_seen, hessians, fed = time.perf_counter(), set(), {}, {}
     stopping = threading.Lock()
@@ -124,7 +121,7 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
         add_batch = GPTQ.add_batch
 
         def adding(self, inp, *args, **kwargs):
-            name = _task_name(self)
+            name = task_name(self)
             if re.search(batches, name) and torch.is_tensor(inp):
                 # One per sample: a grouped forward's (samples, tokens, columns) input holds several.
                 fed.setdefault(name, []).extend(map(device_checksum, inp.unbind(0) if inp.dim() == 3 else [inp]))
@@ -137,7 +134,7 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
             out = finalize(self, *args, **kwargs)
             if torch.is_tensor(getattr(self, "H", None)):
                 group = self.qcfg.group_size if self.qcfg.group_size > 0 else self.H.shape[0]
-                hessians[_task_name(self)] = (device_checksum(self.H), hessian_traits(self.H, group))
+                hessians[task_name(self)] = (device_checksum(self.H), hessian_traits(self.H, group))
             return out
         GPTQ.finalize_hessian = finalizing
 
@@ -150,7 +147,7 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
     def recording(self, *args, **kwargs):
         weight = device_checksum(self.module.weight) if inputs else None
         out = solve(self, *args, **kwargs)
-        name = _task_name(self)
+        name = task_name(self)
         layer = re.search(r"layers\.(\d+)\.", name)
         if layer and layer.group(1) not in layers_seen:  # in the log as it runs: a slope even from a cut run
             layers_seen.add(layer.group(1))
