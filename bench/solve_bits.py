@@ -5,11 +5,13 @@ each Hessian as made and again with two entries of one group of its diagonal mad
 Which shapes part, and whether a tie does (GPTQModel's order takes torch.topk on the GPU) or
 a damp scale PyTorch's fp32 mean rounds otherwise than the engine's exact one (mean_off).
 First, by shape, whether the cross-block update made as GPTQModel makes it and as the engine
-does (one GEMM into W) give the same bits on this GPU.
+does (cublasSgemm on a handle of its own, into W) give the same bits on this GPU, and which
+of the engine call's settings parts them.
 
     python3 bench/solve_bits.py --library DIST/libqlink.so --gptqmodel DIRS [--seeds 8] [--out FILE.json]
 """
 import argparse
+import ctypes
 import json
 import os
 import sys
@@ -41,24 +43,80 @@ def tied(h, gen):
     return out, (i, j)
 
 
-def block_updates_apart(rows, cols, gen):
+class EngineBlas:
+    """The libcublas PyTorch loaded, called through ctypes as the engine calls it: a handle
+    of its own on PyTorch's stream, `workspace` bytes set as its workspace (None: cuBLAS's
+    default), row-major C = alpha A B + beta C as column-major cublasSgemm with the operands
+    swapped (quant/gpu/gpu_quant_math.cc's Gemm)."""
+
+    def __init__(self, workspace):
+        with open("/proc/self/maps") as maps:
+            self.path = next(line.split()[-1] for line in maps if "/libcublas.so" in line)
+        self.lib = ctypes.CDLL(self.path)
+        self.handle = ctypes.c_void_p()
+        self._check(self.lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate_v2")
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        self._check(self.lib.cublasSetStream_v2(self.handle, stream), "cublasSetStream_v2")
+        if workspace is not None:
+            self.work = torch.empty(workspace, dtype=torch.uint8, device="cuda")
+            self._check(self.lib.cublasSetWorkspace_v2(self.handle, ctypes.c_void_p(self.work.data_ptr()),
+                                                       ctypes.c_size_t(workspace)), "cublasSetWorkspace_v2")
+
+    @staticmethod
+    def _check(status, call):
+        if status != 0:
+            raise RuntimeError("%s returned cuBLAS status %d" % (call, status))
+
+    def gemm(self, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+        """Pointers as ints (bytes), row-major leading dimensions in elements."""
+        f, p = ctypes.c_float, ctypes.c_void_p
+        self._check(self.lib.cublasSgemm_v2(self.handle, 0, 0, n, m, k, ctypes.byref(f(alpha)), p(b), ldb, p(a), lda,
+                                            ctypes.byref(f(beta)), p(c), ldc), "cublasSgemm_v2")
+
+
+def block_update_ways(rows, cols, gen, blas):
     """Of a solve's cross-block updates W[:, i2:] -= E @ U[i1:i2, i2:] (E rows x 128, fp32),
-    how many give other bits made GPTQModel's way (the product in a new matrix, then
-    subtracted) than made the engine's way (one GEMM accumulating into W in place, alpha -1,
-    beta 1, W's row stride as its leading dimension), by PyTorch's GEMM on this GPU; and
-    how many updates there are."""
+    how many give other bits than GPTQModel's way (PyTorch's product in a new matrix, then
+    subtracted), made each of the ways in WAYS; and how many updates there are."""
     u = torch.linalg.cholesky(hessian_of(cols, gen, SAMPLES).double()).float().t().contiguous()
-    apart = 0
     blocks = range(0, cols - GROUP, GROUP)
+    apart = {way: 0 for way in WAYS}
     for i1 in blocks:
-        i2 = i1 + GROUP
+        i2, n = i1 + GROUP, cols - i1 - GROUP
         w = torch.randn(rows, cols, device="cuda", generator=gen)
         e = torch.randn(rows, GROUP, device="cuda", generator=gen) * 1e-3
         theirs = w[:, i2:] - e.matmul(u[i1:i2, i2:])
-        mine = w.clone()
-        mine[:, i2:].addmm_(e, u[i1:i2, i2:], beta=1, alpha=-1)
-        apart += not torch.equal(theirs, mine[:, i2:])
+        u_at = u.data_ptr() + 4 * (i1 * cols + i2)
+        for way in WAYS:
+            if way == "PyTorch on cuBLASLt, product then subtract":
+                backend = torch.backends.cuda.preferred_blas_library()
+                torch.backends.cuda.preferred_blas_library("cublaslt")
+                mine = w[:, i2:] - e.matmul(u[i1:i2, i2:])
+                torch.backends.cuda.preferred_blas_library(backend)
+            elif way == "PyTorch, one GEMM into W (beta 1)":
+                mine = w.clone()
+                mine[:, i2:].addmm_(e, u[i1:i2, i2:], beta=1, alpha=-1)
+                mine = mine[:, i2:]
+            else:
+                handle = blas[way.split(",")[0]]
+                if "product" in way:
+                    product = torch.empty(rows, n, device="cuda")
+                    handle.gemm(rows, n, GROUP, 1.0, e.data_ptr(), GROUP, u_at, cols, 0.0, product.data_ptr(), n)
+                    mine = w[:, i2:] - product
+                else:
+                    mine = w.clone()
+                    handle.gemm(rows, n, GROUP, -1.0, e.data_ptr(), GROUP, u_at, cols, 1.0,
+                                mine.data_ptr() + 4 * i2, cols)
+                    mine = mine[:, i2:]
+            apart[way] += not torch.equal(theirs, mine)
     return apart, len(blocks)
+
+
+# The engine's call first (its handle has a 32 MiB workspace), then what could part it from
+# PyTorch's: the workspace, the product made whole, PyTorch's other BLAS backend.
+WAYS = ("32 MiB workspace, one GEMM into W (beta 1)", "32 MiB workspace, product then subtract",
+        "default workspace, one GEMM into W (beta 1)", "default workspace, product then subtract",
+        "PyTorch, one GEMM into W (beta 1)", "PyTorch on cuBLASLt, product then subtract")
 
 
 def main():
@@ -72,13 +130,19 @@ def main():
     solve_gm, why = gptqmodel_solver(a.gptqmodel)
     if solve_gm is None:
         sys.exit("GPTQModel unavailable: %s" % why)
-    print("| linear | rows x columns | cross-block updates whose bits part (GPTQModel's way against the engine's) |")
-    print("|---|---|---|")
+    torch.ones(8, 8, device="cuda").matmul(torch.ones(8, 8, device="cuda"))  # PyTorch loads its cuBLAS
+    blas = {"32 MiB workspace": EngineBlas(32 << 20), "default workspace": EngineBlas(None)}
+    backend = torch.backends.cuda.preferred_blas_library()
+    print("cuBLAS %s; PyTorch's BLAS backend %s" % (blas["default workspace"].path, backend))
+    print("| linear | rows x columns | way | cross-block updates whose bits part from GPTQModel's way |")
+    print("|---|---|---|---|")
     updates = []
     for name, rows, cols in SHAPES:
-        apart, total = block_updates_apart(rows, cols, torch.Generator(device="cuda").manual_seed(0))
-        updates.append({"linear": name, "rows": rows, "columns": cols, "apart": apart, "updates": total})
-        print("| %s | %d x %d | %d of %d |" % (name, rows, cols, apart, total), flush=True)
+        apart, total = block_update_ways(rows, cols, torch.Generator(device="cuda").manual_seed(0), blas)
+        for way in WAYS:
+            updates.append({"linear": name, "rows": rows, "columns": cols, "way": way, "apart": apart[way],
+                            "updates": total})
+            print("| %s | %d x %d | %s | %d of %d |" % (name, rows, cols, way, apart[way], total), flush=True)
     rows_out = []
     print("| linear | rows x columns | seed | diagonal | mean_off | output bytes equal | codes equal | "
           "loss qlink / GPTQModel |")
@@ -103,6 +167,9 @@ def main():
                 print("| %(linear)s | %(rows)d x %(columns)d | %(seed)d | %(diagonal)s | %(mean_off)d | "
                       "%(bytes_equal).4f %% | "
                       "%(codes_equal).4f %% | %(loss_ratio).7f |" % row, flush=True)
+    with open("/proc/self/maps") as maps:
+        mapped = sorted({line.split()[-1] for line in maps if "/libcublas" in line})
+    print("cuBLAS files mapped after the engine's solves: %s" % " ".join(mapped))
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "updates": updates,
