@@ -47,12 +47,16 @@ class EngineBlas:
     """The libcublas PyTorch loaded, called through ctypes as the engine calls it: a handle
     of its own on PyTorch's stream, `workspace` bytes set as its workspace (None: cuBLAS's
     default), row-major C = alpha A B + beta C as column-major cublasSgemm with the operands
-    swapped (quant/gpu/gpu_quant_math.cc's Gemm)."""
+    swapped (quant/gpu/gpu_quant_math.cc's Gemm). workspace "pytorch": PyTorch's own handle
+    (torch.cuda.current_blas_handle(), its settings as PyTorch made them)."""
 
     def __init__(self, workspace):
         with open("/proc/self/maps") as maps:
             self.path = next(line.split()[-1] for line in maps if "/libcublas.so" in line)
         self.lib = ctypes.CDLL(self.path)
+        if workspace == "pytorch":
+            self.handle = ctypes.c_void_p(torch.cuda.current_blas_handle())
+            return
         self.handle = ctypes.c_void_p()
         self._check(self.lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate_v2")
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
@@ -66,6 +70,16 @@ class EngineBlas:
     def _check(status, call):
         if status != 0:
             raise RuntimeError("%s returned cuBLAS status %d" % (call, status))
+
+    def settings(self):
+        """The handle's math mode, atomics mode and SM count target, as cuBLAS reports them."""
+        out = {}
+        for name, call in (("math", "cublasGetMathMode"), ("atomics", "cublasGetAtomicsMode"),
+                           ("sm_count_target", "cublasGetSmCountTarget")):
+            value = ctypes.c_int()
+            status = getattr(self.lib, call)(self.handle, ctypes.byref(value))
+            out[name] = value.value if status == 0 else "status %d" % status
+        return out
 
     def gemm(self, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
         """Pointers as ints (bytes), row-major leading dimensions in elements."""
@@ -113,9 +127,10 @@ def block_update_ways(rows, cols, gen, blas):
 
 
 # The engine's call first (its handle has a 32 MiB workspace), then what could part it from
-# PyTorch's: the workspace, the product made whole, PyTorch's other BLAS backend.
+# PyTorch's: the workspace, the product made whole, the handle, PyTorch's other BLAS backend.
 WAYS = ("32 MiB workspace, one GEMM into W (beta 1)", "32 MiB workspace, product then subtract",
         "default workspace, one GEMM into W (beta 1)", "default workspace, product then subtract",
+        "PyTorch's handle, product then subtract",
         "PyTorch, one GEMM into W (beta 1)", "PyTorch on cuBLASLt, product then subtract")
 
 
@@ -131,9 +146,12 @@ def main():
     if solve_gm is None:
         sys.exit("GPTQModel unavailable: %s" % why)
     torch.ones(8, 8, device="cuda").matmul(torch.ones(8, 8, device="cuda"))  # PyTorch loads its cuBLAS
-    blas = {"32 MiB workspace": EngineBlas(32 << 20), "default workspace": EngineBlas(None)}
+    blas = {"32 MiB workspace": EngineBlas(32 << 20), "default workspace": EngineBlas(None),
+            "PyTorch's handle": EngineBlas("pytorch")}
     backend = torch.backends.cuda.preferred_blas_library()
     print("cuBLAS %s; PyTorch's BLAS backend %s" % (blas["default workspace"].path, backend))
+    for name, handle in blas.items():
+        print("%s: %s" % (name, handle.settings()))
     print("| linear | rows x columns | way | cross-block updates whose bits part from GPTQModel's way |")
     print("|---|---|---|---|")
     updates = []
@@ -172,7 +190,8 @@ def main():
     print("cuBLAS files mapped after the engine's solves: %s" % " ".join(mapped))
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "updates": updates,
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "blas_backend": backend,
+                       "handles": {name: handle.settings() for name, handle in blas.items()}, "updates": updates,
                        "rows": rows_out}, f, indent=1)
 
 
