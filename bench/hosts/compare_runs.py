@@ -24,7 +24,7 @@ def first_difference(sequences):
 
 
 def compare(runs):
-    """{layer: {"losses", "weights", "hessians", "outputs": distinct counts, "first_batch":
+    """{layer: {"losses", "damps", "weights", "hessians", "outputs": distinct counts, "first_batch":
     index, "traits": {trait: the largest any run's Hessian gave} (gptqmodel_run.py's
     hessian_traits)}} over every layer all the runs solved, in the first run's order."""
     report = {}
@@ -33,6 +33,7 @@ def compare(runs):
             continue
         inputs = [r.get("input_digests", {}).get(name, {}) for r in runs]
         row = {"losses": len({r["losses"][name] for r in runs}),
+               "damps": len({r.get("damps", {}).get(name) for r in runs}),
                "weights": len({i.get("weight") for i in inputs}),
                "hessians": len({i.get("hessian") for i in inputs}),
                "outputs": len({r.get("solve_digests", {}).get(name) for r in runs})}
@@ -97,12 +98,12 @@ def main():
     print("%(solves)d solves: equal weights in %(weights)d, equal Hessians in %(hessians)d, both in %(both)d, "
           "equal outputs in %(outputs)d" % agreed)
     for name, row in report.items():
-        parted = max(row["losses"], row["weights"], row["hessians"], row["outputs"]) > 1
+        parted = max(row["losses"], row["damps"], row["weights"], row["hessians"], row["outputs"]) > 1
         if parted or row.get("first_batch") is not None:
             traits = ", ".join("%s %d" % item for item in row.get("traits", {}).items()) or "-"
-            print("  %-40s losses %d, weights %d, Hessians %d, outputs %d, first differing sample %s, traits %s"
-                  % (name, row["losses"], row["weights"], row["hessians"], row["outputs"], row.get("first_batch", "-"),
-                     traits))
+            print("  %-40s losses %d, damps %d, weights %d, Hessians %d, outputs %d, first differing sample %s, "
+                  "traits %s" % (name, row["losses"], row["damps"], row["weights"], row["hessians"], row["outputs"],
+                                 row.get("first_batch", "-"), traits))
     calls = compare_calls(runs)
     for name, row in calls.items():
         print("  %-40s calls part at %s: %s" % (name, row["first_call"], ", ".join(row["parted"]) or "-"))

@@ -558,6 +558,7 @@ def report(args, result, layers, codes, dequantized, packs):
                                        for d in range(torch.cuda.device_count())]
     finish_records(layers, codes)
     result["losses"] = {k: v["loss"] for k, v in layers.items()}
+    result["damps"] = {k: v["damp"] for k, v in layers.items()}
     result["digest"], result["packed_tensors"] = combined_digest(layers), len(layers)
     result["pack_digests"] = packs
     if args.input_digests:

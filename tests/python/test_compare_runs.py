@@ -1,6 +1,6 @@
 """bench/hosts/compare_runs.py, which says where repeated runs part: the first differing
-batch input of a digested layer, per layer how many distinct losses, weights, Hessians and
-outputs the runs gave, what of each Hessian a solve's order and damp read (its diagonal's
+batch input of a digested layer, per layer how many distinct losses, damps, weights, Hessians
+and outputs the runs gave, what of each Hessian a solve's order and damp read (its diagonal's
 ties within a group, whether PyTorch's fp32 mean of it is the exact one), and the first call
 of a digested module where they part and in what (digests.record_calls, gptqmodel_run.py
 --call-digests, records those calls)."""
@@ -15,8 +15,9 @@ import compare_runs  # noqa: E402 (bench/hosts)
 import digests  # noqa: E402 (bench/hosts)
 
 
-def run(o_proj_loss, o_proj_hessian, o_proj_batches, digest, o_proj_output="q"):
+def run(o_proj_loss, o_proj_hessian, o_proj_batches, digest, o_proj_output="q", o_proj_damp=0.01):
     return {"digest": digest, "losses": {"q_proj": 1.0, "o_proj": o_proj_loss},
+            "damps": {"q_proj": 0.01, "o_proj": o_proj_damp},
             "input_digests": {"q_proj": {"weight": "w", "hessian": "h"},
                               "o_proj": {"weight": "w", "hessian": o_proj_hessian}},
             "solve_digests": {"q_proj": "q", "o_proj": o_proj_output},
@@ -25,10 +26,10 @@ def run(o_proj_loss, o_proj_hessian, o_proj_batches, digest, o_proj_output="q"):
 
 def test_a_run_whose_forward_parted_is_named_at_its_first_differing_batch():
     same = run(2.0, "a", ["x0", "x1", "x2"], "d1")
-    parted = run(2.5, "b", ["x0", "y1", "y2"], "d2", o_proj_output="r")
+    parted = run(2.5, "b", ["x0", "y1", "y2"], "d2", o_proj_output="r", o_proj_damp=0.0115)
     report = compare_runs.compare([same, same, parted])
-    assert report["q_proj"] == {"losses": 1, "weights": 1, "hessians": 1, "outputs": 1}  # no batch digests asked
-    assert report["o_proj"] == {"losses": 2, "weights": 1, "hessians": 2, "outputs": 2, "first_batch": 1}
+    assert report["q_proj"] == {"losses": 1, "damps": 1, "weights": 1, "hessians": 1, "outputs": 1}  # no batches
+    assert report["o_proj"] == {"losses": 2, "damps": 2, "weights": 1, "hessians": 2, "outputs": 2, "first_batch": 1}
 
 
 def test_equal_inputs_with_a_differing_hessian_point_at_the_accumulation():
