@@ -37,13 +37,16 @@ def hessian_traits(h, group):
     consecutive groups of `group` columns, equal another of their group (the ties a within-
     group descending sort, GPTQModel's group-aware order, must break in some order);
     "mean_off", 1 where PyTorch's fp32 mean of the diagonal (GPTQModel's damp scale) is not
-    the exact mean rounded to fp32 (what a float64 sum gives, the engine's)."""
+    the exact mean rounded to fp32 (what a float64 sum gives, the engine's); "asymmetric",
+    how many entries differ from their transpose's (where a factorization reading the other
+    triangle would read other bits)."""
     import torch
     diag = torch.diagonal(h).clone()
     whole = diag.numel() // group * group
     ordered = diag[:whole].view(-1, group).sort(dim=1).values
     return {"diag_ties": (ordered[:, 1:] == ordered[:, :-1]).sum(),
-            "mean_off": (torch.mean(diag) != diag.double().mean().float()).to(torch.int64)}
+            "mean_off": (torch.mean(diag) != diag.double().mean().float()).to(torch.int64),
+            "asymmetric": (h != h.t()).sum()}
 
 
 def record_calls(model, pattern, into):

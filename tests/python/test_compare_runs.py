@@ -42,12 +42,15 @@ def test_agreement_counts_the_solves_whose_weight_hessian_and_output_every_run_s
     assert compare_runs.agreement(report) == {"solves": 2, "weights": 2, "hessians": 1, "both": 1, "outputs": 1}
 
 
-def test_hessian_traits_count_the_ties_within_each_group_and_check_the_mean():
+def test_hessian_traits_count_the_ties_within_each_group_check_the_mean_and_the_symmetry():
     h = torch.diag(torch.tensor([3.0, 1.0, 3.0, 2.0, 5.0, 5.0, 5.0, 4.0, 7.0]))
     traits = digests.hessian_traits(h, 4)
     assert int(traits["diag_ties"]) == 1 + 2  # {3, 3} in the first group, {5, 5, 5}; the tail left out
     assert int(digests.hessian_traits(h, 9)["diag_ties"]) == 1 + 2
     assert int(traits["mean_off"]) == 0  # 35 / 9 in fp32, both ways
+    assert int(traits["asymmetric"]) == 0
+    h[1, 7] = 0.5  # one entry above the diagonal whose mirror below is 0
+    assert int(digests.hessian_traits(h, 4)["asymmetric"]) == 2
 
 
 def test_a_diagonal_whose_fp32_mean_is_not_the_rounded_exact_mean_is_marked():
