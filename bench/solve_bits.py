@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "hosts"))
 import qlink  # noqa: E402
-from digests import hessian_traits  # noqa: E402
+from digests import gar_order, hessian_traits  # noqa: E402
 from gptq_bench import codes_of, gptqmodel_solver, hessian_of  # noqa: E402
 from qlink.quant import gptq_quantize  # noqa: E402
 
@@ -176,7 +176,7 @@ def main():
                                      nsamples=SAMPLES, inverse="cholesky_inverse", tf32=False, ctx=ctx)
                 gq, gs, gz, gg, gloss, _ = solve_gm(w, hessian, False, True, SAMPLES)
                 row = {"linear": name, "rows": rows, "columns": cols, "seed": seed, "diagonal": diagonal,
-                       "mean_off": int(hessian_traits(hessian, GROUP)["mean_off"]),
+                       "mean_off": int(hessian_traits(hessian, GROUP, gar_order(hessian, GROUP))["mean_off"]),
                        "bytes_equal": 100 * (ours.weight.cpu().view(torch.int16) ==
                                              gq.cpu().view(torch.int16)).float().mean().item(),
                        "codes_equal": 100 * (ours.codes.cpu() == codes_of(gq, gs, gz, gg).cpu()).float().mean().item(),

@@ -31,22 +31,37 @@ def device_checksum(t, chunk=1 << 23):
     return sums if sums is not None else torch.zeros(3, dtype=torch.int64, device=words.device)
 
 
-def hessian_traits(h, group):
+def hessian_traits(h, group, order=None):
     """What of the square matrix h (a merged Hessian) a solve's order and damp read, as device
     tensors without a host wait: "diag_ties", how many entries of its diagonal, taken in
     consecutive groups of `group` columns, equal another of their group (the ties a within-
     group descending sort, GPTQModel's group-aware order, must break in some order);
-    "mean_off", 1 where PyTorch's fp32 mean of the diagonal (GPTQModel's damp scale) is not
-    the exact mean rounded to fp32 (what a float64 sum gives, the engine's); "asymmetric",
-    how many entries differ from their transpose's (where a factorization reading the other
-    triangle would read other bits)."""
+    "mean_off", 1 where PyTorch's fp32 mean of the diagonal taken in `order` (GPTQModel
+    permutes the Hessian before its damp takes the mean: gar_order) is not the exact mean
+    rounded to fp32 (what a float64 sum gives, the engine's); "asymmetric", how many entries
+    differ from their transpose's (where a factorization reading the other triangle would
+    read other bits)."""
     import torch
     diag = torch.diagonal(h).clone()
     whole = diag.numel() // group * group
     ordered = diag[:whole].view(-1, group).sort(dim=1).values
+    taken = diag if order is None else diag[order]
     return {"diag_ties": (ordered[:, 1:] == ordered[:, :-1]).sum(),
-            "mean_off": (torch.mean(diag) != diag.double().mean().float()).to(torch.int64),
+            "mean_off": (torch.mean(taken) != diag.double().mean().float()).to(torch.int64),
             "asymmetric": (h != h.t()).sum()}
+
+
+def gar_order(h, group):
+    """The column order GPTQModel's quantize takes for the Hessian h with act_group_aware
+    (its gar.py: each group's columns by their diagonal, largest first, then the groups by
+    their largest), made by GPTQModel's own functions."""
+    from gptqmodel.quantization.gar import (compose_final_perm, compute_global_perm, compute_local_perms,
+                                            extend_perm_with_tail)
+    import torch
+    diag = torch.diagonal(h)
+    local, values = compute_local_perms(diag, group, return_values=True)
+    order = compose_final_perm(local, compute_global_perm(diag, group, precomputed_values=values), group)
+    return extend_perm_with_tail(order, diag.numel())
 
 
 def record_calls(model, pattern, into):

@@ -72,7 +72,7 @@ from common import (ARCHS, LLAMA_70B, QWEN3_235B, QWEN3_MOE_TREE, busy_shares, h
                     install_guards, kernel_table, launch_mark_kernel, make_arch, make_deepseek_v3, make_llama,
                     make_qwen3_moe, pool_setting, process_settings, profiler_activities, python_profile, setup_paths,
                     stack_samples, timed, token_batches, write)
-from digests import call_digests, device_checksum, hessian_traits, record_calls, short_digest
+from digests import call_digests, device_checksum, gar_order, hessian_traits, record_calls, short_digest
 
 setup_paths()
 
@@ -134,7 +134,8 @@ def record_solves(GPTQ, into, codes=None, stop_at_layer=None, inputs=False, batc
             out = finalize(self, *args, **kwargs)
             if torch.is_tensor(getattr(self, "H", None)):
                 group = self.qcfg.group_size if self.qcfg.group_size > 0 else self.H.shape[0]
-                hessians[task_name(self)] = (device_checksum(self.H), hessian_traits(self.H, group))
+                order = gar_order(self.H, group) if self.qcfg.act_group_aware and group < self.H.shape[0] else None
+                hessians[task_name(self)] = (device_checksum(self.H), hessian_traits(self.H, group, order))
             return out
         GPTQ.finalize_hessian = finalizing
 

@@ -64,6 +64,21 @@ def test_a_diagonal_whose_fp32_mean_is_not_the_rounded_exact_mean_is_marked():
     assert int(digests.hessian_traits(torch.diag(x), 128)["mean_off"]) == 1
 
 
+def test_the_mean_is_checked_in_the_order_given():
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):  # a diagonal whose fp32 mean is off in one order of its entries and not in another
+        x = torch.rand(4096, generator=gen) * 3 + 1
+        order = torch.randperm(4096, generator=gen)
+        exact = x.double().mean().float()
+        if bool(torch.mean(x) != exact) != bool(torch.mean(x[order]) != exact):
+            break
+    else:
+        raise AssertionError("no diagonal whose mean_off depends on the order in 200")
+    h = torch.diag(x)
+    assert int(digests.hessian_traits(h, 128, order)["mean_off"]) == int(torch.mean(x[order]) != exact)
+    assert int(digests.hessian_traits(h, 128)["mean_off"]) == int(torch.mean(x) != exact)
+
+
 def test_the_largest_trait_of_any_run_is_reported_with_the_layer():
     first, second = run(2.0, "a", ["x0"], "d1"), run(2.0, "a", ["x0"], "d1")
     first["hessian_traits"] = {"o_proj": {"diag_ties": 0, "mean_off": 1}}
