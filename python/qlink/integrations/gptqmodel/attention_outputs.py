@@ -33,7 +33,7 @@ import torch
 
 from ...moves import map_nested, nbytes, nested_tensors
 from ..patches import like
-from .module_state import OwnHook, alive, hooked, plain, signature, tensor_keys, tensor_refs
+from .module_state import OwnHook, hooked, kept_answers, plain, signature, tensor_keys, tensor_refs
 from .tail_inputs import Tail
 
 PATCH = "attention_outputs"
@@ -248,7 +248,7 @@ class AttentionOutputs:
             self.counters.host(PATCH, "a hook on the block (its subset's forward)")
             return own()
         record = attached.records.get(key)
-        if record is not None and record.signature == state and alive(record.refs):
+        if record is not None and kept_answers(record.signature, record.refs, state):
             self.counters.qlink(PATCH)
             return map_nested(record.output, lambda ts: [t.clone() for t in ts])
         output = own()

@@ -22,6 +22,12 @@ def alive(refs):
     return all(r() is not None for r in refs)
 
 
+def kept_answers(kept_signature, kept_refs, signature):
+    """Whether a result kept for a call's key answers this call: kept under the same
+    signature, and the tensors its key was made from still alive."""
+    return kept_signature == signature and alive(kept_refs)
+
+
 def _version(t):
     try:
         return t._version

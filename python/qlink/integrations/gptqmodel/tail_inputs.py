@@ -19,7 +19,7 @@ import threading
 import torch
 
 from ...moves import nbytes
-from .module_state import OwnHook, alive, hooked
+from .module_state import OwnHook, hooked, kept_answers
 
 PATCH = "tail_inputs"
 
@@ -127,6 +127,5 @@ def _form(output, last_output):
 
 
 def _answers(kept, signature):
-    """Whether a kept (input, signature, refs) is this call's: the same signature, and the
-    tensors its key was made from still alive (their addresses still theirs)."""
-    return kept is not None and kept[1] == signature and alive(kept[2])
+    """Whether a kept (input, signature, refs) is this call's."""
+    return kept is not None and kept_answers(kept[1], kept[2], signature)
