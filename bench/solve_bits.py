@@ -96,42 +96,48 @@ def block_update_ways(rows, cols, gen, blas):
     blocks = range(0, cols - GROUP, GROUP)
     apart = {way: 0 for way in WAYS}
     for i1 in blocks:
-        i2, n = i1 + GROUP, cols - i1 - GROUP
+        i2 = i1 + GROUP
         w = torch.randn(rows, cols, device="cuda", generator=gen)
         e = torch.randn(rows, GROUP, device="cuda", generator=gen) * 1e-3
         theirs = w[:, i2:] - e.matmul(u[i1:i2, i2:])
-        u_at = u.data_ptr() + 4 * (i1 * cols + i2)
         for way in WAYS:
-            if way == "PyTorch on cuBLASLt, product then subtract":
-                backend = torch.backends.cuda.preferred_blas_library()
-                torch.backends.cuda.preferred_blas_library("cublaslt")
-                mine = w[:, i2:] - e.matmul(u[i1:i2, i2:])
-                torch.backends.cuda.preferred_blas_library(backend)
-            elif way == "PyTorch, one GEMM into W (beta 1)":
-                mine = w.clone()
-                mine[:, i2:].addmm_(e, u[i1:i2, i2:], beta=1, alpha=-1)
-                mine = mine[:, i2:]
-            else:
-                handle = blas[way.split(",")[0]]
-                if "product" in way:
-                    product = torch.empty(rows, n, device="cuda")
-                    handle.gemm(rows, n, GROUP, 1.0, e.data_ptr(), GROUP, u_at, cols, 0.0, product.data_ptr(), n)
-                    mine = w[:, i2:] - product
-                else:
-                    mine = w.clone()
-                    handle.gemm(rows, n, GROUP, -1.0, e.data_ptr(), GROUP, u_at, cols, 1.0,
-                                mine.data_ptr() + 4 * i2, cols)
-                    mine = mine[:, i2:]
-            apart[way] += not torch.equal(theirs, mine)
+            apart[way] += not torch.equal(theirs, updated(w, e, u, i1, *way, blas))
     return apart, len(blocks)
 
 
-# The engine's call first (its handle has a 32 MiB workspace), then what could part it from
-# PyTorch's: the workspace, the product made whole, the handle, PyTorch's other BLAS backend.
-WAYS = ("32 MiB workspace, one GEMM into W (beta 1)", "32 MiB workspace, product then subtract",
-        "default workspace, one GEMM into W (beta 1)", "default workspace, product then subtract",
-        "PyTorch's handle, product then subtract",
-        "PyTorch, one GEMM into W (beta 1)", "PyTorch on cuBLASLt, product then subtract")
+def updated(w, e, u, i1, caller, form, blas):
+    """W[:, i2:] - E @ U[i1:i2, i2:] (a new tensor) made by `caller`, one of blas' handles
+    (the engine's call through ctypes) or PyTorch, in `form`."""
+    rows, cols, i2 = w.shape[0], w.shape[1], i1 + GROUP
+    n = cols - i2
+    if caller not in blas:
+        if form == INTO_W:
+            mine = w.clone()
+            mine[:, i2:].addmm_(e, u[i1:i2, i2:], beta=1, alpha=-1)
+            return mine[:, i2:]
+        backend = torch.backends.cuda.preferred_blas_library()
+        torch.backends.cuda.preferred_blas_library("cublaslt" if caller == "PyTorch on cuBLASLt" else backend)
+        try:
+            return w[:, i2:] - e.matmul(u[i1:i2, i2:])
+        finally:
+            torch.backends.cuda.preferred_blas_library(backend)
+    u_at = u.data_ptr() + 4 * (i1 * cols + i2)
+    if form == PRODUCT:
+        product = torch.empty(rows, n, device=w.device)
+        blas[caller].gemm(rows, n, GROUP, 1.0, e.data_ptr(), GROUP, u_at, cols, 0.0, product.data_ptr(), n)
+        return w[:, i2:] - product
+    mine = w.clone()
+    blas[caller].gemm(rows, n, GROUP, -1.0, e.data_ptr(), GROUP, u_at, cols, 1.0, mine.data_ptr() + 4 * i2, cols)
+    return mine[:, i2:]
+
+
+# (caller, form): the engine's call first (its handle has a 32 MiB workspace), then what could
+# part it from PyTorch's: the workspace, the product made whole, the handle, PyTorch's BLAS
+# backend.
+INTO_W, PRODUCT = "one GEMM into W (beta 1)", "product then subtract"
+WAYS = (("32 MiB workspace", INTO_W), ("32 MiB workspace", PRODUCT), ("default workspace", INTO_W),
+        ("default workspace", PRODUCT), ("PyTorch's handle", PRODUCT), ("PyTorch", INTO_W),
+        ("PyTorch on cuBLASLt", PRODUCT))
 
 
 def main():
@@ -158,9 +164,10 @@ def main():
     for name, rows, cols in SHAPES:
         apart, total = block_update_ways(rows, cols, torch.Generator(device="cuda").manual_seed(0), blas)
         for way in WAYS:
-            updates.append({"linear": name, "rows": rows, "columns": cols, "way": way, "apart": apart[way],
+            label = "%s, %s" % way
+            updates.append({"linear": name, "rows": rows, "columns": cols, "way": label, "apart": apart[way],
                             "updates": total})
-            print("| %s | %d x %d | %s | %d of %d |" % (name, rows, cols, way, apart[way], total), flush=True)
+            print("| %s | %d x %d | %s | %d of %d |" % (name, rows, cols, label, apart[way], total), flush=True)
     rows_out = []
     print("| linear | rows x columns | seed | diagonal | mean_off | output bytes equal | codes equal | "
           "loss qlink / GPTQModel |")
