@@ -52,7 +52,9 @@ class EngineBlas:
 
     def __init__(self, workspace):
         with open("/proc/self/maps") as maps:
-            self.path = next(line.split()[-1] for line in maps if "/libcublas.so" in line)
+            self.path = next((line.split()[-1] for line in maps if "/libcublas.so" in line), None)
+        if self.path is None:
+            raise RuntimeError("no libcublas mapped in this process after PyTorch's first matmul")
         self.lib = ctypes.CDLL(self.path)
         if workspace == "pytorch":
             self.handle = ctypes.c_void_p(torch.cuda.current_blas_handle())
@@ -76,9 +78,9 @@ class EngineBlas:
         out = {}
         for name, call in (("math", "cublasGetMathMode"), ("atomics", "cublasGetAtomicsMode"),
                            ("sm_count_target", "cublasGetSmCountTarget")):
-            value = ctypes.c_int()
-            status = getattr(self.lib, call)(self.handle, ctypes.byref(value))
-            out[name] = value.value if status == 0 else "status %d" % status
+            value, get = ctypes.c_int(), getattr(self.lib, call, None)
+            status = get(self.handle, ctypes.byref(value)) if get is not None else None
+            out[name] = value.value if status == 0 else "no %s" % call if status is None else "status %d" % status
         return out
 
     def gemm(self, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
