@@ -58,7 +58,7 @@ def gar_order(h, group):
     from gptqmodel.quantization.gar import (compose_final_perm, compute_global_perm, compute_local_perms,
                                             extend_perm_with_tail)
     import torch
-    diag = torch.diagonal(h)
+    diag = torch.diag(h)  # a copy, as GPTQModel's quantize takes it
     local, values = compute_local_perms(diag, group, return_values=True)
     order = compose_final_perm(local, compute_global_perm(diag, group, precomputed_values=values), group)
     return extend_perm_with_tail(order, diag.numel())
