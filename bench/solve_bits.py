@@ -51,8 +51,7 @@ class EngineBlas:
     (torch.cuda.current_blas_handle(), its settings as PyTorch made them)."""
 
     def __init__(self, workspace):
-        with open("/proc/self/maps") as maps:
-            self.path = next((line.split()[-1] for line in maps if "/libcublas.so" in line), None)
+        self.path = next((path for path in cublas_files() if "/libcublas.so" in path), None)
         if self.path is None:
             raise RuntimeError("no libcublas mapped in this process after PyTorch's first matmul")
         self.lib = ctypes.CDLL(self.path)
@@ -88,6 +87,12 @@ class EngineBlas:
         f, p = ctypes.c_float, ctypes.c_void_p
         self._check(self.lib.cublasSgemm_v2(self.handle, 0, 0, n, m, k, ctypes.byref(f(alpha)), p(b), ldb, p(a), lda,
                                             ctypes.byref(f(beta)), p(c), ldc), "cublasSgemm_v2")
+
+
+def cublas_files():
+    """The cuBLAS and cuBLASLt files mapped in this process, sorted."""
+    with open("/proc/self/maps") as maps:
+        return sorted({line.split()[-1] for line in maps if "/libcublas" in line})
 
 
 def block_update_ways(rows, cols, gen, blas):
@@ -158,8 +163,9 @@ def main():
             "PyTorch's handle": EngineBlas("pytorch")}
     backend = torch.backends.cuda.preferred_blas_library()
     print("cuBLAS %s; PyTorch's BLAS backend %s" % (blas["default workspace"].path, backend))
-    for name, handle in blas.items():
-        print("%s: %s" % (name, handle.settings()))
+    settings = {name: handle.settings() for name, handle in blas.items()}
+    for name, values in settings.items():
+        print("%s: %s" % (name, values))
     print("| linear | rows x columns | way | cross-block updates whose bits part from GPTQModel's way |")
     print("|---|---|---|---|")
     updates = []
@@ -194,13 +200,11 @@ def main():
                 print("| %(linear)s | %(rows)d x %(columns)d | %(seed)d | %(diagonal)s | %(mean_off)d | "
                       "%(bytes_equal).4f %% | "
                       "%(codes_equal).4f %% | %(loss_ratio).7f |" % row, flush=True)
-    with open("/proc/self/maps") as maps:
-        mapped = sorted({line.split()[-1] for line in maps if "/libcublas" in line})
-    print("cuBLAS files mapped after the engine's solves: %s" % " ".join(mapped))
+    print("cuBLAS files mapped after the engine's solves: %s" % " ".join(cublas_files()))
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "blas_backend": backend,
-                       "handles": {name: handle.settings() for name, handle in blas.items()}, "updates": updates,
+                       "handles": settings, "updates": updates,
                        "rows": rows_out}, f, indent=1)
 
 

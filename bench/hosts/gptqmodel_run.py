@@ -352,7 +352,8 @@ def main():
                    help="alone: GPTQModel's X^T X products in float64 (a reference near the exact Hessian)")
     a.add_argument("--input-digests", action="store_true",
                    help="digests of each solve's weight and merged Hessian (which input two runs differ in) and "
-                        "of its output, and what of that Hessian its order and damp read (ties, mean), by layer")
+                        "of its output, and what of that Hessian its order, damp and factorization read (ties, mean, "
+                        "symmetry), by layer")
     a.add_argument("--no-digests", action="store_true",
                    help="no digest of the solves or the packs (the bench's own work beside the loop left out)")
     a.add_argument("--module-offload", default="on", choices=("on", "off"),
